@@ -1,0 +1,125 @@
+// kpool_compress: one pooled key per complete pool of kpool tokens.
+//
+//     logits[m, c] = gate[member m, c] + ape[m, c]
+//     w[:, c]      = softmax over m of logits[:, c]
+//     pooled[p, c] = sum_m w[m, c] * k[member m, c]
+//
+// The softmax runs per channel, not per member: each channel has its own
+// weights. Inputs are [total_tokens, head_dim] at any row stride, ape is
+// float32 [kpool, head_dim], pooled is [>= total_pools, head_dim].
+#include "kpool_common.cuh"
+
+namespace kp {
+
+// Finds the first token row of `pool` and whether the pool may be written.
+//
+// The pool's request is the last b with pool_row_offsets[b] <= pool, found by
+// binary search. Its members are kpool consecutive rows starting after the
+// `align` leading tokens that complete a pool opened by the cached prefix.
+// Every value read here may be garbage when the caller skipped validation, so
+// each step is checked before it is used to form an address: a pool whose
+// members are not all inside its request's rows and [0, total_tokens) is not
+// written at all.
+template <int KPOOL>
+__device__ __forceinline__ bool locate_pool(long long pool, const void* input_row_offsets, int input_kind,
+                                            const void* cache_lengths, int cache_kind,
+                                            const void* pool_row_offsets, int pool_kind, long long batch,
+                                            long long total_tokens, long long* first_row) {
+    long long lo = 0, hi = batch - 1;  // invariant: the answer is in [lo, hi]
+    while (lo < hi) {
+        const long long mid = lo + (hi - lo + 1) / 2;
+        if (load_index(pool_row_offsets, pool_kind, mid) <= pool)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const long long request = lo;
+    const long long pool_begin = load_index(pool_row_offsets, pool_kind, request);
+    const long long pool_end = load_index(pool_row_offsets, pool_kind, request + 1);
+    if (pool < pool_begin || pool >= pool_end) return false;
+
+    const long long row_begin = load_index(input_row_offsets, input_kind, request);
+    const long long row_end = load_index(input_row_offsets, input_kind, request + 1);
+    const long long cached = load_index(cache_lengths, cache_kind, request);
+    if (row_begin < 0 || row_end > total_tokens || row_begin > row_end || cached < 0) return false;
+
+    const long long local_pool = pool - pool_begin;  // >= 0, and bounded below before it scales
+    if (local_pool > (row_end - row_begin) / KPOOL) return false;
+    const long long phase = cached % KPOOL;
+    const long long align = phase == 0 ? 0 : KPOOL - phase;
+    const long long first = row_begin + align + local_pool * KPOOL;
+    if (first + KPOOL > row_end) return false;
+    *first_row = first;
+    return true;
+}
+
+}  // namespace kp
+
+// One group of head_dim / 8 threads per pool, several pools per block; each
+// thread owns 8 consecutive channels of its pool.
+//
+// The op is memory-bound: each member row of k and gate is read once, as
+// 16-byte vectors where addresses allow, and each pooled row written once.
+// Threads never talk to each other, which is also what lets the emulator run
+// this same kernel one thread at a time. All row arithmetic is 64-bit, since
+// rows times stride passes 2^31 on long prompts.
+//
+// vector_mask: bit 0 k, bit 1 gate, bit 2 ape, bit 3 out may use 16-byte access.
+template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL>
+__global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
+                               long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
+                               const void* __restrict__ input_row_offsets, int input_kind,
+                               const void* __restrict__ cache_lengths, int cache_kind,
+                               const void* __restrict__ pool_row_offsets, int pool_kind, long long batch,
+                               long long total_tokens, OT* __restrict__ pooled, long long pooled_row_stride,
+                               long long pooled_rows, int vector_mask) {
+    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0,
+                  "head_dim must be a positive multiple of 8");
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
+
+    if (batch <= 0) return;
+    const long long pool =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
+    const int channel = static_cast<int>(threadIdx.x % kLanes) * kp::kChannelsPerThread;
+
+    // The last offset is the exact pool count, so surplus threads exit here;
+    // rows of `pooled` past it are never written.
+    const long long total_pools = kp::load_index(pool_row_offsets, pool_kind, batch);
+    if (pool >= total_pools || pool >= pooled_rows || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+
+    long long first_row;
+    if (!kp::locate_pool<KPOOL>(pool, input_row_offsets, input_kind, cache_lengths, cache_kind, pool_row_offsets,
+                                pool_kind, batch, total_tokens, &first_row))
+        return;
+
+    // Members of a located pool all exist, so nothing below is masked.
+    const KT* k_member = k + first_row * k_row_stride + channel;
+    const GT* gate_member = gate + first_row * gate_row_stride + channel;
+    const float* ape_member = ape + channel;
+    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, ape_vector = vector_mask & 4;
+
+    float keys[kp::kChannelsPerThread], logits[kp::kChannelsPerThread], bias[kp::kChannelsPerThread];
+    kp::PoolChannel channels[kp::kChannelsPerThread];
+    kp::load8(k_member, k_vector, keys);
+    kp::load8(gate_member, gate_vector, logits);
+    kp::load8(ape_member, ape_vector, bias);
+#pragma unroll
+    for (int c = 0; c < kp::kChannelsPerThread; ++c) channels[c].first(logits[c] + bias[c], keys[c]);
+
+    // Small pools unroll fully so all member loads are in flight at once;
+    // large ones stream with a bounded unroll to keep registers in check.
+#pragma unroll(KPOOL <= 8 ? KPOOL : 4)
+    for (int m = 1; m < KPOOL; ++m) {
+        kp::load8(k_member + m * k_row_stride, k_vector, keys);
+        kp::load8(gate_member + m * gate_row_stride, gate_vector, logits);
+        kp::load8(ape_member + m * ape_row_stride, ape_vector, bias);
+#pragma unroll
+        for (int c = 0; c < kp::kChannelsPerThread; ++c) channels[c].push(logits[c] + bias[c], keys[c]);
+    }
+
+    float result[kp::kChannelsPerThread];
+#pragma unroll
+    for (int c = 0; c < kp::kChannelsPerThread; ++c) result[c] = channels[c].value();
+    kp::store8(pooled + pool * pooled_row_stride + channel, (vector_mask & 8) != 0, result);
+}

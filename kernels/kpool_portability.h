@@ -1,0 +1,97 @@
+// Host definitions of the CUDA built-ins the kernels use, so the same kernel
+// text compiles with NVRTC for the GPU and with a host C++ compiler for the
+// CPU emulator.
+//
+// Under NVRTC (__CUDACC__) this header only names the bit casts and the
+// 16-byte load/store; everything else is NVRTC's own. On the host it defines
+// the qualifiers, dim3, uint4 and the index variables with the same meaning,
+// and kp_emulate_launch runs a grid one thread after another. That is faithful
+// only because no kernel lets its threads communicate: there is no
+// __syncthreads, no shared memory and no warp shuffle to emulate.
+#ifndef KPOOL_PORTABILITY_H
+#define KPOOL_PORTABILITY_H
+
+#if defined(__CUDACC__)
+
+#define KP_DEVICE_CODE 1
+
+__device__ __forceinline__ float kp_bits_to_float(unsigned int bits) { return __uint_as_float(bits); }
+__device__ __forceinline__ unsigned int kp_float_to_bits(float value) { return __float_as_uint(value); }
+__device__ __forceinline__ uint4 kp_load16(const void* address) {
+    return *reinterpret_cast<const uint4*>(address);
+}
+__device__ __forceinline__ void kp_store16(void* address, uint4 value) {
+    *reinterpret_cast<uint4*>(address) = value;
+}
+
+#else  // host compiler: the emulator
+
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#define KP_DEVICE_CODE 0
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline __attribute__((always_inline))
+// __restrict__ is spelled the same by g++ and clang++.
+
+struct dim3 {
+    unsigned int x = 1, y = 1, z = 1;
+};
+struct alignas(16) uint4 {
+    unsigned int x, y, z, w;
+};
+
+// One emulated thread runs at a time per host thread, so these are the
+// indices of "the current CUDA thread" exactly as a kernel reads them.
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+inline float kp_bits_to_float(unsigned int bits) {
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+inline unsigned int kp_float_to_bits(float value) {
+    unsigned int bits;
+    std::memcpy(&bits, &value, sizeof bits);
+    return bits;
+}
+inline uint4 kp_load16(const void* address) {
+    uint4 value;
+    std::memcpy(&value, address, sizeof value);
+    return value;
+}
+inline void kp_store16(void* address, uint4 value) { std::memcpy(address, &value, sizeof value); }
+
+// Runs kernel over grid x block, thread by thread. args follows the CUDA
+// driver's convention: args[i] points at the value of parameter i.
+template <typename... Params, std::size_t... I>
+void kp_emulate_grid(void (*kernel)(Params...), dim3 grid, dim3 block, void** args,
+                     std::index_sequence<I...>) {
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned int bz = 0; bz < grid.z; ++bz)
+        for (unsigned int by = 0; by < grid.y; ++by)
+            for (unsigned int bx = 0; bx < grid.x; ++bx) {
+                blockIdx = dim3{bx, by, bz};
+                for (unsigned int tz = 0; tz < block.z; ++tz)
+                    for (unsigned int ty = 0; ty < block.y; ++ty)
+                        for (unsigned int tx = 0; tx < block.x; ++tx) {
+                            threadIdx = dim3{tx, ty, tz};
+                            kernel(*static_cast<std::remove_cv_t<Params>*>(args[I])...);
+                        }
+            }
+}
+
+template <typename... Params>
+void kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
+    kp_emulate_grid(kernel, grid, block, args, std::index_sequence_for<Params...>{});
+}
+
+#endif  // __CUDACC__
+
+#endif  // KPOOL_PORTABILITY_H

@@ -1,0 +1,168 @@
+"""The one validator every backend calls, so a bad call gets the same error everywhere.
+
+Metadata (rank, dtype, shape, strides) is checked on any array object with
+``shape``, ``dtype`` and ``strides`` (NumPy and CuPy alike). Offset contents
+are checked on host copies, which the GPU path fetches in one transfer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ._dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_KINDS, dtype_name
+
+# Cache lengths at or above this would overflow 64-bit position arithmetic
+# once the call's tokens are added; no real cache comes near it.
+MAX_CACHE_LENGTH = 2**62
+
+
+@dataclass(frozen=True)
+class CompressCall:
+    """What the validator learned about a kpool_compress call."""
+
+    head_dim: int
+    kpool: int
+    batch: int
+    total_tokens: int
+    k_dtype: np.dtype
+    gate_dtype: np.dtype
+    out_dtype: np.dtype
+
+
+def _fail(name: str, expected: str, got: object) -> ValueError:
+    return ValueError(f"Invalid {name}: expected {expected}, got {got}")
+
+
+def _dtype_fail(name: str, expected: str, got: object) -> TypeError:
+    return TypeError(f"Invalid {name}: expected {expected}, got {got}")
+
+
+def _require_array(name: str, array: Any) -> None:
+    if not all(hasattr(array, attr) for attr in ("shape", "dtype", "strides")):
+        raise _dtype_fail(name, "an array", type(array).__name__)
+
+
+def _check_rows(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
+    """A 2-D array of one of ``dtypes`` whose last dim is contiguous, rows at any stride."""
+    _require_array(name, array)
+    if array.dtype not in dtypes:
+        allowed = " or ".join(dtype_name(d) for d in dtypes)
+        raise _dtype_fail(name, f"dtype {allowed}", dtype_name(np.dtype(array.dtype)))
+    if array.ndim != 2:
+        raise _fail(name, "a 2-D array [rows, head_dim]", f"shape {tuple(array.shape)}")
+    itemsize = array.dtype.itemsize
+    if array.shape[1] > 1 and array.strides[1] != itemsize:
+        raise _fail(name, f"a contiguous last dim (stride {itemsize} bytes)", f"stride {array.strides[1]} bytes")
+    if array.strides[0] % itemsize != 0:
+        raise _fail(name, f"a row stride that is a multiple of {itemsize} bytes", f"{array.strides[0]} bytes")
+
+
+def _check_index(name: str, array: Any, length: int | None) -> None:
+    _require_array(name, array)
+    if array.dtype not in INDEX_KINDS:
+        raise _dtype_fail(name, "dtype int32, uint32 or int64", array.dtype)
+    if array.ndim != 1:
+        raise _fail(name, "a 1-D array", f"shape {tuple(array.shape)}")
+    if length is not None and array.shape[0] != length:
+        raise _fail(name, f"length {length}", f"length {array.shape[0]}")
+
+
+def check_compress_args(
+    k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any, out: Any
+) -> CompressCall:
+    """Check everything about a call that needs no array contents."""
+    elements = tuple(ELEMENT_CTYPES)
+    _check_rows("k", k, elements)
+    head_dim = int(k.shape[1])
+    if head_dim <= 0 or head_dim % 8 != 0:
+        raise _fail("k", "head_dim (k.shape[1]) a positive multiple of 8", head_dim)
+    _check_rows("gate", gate, elements)
+    if tuple(gate.shape) != tuple(k.shape):
+        raise _fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
+    _check_rows("ape", ape, (FLOAT32,))
+    kpool = int(ape.shape[0])
+    if kpool < 1:
+        raise _fail("ape", "kpool (ape.shape[0]) of at least 1", kpool)
+    if ape.shape[1] != head_dim:
+        raise _fail("ape", f"shape [kpool, {head_dim}]", f"shape {tuple(ape.shape)}")
+
+    _check_index("input_row_offsets", input_row_offsets, None)
+    if input_row_offsets.shape[0] < 1:
+        raise _fail("input_row_offsets", "length batch + 1 >= 1", "length 0")
+    batch = int(input_row_offsets.shape[0]) - 1
+    _check_index("cache_lengths", cache_lengths, batch)
+    if pool_row_offsets is not None:
+        _check_index("pool_row_offsets", pool_row_offsets, batch + 1)
+
+    out_dtype = np.dtype(k.dtype)
+    if out is not None:
+        allowed = (out_dtype,) if out_dtype == FLOAT32 else (out_dtype, FLOAT32)
+        _check_rows("out", out, allowed)
+        if out.shape[1] != head_dim:
+            raise _fail("out", f"shape [>= total_pools, {head_dim}]", f"shape {tuple(out.shape)}")
+        out_dtype = np.dtype(out.dtype)
+    return CompressCall(
+        head_dim=head_dim,
+        kpool=kpool,
+        batch=batch,
+        total_tokens=int(k.shape[0]),
+        k_dtype=np.dtype(k.dtype),
+        gate_dtype=np.dtype(gate.dtype),
+        out_dtype=out_dtype,
+    )
+
+
+def check_offset_values(
+    call: CompressCall,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    pool_row_offsets: np.ndarray | None,
+) -> np.ndarray:
+    """Check offset contents (host arrays) and return the pool row offsets as int64."""
+    from ._pools import pool_row_offsets as compute_pool_row_offsets
+
+    offsets = input_row_offsets.astype(np.int64)
+    if offsets[0] != 0:
+        raise _fail("input_row_offsets", "a first entry of 0", int(offsets[0]))
+    steps = np.diff(offsets)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise _fail(
+            "input_row_offsets", "non-decreasing values", f"{int(offsets[b])} then {int(offsets[b + 1])} at index {b}"
+        )
+    if offsets[-1] != call.total_tokens:
+        raise _fail("input_row_offsets", f"a last entry equal to total_tokens {call.total_tokens}", int(offsets[-1]))
+    lengths = cache_lengths.astype(np.int64)
+    bad = (lengths < 0) | (lengths >= MAX_CACHE_LENGTH)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise _fail("cache_lengths", "values in [0, 2**62)", f"{int(lengths[b])} at index {b}")
+    pools = compute_pool_row_offsets(offsets, lengths, call.kpool)
+    if pool_row_offsets is not None:
+        given = pool_row_offsets.astype(np.int64)
+        if not np.array_equal(given, pools):
+            b = int(np.argmax(given != pools))
+            raise _fail(
+                "pool_row_offsets",
+                f"the offsets computed from input_row_offsets and cache_lengths ({int(pools[b])} at index {b})",
+                f"{int(given[b])}",
+            )
+    return pools
+
+
+def check_out_rows(out: Any, total_pools: int) -> None:
+    if out is not None and out.shape[0] < total_pools:
+        raise _fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
+
+
+def check_host_arrays(backend: str, **arrays: Any) -> None:
+    """The CPU backends take NumPy arrays; name the first argument that is not one."""
+    for name, array in arrays.items():
+        if array is not None and not isinstance(array, np.ndarray):
+            raise TypeError(
+                f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type(array).__module__}."
+                f"{type(array).__name__} (device arrays go to kpool_cupy.kpool_compress)"
+            )

@@ -1,0 +1,21 @@
+"""The one place that spells a kernel instantiation.
+
+The same string goes to NVRTC's name expressions, to CuPy's ``get_function``
+and into the emulator's launch shim, so the three cannot disagree.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._dtypes import ELEMENT_CTYPES
+
+COMPRESS_SOURCE = "kpool_compress.cu"
+
+
+def compress_kernel_name(
+    k_dtype: np.dtype, gate_dtype: np.dtype, out_dtype: np.dtype, head_dim: int, kpool: int
+) -> str:
+    """``kpool_compress<KT, GT, OT, HEAD_DIM, KPOOL>`` for these element types and sizes."""
+    types = ", ".join(ELEMENT_CTYPES[d] for d in (k_dtype, gate_dtype, out_dtype))
+    return f"kpool_compress<{types}, {int(head_dim)}, {int(kpool)}>"
