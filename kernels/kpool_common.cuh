@@ -26,7 +26,7 @@ struct fp16 {
 
 // Channels one thread owns. head_dim is a multiple of it, and 8 two-byte
 // elements are one 16-byte vector.
-constexpr int kChannelsPerThread = 8;
+enum : int { kChannelsPerThread = 8 };
 
 __device__ __forceinline__ float to_float(float value) { return value; }
 __device__ __forceinline__ float to_float(bf16 value) {

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
 from ._dtypes import element_dtype
 from ._sources import kernel_source
@@ -21,31 +23,72 @@ def check_variant(head_dim: int, kpool: int) -> None:
         raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
 
 
+def _nvrtc() -> Any:
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as error:
+        raise RuntimeError(
+            "compiling needs CuPy's NVRTC bindings: install kpool-cupy[cuda12] or kpool-cupy[cuda13]"
+        ) from error
+    return nvrtc
+
+
+def _arch_number(arch: str) -> str:
+    match = _ARCH.match(arch)
+    if match is None:
+        raise ValueError(f"Invalid arch: expected 'sm_NN' or 'compute_NN', got {arch!r}")
+    return match.group(1)
+
+
+def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile one same-dtype variant; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
+    check_variant(head_dim, kpool)
+    element = element_dtype(dtype)
+    nvrtc = _nvrtc()
+    name = compress_kernel_name(element, element, element, head_dim, kpool)
+    program = nvrtc.createProgram(kernel_source(COMPRESS_SOURCE), COMPRESS_SOURCE, [], [])
+    try:
+        nvrtc.addNameExpression(program, name)
+        try:
+            nvrtc.compileProgram(program, [*NVRTC_OPTIONS, *options])
+        except nvrtc.NVRTCError as error:
+            raise RuntimeError(f"NVRTC failed to compile {name}:\n{nvrtc.getProgramLog(program)}") from error
+        binary = nvrtc.getPTX(program) if output == "ptx" else nvrtc.getCUBIN(program)
+        return binary, nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
 def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> str:
     """PTX of the kpool_compress variant with k, gate and output of ``dtype``.
 
     Needs NVRTC (the ``nvidia-cuda-nvrtc`` wheel or a CUDA toolkit) and CuPy's
     NVRTC bindings, but no GPU and no driver.
     """
-    check_variant(head_dim, kpool)
-    element = element_dtype(dtype)
-    match = _ARCH.match(arch)
-    if match is None:
-        raise ValueError(f"Invalid arch: expected 'sm_NN' or 'compute_NN', got {arch!r}")
-    try:
-        from cupy_backends.cuda.libs import nvrtc
-    except ImportError as error:
-        raise RuntimeError(
-            "compile_ptx needs CuPy's NVRTC bindings: install kpool-cupy[cuda12] or kpool-cupy[cuda13]"
-        ) from error
-    name = compress_kernel_name(element, element, element, head_dim, kpool)
-    program = nvrtc.createProgram(kernel_source(COMPRESS_SOURCE), COMPRESS_SOURCE, [], [])
-    try:
-        nvrtc.addNameExpression(program, name)
-        try:
-            nvrtc.compileProgram(program, [*NVRTC_OPTIONS, f"--gpu-architecture=compute_{match.group(1)}"])
-        except nvrtc.NVRTCError as error:
-            raise RuntimeError(f"NVRTC failed to compile {name}:\n{nvrtc.getProgramLog(program)}") from error
-        return nvrtc.getPTX(program).decode()
-    finally:
-        nvrtc.destroyProgram(program)
+    ptx, _ = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    return ptx.decode()
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> PtxasReport:
+    """Registers, spills and stack of the variant as ptxas (inside NVRTC) builds it for ``arch``; no GPU needed."""
+    _, log = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
+    numbers = {}
+    for key, pattern in (
+        ("registers", r"Used (\d+) registers"),
+        ("spill_stores", r"(\d+) bytes spill stores"),
+        ("spill_loads", r"(\d+) bytes spill loads"),
+        ("stack_bytes", r"(\d+) bytes stack frame"),
+    ):
+        found = re.search(pattern, log)
+        if found is None:
+            raise RuntimeError(f"ptxas report without {key!r}:\n{log}")
+        numbers[key] = int(found.group(1))
+    return PtxasReport(**numbers)
