@@ -1,0 +1,17 @@
+"""Shared fixtures; tests marked `gpu` skip where CuPy has no usable device."""
+
+from __future__ import annotations
+
+import pytest
+
+from kpool_cupy._check import gpu_status
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    usable, why = gpu_status()
+    if usable:
+        return
+    skip = pytest.mark.skip(reason=f"needs a CUDA device: {why}")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,131 @@
+"""The emulator's build: compiler discovery, the flags in the cache key, and AddressSanitizer."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from model import make_batch
+
+from kpool_cupy import emulate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_missing_compiler_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler-kpool")
+    with pytest.raises(emulate.CompilerNotFoundError, match="CXX"):
+        emulate.kpool_compress(*make_batch([8], [0]).args())
+
+
+def test_flags_are_part_of_the_cache_key(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    batch = make_batch([8], [0], head_dim=8, kpool=2)
+    monkeypatch.delenv(emulate.FLAGS_VARIABLE, raising=False)
+    emulate.kpool_compress(*batch.args())
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKPOOL_TEST_FLAG=1")
+    emulate.kpool_compress(*batch.args())
+    built = sorted(p.name for p in (tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
+    assert len(built) == 2, built
+
+
+def _libasan() -> str | None:
+    cxx = shutil.which(os.environ.get("CXX", "c++"))
+    if cxx is None:
+        return None
+    path = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+# Run in a subprocess with libasan preloaded: an instrumented library cannot
+# load into a Python that was started without the sanitizer runtime.
+_SANITIZED_RUN = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    sys.path.insert(0, {tests!r})
+    from model import make_batch
+    from kpool_cupy import emulate
+    from kpool_cupy._variants import compress_kernel_name
+
+    batch = make_batch([13, 0, 7, 9], [0, 3, 2, 5], head_dim=16, kpool=4, seed=1)
+    emulate.kpool_compress(*batch.args())
+    garbage = [
+        (np.array([0, 2**30, 5, 29], np.int64), np.array([0, 1, 2], np.int64), None),
+        (np.array([0, 29, 0, 29], np.int32), np.array([2**31 - 1, 0, 1], np.int32), None),
+        (np.array([0, 3, 9, 29], np.uint32), np.array([2**32 - 1, 2**32 - 3, 7], np.uint32), None),
+        (np.array([0, 10, 20, 29], np.int32), np.array([0, 0, 0], np.int32), np.array([0, 40, 90, 10**6], np.int64)),
+        (np.array([-50, 10, 20, 29], np.int64), np.array([-3, 0, 0], np.int64), np.array([0, -5, 7, 3], np.int64)),
+    ]
+    k, gate = batch.k[:29], batch.gate[:29]
+    for offsets, cache, pools in garbage:
+        out = np.zeros((5, 16), k.dtype)
+        emulate.kpool_compress(k, gate, batch.ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
+    name = compress_kernel_name(k.dtype, gate.dtype, k.dtype, 16, 4)
+    library = emulate.load_variant("kpool_compress.cu", name)
+    print("instrumented:", b"__asan_report" in open(library._name, "rb").read())
+    """
+)
+
+
+def _run_sanitized(script: str, tmp_path: Path, libasan: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env.update(
+        LD_PRELOAD=libasan,
+        ASAN_OPTIONS="detect_leaks=0",  # CPython keeps its arenas to exit; leaks are not the question
+        XDG_CACHE_HOME=str(tmp_path),
+        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
+    )
+    env[emulate.FLAGS_VARIABLE] = "-fsanitize=address -fno-omit-frame-pointer -g"
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_address_sanitizer_sees_no_access_outside_the_arrays(tmp_path):
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime")
+    done = _run_sanitized(_SANITIZED_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    # Control: the library that ran really carries the sanitizer.
+    assert "instrumented: True" in done.stdout
+
+
+_OUT_OF_BOUNDS = textwrap.dedent(
+    """
+    import numpy as np
+    from kpool_cupy import emulate
+    from kpool_cupy._variants import compress_kernel_name
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    k = np.zeros((8, 16), bf16)
+    out = np.zeros((4, 16), bf16)
+    offsets = np.array([0, 16], np.int64)
+    cache = np.array([0], np.int64)
+    pools = np.array([0, 4], np.int64)
+    # A launch that lies about total_tokens (16 rows, k has 8): only the
+    # sanitizer stands between this and a silent out-of-bounds read.
+    args = (k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
+            offsets, np.int32(2), cache, np.int32(2), pools, np.int32(2), np.int64(1), np.int64(16),
+            out, np.int64(16), np.int64(4), np.int32(0))
+    emulate.launch("kpool_compress.cu", compress_kernel_name(bf16, bf16, bf16, 16, 4), 1, 8, args)
+    """
+)
+
+
+@pytest.mark.slow
+def test_address_sanitizer_control_catches_a_planted_overrun(tmp_path):
+    # Proves the harness above can fail: a planted overrun is reported.
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime")
+    done = _run_sanitized(_OUT_OF_BOUNDS, tmp_path, libasan)
+    assert done.returncode != 0
+    assert "AddressSanitizer" in done.stderr and "heap-buffer-overflow" in done.stderr, done.stderr[-4000:]

@@ -1,0 +1,80 @@
+"""The kernel sources ship with the package and are found wherever it runs; CuPy stays optional."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from kpool_cupy._sources import kernel_source, kernels_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_source_is_self_contained_with_line_markers():
+    # CuPy's disk cache hashes this text, so the headers must be inside it.
+    text = kernel_source("kpool_compress.cu")
+    assert '#line 1 "kernels/kpool_compress.cu"' in text
+    assert '#line 1 "kernels/kpool_common.cuh"' in text and "struct PoolChannel" in text
+    assert '#include "' not in text
+
+
+def test_checkout_finds_kernels():
+    assert (kernels_dir() / "kpool_compress.cu").is_file()
+
+
+@pytest.mark.slow
+def test_wheel_carries_the_kernels(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = tmp_path.glob("kpool_cupy-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in (
+        "kpool_cupy/kernels/kpool_compress.cu",
+        "kpool_cupy/kernels/kpool_common.cuh",
+        "kpool_cupy/kernels/kpool_portability.h",
+        "kpool_cupy/py.typed",
+    ):
+        assert required in names, sorted(names)
+    # Installed from the wheel (unpacked away from the checkout), the package
+    # finds its kernels inside itself.
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    script = "from kpool_cupy._sources import kernels_dir; print(kernels_dir())"
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert found.stdout.strip() == str(site / "kpool_cupy" / "kernels"), found.stderr
+
+
+def test_import_and_cpu_backends_work_without_cupy(tmp_path):
+    # A meta-path finder that refuses cupy stands in for a machine without it.
+    script = (
+        "import sys\n"
+        "class NoCupy:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('cupy', 'cupy_backends', 'cupyx'):\n"
+        "            raise ImportError('no cupy here')\n"
+        "sys.meta_path.insert(0, NoCupy())\n"
+        "import numpy as np, kpool_cupy\n"
+        "from kpool_cupy import reference\n"
+        "k = np.ones((8, 8), np.float32)\n"
+        "out = reference.kpool_compress(k, k, np.zeros((4, 8), np.float32), np.array([0, 8]), np.array([0]))\n"
+        "assert out.shape == (2, 8)\n"
+        "try:\n"
+        "    kpool_cupy.kpool_compress(k, k, k[:4], np.array([0, 8]), np.array([0]))\n"
+        "except RuntimeError as error:\n"
+        "    print('clear:', 'CuPy' in str(error))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "clear: True" in done.stdout

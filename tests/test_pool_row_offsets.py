@@ -1,0 +1,50 @@
+"""The pool-to-request mapping."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kpool_cupy import pool_row_offsets
+
+
+def brute_force(offsets, cache, kpool):
+    counts = []
+    for b in range(len(cache)):
+        n = offsets[b + 1] - offsets[b]
+        positions = range(cache[b], cache[b] + n)
+        # A pool counts when all its kpool positions arrive in this call.
+        pools = {p // kpool for p in positions}
+        counts.append(sum(1 for q in pools if all(q * kpool + m in positions for m in range(kpool))))
+    return np.concatenate([[0], np.cumsum(counts)])
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])
+@pytest.mark.parametrize("kpool", [1, 3, 4, 16])
+def test_matches_brute_force(dtype, kpool):
+    rng = np.random.default_rng(kpool)
+    lengths = rng.integers(0, 5 * kpool, 40)
+    cache = rng.integers(0, 6 * kpool, 40)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(dtype)
+    got = pool_row_offsets(offsets, cache.astype(dtype), kpool)
+    assert isinstance(got, np.ndarray) and got.dtype == np.int64
+    np.testing.assert_array_equal(got, brute_force(offsets.tolist(), cache.tolist(), kpool))
+
+
+def test_upstream_case_every_phase():
+    # Lengths 9,9,9,9 with cache lengths 0,1,2,3 and kpool 4: positions 0..8
+    # complete pools 0 and 1; 1..9 only pool 1; 2..10 only pool 1; 3..11
+    # pools 1 and 2.
+    got = pool_row_offsets(np.array([0, 9, 18, 27, 36], np.int32), np.array([0, 1, 2, 3], np.int32), 4)
+    np.testing.assert_array_equal(got, [0, 2, 3, 4, 6])
+
+
+@pytest.mark.parametrize("kpool", [0, -1, 2.0, True])
+def test_bad_kpool(kpool):
+    with pytest.raises(ValueError, match="kpool"):
+        pool_row_offsets(np.array([0, 4], np.int32), np.array([0], np.int32), kpool)
+
+
+def test_length_mismatch_names_cache_lengths():
+    with pytest.raises(ValueError, match="cache_lengths"):
+        pool_row_offsets(np.array([0, 4, 8], np.int32), np.array([0], np.int32), 4)
