@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Everything a lent GPU machine should run, in one call of a few minutes, with
+# nothing to install there: that machine has no network but has CuPy (CUDA 13),
+# NumPy, ml_dtypes, click, pytest and torch. The package runs from this
+# checkout through PYTHONPATH. Logs and results go to $OUT (or ./gpu-results);
+# a summary table is printed last. Exit status: non-zero if any step failed.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+out="${OUT:-$root/gpu-results}"
+mkdir -p "$out"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+py="${PYTHON:-python3}"
+export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
+declare -A status
+
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
+    "$py" - <<'PY' 2>&1
+import cupy, numpy, ml_dtypes
+print("cupy:", cupy.__version__, "| CUDA runtime:", cupy.cuda.runtime.runtimeGetVersion(),
+      "| driver:", cupy.cuda.runtime.driverGetVersion(), "| numpy:", numpy.__version__, "| ml_dtypes:", ml_dtypes.__version__)
+try:
+    import torch
+    print("torch:", torch.__version__, "cuda", torch.version.cuda)
+except ImportError:
+    print("torch: not installed")
+PY
+} > "$out/environment.txt"
+cat "$out/environment.txt"
+
+run() {  # run NAME TIMEOUT COMMAND...: log to $out/NAME.log, remember the exit status
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    status[$name]=$?
+}
+
+run pytest-gpu 180 "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests/test_gpu.py
+# All skipped means no device was usable: that is a failure here, not a pass.
+if [[ ${status[pytest-gpu]} == 0 ]] && ! grep -q " passed" "$out/pytest-gpu.log"; then
+    status[pytest-gpu]=5
+fi
+for dtype in bfloat16 float16 float32; do
+    run "check-$dtype" 90 "$py" -m kpool_cupy check --backend cupy --dtype "$dtype" --json
+    cp "$out/check-$dtype.log" "$out/check-$dtype.json"
+done
+if command -v compute-sanitizer > /dev/null; then
+    run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 3 \
+        "$py" -m kpool_cupy check --backend cupy --kpool 4
+else
+    echo "compute-sanitizer not found on PATH" > "$out/memcheck.log"
+    status[memcheck]=127
+fi
+
+echo
+echo "step                 exit  last line"
+failed=0
+for name in pytest-gpu check-bfloat16 check-float16 check-float32 memcheck; do
+    code=${status[$name]:-?}
+    [[ $code == 0 ]] || failed=1
+    printf '%-20s %5s  %s\n' "$name" "$code" "$(tail -n 1 "$out/$name.log" | cut -c1-100)"
+done
+exit $failed
