@@ -22,7 +22,7 @@ from ._variants import COMPRESS_SOURCE, compress_kernel_name
 _DLPACK_CUDA_DEVICES = (2, 13)
 
 _kernel_lock = threading.Lock()
-_kernels: dict[tuple[str, int], Any] = {}
+_kernels: dict[tuple[str, str, int], Any] = {}
 
 
 def _cupy() -> Any:
@@ -36,22 +36,20 @@ def _cupy() -> Any:
     return cupy
 
 
-def kernel_function(name: str, device_id: int) -> Any:
-    """The loaded kernel ``name`` on ``device_id``, compiled once per process.
+def kernel_function(source: str, name: str, device_id: int) -> Any:
+    """The loaded kernel ``name`` of kernels/``source`` on ``device_id``, compiled once per process.
 
     The lock makes concurrent first calls compile and load once; across
     processes CuPy's disk cache (keyed by the full source text) does the rest.
     """
     cupy = _cupy()
     with _kernel_lock:
-        function = _kernels.get((name, device_id))
+        function = _kernels.get((source, name, device_id))
         if function is None:
             with cupy.cuda.Device(device_id):
-                module = cupy.RawModule(
-                    code=kernel_source(COMPRESS_SOURCE), options=NVRTC_OPTIONS, name_expressions=(name,)
-                )
+                module = cupy.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS, name_expressions=(name,))
                 function = module.get_function(name)
-            _kernels[(name, device_id)] = function
+            _kernels[(source, name, device_id)] = function
         return function
 
 
@@ -137,7 +135,7 @@ class _CupyBackend:
     def pool(self, call: CompressCall, slots: int, arrays: tuple[Any, ...], out: Any) -> None:
         name = compress_kernel_name(call.k_dtype, call.gate_dtype, call.out_dtype, call.head_dim, call.kpool)
         geometry = launch_geometry(call.head_dim, slots)
-        kernel = kernel_function(name, self.device_id)
+        kernel = kernel_function(COMPRESS_SOURCE, name, self.device_id)
         kernel((geometry.grid,), (geometry.block,), compress_arguments(call, *arrays, out))
 
 

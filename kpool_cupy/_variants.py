@@ -19,3 +19,11 @@ def compress_kernel_name(
     """``kpool_compress<KT, GT, OT, HEAD_DIM, KPOOL>`` for these element types and sizes."""
     types = ", ".join(ELEMENT_CTYPES[d] for d in (k_dtype, gate_dtype, out_dtype))
     return f"kpool_compress<{types}, {int(head_dim)}, {int(kpool)}>"
+
+
+BASELINE_SOURCE = "kpool_compress_baseline.cu"
+
+
+def baseline_kernel_name(dtype: np.dtype, head_dim: int, kpool: int) -> str:
+    """``kpool_compress_baseline<T, HEAD_DIM, KPOOL>``, the benchmark's upstream-geometry kernel."""
+    return f"kpool_compress_baseline<{ELEMENT_CTYPES[dtype]}, {int(head_dim)}, {int(kpool)}>"

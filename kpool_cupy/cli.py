@@ -57,3 +57,78 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
         click.echo("all cases pass" if ok else "some cases FAILED")
     if not ok:
         sys.exit(1)
+
+
+@main.command()
+def info() -> None:
+    """Versions, the GPU (or why none is usable), NVRTC, the emulator's compiler and the caches."""
+    from ._info import machine_facts
+
+    facts = machine_facts()
+    width = max(len(name) for name, _ in facts)
+    for name, value in facts:
+        click.echo(f"{name:<{width}}  {value}")
+
+
+@main.command()
+@click.option("--head-dim", type=int, default=128, show_default=True)
+@click.option("--kpool", type=int, default=4, show_default=True)
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--arch", default="sm_90", show_default=True, help="sm_NN: ptxas reports registers for this GPU.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False, writable=True), help="Save the PTX here.")
+def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) -> None:
+    """Compile one variant through NVRTC (no GPU needed) and report its memory path."""
+    from ._ptx_report import summarize
+
+    try:
+        summary = summarize(head_dim, kpool, dtype, arch)
+    except (ValueError, TypeError, RuntimeError) as error:
+        raise click.ClickException(str(error)) from error
+    click.echo(f"kpool_compress {dtype}, head_dim {head_dim}, kpool {kpool}, {arch}")
+    click.echo(f"registers           {summary.registers}")
+    click.echo(f"spill stores/loads  {summary.spill_stores} / {summary.spill_loads} bytes")
+    click.echo(f"128-bit loads       {summary.vector_loads}")
+    click.echo(f"128-bit stores      {summary.vector_stores}")
+    click.echo(f"scalar loads        {summary.scalar_loads} (index reads and the unaligned fallback)")
+    click.echo(f"local memory        {'yes' if summary.local_memory else 'none'}")
+    if out_file:
+        with open(out_file, "w") as handle:
+            handle.write(summary.ptx)
+        click.echo(f"PTX written to {out_file}")
+
+
+@main.command()
+@click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), help="Write all numbers here.")
+@click.option("--plot", "plot_file", type=click.Path(dir_okay=False, writable=True), help="Draw bandwidth here (PNG).")
+@click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
+@click.option("--samples", type=int, default=30, show_default=True, help="Timed samples per implementation.")
+@click.option("--skip", multiple=True, help="Implementation to leave out (repeatable), e.g. torch-compile.")
+def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...]) -> None:
+    """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one)."""
+    from ._check import gpu_status
+
+    usable, why = gpu_status()
+    if not usable:
+        click.echo(f"kpool-cupy bench needs a CUDA GPU: {why}", err=True)
+        sys.exit(2)
+    from .bench.impls import IMPLEMENTATIONS
+    from .bench.report import environment, plot, table
+    from .bench.run import run_sweep
+    from .bench.shapes import sweep
+
+    unknown = set(skip) - set(IMPLEMENTATIONS)
+    if unknown:
+        raise click.ClickException(f"Invalid --skip: expected some of {sorted(IMPLEMENTATIONS)}, got {sorted(unknown)}")
+    chosen = [name for name in IMPLEMENTATIONS if name not in skip]
+
+    def progress(shapes):
+        return click.progressbar(shapes, label="benchmark", file=sys.stderr, item_show_func=lambda s: s and s.name)
+
+    results = {"environment": environment(), **run_sweep(sweep(quick), chosen, samples, progress)}
+    for line in table(results):
+        click.echo(line)
+    if json_file:
+        with open(json_file, "w") as handle:
+            json.dump(results, handle, indent=1)
+    if plot_file:
+        plot(results, plot_file)

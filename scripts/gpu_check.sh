@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine should run, in one call of a few minutes, with
-# nothing to install there: that machine has no network but has CuPy (CUDA 13),
-# NumPy, ml_dtypes, click, pytest and torch. The package runs from this
-# checkout through PYTHONPATH. Logs and results go to $OUT (or ./gpu-results);
-# a summary table is printed last. Exit status: non-zero if any step failed.
+# Everything a lent GPU machine should run in one call, with nothing to install
+# there: that machine has no network but has CuPy (CUDA 13), NumPy, ml_dtypes,
+# click, pytest, torch and matplotlib. The package runs from this checkout
+# through PYTHONPATH. Logs and results go to $OUT (or ./gpu-results); a summary
+# table is printed last. Exit status: non-zero if any step failed.
+#
+# Expected about 4 minutes; the per-step limits add up to 9 so that one slow
+# step cannot starve the rest. The full benchmark sweep leaves torch.compile
+# out (it compiles per shape); the quick sweep after it includes it.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -37,27 +41,30 @@ run() {  # run NAME TIMEOUT COMMAND...: log to $out/NAME.log, remember the exit 
     status[$name]=$?
 }
 
-run pytest-gpu 180 "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests/test_gpu.py
+run pytest-gpu 100 "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests/test_gpu.py
 # All skipped means no device was usable: that is a failure here, not a pass.
 if [[ ${status[pytest-gpu]} == 0 ]] && ! grep -q " passed" "$out/pytest-gpu.log"; then
     status[pytest-gpu]=5
 fi
 for dtype in bfloat16 float16 float32; do
-    run "check-$dtype" 90 "$py" -m kpool_cupy check --backend cupy --dtype "$dtype" --json
+    run "check-$dtype" 40 "$py" -m kpool_cupy check --backend cupy --dtype "$dtype" --json
     cp "$out/check-$dtype.log" "$out/check-$dtype.json"
 done
 if command -v compute-sanitizer > /dev/null; then
-    run memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    run memcheck 100 compute-sanitizer --tool memcheck --error-exitcode 3 \
         "$py" -m kpool_cupy check --backend cupy --kpool 4
 else
     echo "compute-sanitizer not found on PATH" > "$out/memcheck.log"
     status[memcheck]=127
 fi
 
+run bench 140 "$py" -m kpool_cupy bench --skip torch-compile --json "$out/bench.json" --plot "$out/bench.png"
+run bench-compile 80 "$py" -m kpool_cupy bench --quick --json "$out/bench-quick.json"
+
 echo
 echo "step                 exit  last line"
 failed=0
-for name in pytest-gpu check-bfloat16 check-float16 check-float32 memcheck; do
+for name in pytest-gpu check-bfloat16 check-float16 check-float32 memcheck bench bench-compile; do
     code=${status[$name]:-?}
     [[ $code == 0 ]] || failed=1
     printf '%-20s %5s  %s\n' "$name" "$code" "$(tail -n 1 "$out/$name.log" | cut -c1-100)"

@@ -1,0 +1,166 @@
+"""The implementations the benchmark times side by side (GPU only).
+
+Each factory takes the shape and its input sets and returns either a runner
+``run(i) -> output array`` for input set ``i``, or a string saying why the
+implementation is unavailable here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .._dtypes import element_dtype
+from .._variants import BASELINE_SOURCE, baseline_kernel_name
+from .inputs import InputSet
+from .shapes import BenchShape
+
+Runner = Callable[[int], Any]
+
+
+def kpool_cupy_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    from .._cupy_backend import kpool_compress
+
+    def run(i: int) -> Any:
+        s = sets[i]
+        return kpool_compress(
+            s.k,
+            s.gate,
+            s.ape,
+            s.input_row_offsets,
+            s.cache_lengths,
+            pool_row_offsets=s.pool_row_offsets,
+            out=s.out,
+            validate=False,
+        )
+
+    return run
+
+
+def upstream_geometry_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    import numpy as np
+
+    from .._cupy_backend import kernel_function
+
+    if shape.head_dim > 1024:
+        return "one thread per channel cannot exceed 1024 threads per block"
+    import cupy
+
+    name = baseline_kernel_name(element_dtype(shape.dtype), shape.head_dim, shape.kpool)
+    kernel = kernel_function(BASELINE_SOURCE, name, cupy.cuda.Device().id)
+
+    def run(i: int) -> Any:
+        s = sets[i]
+        args = (s.k, s.gate, s.ape, s.offsets64, s.cache64, s.pool_row_offsets, np.int64(shape.requests), s.out)
+        kernel((shape.pools,), (shape.head_dim,), args)
+        return s.out
+
+    return run
+
+
+def composite_pool(xp: Any, k: Any, gate: Any, ape: Any, first_rows: Any, kpool: int) -> Any:
+    """Gather, softmax, weighted sum in array operations; ``xp`` is numpy or cupy."""
+    rows = first_rows[:, None] + xp.arange(kpool, dtype=xp.int64)  # [pools, kpool]
+    logits = gate[rows].astype(xp.float32) + ape
+    weights = xp.exp(logits - logits.max(axis=1, keepdims=True))
+    pooled = (weights * k[rows].astype(xp.float32)).sum(axis=1) / weights.sum(axis=1)
+    return pooled.astype(k.dtype)
+
+
+def cupy_composite(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    """What a user might write with CuPy array operations instead of a kernel."""
+    import cupy
+
+    def run(i: int) -> Any:
+        s = sets[i]
+        return composite_pool(cupy, s.k, s.gate, s.ape, s.first_rows, shape.kpool)
+
+    return run
+
+
+def _torch_views(sets: list[InputSet]) -> list[dict[str, Any]] | str:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed"
+    if not torch.cuda.is_available():
+        return "torch has no CUDA device"
+    views = []
+    for s in sets:
+        views.append(
+            {
+                "k": torch.from_dlpack(s.k),
+                "gate": torch.from_dlpack(s.gate),
+                "ape": torch.from_dlpack(s.ape),
+                "first": torch.from_dlpack(s.first_rows),
+                "out": torch.from_dlpack(s.out),
+            }
+        )
+    return views
+
+
+def _torch_pool(k: Any, gate: Any, ape: Any, first: Any, kpool: int) -> Any:
+    import torch
+
+    rows = first[:, None] + torch.arange(kpool, device=first.device)
+    logits = gate[rows].float() + ape
+    weights = torch.softmax(logits, dim=1)
+    return (weights * k[rows].float()).sum(dim=1).to(k.dtype)
+
+
+def torch_eager(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    views = _torch_views(sets)
+    if isinstance(views, str):
+        return views
+
+    def run(i: int) -> Any:
+        v = views[i]
+        return _torch_pool(v["k"], v["gate"], v["ape"], v["first"], shape.kpool)
+
+    return run
+
+
+def torch_compiled(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    views = _torch_views(sets)
+    if isinstance(views, str):
+        return views
+    import torch
+
+    try:
+        compiled = torch.compile(_torch_pool, dynamic=False)
+        v = views[0]
+        compiled(v["k"], v["gate"], v["ape"], v["first"], shape.kpool)  # compile now, not while timed
+    except Exception as error:  # torch.compile fails in many environment-specific ways
+        return f"torch.compile failed: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
+
+    def run(i: int) -> Any:
+        v = views[i]
+        return compiled(v["k"], v["gate"], v["ape"], v["first"], shape.kpool)
+
+    return run
+
+
+def triton_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    views = _torch_views(sets)
+    if isinstance(views, str):
+        return views
+    try:
+        from .triton_impl import triton_pool
+    except ImportError as error:
+        return f"triton is not importable ({error})"
+
+    def run(i: int) -> Any:
+        v = views[i]
+        return triton_pool(v["k"], v["gate"], v["ape"], v["first"], v["out"], shape.kpool)
+
+    return run
+
+
+IMPLEMENTATIONS: dict[str, Callable[[BenchShape, list[InputSet]], Runner | str]] = {
+    "kpool-cupy": kpool_cupy_kernel,
+    "upstream-geometry": upstream_geometry_kernel,
+    "cupy-composite": cupy_composite,
+    "torch-eager": torch_eager,
+    "torch-compile": torch_compiled,
+    "triton": triton_kernel,
+}
