@@ -1,0 +1,83 @@
+"""Numerics at the edges, as documented in the README ("Numerics at the edges"); every backend agrees.
+
+One pool of kpool 4 over head_dim 8, channel c of member m set by hand.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from model import BF16, F16, F32
+
+from kpool_cupy import emulate, reference
+
+BACKENDS = {"emulate": emulate.kpool_compress, "reference": reference.kpool_compress}
+KEYS = np.array([1.0, 2.0, 4.0, 8.0], np.float32)  # member m's key in every channel
+
+
+def pool(backend, gate_column, keys=KEYS, dtype=F32, out=None):
+    """Pool one channel pattern: gate[m, :] = gate_column[m], k[m, :] = keys[m]."""
+    gate = np.repeat(np.asarray(gate_column, np.float32)[:, None], 8, axis=1).astype(dtype)
+    k = np.repeat(np.asarray(keys, np.float32)[:, None], 8, axis=1).astype(dtype)
+    result = BACKENDS[backend](
+        k, gate, np.zeros((4, 8), np.float32), np.array([0, 4], np.int32), np.array([0], np.int32), out=out
+    )
+    return result.astype(np.float64)[0]
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_nan_gate_makes_the_channel_nan(backend):
+    assert np.isnan(pool(backend, [0.0, np.nan, 0.0, 0.0])).all()
+    assert np.isnan(pool(backend, [np.nan, 0.0, 0.0, 0.0])).all()  # NaN as the first member too
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_nan_key_makes_the_channel_nan_even_at_zero_weight(backend):
+    # 0 * NaN is NaN: a NaN key is never silently dropped.
+    assert np.isnan(pool(backend, [0.0, -1e30, 0.0, 0.0], keys=[1.0, np.nan, 4.0, 8.0])).all()
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_huge_finite_gates_pick_the_largest(backend):
+    # exp(-2e30) is exactly 0 in float32: the member with the largest gate wins outright.
+    np.testing.assert_array_equal(pool(backend, [-1e30, 1e30, -1e30, -1e30]), 2.0)
+    np.testing.assert_array_equal(pool(backend, [1e30, 1e30, -1e30, -1e30]), 1.5)  # a tie shares the weight
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_infinite_gates(backend):
+    np.testing.assert_array_equal(pool(backend, [0.0, 0.0, np.inf, 0.0]), 4.0)  # +inf takes it all
+    np.testing.assert_array_equal(pool(backend, [np.inf, 0.0, np.inf, 0.0]), 2.5)  # two +inf share it
+    np.testing.assert_array_equal(pool(backend, [-np.inf, 0.0, 0.0, -np.inf]), 3.0)  # -inf weighs nothing
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_all_minus_infinity_gives_the_members_mean(backend):
+    # The limit of equal logits, instead of 0/0.
+    np.testing.assert_array_equal(pool(backend, [-np.inf] * 4), KEYS.mean())
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_denormal_keys_survive(backend, dtype):
+    # No flush to zero: a pool of equal subnormal keys returns that subnormal.
+    tiny = 2.0**-130  # subnormal in float32 and in bfloat16 (whose smallest is 2^-133)
+    got = pool(backend, [0.0] * 4, keys=[tiny] * 4, dtype=dtype)
+    want = np.float64(np.asarray(tiny, np.float32).astype(dtype).astype(np.float32))
+    assert want != 0 and np.all(got == want)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_float16_output_does_not_overflow_from_finite_keys(backend):
+    # The pooled value is a convex combination of the keys, so keys at the
+    # float16 maximum stay finite: 65504, never inf.
+    got = pool(backend, [0.3, -0.2, 0.1, 0.0], keys=[65504.0] * 4, dtype=F16)
+    np.testing.assert_array_equal(got, 65504.0)
+    got = pool(backend, [0.3, -0.2, 0.1, 0.0], keys=[-65504.0] * 4, dtype=F16)
+    np.testing.assert_array_equal(got, -65504.0)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_infinite_key_with_weight_gives_infinity(backend):
+    got = pool(backend, [0.0, 0.0, 0.0, 0.0], keys=[1.0, np.inf, 4.0, 8.0], dtype=F16)
+    assert np.all(got == np.inf)
