@@ -36,7 +36,8 @@ __device__ __forceinline__ bool locate_pool(long long pool, const void* input_ro
     const long long request = lo;
     const long long pool_begin = load_index(pool_row_offsets, pool_kind, request);
     const long long pool_end = load_index(pool_row_offsets, pool_kind, request + 1);
-    if (pool < pool_begin || pool >= pool_end) return false;
+    // pool_begin >= 0 keeps pool - pool_begin from overflowing below.
+    if (pool_begin < 0 || pool < pool_begin || pool >= pool_end) return false;
 
     const long long row_begin = load_index(input_row_offsets, input_kind, request);
     const long long row_end = load_index(input_row_offsets, input_kind, request + 1);

@@ -62,26 +62,49 @@ def _host_array_error(name: str, array: Any) -> TypeError:
     )
 
 
-def as_device_array(name: str, array: Any) -> Any:
-    """A zero-copy CuPy view of a CUDA array from any framework, or a TypeError."""
+def check_device_array(name: str, array: Any) -> None:
+    """TypeError unless ``array`` is None or a CUDA array; touches no device, so it runs first."""
     if array is None:
-        return None
+        return
     cupy = _cupy()
     if isinstance(array, cupy.ndarray):
-        return array
+        return
     if isinstance(array, np.ndarray):
         raise _host_array_error(name, array)
     if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
         device_type, _ = array.__dlpack_device__()
         if int(device_type) not in _DLPACK_CUDA_DEVICES:
             raise _host_array_error(name, array)
+        return
+    if not hasattr(array, "__cuda_array_interface__"):
+        raise TypeError(
+            f"Invalid {name}: expected a CUDA array (CuPy, __dlpack__ or __cuda_array_interface__), "
+            f"got {type(array).__module__}.{type(array).__name__}"
+        )
+
+
+def device_of(array: Any) -> int:
+    """The CUDA device id of a CUDA array from any framework, without converting it."""
+    cupy = _cupy()
+    if isinstance(array, cupy.ndarray):
+        return int(array.device.id)
+    if hasattr(array, "__dlpack_device__"):
+        return int(array.__dlpack_device__()[1])
+    pointer = array.__cuda_array_interface__["data"][0]
+    return int(cupy.cuda.runtime.pointerGetAttributes(pointer).device)
+
+
+def as_device_array(name: str, array: Any) -> Any:
+    """A zero-copy CuPy view of a CUDA array from any framework, or a TypeError."""
+    check_device_array(name, array)
+    if array is None:
+        return None
+    cupy = _cupy()
+    if isinstance(array, cupy.ndarray):
+        return array
+    if hasattr(array, "__dlpack__"):
         return cupy.from_dlpack(array)
-    if hasattr(array, "__cuda_array_interface__"):
-        return cupy.asarray(array)
-    raise TypeError(
-        f"Invalid {name}: expected a CUDA array (CuPy, __dlpack__ or __cuda_array_interface__), "
-        f"got {type(array).__module__}.{type(array).__name__}"
-    )
+    return cupy.asarray(array)
 
 
 class _RawStreamHandle:
@@ -94,6 +117,20 @@ class _RawStreamHandle:
         return (0, self.handle)
 
 
+def _external_stream(stream: Any) -> Any:
+    """The stream-protocol object for a foreign stream, or a TypeError; touches no device."""
+    if hasattr(stream, "__cuda_stream__"):
+        return stream
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream and friends
+        return _RawStreamHandle(int(stream.cuda_stream))
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
+        return _RawStreamHandle(int(stream))
+    raise TypeError(
+        "Invalid stream: expected a cupy.cuda.Stream, a raw stream handle (int), or an object with "
+        f"__cuda_stream__ or .cuda_stream, got {type(stream).__module__}.{type(stream).__name__}"
+    )
+
+
 def resolve_stream(stream: Any) -> Any:
     """A CuPy stream for a CuPy stream, a raw handle, ``__cuda_stream__`` or ``.cuda_stream``."""
     cupy = _cupy()
@@ -101,18 +138,7 @@ def resolve_stream(stream: Any) -> Any:
         return cupy.cuda.get_current_stream()
     if isinstance(stream, cupy.cuda.Stream):
         return stream
-    if hasattr(stream, "__cuda_stream__"):
-        external = stream
-    elif hasattr(stream, "cuda_stream"):  # torch.cuda.Stream and friends
-        external = _RawStreamHandle(int(stream.cuda_stream))
-    elif isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
-        external = _RawStreamHandle(int(stream))
-    else:
-        raise TypeError(
-            "Invalid stream: expected a cupy.cuda.Stream, a raw stream handle (int), or an object with "
-            f"__cuda_stream__ or .cuda_stream, got {type(stream).__module__}.{type(stream).__name__}"
-        )
-    return cupy.cuda.Stream.from_external(external)
+    return cupy.cuda.Stream.from_external(_external_stream(stream))
 
 
 class _CupyBackend:
@@ -204,24 +230,30 @@ def kpool_compress(
         "pool_row_offsets": pool_row_offsets,
         "out": out,
     }
-    resolved = resolve_stream(stream)
-    with resolved:
+    # Type checks first: they touch no device, so a bad call fails the same
+    # way on a machine without one.
+    if stream is not None and not isinstance(stream, cupy.cuda.Stream):
+        _external_stream(stream)
+    for name, array in named.items():
+        check_device_array(name, array)
+    # The launch goes to k's device; a foreign stream is bound to the device
+    # current when it is wrapped, so enter the device before the stream.
+    device_id = device_of(k)
+    with cupy.cuda.Device(device_id), resolve_stream(stream):
         arrays = {name: as_device_array(name, array) for name, array in named.items()}
-        device_id = arrays["k"].device.id
         for name, array in arrays.items():
             if array is not None and array.device.id != device_id:
                 raise ValueError(
                     f"Invalid {name}: expected an array on device {device_id} like k, got device {array.device.id}"
                 )
-        with cupy.cuda.Device(device_id):
-            return run_compress(
-                _CupyBackend(cupy, device_id),
-                arrays["k"],
-                arrays["gate"],
-                arrays["ape"],
-                arrays["input_row_offsets"],
-                arrays["cache_lengths"],
-                arrays["pool_row_offsets"],
-                arrays["out"],
-                validate,
-            )
+        return run_compress(
+            _CupyBackend(cupy, device_id),
+            arrays["k"],
+            arrays["gate"],
+            arrays["ape"],
+            arrays["input_row_offsets"],
+            arrays["cache_lengths"],
+            arrays["pool_row_offsets"],
+            arrays["out"],
+            validate,
+        )

@@ -8,6 +8,7 @@ from typing import Any
 
 from ._dtypes import element_dtype
 from ._sources import kernel_source
+from ._validate import MAX_HEAD_DIM
 from ._variants import COMPRESS_SOURCE, compress_kernel_name
 
 # Options shared by compile_ptx and the GPU path's RawModule (CuPy adds -arch).
@@ -17,8 +18,14 @@ _ARCH = re.compile(r"^(?:sm|compute)_(\d+[a-z]?)$")
 
 
 def check_variant(head_dim: int, kpool: int) -> None:
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 8:
-        raise ValueError(f"Invalid head_dim: expected a positive multiple of 8, got {head_dim!r}")
+    if (
+        isinstance(head_dim, bool)
+        or not isinstance(head_dim, int)
+        or head_dim <= 0
+        or head_dim % 8
+        or head_dim > MAX_HEAD_DIM
+    ):
+        raise ValueError(f"Invalid head_dim: expected a positive multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim!r}")
     if isinstance(kpool, bool) or not isinstance(kpool, int) or kpool < 1:
         raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
 

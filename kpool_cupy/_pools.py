@@ -23,8 +23,10 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
     if isinstance(kpool, bool) or not isinstance(kpool, (int, np.integer)) or kpool < 1:
         raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
     for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
-        if getattr(array, "ndim", None) != 1 or array.dtype.kind not in "iu":
-            raise TypeError(f"Invalid {name}: expected a 1-D integer array, got {type(array).__name__}")
+        if not hasattr(array, "dtype") or array.dtype.kind not in "iu":
+            raise TypeError(f"Invalid {name}: expected an integer array, got {getattr(array, 'dtype', type(array))}")
+        if array.ndim != 1:
+            raise ValueError(f"Invalid {name}: expected a 1-D array, got shape {tuple(array.shape)}")
     if cache_lengths.shape[0] + 1 != input_row_offsets.shape[0]:
         raise ValueError(
             f"Invalid cache_lengths: expected length {input_row_offsets.shape[0] - 1} "

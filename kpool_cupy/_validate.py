@@ -14,6 +14,9 @@ import numpy as np
 
 from ._dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_KINDS, dtype_name
 
+# head_dim / 8 threads per pool must fit one block of at most 1024 threads.
+MAX_HEAD_DIM = 8192
+
 # Cache lengths at or above this would overflow 64-bit position arithmetic
 # once the call's tokens are added; no real cache comes near it.
 MAX_CACHE_LENGTH = 2**62
@@ -62,6 +65,16 @@ def _check_rows(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
         raise _fail(name, f"a row stride that is a multiple of {itemsize} bytes", f"{array.strides[0]} bytes")
 
 
+def _check_writable_rows(name: str, array: Any) -> None:
+    """Rows that do not overlap (a write to one cannot land in another), in writable memory."""
+    flags = getattr(array, "flags", None)
+    if flags is not None and not getattr(flags, "writeable", True):
+        raise _fail(name, "a writable array", "a read-only one")
+    row_bytes = array.shape[1] * array.dtype.itemsize
+    if array.shape[0] > 1 and abs(array.strides[0]) < row_bytes:
+        raise _fail(name, f"rows that do not overlap (|row stride| >= {row_bytes} bytes)", f"{array.strides[0]} bytes")
+
+
 def _check_index(name: str, array: Any, length: int | None) -> None:
     _require_array(name, array)
     if array.dtype not in INDEX_KINDS:
@@ -70,6 +83,9 @@ def _check_index(name: str, array: Any, length: int | None) -> None:
         raise _fail(name, "a 1-D array", f"shape {tuple(array.shape)}")
     if length is not None and array.shape[0] != length:
         raise _fail(name, f"length {length}", f"length {array.shape[0]}")
+    if array.shape[0] > 1 and array.strides[0] != array.dtype.itemsize:
+        # The kernels read offsets at unit stride.
+        raise _fail(name, "a contiguous 1-D array", f"stride {array.strides[0]} bytes")
 
 
 def check_compress_args(
@@ -79,8 +95,8 @@ def check_compress_args(
     elements = tuple(ELEMENT_CTYPES)
     _check_rows("k", k, elements)
     head_dim = int(k.shape[1])
-    if head_dim <= 0 or head_dim % 8 != 0:
-        raise _fail("k", "head_dim (k.shape[1]) a positive multiple of 8", head_dim)
+    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
+        raise _fail("k", f"head_dim (k.shape[1]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
     _check_rows("gate", gate, elements)
     if tuple(gate.shape) != tuple(k.shape):
         raise _fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
@@ -105,6 +121,7 @@ def check_compress_args(
         _check_rows("out", out, allowed)
         if out.shape[1] != head_dim:
             raise _fail("out", f"shape [>= total_pools, {head_dim}]", f"shape {tuple(out.shape)}")
+        _check_writable_rows("out", out)
         out_dtype = np.dtype(out.dtype)
     return CompressCall(
         head_dim=head_dim,

@@ -39,7 +39,7 @@ def member_rows(call: CompressCall, slots: int, input_row_offsets: Any, cache_le
     request = np.clip(np.searchsorted(pools[: call.batch], pool, side="right") - 1, 0, call.batch - 1)
     begin, end = pools[request], pools[request + 1]
     row_begin, row_end = offsets[request], offsets[request + 1]
-    ok = (pool >= begin) & (pool < end) & (pool < pools[call.batch])
+    ok = (begin >= 0) & (pool >= begin) & (pool < end) & (pool < pools[call.batch])
     ok &= (row_begin >= 0) & (row_end <= call.total_tokens) & (row_begin <= row_end) & (cached[request] >= 0)
     local = np.where(ok, pool - begin, 0)
     ok &= local <= (row_end - row_begin) // call.kpool

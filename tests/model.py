@@ -17,9 +17,11 @@ F16 = np.dtype(np.float16)
 F32 = np.dtype(np.float32)
 
 # (dtype, atol, rtol) for a result against the float64 model.
-# rtol: one ulp of the output dtype relative to the value; rounding once costs
-#   half an ulp and the float32 arithmetic before it can tip a midpoint.
-#   float32 output gets two ulps (its own rounding is the arithmetic's).
+# rtol: at least one ulp of the output dtype (ulp / |x| lies in (2^-8, 2^-7]
+#   for bf16, so 2^-7 allows one to two ulps depending on where in its binade
+#   the value sits; likewise 2^-10 for f16). Rounding once costs half an ulp
+#   and the float32 arithmetic before it can tip a midpoint. float32 output
+#   gets 2^-22, two to four ulps: its own rounding is the arithmetic's.
 # atol: the float32 arithmetic near zero, where an ulp vanishes: up to
 #   kpool + 8 = 72 roundings of 2^-24 relative to the largest key (|k| < 6
 #   for these normal samples), 72 * 6 * 2^-24 < 3e-5.

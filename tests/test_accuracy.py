@@ -110,18 +110,30 @@ def test_strided_rows_without_copy(backend):
     assert_close_to_model(BACKENDS[backend](*batch.args()), batch.model(), BF16)
 
 
-def test_scalar_and_vector_paths_agree_bit_for_bit():
-    # A base address 8 bytes off 16-byte alignment forces the scalar path; the
-    # arithmetic is the same, so the bits must be too.
-    batch = make_batch(*standard_lengths(4), seed=21)
-    total = batch.k.shape[0]
-    shifted = np.zeros((total, 128 + 4), dtype=BF16)
-    shifted[:, 4:] = batch.k
+def _misaligned(array: np.ndarray) -> np.ndarray:
+    """The same values at an address 8 bytes off 16-byte alignment (forces the scalar path)."""
+    pad = 8 // array.itemsize
+    holder = np.zeros((array.shape[0], array.shape[1] + pad), dtype=array.dtype)
+    holder[:, pad:] = array
+    view = holder[:, pad:]
+    assert view.ctypes.data % 16 != 0
+    return view
+
+
+@pytest.mark.parametrize("operand", ["k", "gate", "ape", "out"])
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_scalar_and_vector_paths_agree_bit_for_bit(operand, dtype):
+    # The scalar fallback of each operand runs the same arithmetic as its
+    # 16-byte path, so the bits must match.
+    batch = make_batch(*standard_lengths(4), dtype=dtype, seed=21)
     vector = emulate.kpool_compress(*batch.args())
-    batch.k = shifted[:, 4:]
-    assert batch.k.ctypes.data % 16 != 0
-    scalar = emulate.kpool_compress(*batch.args())
-    np.testing.assert_array_equal(scalar.view(np.uint16), vector.view(np.uint16))
+    out = None
+    if operand == "out":
+        out = _misaligned(np.zeros_like(vector))
+    else:
+        setattr(batch, operand, _misaligned(getattr(batch, operand)))
+    scalar = emulate.kpool_compress(*batch.args(), out=out)
+    np.testing.assert_array_equal(scalar.view(np.uint8), vector.view(np.uint8))
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
@@ -147,7 +159,11 @@ def test_float32_out(backend, dtype):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_no_pools_returns_empty_without_launch(backend):
+def test_no_pools_returns_empty_without_launch(backend, monkeypatch):
+    def no_launch(*args, **kwargs):
+        raise AssertionError("launched a kernel for zero pools")
+
+    monkeypatch.setattr(emulate, "launch", no_launch)
     batch = make_batch([3, 2], [0, 1], kpool=4)
     got = BACKENDS[backend](*batch.args())
     assert got.shape == (0, 128) and got.dtype == BF16
