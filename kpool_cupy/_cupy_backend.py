@@ -208,7 +208,8 @@ def kpool_compress(
     validate
         Check offset contents (one device-to-host copy). With ``out``,
         ``pool_row_offsets`` and ``validate=False`` the call neither syncs nor
-        allocates, so it can be captured in a CUDA graph. Unvalidated garbage
+        allocates, so it can be captured in a CUDA graph (for CuPy and DLPack
+        inputs; CuPy syncs on the stream a ``__cuda_array_interface__`` names). Unvalidated garbage
         never makes the kernel touch memory outside its arrays.
     stream
         A ``cupy.cuda.Stream``, a raw handle, or anything with

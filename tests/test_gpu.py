@@ -95,3 +95,71 @@ def test_torch_bf16_through_dlpack_zero_copy():
     torch.cuda.synchronize()
     got = cupy.asnumpy(cupy.from_dlpack(out))
     assert_close_to_model(got, want, BF16)
+
+
+@pytest.mark.parametrize(("dtype", "gate_dtype"), [(BF16, F32), (F16, BF16)])
+def test_gpu_mixed_gate_dtype_and_float32_out(dtype, gate_dtype):
+    import cupy
+
+    import kpool_cupy
+
+    batch = make_batch(*standard_lengths(4), dtype=dtype, gate_dtype=gate_dtype, seed=13)
+    want = batch.model()
+    got = cupy.asnumpy(kpool_cupy.kpool_compress(*_device(batch)))
+    assert_close_to_model(got, want, dtype)
+    out = cupy.empty(want.shape, dtype=cupy.float32)
+    kpool_cupy.kpool_compress(*_device(batch), out=out)
+    assert_close_to_model(cupy.asnumpy(out), want, F32)
+
+
+@pytest.mark.parametrize("kind", ["cupy-stream", "raw-handle", "protocol"])
+def test_gpu_explicit_streams(kind):
+    import cupy
+
+    import kpool_cupy
+
+    batch = make_batch(*standard_lengths(4), seed=14)
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    class Protocol:
+        def __cuda_stream__(self):
+            return (0, stream.ptr)
+
+    given = {"cupy-stream": stream, "raw-handle": stream.ptr, "protocol": Protocol()}[kind]
+    with stream:
+        args = _device(batch)
+    got = kpool_cupy.kpool_compress(*args, stream=given)
+    stream.synchronize()
+    assert_close_to_model(cupy.asnumpy(got), batch.model(), BF16)
+
+
+def test_gpu_fast_path_captures_in_a_graph_without_allocating():
+    # out=, pool_row_offsets= and validate=False: no sync (capture would fail)
+    # and no allocation (the pool's used bytes stay put), replayable.
+    import cupy
+
+    import kpool_cupy
+
+    batch = make_batch(*standard_lengths(4), seed=15)
+    k, gate, ape, offsets, cache = _device(batch)
+    pools = kpool_cupy.pool_row_offsets(offsets, cache, 4)
+    want = batch.model()
+    out = cupy.zeros((want.shape[0], 128), dtype=BF16)
+    stream = cupy.cuda.Stream(non_blocking=True)
+
+    def call():
+        kpool_cupy.kpool_compress(
+            k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False, stream=stream
+        )
+
+    call()  # compile and load outside the capture
+    stream.synchronize()
+    out[...] = 0
+    used = cupy.get_default_memory_pool().used_bytes()
+    stream.begin_capture()
+    call()
+    graph = stream.end_capture()
+    assert cupy.get_default_memory_pool().used_bytes() == used
+    graph.launch(stream)
+    stream.synchronize()
+    assert_close_to_model(cupy.asnumpy(out), want, BF16)

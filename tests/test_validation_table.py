@@ -10,7 +10,6 @@ import pytest
 from model import BF16, make_batch
 
 from kpool_cupy import emulate, reference
-from kpool_cupy._check import gpu_status
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
 ROW = re.compile(r"^\| ([a-z0-9_-]+) \| (\w+) \| .* \| (ValueError|TypeError) \| ([a-z-]+) \|$")
@@ -131,17 +130,26 @@ def test_the_good_call_passes_everywhere_on_the_cpu():
         assert run(**good()).shape == (3, 128)
 
 
-@pytest.mark.parametrize(("row_id", "argument", "error", "backends"), ROWS, ids=IDS)
-def test_gpu_path(row_id, argument, error, backends):
-    cupy = pytest.importorskip("cupy")
+CUPY_ROWS = [row for row in ROWS if row[3] == "cupy"]
+DEVICE_ROWS = [row for row in ROWS if row[3] in ("all", "multi-gpu")]
+
+
+@pytest.mark.parametrize(("row_id", "argument", "error", "backends"), CUPY_ROWS, ids=[r[0] for r in CUPY_ROWS])
+def test_gpu_path_before_any_cuda_call(row_id, argument, error, backends):
+    # These errors come before the GPU path touches a device: they hold wherever CuPy imports.
+    pytest.importorskip("cupy")
     import kpool_cupy
 
-    if backends == "cupy":  # raised before any CUDA call: no device needed
-        _expect(kpool_cupy.kpool_compress, bad_call(row_id), argument, error)
-        return
-    usable, why = gpu_status()
-    if backends == "host" or not usable:
-        pytest.skip("a host-only row" if backends == "host" else f"needs a CUDA device: {why}")
+    _expect(kpool_cupy.kpool_compress, bad_call(row_id), argument, error)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("row_id", "argument", "error", "backends"), DEVICE_ROWS, ids=[r[0] for r in DEVICE_ROWS])
+def test_gpu_path(row_id, argument, error, backends):
+    import cupy
+
+    import kpool_cupy
+
     if backends == "multi-gpu":
         if cupy.cuda.runtime.getDeviceCount() < 2:
             pytest.skip("needs two CUDA devices")

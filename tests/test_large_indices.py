@@ -1,0 +1,49 @@
+"""Rows times stride past 2^31 elements: the kernel's row arithmetic is 64-bit.
+
+The members sit in a sparse memory-mapped file, reached through a strided
+view, so nothing near 2^31 elements is allocated or written.
+
+Index expressions in kernels/kpool_compress.cu, reviewed for width:
+- locate_pool: every offset is read by load_index as a signed 64-bit value;
+  local_pool, phase, align and first are long long, and local_pool is
+  bounded by (row_end - row_begin) / KPOOL before it is multiplied.
+- kpool_compress: pool is long long (blockIdx.x widened before the multiply);
+  k + first_row * k_row_stride, gate + first_row * gate_row_stride and
+  pooled + pool * pooled_row_stride multiply two long longs; the member step
+  m * k_row_stride promotes int m to long long. channel (< head_dim <= 8192)
+  and the ape offset m * ape_row_stride (long long) cannot overflow.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from model import BF16, assert_close_to_model
+
+from kpool_cupy import emulate, reference
+
+ROW_STEP = 2**28  # elements between consecutive rows: row 8 starts at 2^31
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+def test_members_beyond_2_31_elements(tmp_path, backend):
+    rows, head_dim = 12, 128
+    mapped = np.memmap(tmp_path / "sparse.bin", dtype=BF16, mode="w+", shape=(rows * ROW_STEP,))
+    view = np.lib.stride_tricks.as_strided(mapped, (rows, 2 * head_dim), (ROW_STEP * 2, 2))
+    rng = np.random.default_rng(0)
+    k_values = rng.standard_normal((rows, head_dim)).astype(BF16)
+    gate_values = (3 * rng.standard_normal((rows, head_dim))).astype(BF16)
+    view[:, :head_dim], view[:, head_dim:] = k_values, gate_values
+    k, gate = view[:, :head_dim], view[:, head_dim:]
+    assert k.strides[0] // k.itemsize * 8 == 2**31  # pool 2's first member is past 2^31 elements
+    ape = rng.standard_normal((4, head_dim)).astype(np.float32)
+    offsets, cache = np.array([0, rows], np.int64), np.array([0], np.int64)
+    run = {"emulate": emulate.kpool_compress, "reference": reference.kpool_compress}[backend]
+    got = run(k, gate, ape, offsets, cache)
+    from model import model_pooled
+
+    want = model_pooled(k_values, gate_values, ape, offsets, cache)
+    # With 32-bit row arithmetic pool 2 would wrap onto rows 0..3 and equal pool 0.
+    assert not np.array_equal(want[2], want[0])
+    assert_close_to_model(got, want, BF16)
