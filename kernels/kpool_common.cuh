@@ -157,6 +157,21 @@ __device__ __forceinline__ void store8(T* target, bool vector, const float (&val
     }
 }
 
+// Copies 8 consecutive elements bit for bit (a ring stores raw values, so a
+// pool closed from it is the pool built in one call).
+template <typename T>
+__device__ __forceinline__ void copy8(T* target, bool target_vector, const T* source, bool source_vector) {
+    constexpr int kWords = sizeof(T) * kChannelsPerThread / 16;
+    if (target_vector && source_vector) {
+#pragma unroll
+        for (int w = 0; w < kWords; ++w)
+            kp_store16(target + w * (16 / sizeof(T)), kp_load16(source + w * (16 / sizeof(T))));
+    } else {
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) target[i] = source[i];
+    }
+}
+
 // Offsets and lengths arrive as int32, uint32 or int64; `kind` says which
 // (0, 1, 2) and every read widens to a signed 64-bit value.
 __device__ __forceinline__ long long load_index(const void* array, int kind, long long i) {

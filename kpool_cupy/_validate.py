@@ -35,94 +35,115 @@ class CompressCall:
     out_dtype: np.dtype
 
 
-def _fail(name: str, expected: str, got: object) -> ValueError:
+def fail(name: str, expected: str, got: object) -> ValueError:
     return ValueError(f"Invalid {name}: expected {expected}, got {got}")
 
 
-def _dtype_fail(name: str, expected: str, got: object) -> TypeError:
+def dtype_fail(name: str, expected: str, got: object) -> TypeError:
     return TypeError(f"Invalid {name}: expected {expected}, got {got}")
 
 
-def _require_array(name: str, array: Any) -> None:
+def require_array(name: str, array: Any) -> None:
     if not all(hasattr(array, attr) for attr in ("shape", "dtype", "strides")):
-        raise _dtype_fail(name, "an array", type(array).__name__)
+        raise dtype_fail(name, "an array", type(array).__name__)
 
 
-def _check_rows(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
+def check_rows(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
     """A 2-D array of one of ``dtypes`` whose last dim is contiguous, rows at any stride."""
-    _require_array(name, array)
+    require_array(name, array)
     if array.dtype not in dtypes:
         allowed = " or ".join(dtype_name(d) for d in dtypes)
-        raise _dtype_fail(name, f"dtype {allowed}", dtype_name(np.dtype(array.dtype)))
+        raise dtype_fail(name, f"dtype {allowed}", dtype_name(np.dtype(array.dtype)))
     if array.ndim != 2:
-        raise _fail(name, "a 2-D array [rows, head_dim]", f"shape {tuple(array.shape)}")
+        raise fail(name, "a 2-D array [rows, head_dim]", f"shape {tuple(array.shape)}")
     itemsize = array.dtype.itemsize
     if array.size == 0:  # nothing is read or written, and NumPy may report any strides
         return
     if array.shape[1] > 1 and array.strides[1] != itemsize:
-        raise _fail(name, f"a contiguous last dim (stride {itemsize} bytes)", f"stride {array.strides[1]} bytes")
+        raise fail(name, f"a contiguous last dim (stride {itemsize} bytes)", f"stride {array.strides[1]} bytes")
     if array.strides[0] % itemsize != 0:
-        raise _fail(name, f"a row stride that is a multiple of {itemsize} bytes", f"{array.strides[0]} bytes")
+        raise fail(name, f"a row stride that is a multiple of {itemsize} bytes", f"{array.strides[0]} bytes")
 
 
-def _check_writable_rows(name: str, array: Any) -> None:
+def check_writable_rows(name: str, array: Any) -> None:
     """Rows that do not overlap (a write to one cannot land in another), in writable memory."""
     flags = getattr(array, "flags", None)
     if flags is not None and not getattr(flags, "writeable", True):
-        raise _fail(name, "a writable array", "a read-only one")
+        raise fail(name, "a writable array", "a read-only one")
     row_bytes = array.shape[1] * array.dtype.itemsize
     if array.shape[0] > 1 and abs(array.strides[0]) < row_bytes:
-        raise _fail(name, f"rows that do not overlap (|row stride| >= {row_bytes} bytes)", f"{array.strides[0]} bytes")
+        raise fail(name, f"rows that do not overlap (|row stride| >= {row_bytes} bytes)", f"{array.strides[0]} bytes")
 
 
-def _check_index(name: str, array: Any, length: int | None) -> None:
-    _require_array(name, array)
+def check_index(name: str, array: Any, length: int | None) -> None:
+    require_array(name, array)
     if array.dtype not in INDEX_KINDS:
-        raise _dtype_fail(name, "dtype int32, uint32 or int64", array.dtype)
+        raise dtype_fail(name, "dtype int32, uint32 or int64", array.dtype)
     if array.ndim != 1:
-        raise _fail(name, "a 1-D array", f"shape {tuple(array.shape)}")
+        raise fail(name, "a 1-D array", f"shape {tuple(array.shape)}")
     if length is not None and array.shape[0] != length:
-        raise _fail(name, f"length {length}", f"length {array.shape[0]}")
+        raise fail(name, f"length {length}", f"length {array.shape[0]}")
     if array.shape[0] > 1 and array.strides[0] != array.dtype.itemsize:
         # The kernels read offsets at unit stride.
-        raise _fail(name, "a contiguous 1-D array", f"stride {array.strides[0]} bytes")
+        raise fail(name, "a contiguous 1-D array", f"stride {array.strides[0]} bytes")
+
+
+def check_keys(k: Any, gate: Any, *, same_dtype: bool = False) -> int:
+    """k and gate as token rows ``[total_tokens, head_dim]``; returns head_dim."""
+    elements = tuple(ELEMENT_CTYPES)
+    check_rows("k", k, elements)
+    head_dim = int(k.shape[1])
+    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
+        raise fail("k", f"head_dim (k.shape[1]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
+    check_rows("gate", gate, (np.dtype(k.dtype),) if same_dtype else elements)
+    if tuple(gate.shape) != tuple(k.shape):
+        raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
+    return head_dim
+
+
+def check_ape(ape: Any, head_dim: int) -> int:
+    """ape as float32 ``[kpool, head_dim]``; returns kpool."""
+    check_rows("ape", ape, (FLOAT32,))
+    kpool = int(ape.shape[0])
+    if kpool < 1:
+        raise fail("ape", "kpool (ape.shape[0]) of at least 1", kpool)
+    if ape.shape[1] != head_dim:
+        raise fail("ape", f"shape [kpool, {head_dim}]", f"shape {tuple(ape.shape)}")
+    return kpool
+
+
+def check_batch_index(input_row_offsets: Any, cache_lengths: Any) -> int:
+    """Offsets ``[batch + 1]`` and cache lengths ``[batch]``; returns batch."""
+    check_index("input_row_offsets", input_row_offsets, None)
+    if input_row_offsets.shape[0] < 1:
+        raise fail("input_row_offsets", "length batch + 1 >= 1", "length 0")
+    batch = int(input_row_offsets.shape[0]) - 1
+    check_index("cache_lengths", cache_lengths, batch)
+    return batch
+
+
+def check_out(out: Any, k_dtype: np.dtype, head_dim: int, rows: str) -> np.ndarray:
+    """An output of token-row shape ``[rows, head_dim]``; returns the dtype written."""
+    if out is None:
+        return np.dtype(k_dtype)
+    allowed = (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
+    check_rows("out", out, allowed)
+    if out.shape[1] != head_dim:
+        raise fail("out", f"shape [{rows}, {head_dim}]", f"shape {tuple(out.shape)}")
+    check_writable_rows("out", out)
+    return np.dtype(out.dtype)
 
 
 def check_compress_args(
     k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any, out: Any
 ) -> CompressCall:
     """Check everything about a call that needs no array contents."""
-    elements = tuple(ELEMENT_CTYPES)
-    _check_rows("k", k, elements)
-    head_dim = int(k.shape[1])
-    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
-        raise _fail("k", f"head_dim (k.shape[1]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
-    _check_rows("gate", gate, elements)
-    if tuple(gate.shape) != tuple(k.shape):
-        raise _fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
-    _check_rows("ape", ape, (FLOAT32,))
-    kpool = int(ape.shape[0])
-    if kpool < 1:
-        raise _fail("ape", "kpool (ape.shape[0]) of at least 1", kpool)
-    if ape.shape[1] != head_dim:
-        raise _fail("ape", f"shape [kpool, {head_dim}]", f"shape {tuple(ape.shape)}")
-
-    _check_index("input_row_offsets", input_row_offsets, None)
-    if input_row_offsets.shape[0] < 1:
-        raise _fail("input_row_offsets", "length batch + 1 >= 1", "length 0")
-    batch = int(input_row_offsets.shape[0]) - 1
-    _check_index("cache_lengths", cache_lengths, batch)
+    head_dim = check_keys(k, gate)
+    kpool = check_ape(ape, head_dim)
+    batch = check_batch_index(input_row_offsets, cache_lengths)
     if pool_row_offsets is not None:
-        _check_index("pool_row_offsets", pool_row_offsets, batch + 1)
-
-    out_dtype = np.dtype(k.dtype)
-    if out is not None:
-        allowed = (out_dtype,) if out_dtype == FLOAT32 else (out_dtype, FLOAT32)
-        _check_rows("out", out, allowed)
-        if out.shape[1] != head_dim:
-            raise _fail("out", f"shape [>= total_pools, {head_dim}]", f"shape {tuple(out.shape)}")
-        _check_writable_rows("out", out)
-        out_dtype = np.dtype(out.dtype)
+        check_index("pool_row_offsets", pool_row_offsets, batch + 1)
+    out_dtype = check_out(out, np.dtype(k.dtype), head_dim, ">= total_pools")
     return CompressCall(
         head_dim=head_dim,
         kpool=kpool,
@@ -134,6 +155,26 @@ def check_compress_args(
     )
 
 
+def check_rows_and_cache(total_tokens: int, input_row_offsets: np.ndarray, cache_lengths: np.ndarray) -> None:
+    """Offsets start at 0, never decrease, end at total_tokens; cache lengths in [0, 2^62) (host arrays)."""
+    offsets = input_row_offsets.astype(np.int64)
+    if offsets[0] != 0:
+        raise fail("input_row_offsets", "a first entry of 0", int(offsets[0]))
+    steps = np.diff(offsets)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise fail(
+            "input_row_offsets", "non-decreasing values", f"{int(offsets[b])} then {int(offsets[b + 1])} at index {b}"
+        )
+    if offsets[-1] != total_tokens:
+        raise fail("input_row_offsets", f"a last entry equal to total_tokens {total_tokens}", int(offsets[-1]))
+    lengths = cache_lengths.astype(np.int64)
+    bad = (lengths < 0) | (lengths >= MAX_CACHE_LENGTH)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise fail("cache_lengths", "values in [0, 2**62)", f"{int(lengths[b])} at index {b}")
+
+
 def check_offset_values(
     call: CompressCall,
     input_row_offsets: np.ndarray,
@@ -143,28 +184,13 @@ def check_offset_values(
     """Check offset contents (host arrays) and return the pool row offsets as int64."""
     from ._pools import pool_row_offsets as compute_pool_row_offsets
 
-    offsets = input_row_offsets.astype(np.int64)
-    if offsets[0] != 0:
-        raise _fail("input_row_offsets", "a first entry of 0", int(offsets[0]))
-    steps = np.diff(offsets)
-    if (steps < 0).any():
-        b = int(np.argmax(steps < 0))
-        raise _fail(
-            "input_row_offsets", "non-decreasing values", f"{int(offsets[b])} then {int(offsets[b + 1])} at index {b}"
-        )
-    if offsets[-1] != call.total_tokens:
-        raise _fail("input_row_offsets", f"a last entry equal to total_tokens {call.total_tokens}", int(offsets[-1]))
-    lengths = cache_lengths.astype(np.int64)
-    bad = (lengths < 0) | (lengths >= MAX_CACHE_LENGTH)
-    if bad.any():
-        b = int(np.argmax(bad))
-        raise _fail("cache_lengths", "values in [0, 2**62)", f"{int(lengths[b])} at index {b}")
-    pools = compute_pool_row_offsets(offsets, lengths, call.kpool)
+    check_rows_and_cache(call.total_tokens, input_row_offsets, cache_lengths)
+    pools = compute_pool_row_offsets(input_row_offsets.astype(np.int64), cache_lengths.astype(np.int64), call.kpool)
     if pool_row_offsets is not None:
         given = pool_row_offsets.astype(np.int64)
         if not np.array_equal(given, pools):
             b = int(np.argmax(given != pools))
-            raise _fail(
+            raise fail(
                 "pool_row_offsets",
                 f"the offsets computed from input_row_offsets and cache_lengths ({int(pools[b])} at index {b})",
                 f"{int(given[b])}",
@@ -174,7 +200,7 @@ def check_offset_values(
 
 def check_out_rows(out: Any, total_pools: int) -> None:
     if out is not None and out.shape[0] < total_pools:
-        raise _fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
+        raise fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
 
 
 def check_host_arrays(backend: str, **arrays: Any) -> None:

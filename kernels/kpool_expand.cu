@@ -1,0 +1,47 @@
+// kpool_expand_topk: selected pool ids back to token positions.
+//
+//     positions[t, s * KPOOL + j] = pool_ids[t, s] * KPOOL + j        (pool_ids[t, s] >= 0)
+//     positions[t, s * KPOOL + j] = -1                                 (pool_ids[t, s] < 0)
+//
+// A -1 id (no selection) stays -1 in all its columns, never a clamped valid
+// position; so does an id whose positions would not fit int32. With
+// always_select_tail, KPOOL - 1 more columns hold the query's trailing
+// positions no complete pool covers yet: with visible = cache_len + local + 1,
+// column i < visible % KPOOL holds visible - visible % KPOOL + i, the rest -1.
+#include "kpool_common.cuh"
+
+// One thread per output element of positions [total_tokens, width].
+template <int KPOOL>
+__global__ void kpool_expand_topk(const void* __restrict__ pool_ids, int pool_ids_kind, long long pool_topk,
+                                  const void* __restrict__ input_row_offsets, int input_kind,
+                                  const void* __restrict__ cache_lengths, int cache_kind, long long batch,
+                                  long long total_tokens, int* __restrict__ positions, long long width) {
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (width <= 0 || index >= total_tokens * width) return;
+    const long long token = index / width, column = index % width;
+    long long value = -1;
+    if (column < pool_topk * KPOOL) {
+        const long long pool = kp::load_index(pool_ids, pool_ids_kind, token * pool_topk + column / KPOOL);
+        const long long first = pool >= 0 && pool <= 2147483647LL / KPOOL ? pool * KPOOL : -1;
+        value = first < 0 ? -1 : first + column % KPOOL;
+    } else if (batch > 0) {
+        long long lo = 0, hi = batch - 1;  // the last request whose rows start at or before token
+        while (lo < hi) {
+            const long long mid = lo + (hi - lo + 1) / 2;
+            if (kp::load_index(input_row_offsets, input_kind, mid) <= token)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const long long row_begin = kp::load_index(input_row_offsets, input_kind, lo);
+        const long long row_end = kp::load_index(input_row_offsets, input_kind, lo + 1);
+        const long long cached = kp::load_index(cache_lengths, cache_kind, lo);
+        if (row_begin <= token && token < row_end && cached >= 0 && cached < (1LL << 62)) {
+            const long long visible = cached + (token - row_begin) + 1;
+            const long long count = visible % KPOOL, i = column - pool_topk * KPOOL;
+            value = i < count ? visible - count + i : -1;
+        }
+    }
+    positions[index] = value <= 2147483647LL ? static_cast<int>(value) : -1;
+}

@@ -1,0 +1,211 @@
+// The pool lifecycle across calls: ring close, seed tail and tail update.
+//
+//     pooled[c] = sum_m softmax_m(gate[member m, c] + ape[m, c]) * k[member m, c]
+//
+// A pool whose members arrive over several calls keeps them in a per-request
+// ring: tail [max_slots, 2, KPOOL, HEAD_DIM] in the dtype of k, index 0 keys,
+// 1 gate scores; the token at absolute position pos lives at ring position
+// pos % KPOOL of slot slot_idx[r]. The ring holds raw values, and every pool is
+// reduced by kp::PoolChannel with members in pool order, so a pool closed from
+// the ring equals, bit for bit, the same pool built by kpool_compress.
+//
+// Geometry is kpool_compress's: a group of HEAD_DIM / 8 threads per request,
+// several per block, each thread owning 8 channels. A thread reads back only
+// the ring channels it wrote itself, so threads still never communicate.
+#include "kpool_common.cuh"
+
+namespace kp {
+
+// Element offset of (slot, which, position, channel 0) in a contiguous ring.
+template <int HEAD_DIM, int KPOOL>
+__device__ __forceinline__ long long ring_offset(long long slot, int which, long long position) {
+    return ((slot * 2 + which) * KPOOL + position) * HEAD_DIM;
+}
+
+// The request's token rows and cached length, checked before any use: false
+// when the row range is not inside [0, total_tokens) or the length negative.
+__device__ __forceinline__ bool request_rows(const void* input_row_offsets, int input_kind, const void* cache_lengths,
+                                             int cache_kind, long long request, long long total_tokens,
+                                             long long* row_begin, long long* row_end, long long* cached) {
+    *row_begin = load_index(input_row_offsets, input_kind, request);
+    *row_end = load_index(input_row_offsets, input_kind, request + 1);
+    *cached = load_index(cache_lengths, cache_kind, request);
+    return *row_begin >= 0 && *row_end <= total_tokens && *row_begin <= *row_end && *cached >= 0;
+}
+
+}  // namespace kp
+
+// Closes each request's pending pool c / KPOOL when the call completes it:
+// ring positions [0, c % KPOOL) then the call's first KPOOL - c % KPOOL tokens.
+// closed[b] is the pool id, or -1 and pooled row b is left alone. Reads the
+// ring, never writes it.
+//
+// vector_mask: bit 0 k, bit 1 gate, bit 2 ape, bit 3 pooled, bit 4 tail.
+template <typename T, typename OT, int HEAD_DIM, int KPOOL>
+__global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
+                                 long long k_row_stride, const T* __restrict__ gate, long long gate_row_stride,
+                                 const float* __restrict__ ape, long long ape_row_stride,
+                                 const void* __restrict__ input_row_offsets, int input_kind,
+                                 const void* __restrict__ cache_lengths, int cache_kind,
+                                 const void* __restrict__ slot_idx, int slot_kind, long long batch,
+                                 long long total_tokens, OT* __restrict__ pooled, long long pooled_row_stride,
+                                 int* __restrict__ closed, int vector_mask) {
+    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
+    const long long request =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
+    const int lane = static_cast<int>(threadIdx.x % kLanes);
+    if (request >= batch || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+
+    long long row_begin, row_end, cached;
+    bool closes = kp::request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens,
+                                   &row_begin, &row_end, &cached);
+    const long long slot = kp::load_index(slot_idx, slot_kind, request);
+    const long long phase = closes ? cached % KPOOL : 0;
+    closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
+             cached / KPOOL <= 2147483647LL;
+    if (lane == 0) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
+    if (!closes) return;
+
+    const int channel = lane * kp::kChannelsPerThread;
+    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, ape_vector = vector_mask & 4;
+    const bool tail_vector = vector_mask & 16;
+    float keys[kp::kChannelsPerThread], logits[kp::kChannelsPerThread], bias[kp::kChannelsPerThread];
+    kp::PoolChannel channels[kp::kChannelsPerThread];
+    for (int m = 0; m < KPOOL; ++m) {
+        if (m < phase) {  // cached member: from the ring
+            kp::load8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, m) + channel, tail_vector, keys);
+            kp::load8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, m) + channel, tail_vector, logits);
+        } else {  // this call's member: row_begin + m - phase < row_end, checked above
+            const long long row = row_begin + m - phase;
+            kp::load8(k + row * k_row_stride + channel, k_vector, keys);
+            kp::load8(gate + row * gate_row_stride + channel, gate_vector, logits);
+        }
+        kp::load8(ape + m * ape_row_stride + channel, ape_vector, bias);
+#pragma unroll
+        for (int c = 0; c < kp::kChannelsPerThread; ++c) {
+            if (m == 0)
+                channels[c].first(logits[c] + bias[c], keys[c]);
+            else
+                channels[c].push(logits[c] + bias[c], keys[c]);
+        }
+    }
+    float result[kp::kChannelsPerThread];
+#pragma unroll
+    for (int c = 0; c < kp::kChannelsPerThread; ++c) result[c] = channels[c].value();
+    kp::store8(pooled + request * pooled_row_stride + channel, (vector_mask & 8) != 0, result);
+}
+
+// Stashes each request's trailing tokens, positions
+// [max(floor((c + n) / KPOOL) * KPOOL, c), c + n), into ring position
+// pos % KPOOL of its slot: the start of the pool the next call completes.
+// At most KPOOL - 1 tokens per request.
+//
+// vector_mask: bit 0 k, bit 1 gate, bit 4 tail.
+template <typename T, int HEAD_DIM, int KPOOL>
+__global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
+                                long long k_row_stride, const T* __restrict__ gate, long long gate_row_stride,
+                                const void* __restrict__ input_row_offsets, int input_kind,
+                                const void* __restrict__ cache_lengths, int cache_kind,
+                                const void* __restrict__ slot_idx, int slot_kind, long long batch,
+                                long long total_tokens, int vector_mask) {
+    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
+    const long long request =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
+    if (request >= batch || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+
+    long long row_begin, row_end, cached;
+    if (!kp::request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens, &row_begin,
+                          &row_end, &cached))
+        return;
+    const long long slot = kp::load_index(slot_idx, slot_kind, request);
+    const long long end = cached + (row_end - row_begin);  // no overflow: cached < 2^62 when validated
+    if (slot < 0 || slot >= max_slots || end < cached) return;
+    const long long pool_start = (end / KPOOL) * KPOOL;
+    const long long start = pool_start > cached ? pool_start : cached;
+
+    const int channel = static_cast<int>(threadIdx.x % kLanes) * kp::kChannelsPerThread;
+    const bool tail_vector = vector_mask & 16;
+    for (long long position = start; position < end; ++position) {  // fewer than KPOOL iterations
+        const long long row = row_begin + (position - cached);
+        const long long ring_position = position % KPOOL;
+        kp::copy8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, ring_position) + channel, tail_vector,
+                  k + row * k_row_stride + channel, (vector_mask & 1) != 0);
+        kp::copy8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, ring_position) + channel, tail_vector,
+                  gate + row * gate_row_stride + channel, (vector_mask & 2) != 0);
+    }
+}
+
+// The decode step: k, gate [requests, next_n, HEAD_DIM], positions
+// [requests, next_n] (negative = padding). Walks each request's tokens in
+// order, stashes every real token in the ring, and closes pool pos / KPOOL
+// whenever pos % KPOOL == KPOOL - 1, from ring positions 0 .. KPOOL - 1.
+// pooled [requests, pools_per_request, HEAD_DIM] and closed
+// [requests, pools_per_request] list the pools closed, in order; closed is
+// padded with -1 and the matching pooled rows are left alone. A padding
+// token touches nothing.
+//
+// vector_mask: bit 0 k, bit 1 gate, bit 2 ape, bit 3 pooled, bit 4 tail.
+template <typename T, typename OT, int HEAD_DIM, int KPOOL>
+__global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
+                                  long long k_request_stride, long long k_token_stride, const T* __restrict__ gate,
+                                  long long gate_request_stride, long long gate_token_stride,
+                                  const float* __restrict__ ape, long long ape_row_stride,
+                                  const int* __restrict__ positions, const void* __restrict__ slot_idx, int slot_kind,
+                                  long long requests, int next_n, OT* __restrict__ pooled,
+                                  int* __restrict__ closed, int pools_per_request, int vector_mask) {
+    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
+    const long long request =
+        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
+    const int lane = static_cast<int>(threadIdx.x % kLanes);
+    if (request >= requests || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+
+    const long long slot = kp::load_index(slot_idx, slot_kind, request);
+    const bool slot_ok = slot >= 0 && slot < max_slots;
+    const int channel = lane * kp::kChannelsPerThread;
+    const bool tail_vector = vector_mask & 16, ape_vector = vector_mask & 4;
+    T* const keys_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, 0) : 0) + channel;
+    T* const gates_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, 0) : 0) + channel;
+    int written = 0;
+    for (int t = 0; t < next_n && slot_ok; ++t) {
+        const int position = positions[request * next_n + t];
+        if (position < 0) continue;  // padding: the ring stays byte-identical
+        const int ring_position = position % KPOOL;
+        kp::copy8(keys_ring + ring_position * HEAD_DIM, tail_vector,
+                  k + request * k_request_stride + t * k_token_stride + channel, (vector_mask & 1) != 0);
+        kp::copy8(gates_ring + ring_position * HEAD_DIM, tail_vector,
+                  gate + request * gate_request_stride + t * gate_token_stride + channel, (vector_mask & 2) != 0);
+        if (ring_position != KPOOL - 1 || written >= pools_per_request) continue;
+
+        // Ring positions 0 .. KPOOL - 1 of these 8 channels were written by
+        // this thread, in this call or an earlier one.
+        float keys[kp::kChannelsPerThread], logits[kp::kChannelsPerThread], bias[kp::kChannelsPerThread];
+        kp::PoolChannel channels[kp::kChannelsPerThread];
+        for (int m = 0; m < KPOOL; ++m) {
+            kp::load8(keys_ring + m * HEAD_DIM, tail_vector, keys);
+            kp::load8(gates_ring + m * HEAD_DIM, tail_vector, logits);
+            kp::load8(ape + m * ape_row_stride + channel, ape_vector, bias);
+#pragma unroll
+            for (int c = 0; c < kp::kChannelsPerThread; ++c) {
+                if (m == 0)
+                    channels[c].first(logits[c] + bias[c], keys[c]);
+                else
+                    channels[c].push(logits[c] + bias[c], keys[c]);
+            }
+        }
+        float result[kp::kChannelsPerThread];
+#pragma unroll
+        for (int c = 0; c < kp::kChannelsPerThread; ++c) result[c] = channels[c].value();
+        const long long row = request * pools_per_request + written;
+        kp::store8(pooled + row * HEAD_DIM + channel, (vector_mask & 8) != 0, result);
+        if (lane == 0) closed[row] = position / KPOOL;
+        ++written;
+    }
+    if (lane == 0)
+        for (int w = written; w < pools_per_request; ++w) closed[request * pools_per_request + w] = -1;
+}
