@@ -15,6 +15,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from . import emulate, reference
 from ._cupy_backend import kpool_compress
+from ._cupy_ring import kpool_expand_topk, kpool_ring_close, kpool_seed_tail, kpool_tail_update
 from ._nvrtc import compile_ptx
 from ._pools import pool_row_offsets
 
@@ -23,4 +24,15 @@ try:
 except PackageNotFoundError:  # a source checkout on PYTHONPATH
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__", "compile_ptx", "emulate", "kpool_compress", "pool_row_offsets", "reference"]
+__all__ = [
+    "__version__",
+    "compile_ptx",
+    "emulate",
+    "kpool_compress",
+    "kpool_expand_topk",
+    "kpool_ring_close",
+    "kpool_seed_tail",
+    "kpool_tail_update",
+    "pool_row_offsets",
+    "reference",
+]

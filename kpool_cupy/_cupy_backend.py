@@ -5,7 +5,9 @@ CuPy is imported on first use, so ``import kpool_cupy`` works without it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -221,7 +223,6 @@ def kpool_compress(
         ``out`` (as a CuPy view), or a new ``[total_pools, head_dim]`` array in
         the dtype of ``k``.
     """
-    cupy = _cupy()
     named = {
         "k": k,
         "gate": gate,
@@ -231,30 +232,30 @@ def kpool_compress(
         "pool_row_offsets": pool_row_offsets,
         "out": out,
     }
-    # Type checks first: they touch no device, so a bad call fails the same
-    # way on a machine without one.
+    with on_device(named, stream) as (cupy, device_id, arrays):
+        return run_compress(_CupyBackend(cupy, device_id), *arrays.values(), validate)
+
+
+@contextlib.contextmanager
+def on_device(named: dict[str, Any], stream: Any) -> Iterator[tuple[Any, int, dict[str, Any]]]:
+    """Check, convert and place the arrays of one GPU call; yields (cupy, device id, CuPy views).
+
+    Type errors come first, before any CUDA call, so a bad call fails the same
+    way on a machine without a device. The launch goes to the first array's
+    device, entered before the stream is wrapped (a foreign stream is bound to
+    the device current when it is wrapped); every other array must be there.
+    """
+    cupy = _cupy()
     if stream is not None and not isinstance(stream, cupy.cuda.Stream):
         _external_stream(stream)
     for name, array in named.items():
         check_device_array(name, array)
-    # The launch goes to k's device; a foreign stream is bound to the device
-    # current when it is wrapped, so enter the device before the stream.
-    device_id = device_of(k)
+    first = next(iter(named))
+    device_id = device_of(named[first])
     with cupy.cuda.Device(device_id), resolve_stream(stream):
         arrays = {name: as_device_array(name, array) for name, array in named.items()}
         for name, array in arrays.items():
             if array is not None and array.device.id != device_id:
-                raise ValueError(
-                    f"Invalid {name}: expected an array on device {device_id} like k, got device {array.device.id}"
-                )
-        return run_compress(
-            _CupyBackend(cupy, device_id),
-            arrays["k"],
-            arrays["gate"],
-            arrays["ape"],
-            arrays["input_row_offsets"],
-            arrays["cache_lengths"],
-            arrays["pool_row_offsets"],
-            arrays["out"],
-            validate,
-        )
+                where = f"device {array.device.id}"
+                raise ValueError(f"Invalid {name}: expected an array on device {device_id} like {first}, got {where}")
+        yield cupy, device_id, arrays

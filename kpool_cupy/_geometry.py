@@ -40,3 +40,10 @@ def pool_slots(total_pools: int | None, total_tokens: int, kpool: int, out_rows:
     """
     bound = min(total_tokens // kpool, out_rows)
     return bound if total_pools is None else min(total_pools, bound)
+
+
+def flat_geometry(elements: int) -> LaunchGeometry:
+    """One thread per element, in blocks of TARGET_THREADS_PER_BLOCK (expand top-k)."""
+    return LaunchGeometry(
+        grid=-(-elements // TARGET_THREADS_PER_BLOCK), block=TARGET_THREADS_PER_BLOCK, pools_per_block=0
+    )

@@ -27,3 +27,17 @@ BASELINE_SOURCE = "kpool_compress_baseline.cu"
 def baseline_kernel_name(dtype: np.dtype, head_dim: int, kpool: int) -> str:
     """``kpool_compress_baseline<T, HEAD_DIM, KPOOL>``, the benchmark's upstream-geometry kernel."""
     return f"kpool_compress_baseline<{ELEMENT_CTYPES[dtype]}, {int(head_dim)}, {int(kpool)}>"
+
+
+RING_SOURCE = "kpool_ring.cu"
+EXPAND_SOURCE = "kpool_expand.cu"
+
+
+def ring_kernel_name(kernel: str, dtype: np.dtype, out_dtype: np.dtype | None, head_dim: int, kpool: int) -> str:
+    """``kpool_ring_close<T, OT, HEAD_DIM, KPOOL>`` and its siblings; seed tail has no output type."""
+    types = ELEMENT_CTYPES[dtype] if out_dtype is None else f"{ELEMENT_CTYPES[dtype]}, {ELEMENT_CTYPES[out_dtype]}"
+    return f"{kernel}<{types}, {int(head_dim)}, {int(kpool)}>"
+
+
+def expand_kernel_name(kpool: int) -> str:
+    return f"kpool_expand_topk<{int(kpool)}>"

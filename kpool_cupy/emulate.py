@@ -194,3 +194,20 @@ def kpool_compress(
     return run_compress(
         _EmulatedBackend(), k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, validate
     )
+
+
+# The lifecycle functions run kernels/kpool_ring.cu and kernels/kpool_expand.cu the same way.
+from ._emulate_ring import kpool_expand_topk, kpool_ring_close, kpool_seed_tail, kpool_tail_update  # noqa: E402
+
+__all__ = [
+    "CompilerNotFoundError",
+    "cache_dir",
+    "compiler",
+    "kpool_compress",
+    "kpool_expand_topk",
+    "kpool_ring_close",
+    "kpool_seed_tail",
+    "kpool_tail_update",
+    "launch",
+    "load_variant",
+]

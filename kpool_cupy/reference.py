@@ -17,9 +17,20 @@ from typing import Any
 import numpy as np
 
 from ._driver import run_compress
+from ._reference_ring import kpool_expand_topk, kpool_ring_close, kpool_seed_tail, kpool_tail_update
 from ._validate import CompressCall, check_host_arrays
 
 _ACCUMULATE = {"float32": np.float32, "float64": np.float64}
+
+__all__ = [
+    "kpool_compress",
+    "kpool_expand_topk",
+    "kpool_ring_close",
+    "kpool_seed_tail",
+    "kpool_tail_update",
+    "member_rows",
+    "pool_members",
+]
 
 
 def member_rows(call: CompressCall, slots: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any):
@@ -49,6 +60,22 @@ def member_rows(call: CompressCall, slots: int, input_row_offsets: Any, cache_le
     return np.where(ok, first, 0), ok
 
 
+def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]) -> np.ndarray:
+    """Pooled keys ``[pools, head_dim]`` from members ``[pools, kpool, head_dim]``, unrounded.
+
+    The one pooling function of the reference: compress and the ring
+    functions all call it, so the reference agrees with itself bit for bit.
+    """
+    acc = accumulate
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        logits = gates.astype(acc) + ape.astype(acc)[None]
+        peak = logits.max(axis=1, keepdims=True)
+        # A logit equal to the maximum weighs exactly 1 (so all -inf gives the
+        # members' mean, like the kernel's PoolChannel), the rest exp(l - max).
+        weights = np.where(logits == peak, acc(1), np.exp(logits - peak))
+        return (weights * keys.astype(acc)).sum(axis=1) / weights.sum(axis=1)
+
+
 class _ReferenceBackend:
     def __init__(self, accumulate: type[np.floating]) -> None:
         self.accumulate = accumulate
@@ -67,14 +94,8 @@ class _ReferenceBackend:
         slots = min(slots, out.shape[0])
         first, ok = member_rows(call, slots, input_row_offsets, cache_lengths, pools)
         rows = first[ok][:, None] + np.arange(call.kpool)  # [pools, kpool]
-        acc = self.accumulate
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            logits = gate[rows].astype(acc) + ape.astype(acc)[None]
-            peak = logits.max(axis=1, keepdims=True)
-            # A logit equal to the maximum weighs exactly 1 (so all -inf gives the
-            # members' mean, like the kernel's PoolChannel), the rest exp(l - max).
-            weights = np.where(logits == peak, acc(1), np.exp(logits - peak))
-            pooled = (weights * k[rows].astype(acc)).sum(axis=1) / weights.sum(axis=1)
+        pooled = pool_members(k[rows], gate[rows], ape, self.accumulate)
+        with np.errstate(over="ignore"):
             out[np.flatnonzero(ok)] = pooled.astype(out.dtype)
 
 
