@@ -1,0 +1,128 @@
+"""Walks the ring and expand table of docs/validation.md on both CPU backends (and the GPU path where one exists)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from model import BF16
+
+from kpool_cupy import emulate, reference
+
+TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
+ROW = re.compile(r"^\| ([a-z0-9-]+) \| (\w+) \| (\w+) \| .* \| (ValueError|TypeError) \|$")
+ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+def table_rows():
+    text = TABLE.read_text().split("## Ring and expand functions", 1)[1]
+    return [m.groups() for m in map(ROW.match, text.splitlines()) if m]
+
+
+def good(function: str) -> dict:
+    """A valid call of ``function``: kpool 4, head_dim 16, two requests on slots 2 and 0."""
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((11, 16)).astype(BF16)
+    common = {
+        "tail": np.zeros((3, 2, 4, 16), BF16),
+        "k": k,
+        "gate": k.copy(),
+        "input_row_offsets": np.array([0, 5, 11], np.int32),
+        "cache_lengths": np.array([2, 7], np.int32),
+        "slot_idx": np.array([2, 0], np.int32),
+    }
+    ape = rng.standard_normal((4, 16)).astype(np.float32)
+    if function == "ring_close":
+        return {**common, "ape": ape}
+    if function == "seed_tail":
+        return common
+    if function == "tail_update":
+        step = rng.standard_normal((2, 3, 16)).astype(BF16)
+        positions = np.array([[5, 6, 7], [9, 10, -1]], np.int32)
+        return {"tail": common["tail"], "k": step, "gate": step.copy(), "ape": ape, "positions": positions,
+                "slot_idx": common["slot_idx"]}  # fmt: skip
+    pool_ids = rng.integers(-1, 5, (11, 3)).astype(np.int32)
+    return {"pool_ids": pool_ids, "input_row_offsets": common["input_row_offsets"],
+            "cache_lengths": common["cache_lengths"], "kpool": 4}  # fmt: skip
+
+
+def _read_only_tail(a):
+    a["tail"].flags.writeable = False
+
+
+MUTATIONS = {
+    "tail-dtype": lambda a: a.update(tail=a["tail"].astype(np.float32)),
+    "tail-shape": lambda a: a.update(tail=np.zeros((3, 2, 5, 16), BF16)),
+    "tail-rank": lambda a: a.update(tail=a["tail"][0]),
+    "tail-noncontiguous": lambda a: a.update(tail=np.zeros((6, 2, 4, 16), BF16)[::2]),
+    "tail-read-only": _read_only_tail,
+    "gate-dtype-differs": lambda a: a.update(gate=a["gate"].astype(np.float32)),
+    "slot-dtype": lambda a: a.update(slot_idx=a["slot_idx"].astype(np.float32)),
+    "slot-length": lambda a: a.update(slot_idx=a["slot_idx"][:1]),
+    "slot-range": lambda a: a.update(slot_idx=np.array([2, 3], np.int32)),
+    "slot-repeated": lambda a: a.update(slot_idx=np.array([0, 0], np.int32)),
+    "closed-dtype": lambda a: a.update(closed=np.zeros(2, np.int64)),
+    "pool-id-too-big": lambda a: a.update(cache_lengths=np.array([2, 2**40 + 1], np.int64)),
+    "step-rank": lambda a: a.update(k=a["k"][:, 0], gate=a["gate"][:, 0]),
+    "positions-shape": lambda a: a.update(positions=np.zeros((2, 4), np.int32)),
+    "positions-dtype": lambda a: a.update(positions=a["positions"].astype(np.int64)),
+    "positions-below-padding": lambda a: a.update(positions=np.array([[5, 6, 7], [9, -2, -1]], np.int32)),
+    "step-out-shape": lambda a: a.update(out=np.zeros((2, 0, 16), BF16)),
+    "step-closed-shape": lambda a: a.update(closed=np.zeros(2, np.int32)),
+    "pool-ids-dtype": lambda a: a.update(pool_ids=a["pool_ids"].astype(np.float32)),
+    "pool-ids-rank": lambda a: a.update(pool_ids=a["pool_ids"][:, 0]),
+    "expand-kpool": lambda a: a.update(kpool=0),
+    "expand-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 5, 10], np.int32)),
+}
+
+ROWS = table_rows()
+
+
+def _call(module, function: str, args: dict):
+    args = dict(args)
+    if function == "ring_close":
+        return module.kpool_ring_close(**args)
+    if function == "seed_tail":
+        return module.kpool_seed_tail(**args)
+    if function == "tail_update":
+        return module.kpool_tail_update(**args)
+    return module.kpool_expand_topk(**args)
+
+
+def test_table_and_mutations_match():
+    assert len(ROWS) >= 20, "the ring table in docs/validation.md did not parse"
+    assert sorted(r[0] for r in ROWS) == sorted(MUTATIONS)
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_good_calls_pass(module):
+    # The control: each function accepts its unmutated call.
+    for function in ("ring_close", "seed_tail", "tail_update", "expand_topk"):
+        _call(module, function, good(function))
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+@pytest.mark.parametrize(("row_id", "function", "argument", "error"), ROWS, ids=[r[0] for r in ROWS])
+def test_bad_call_names_the_argument(module, row_id, function, argument, error):
+    args = good(function)
+    MUTATIONS[row_id](args)
+    with pytest.raises(ERRORS[error], match=rf"^Invalid {argument}: expected .+, got .+"):
+        _call(module, function, args)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("row_id", "function", "argument", "error"), ROWS, ids=[r[0] for r in ROWS])
+def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
+    import cupy
+
+    import kpool_cupy
+
+    args = good(function)
+    MUTATIONS[row_id](args)
+    if row_id in ("tail-noncontiguous", "tail-read-only"):
+        pytest.skip("CuPy copies a strided host array contiguous and has no read-only arrays")
+    device = {name: cupy.asarray(v) if isinstance(v, np.ndarray) else v for name, v in args.items()}
+    with pytest.raises(ERRORS[error], match=rf"^Invalid {argument}: expected .+, got .+"):
+        _call(kpool_cupy, function, device)
