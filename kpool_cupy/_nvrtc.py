@@ -47,13 +47,10 @@ def _arch_number(arch: str) -> str:
     return match.group(1)
 
 
-def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
-    """Compile one same-dtype variant; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
-    check_variant(head_dim, kpool)
-    element = element_dtype(dtype)
+def _compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile kernel ``name`` of kernels/``source``; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
     nvrtc = _nvrtc()
-    name = compress_kernel_name(element, element, element, head_dim, kpool)
-    program = nvrtc.createProgram(kernel_source(COMPRESS_SOURCE), COMPRESS_SOURCE, [], [])
+    program = nvrtc.createProgram(kernel_source(source), source, [], [])
     try:
         nvrtc.addNameExpression(program, name)
         try:
@@ -64,6 +61,14 @@ def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: 
         return binary, nvrtc.getProgramLog(program)
     finally:
         nvrtc.destroyProgram(program)
+
+
+def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile the kpool_compress variant with k, gate and output of ``dtype``."""
+    check_variant(head_dim, kpool)
+    element = element_dtype(dtype)
+    name = compress_kernel_name(element, element, element, head_dim, kpool)
+    return _compile_kernel(COMPRESS_SOURCE, name, options, output)
 
 
 def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> str:
@@ -85,8 +90,15 @@ class PtxasReport:
 
 
 def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> PtxasReport:
-    """Registers, spills and stack of the variant as ptxas (inside NVRTC) builds it for ``arch``; no GPU needed."""
-    _, log = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
+    """Registers, spills and stack of the kpool_compress variant as ptxas (inside NVRTC) builds it; no GPU needed."""
+    check_variant(head_dim, kpool)
+    element = element_dtype(dtype)
+    return kernel_ptxas_report(COMPRESS_SOURCE, compress_kernel_name(element, element, element, head_dim, kpool), arch)
+
+
+def kernel_ptxas_report(source: str, name: str, arch: str = "sm_90") -> PtxasReport:
+    """Registers, spills and stack of any kernel instantiation of kernels/``source`` for ``arch``."""
+    _, log = _compile_kernel(source, name, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
     numbers = {}
     for key, pattern in (
         ("registers", r"Used (\d+) registers"),

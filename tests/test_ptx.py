@@ -8,8 +8,11 @@ import pytest
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compile_ptx needs CuPy's NVRTC bindings")
 
+from model import BF16, F32
+
 from kpool_cupy import compile_ptx
-from kpool_cupy._nvrtc import ptxas_report
+from kpool_cupy._nvrtc import kernel_ptxas_report, ptxas_report
+from kpool_cupy._variants import EXPAND_SOURCE, RING_SOURCE, expand_kernel_name, ring_kernel_name
 
 VECTOR_LOAD = re.compile(r"ld\.global(?:\.nc)?\.v4\.(?:u32|b32|f32)")
 VECTOR_STORE = re.compile(r"st\.global\.v4\.(?:u32|b32|f32)")
@@ -48,3 +51,16 @@ def test_no_spills_up_to_kpool_128_and_head_dim_1024(head_dim, kpool, dtype):
 def test_bad_arch_is_a_clear_error():
     with pytest.raises(ValueError, match="arch"):
         compile_ptx(128, 4, arch="hopper")
+
+
+@pytest.mark.parametrize("kernel", ["kpool_ring_close", "kpool_seed_tail", "kpool_tail_update"])
+@pytest.mark.parametrize(("head_dim", "kpool", "dtype"), [(128, 4, BF16), (1024, 128, F32)])
+def test_ring_kernels_do_not_spill(kernel, head_dim, kpool, dtype):
+    out_dtype = None if kernel == "kpool_seed_tail" else dtype
+    report = kernel_ptxas_report(RING_SOURCE, ring_kernel_name(kernel, dtype, out_dtype, head_dim, kpool))
+    assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack_bytes == 0, report
+
+
+def test_expand_kernel_does_not_spill():
+    report = kernel_ptxas_report(EXPAND_SOURCE, expand_kernel_name(4))
+    assert report.spill_stores == 0 and report.stack_bytes == 0, report
