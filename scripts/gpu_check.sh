@@ -56,7 +56,7 @@ if command -v compute-sanitizer > /dev/null; then
     # Garbage offsets with validate=False (tests/garbage.py): any access
     # outside the arrays is a memcheck error.
     run memcheck-garbage 80 compute-sanitizer --tool memcheck --error-exitcode 3 \
-        "$py" tests/run_garbage.py --backend cupy --count 150
+        "$py" tests/run_garbage.py --backend cupy --count 100
 else
     for name in memcheck memcheck-garbage; do
         echo "compute-sanitizer not found on PATH" > "$out/$name.log"

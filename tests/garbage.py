@@ -62,3 +62,39 @@ def garbage_cases(seed: int, count: int) -> Iterator[dict]:
         if rng.random() < 0.7:
             case["out"] = np.zeros((int(rng.integers(0, 64)), head_dim), dtype=dtype)
         yield case
+
+
+def ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """Garbage offsets, lengths, slots, positions and pool ids for the four lifecycle functions.
+
+    One size (kpool 3, head_dim 16, bfloat16): the garbage is in the indices.
+    """
+    rng = np.random.default_rng(seed)
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    kpool, head_dim = 3, 16
+    ape = rng.standard_normal((kpool, head_dim)).astype(np.float32)
+    for i in range(count):
+        tokens, batch, max_slots = int(rng.integers(0, 30)), int(rng.integers(0, 5)), int(rng.integers(0, 4))
+        tail = rng.standard_normal((max_slots, 2, kpool, head_dim)).astype(bf16)
+        k = rng.standard_normal((tokens, head_dim)).astype(bf16)
+        offsets = _values(rng, batch + 1, _INDEX_TYPES[int(rng.integers(0, 3))], tokens)
+        cache = _values(rng, batch, _INDEX_TYPES[int(rng.integers(0, 3))], 2**32)
+        slots = _values(rng, batch, (np.int32, np.uint32)[int(rng.integers(0, 2))], max_slots)
+        function = ("ring_close", "seed_tail", "tail_update", "expand_topk")[i % 4]
+        if function == "ring_close":
+            yield function, {"tail": tail, "k": k, "gate": k.copy(), "ape": ape, "input_row_offsets": offsets,
+                             "cache_lengths": cache, "slot_idx": slots,
+                             "out": np.zeros((batch, head_dim), bf16), "closed": np.zeros(batch, np.int32)}  # fmt: skip
+        elif function == "seed_tail":
+            yield function, {"tail": tail, "k": k, "gate": k.copy(), "input_row_offsets": offsets,
+                             "cache_lengths": cache, "slot_idx": slots}  # fmt: skip
+        elif function == "tail_update":
+            next_n = int(rng.integers(1, 5))
+            step = rng.standard_normal((batch, next_n, head_dim)).astype(bf16)
+            positions = _values(rng, batch * next_n, np.int32, 40).reshape(batch, next_n)
+            yield function, {"tail": tail, "k": step, "gate": step.copy(), "ape": ape, "positions": positions,
+                             "slot_idx": slots}  # fmt: skip
+        else:
+            pool_ids = _values(rng, tokens * 5, (np.int32, np.int64)[int(rng.integers(0, 2))], 50).reshape(tokens, 5)
+            yield function, {"pool_ids": pool_ids, "input_row_offsets": offsets, "cache_lengths": cache,
+                             "kpool": kpool, "always_select_tail": bool(rng.integers(0, 2))}  # fmt: skip

@@ -3,7 +3,9 @@
     python tests/run_garbage.py --backend emulate --count 300   (under LD_PRELOAD=libasan)
     compute-sanitizer --tool memcheck python tests/run_garbage.py --backend cupy --count 200
 
-Prints how many calls ran. Any access outside the arrays is the sanitizer's to report.
+Runs --count compress calls and --count lifecycle calls (ring close, seed
+tail, tail update, expand) and prints how many ran. Any access outside the
+arrays is the sanitizer's to report.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from garbage import garbage_cases
+from garbage import garbage_cases, ring_garbage_cases
 
 
 def main() -> int:
@@ -27,23 +31,32 @@ def main() -> int:
     if options.backend == "cupy":
         import cupy
 
-        import kpool_cupy
+        import kpool_cupy as module
 
-        def run(case):
-            device = {name: None if a is None else cupy.asarray(a) for name, a in case.items()}
-            kpool_cupy.kpool_compress(**device, validate=False)
+        def convert(value):
+            return cupy.asarray(value) if isinstance(value, np.ndarray) else value
+
+        def finish():
             cupy.cuda.get_current_stream().synchronize()
     else:
         import importlib
 
-        backend = importlib.import_module(f"kpool_cupy.{options.backend}")
+        module = importlib.import_module(f"kpool_cupy.{options.backend}")
 
-        def run(case):
-            backend.kpool_compress(**case, validate=False)
+        def convert(value):
+            return value
+
+        def finish():
+            pass
 
     calls = 0
     for case in garbage_cases(options.seed, options.count):
-        run(case)
+        module.kpool_compress(**{name: convert(value) for name, value in case.items()}, validate=False)
+        finish()
+        calls += 1
+    for function, case in ring_garbage_cases(options.seed, options.count):
+        getattr(module, f"kpool_{function}")(**{name: convert(value) for name, value in case.items()}, validate=False)
+        finish()
         calls += 1
     print(f"garbage calls: {calls}")
     return 0
