@@ -71,10 +71,15 @@ def decode_step(backend: ModuleType, tail, ape, batch: list[Sequence], next_n: i
                 sequence.record(int(closed[r, j]), pooled[r, j])
 
 
-def run_life(backend: ModuleType, sequences: list[Sequence], ape: np.ndarray, max_slots: int, rng) -> None:
-    """Prefill every sequence in random chunks, then decode it in random steps, batches shuffled each call."""
+def run_life(
+    backend: ModuleType, sequences: list[Sequence], ape: np.ndarray, max_slots: int, rng, zeros=np.zeros
+) -> None:
+    """Prefill every sequence in random chunks, then decode it in random steps, batches shuffled each call.
+
+    ``zeros`` makes the ring, so a GPU backend can keep it on the device.
+    """
     kpool, head_dim = ape.shape
-    tail = np.zeros((max_slots, 2, kpool, head_dim), sequences[0].keys.dtype)
+    tail = zeros((max_slots, 2, kpool, head_dim), sequences[0].keys.dtype)
     while any(s.done < s.prefill for s in sequences):
         batch = [s for s in sequences if s.done < s.prefill and rng.random() < 0.8]
         if not batch:
