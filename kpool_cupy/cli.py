@@ -124,7 +124,7 @@ def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: in
     def progress(shapes):
         return click.progressbar(shapes, label="benchmark", file=sys.stderr, item_show_func=lambda s: s and s.name)
 
-    results = {"environment": environment(), **run_sweep(sweep(quick), chosen, samples, progress)}
+    results = {"environment": environment(), **run_sweep(sweep(quick), chosen, samples, progress, quick)}
     for line in table(results):
         click.echo(line)
     if json_file:

@@ -155,3 +155,34 @@ def test_ptx_prints_the_counts(tmp_path):
 def test_check_json_is_the_only_stdout():
     result = CliRunner().invoke(main, ["check", "--backend", "reference", "--json"])
     json.loads(result.stdout)
+
+
+def test_lifecycle_bytes_and_shapes():
+    from kpool_cupy.bench.lifecycle import DecodeShape, decode_shapes, expand_bytes, tail_update_bytes
+
+    shape = DecodeShape(requests=8, next_n=2, head_dim=128, kpool=4)
+    row = 128 * 2
+    assert tail_update_bytes(shape) == 8 * 2 * 2 * row * 2 + 8 * (4 * 2 * row + row)
+    assert expand_bytes(10, 512, 4) == 10 * 512 * 4 + 10 * 2048 * 4
+    assert {s.requests for s in decode_shapes()} == {1, 8, 64, 512}
+    assert set(decode_shapes(quick=True)) < set(decode_shapes())
+
+
+def test_composite_tail_update_matches_the_reference():
+    # The decode-step composite the benchmark times, run with NumPy, against
+    # the reference tail update on the positions the benchmark uses.
+    from kpool_cupy.bench.lifecycle import composite_tail_update
+
+    rng = np.random.default_rng(3)
+    requests, next_n, kpool = 5, 2, 4
+    last = rng.integers(1, 100, requests) * kpool + kpool - 1
+    positions = (last[:, None] - np.arange(next_n)[::-1]).astype(np.int32)
+    k = rng.standard_normal((requests, next_n, 16)).astype(BF16)
+    gate = rng.standard_normal((requests, next_n, 16)).astype(BF16)
+    ape = rng.standard_normal((kpool, 16)).astype(np.float32)
+    ring = rng.standard_normal((requests, 2, kpool, 16)).astype(BF16)
+    slots = np.arange(requests, dtype=np.int32)
+    want, closed = reference.kpool_tail_update(ring.copy(), k, gate, ape, positions, slots)
+    got = composite_tail_update(np, ring.copy(), k, gate, ape, positions, slots, kpool)
+    assert np.all(closed[:, 0] == last // kpool)
+    np.testing.assert_array_equal(got.view(np.uint16), want[:, 0].view(np.uint16))

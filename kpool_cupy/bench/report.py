@@ -26,7 +26,7 @@ def environment() -> dict[str, Any]:
 def table(results: dict[str, Any]) -> list[str]:
     """One line per shape and implementation: median time, bandwidth, fraction of the copy roof."""
     lines = [f"{'shape':<28}{'implementation':<20}{'median us':>11}{'GB/s':>9}{'of copy':>9}"]
-    for shape in results["shapes"]:
+    for shape in [*results["shapes"], *results.get("lifecycle", [])]:
         copy = shape["copy"]
         lines.append(f"{shape['name']:<28}{'(d2d copy)':<20}{copy['median_ms'] * 1e3:>11.2f}{copy['gbps']:>9.0f}")
         for name, entry in shape["implementations"].items():

@@ -90,9 +90,17 @@ def run_sweep(
     implementations: list[str],
     samples: int,
     progress: Callable[[Iterable[BenchShape]], Any],
+    quick: bool = False,
 ) -> dict[str, Any]:
+    from .lifecycle import run_lifecycle
+
     records = []
     with progress(shapes) as bar:
         for shape in bar:
             records.append(bench_shape(shape, implementations, samples))
-    return {"shapes": records, "host": host_costs(shapes[0]), "numpy": np.__version__}
+    return {
+        "shapes": records,
+        "lifecycle": run_lifecycle(quick, samples),
+        "host": host_costs(shapes[0]),
+        "numpy": np.__version__,
+    }
