@@ -1,6 +1,7 @@
 // Shared device code of the k-pool kernels: element conversions, 8-channel
-// loads and stores, index loads, and PoolChannel, the one "pool a channel"
-// helper every kernel uses so that all paths agree bit for bit.
+// loads and stores, index loads, and PoolChannel (one pooled channel) with
+// pool8 (one pool over a thread's 8 channels), the helpers every kernel pools
+// through so that all paths agree bit for bit.
 //
 //     logits[m] = gate[m] + ape[m]
 //     pooled    = sum_m exp(logits[m] - max) * k[m] / sum_m exp(logits[m] - max)
@@ -218,6 +219,33 @@ struct PoolChannel {
     }
     __device__ __forceinline__ float value() const { return weighted_keys / weight_sum; }
 };
+
+// Reduces one pool over this thread's 8 channels: members m = 0 .. KPOOL - 1
+// in order, member m's keys and gate scores from load_member(m, keys, logits),
+// its ape row at ape + m * ape_row_stride. Every kernel pools through here,
+// so a pool is the same bits whichever kernel builds it.
+//
+// Small pools unroll fully so all member loads are in flight at once; large
+// ones stream with a bounded unroll to keep registers in check.
+template <int KPOOL, typename LoadMember>
+__device__ __forceinline__ void pool8(LoadMember load_member, const float* ape, long long ape_row_stride,
+                                      bool ape_vector, float (&result)[kChannelsPerThread]) {
+    float keys[kChannelsPerThread], logits[kChannelsPerThread], bias[kChannelsPerThread];
+    PoolChannel channels[kChannelsPerThread];
+    load_member(0, keys, logits);
+    load8(ape, ape_vector, bias);
+#pragma unroll
+    for (int c = 0; c < kChannelsPerThread; ++c) channels[c].first(logits[c] + bias[c], keys[c]);
+#pragma unroll(KPOOL <= 8 ? KPOOL : 4)
+    for (int m = 1; m < KPOOL; ++m) {
+        load_member(m, keys, logits);
+        load8(ape + m * ape_row_stride, ape_vector, bias);
+#pragma unroll
+        for (int c = 0; c < kChannelsPerThread; ++c) channels[c].push(logits[c] + bias[c], keys[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < kChannelsPerThread; ++c) result[c] = channels[c].value();
+}
 
 }  // namespace kp
 

@@ -97,30 +97,13 @@ __global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride,
     // Members of a located pool all exist, so nothing below is masked.
     const KT* k_member = k + first_row * k_row_stride + channel;
     const GT* gate_member = gate + first_row * gate_row_stride + channel;
-    const float* ape_member = ape + channel;
-    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, ape_vector = vector_mask & 4;
-
-    float keys[kp::kChannelsPerThread], logits[kp::kChannelsPerThread], bias[kp::kChannelsPerThread];
-    kp::PoolChannel channels[kp::kChannelsPerThread];
-    kp::load8(k_member, k_vector, keys);
-    kp::load8(gate_member, gate_vector, logits);
-    kp::load8(ape_member, ape_vector, bias);
-#pragma unroll
-    for (int c = 0; c < kp::kChannelsPerThread; ++c) channels[c].first(logits[c] + bias[c], keys[c]);
-
-    // Small pools unroll fully so all member loads are in flight at once;
-    // large ones stream with a bounded unroll to keep registers in check.
-#pragma unroll(KPOOL <= 8 ? KPOOL : 4)
-    for (int m = 1; m < KPOOL; ++m) {
-        kp::load8(k_member + m * k_row_stride, k_vector, keys);
-        kp::load8(gate_member + m * gate_row_stride, gate_vector, logits);
-        kp::load8(ape_member + m * ape_row_stride, ape_vector, bias);
-#pragma unroll
-        for (int c = 0; c < kp::kChannelsPerThread; ++c) channels[c].push(logits[c] + bias[c], keys[c]);
-    }
-
+    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2;
     float result[kp::kChannelsPerThread];
-#pragma unroll
-    for (int c = 0; c < kp::kChannelsPerThread; ++c) result[c] = channels[c].value();
+    kp::pool8<KPOOL>(
+        [&](int m, float(&keys)[kp::kChannelsPerThread], float(&logits)[kp::kChannelsPerThread]) {
+            kp::load8(k_member + m * k_row_stride, k_vector, keys);
+            kp::load8(gate_member + m * gate_row_stride, gate_vector, logits);
+        },
+        ape + channel, ape_row_stride, (vector_mask & 4) != 0, result);
     kp::store8(pooled + pool * pooled_row_stride + channel, (vector_mask & 8) != 0, result);
 }

@@ -69,31 +69,20 @@ __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots
     if (!closes) return;
 
     const int channel = lane * kp::kChannelsPerThread;
-    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, ape_vector = vector_mask & 4;
-    const bool tail_vector = vector_mask & 16;
-    float keys[kp::kChannelsPerThread], logits[kp::kChannelsPerThread], bias[kp::kChannelsPerThread];
-    kp::PoolChannel channels[kp::kChannelsPerThread];
-    for (int m = 0; m < KPOOL; ++m) {
-        if (m < phase) {  // cached member: from the ring
-            kp::load8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, m) + channel, tail_vector, keys);
-            kp::load8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, m) + channel, tail_vector, logits);
-        } else {  // this call's member: row_begin + m - phase < row_end, checked above
-            const long long row = row_begin + m - phase;
-            kp::load8(k + row * k_row_stride + channel, k_vector, keys);
-            kp::load8(gate + row * gate_row_stride + channel, gate_vector, logits);
-        }
-        kp::load8(ape + m * ape_row_stride + channel, ape_vector, bias);
-#pragma unroll
-        for (int c = 0; c < kp::kChannelsPerThread; ++c) {
-            if (m == 0)
-                channels[c].first(logits[c] + bias[c], keys[c]);
-            else
-                channels[c].push(logits[c] + bias[c], keys[c]);
-        }
-    }
+    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, tail_vector = vector_mask & 16;
     float result[kp::kChannelsPerThread];
-#pragma unroll
-    for (int c = 0; c < kp::kChannelsPerThread; ++c) result[c] = channels[c].value();
+    kp::pool8<KPOOL>(
+        [&](int m, float(&keys)[kp::kChannelsPerThread], float(&logits)[kp::kChannelsPerThread]) {
+            if (m < phase) {  // cached member: from the ring
+                kp::load8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, m) + channel, tail_vector, keys);
+                kp::load8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, m) + channel, tail_vector, logits);
+            } else {  // this call's member: row_begin + m - phase < row_end, checked above
+                const long long row = row_begin + m - phase;
+                kp::load8(k + row * k_row_stride + channel, k_vector, keys);
+                kp::load8(gate + row * gate_row_stride + channel, gate_vector, logits);
+            }
+        },
+        ape + channel, ape_row_stride, (vector_mask & 4) != 0, result);
     kp::store8(pooled + request * pooled_row_stride + channel, (vector_mask & 8) != 0, result);
 }
 
@@ -184,23 +173,13 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
 
         // Ring positions 0 .. KPOOL - 1 of these 8 channels were written by
         // this thread, in this call or an earlier one.
-        float keys[kp::kChannelsPerThread], logits[kp::kChannelsPerThread], bias[kp::kChannelsPerThread];
-        kp::PoolChannel channels[kp::kChannelsPerThread];
-        for (int m = 0; m < KPOOL; ++m) {
-            kp::load8(keys_ring + m * HEAD_DIM, tail_vector, keys);
-            kp::load8(gates_ring + m * HEAD_DIM, tail_vector, logits);
-            kp::load8(ape + m * ape_row_stride + channel, ape_vector, bias);
-#pragma unroll
-            for (int c = 0; c < kp::kChannelsPerThread; ++c) {
-                if (m == 0)
-                    channels[c].first(logits[c] + bias[c], keys[c]);
-                else
-                    channels[c].push(logits[c] + bias[c], keys[c]);
-            }
-        }
         float result[kp::kChannelsPerThread];
-#pragma unroll
-        for (int c = 0; c < kp::kChannelsPerThread; ++c) result[c] = channels[c].value();
+        kp::pool8<KPOOL>(
+            [&](int m, float(&keys)[kp::kChannelsPerThread], float(&logits)[kp::kChannelsPerThread]) {
+                kp::load8(keys_ring + m * HEAD_DIM, tail_vector, keys);
+                kp::load8(gates_ring + m * HEAD_DIM, tail_vector, logits);
+            },
+            ape + channel, ape_row_stride, ape_vector, result);
         const long long row = request * pools_per_request + written;
         kp::store8(pooled + row * HEAD_DIM + channel, (vector_mask & 8) != 0, result);
         if (lane == 0) closed[row] = position / KPOOL;
