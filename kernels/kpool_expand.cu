@@ -23,7 +23,8 @@ __global__ void kpool_expand_topk(const void* __restrict__ pool_ids, int pool_id
     long long value = -1;
     if (column < pool_topk * KPOOL) {
         const long long pool = kp::load_index(pool_ids, pool_ids_kind, token * pool_topk + column / KPOOL);
-        const long long first = pool >= 0 && pool <= 2147483647LL / KPOOL ? pool * KPOOL : -1;
+        // The whole pool must fit int32, its last position included.
+        const long long first = pool >= 0 && pool <= (2147483647LL - (KPOOL - 1)) / KPOOL ? pool * KPOOL : -1;
         value = first < 0 ? -1 : first + column % KPOOL;
     } else if (batch > 0) {
         long long lo = 0, hi = batch - 1;  // the last request whose rows start at or before token
@@ -37,7 +38,7 @@ __global__ void kpool_expand_topk(const void* __restrict__ pool_ids, int pool_id
         const long long row_begin = kp::load_index(input_row_offsets, input_kind, lo);
         const long long row_end = kp::load_index(input_row_offsets, input_kind, lo + 1);
         const long long cached = kp::load_index(cache_lengths, cache_kind, lo);
-        if (row_begin <= token && token < row_end && cached >= 0 && cached < (1LL << 62)) {
+        if (row_begin >= 0 && row_begin <= token && token < row_end && cached >= 0 && cached < (1LL << 62)) {
             const long long visible = cached + (token - row_begin) + 1;
             const long long count = visible % KPOOL, i = column - pool_topk * KPOOL;
             value = i < count ? visible - count + i : -1;

@@ -111,8 +111,8 @@ __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const
                           &row_end, &cached))
         return;
     const long long slot = kp::load_index(slot_idx, slot_kind, request);
-    const long long end = cached + (row_end - row_begin);  // no overflow: cached < 2^62 when validated
-    if (slot < 0 || slot >= max_slots || end < cached) return;
+    if (slot < 0 || slot >= max_slots || cached > 9223372036854775807LL - (row_end - row_begin)) return;
+    const long long end = cached + (row_end - row_begin);  // checked above not to overflow
     const long long pool_start = (end / KPOOL) * KPOOL;
     const long long start = pool_start > cached ? pool_start : cached;
 

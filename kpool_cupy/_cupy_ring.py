@@ -22,6 +22,9 @@ class _CupyRing(KernelRingBackend):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return self.cupy.zeros(shape, dtype=dtype)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self.cupy.empty(shape, dtype=dtype)
+
     def launch(self, source: str, name: str, geometry: LaunchGeometry, args: tuple[Any, ...]) -> None:
         kernel_function(source, name, self.device_id)((geometry.grid,), (geometry.block,), args)
 

@@ -21,6 +21,9 @@ class _EmulatedRing(KernelRingBackend):
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
     def launch(self, source: str, name: str, geometry: LaunchGeometry, args: tuple[Any, ...]) -> None:
         from . import emulate
 

@@ -45,6 +45,9 @@ class _ReferenceRing:
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.zeros(shape, dtype=dtype)
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
     def ring_close(self, call: RingCall, arrays: tuple[Any, ...], out: np.ndarray, closed: np.ndarray) -> None:
         tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx = arrays
         begin, end, cached, slots, usable = _requests(call, input_row_offsets, cache_lengths, slot_idx)
@@ -64,7 +67,8 @@ class _ReferenceRing:
     def seed_tail(self, call: RingCall, arrays: tuple[Any, ...]) -> None:
         tail, k, gate, input_row_offsets, cache_lengths, slot_idx = arrays
         begin, end, cached, slots, usable = _requests(call, input_row_offsets, cache_lengths, slot_idx)
-        last = cached + (end - begin)
+        usable &= cached <= np.iinfo(np.int64).max - (end - begin)  # c + n must not wrap
+        last = cached + np.where(usable, end - begin, 0)
         start = np.maximum(last // call.kpool * call.kpool, cached)
         for step in range(call.kpool - 1):  # at most kpool - 1 trailing tokens per request
             position = start + step
@@ -100,7 +104,8 @@ class _ReferenceRing:
         pool_ids, input_row_offsets, cache_lengths = arrays
         tokens = positions.shape[0]
         ids = pool_ids.astype(np.int64)
-        first = np.where((ids >= 0) & (ids <= INT32_MAX // kpool), ids * kpool, -1)[..., None]
+        fits = (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)  # the last position included
+        first = np.where(fits, ids * kpool, -1)[..., None]
         expanded = np.where(first >= 0, first + np.arange(kpool), -1).reshape(tokens, pool_topk * kpool)
         positions[:, : pool_topk * kpool] = expanded
         extra = positions.shape[1] - pool_topk * kpool
@@ -114,7 +119,7 @@ class _ReferenceRing:
         token = np.arange(tokens)
         request = np.clip(np.searchsorted(offsets[:batch], token, side="right") - 1, 0, batch - 1)
         begin, end, c = offsets[request], offsets[request + 1], cached[request]
-        known = (begin <= token) & (token < end) & (c >= 0) & (c < 2**62)
+        known = (begin >= 0) & (begin <= token) & (token < end) & (c >= 0) & (c < 2**62)
         visible = np.where(known, c + token - begin + 1, 0)
         count = visible % kpool
         column = np.arange(extra)

@@ -35,6 +35,8 @@ class RingBackend(Protocol):
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
 
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
+
     def ring_close(self, call: RingCall, arrays: tuple[Any, ...], out: Any, closed: Any) -> None: ...
 
     def seed_tail(self, call: RingCall, arrays: tuple[Any, ...]) -> None: ...
@@ -79,7 +81,7 @@ def run_ring_close(
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
         check_rows_and_cache(call.total_tokens, offsets, lengths)
-        check_slot_values(slots, call.max_slots, unique=False)
+        check_slot_values(slots, call.max_slots)
         completes = (lengths % call.kpool != 0) & (np.diff(offsets) >= call.kpool - lengths % call.kpool)
         check_closed_pool_ids(lengths[completes], call.kpool)
     out = backend.zeros((call.requests, call.head_dim), call.out_dtype) if out is None else out
@@ -96,7 +98,8 @@ def run_seed_tail(
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
         check_rows_and_cache(call.total_tokens, offsets, lengths)
-        check_slot_values(slots, call.max_slots, unique=True)
+        end = lengths + np.diff(offsets)
+        check_slot_values(slots, call.max_slots, writers=end > np.maximum(end // call.kpool * call.kpool, lengths))
     if call.requests:
         backend.seed_tail(call, (tail, k, gate, input_row_offsets, cache_lengths, slot_idx))
 
@@ -107,8 +110,9 @@ def run_tail_update(
     call = check_tail_update_args(tail, k, gate, ape, positions, slot_idx, out, closed)
     if validate:
         slots, flat = backend.host_copies([slot_idx, positions.reshape(-1)])
-        check_slot_values(slots, call.max_slots, unique=True)
-        check_position_values(flat.reshape(call.requests, call.next_n))
+        steps = flat.reshape(call.requests, call.next_n)
+        check_position_values(steps, call.kpool, call.pools_per_request)
+        check_slot_values(slots, call.max_slots, writers=(steps >= 0).any(axis=1))
     shape = (call.requests, call.pools_per_request)
     out = backend.zeros((*shape, call.head_dim), call.out_dtype) if out is None else out
     closed = backend.zeros(shape, INT32) if closed is None else closed
@@ -129,7 +133,9 @@ def run_expand_topk(
     if validate:
         offsets, lengths = backend.host_copies([input_row_offsets, cache_lengths])
         check_rows_and_cache(total_tokens, offsets, lengths)
-    positions = backend.zeros((total_tokens, expand_width(pool_topk, int(kpool), always_select_tail)), INT32)
+    # Every element is written, so no zero fill (ring close and tail update
+    # zero theirs: the rows of pools that did not close are left alone).
+    positions = backend.empty((total_tokens, expand_width(pool_topk, int(kpool), always_select_tail)), INT32)
     if positions.size:
         backend.expand_topk(pool_topk, int(kpool), (pool_ids, input_row_offsets, cache_lengths), batch, positions)
     return positions

@@ -9,6 +9,7 @@ import numpy as np
 
 from ._dtypes import ELEMENT_CTYPES, FLOAT32, dtype_name
 from ._validate import (
+    MAX_HEAD_DIM,
     check_ape,
     check_batch_index,
     check_index,
@@ -143,8 +144,8 @@ def check_tail_update_args(
 ) -> RingCall:
     _check_step_tokens("k", k, tuple(ELEMENT_CTYPES))
     requests, next_n, head_dim = (int(d) for d in k.shape)
-    if head_dim <= 0 or head_dim % 8 != 0:
-        raise fail("k", "head_dim (k.shape[2]) a positive multiple of 8", head_dim)
+    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
+        raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
     _check_step_tokens("gate", gate, (np.dtype(k.dtype),))
     if tuple(gate.shape) != tuple(k.shape):
         raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
@@ -192,15 +193,19 @@ def check_expand_args(pool_ids: Any, input_row_offsets: Any, cache_lengths: Any,
     return batch, int(pool_ids.shape[1])
 
 
-def check_slot_values(slots: np.ndarray, max_slots: int, *, unique: bool) -> None:
-    """Slots inside the ring; writers also need one request per slot, or their writes would race."""
+def check_slot_values(slots: np.ndarray, max_slots: int, *, writers: np.ndarray | None = None) -> None:
+    """Slots inside the ring; requests that write it (``writers``, a mask) need a slot each, or their writes
+    would race. Requests that write nothing (all padding, no trailing tokens) may share one, as padded
+    rows of a captured graph often do."""
     values = slots.astype(np.int64)
     bad = (values < 0) | (values >= max_slots)
     if bad.any():
         r = int(np.argmax(bad))
         raise fail("slot_idx", f"values in [0, {max_slots}) (tail.shape[0])", f"{int(values[r])} at index {r}")
-    if unique and np.unique(values).size != values.size:
-        raise fail("slot_idx", "one request per slot (the ring is written)", f"repeated slots in {values.tolist()}")
+    if writers is not None:
+        written = values[writers]
+        if np.unique(written).size != written.size:
+            raise fail("slot_idx", "one slot per request that writes the ring", f"repeated slots in {written.tolist()}")
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, kpool: int) -> None:
@@ -215,8 +220,18 @@ def check_closed_pool_ids(cache_lengths: np.ndarray, kpool: int) -> None:
         )
 
 
-def check_position_values(positions: np.ndarray) -> None:
+def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
+    """Positions >= 0 or -1, closing at most the pools the output has room for (a close past them would be
+    lost while the ring moves on)."""
     bad = positions < -1
     if bad.any():
         r, t = (int(i) for i in np.argwhere(bad)[0])
         raise fail("positions", "positions >= 0, or -1 for padding", f"{int(positions[r, t])} at [{r}, {t}]")
+    closes = ((positions >= 0) & (positions % kpool == kpool - 1)).sum(axis=1)
+    if (closes > pools_per_request).any():
+        r = int(np.argmax(closes > pools_per_request))
+        raise fail(
+            "positions",
+            f"at most {pools_per_request} pool closings per request (ceil(next_n / kpool))",
+            f"{int(closes[r])} in request {r}: {positions[r].tolist()}",
+        )

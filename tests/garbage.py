@@ -67,33 +67,49 @@ def garbage_cases(seed: int, count: int) -> Iterator[dict]:
 def ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
     """Garbage offsets, lengths, slots, positions and pool ids for the four lifecycle functions.
 
-    One size (kpool 3, head_dim 16, bfloat16): the garbage is in the indices.
+    kpool 3, head_dim 16, bfloat16 or float32 (each variant is a compile); the
+    garbage is in the indices, with optional out/closed, empty decode steps and
+    token rows that are strided views of a larger buffer.
     """
     rng = np.random.default_rng(seed)
-    bf16 = np.dtype(ml_dtypes.bfloat16)
     kpool, head_dim = 3, 16
     ape = rng.standard_normal((kpool, head_dim)).astype(np.float32)
+
+    def rows(shape: tuple[int, ...], dtype) -> np.ndarray:
+        if rng.random() < 0.3:  # every other row of a larger buffer
+            wide = rng.standard_normal((shape[0] * 2, *shape[1:])).astype(dtype)
+            return wide[::2]
+        return rng.standard_normal(shape).astype(dtype)
+
     for i in range(count):
+        dtype = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32))[int(rng.integers(0, 2))]
         tokens, batch, max_slots = int(rng.integers(0, 30)), int(rng.integers(0, 5)), int(rng.integers(0, 4))
-        tail = rng.standard_normal((max_slots, 2, kpool, head_dim)).astype(bf16)
-        k = rng.standard_normal((tokens, head_dim)).astype(bf16)
+        tail = rng.standard_normal((max_slots, 2, kpool, head_dim)).astype(dtype)
+        k = rows((tokens, head_dim), dtype)
         offsets = _values(rng, batch + 1, _INDEX_TYPES[int(rng.integers(0, 3))], tokens)
         cache = _values(rng, batch, _INDEX_TYPES[int(rng.integers(0, 3))], 2**32)
         slots = _values(rng, batch, (np.int32, np.uint32)[int(rng.integers(0, 2))], max_slots)
+        given = rng.random() < 0.5  # pass out= and closed= or let the call allocate them
         function = ("ring_close", "seed_tail", "tail_update", "expand_topk")[i % 4]
         if function == "ring_close":
-            yield function, {"tail": tail, "k": k, "gate": k.copy(), "ape": ape, "input_row_offsets": offsets,
-                             "cache_lengths": cache, "slot_idx": slots,
-                             "out": np.zeros((batch, head_dim), bf16), "closed": np.zeros(batch, np.int32)}  # fmt: skip
+            case = {"tail": tail, "k": k, "gate": k.copy(), "ape": ape, "input_row_offsets": offsets,
+                    "cache_lengths": cache, "slot_idx": slots}  # fmt: skip
+            if given:
+                case |= {"out": np.zeros((batch + 2, head_dim), dtype), "closed": np.zeros(batch + 2, np.int32)}
+            yield function, case
         elif function == "seed_tail":
             yield function, {"tail": tail, "k": k, "gate": k.copy(), "input_row_offsets": offsets,
                              "cache_lengths": cache, "slot_idx": slots}  # fmt: skip
         elif function == "tail_update":
-            next_n = int(rng.integers(1, 5))
-            step = rng.standard_normal((batch, next_n, head_dim)).astype(bf16)
+            next_n = int(rng.integers(0, 5))
+            step = rows((batch, next_n, head_dim), dtype)
             positions = _values(rng, batch * next_n, np.int32, 40).reshape(batch, next_n)
-            yield function, {"tail": tail, "k": step, "gate": step.copy(), "ape": ape, "positions": positions,
-                             "slot_idx": slots}  # fmt: skip
+            case = {"tail": tail, "k": step, "gate": step.copy(), "ape": ape, "positions": positions,
+                    "slot_idx": slots}  # fmt: skip
+            if given:
+                pools = -(-next_n // kpool)
+                case |= {"out": np.zeros((batch, pools, head_dim), dtype), "closed": np.zeros((batch, pools), np.int32)}
+            yield function, case
         else:
             pool_ids = _values(rng, tokens * 5, (np.int32, np.int64)[int(rng.integers(0, 2))], 50).reshape(tokens, 5)
             yield function, {"pool_ids": pool_ids, "input_row_offsets": offsets, "cache_lengths": cache,

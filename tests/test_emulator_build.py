@@ -66,9 +66,11 @@ _SANITIZED_RUN = textwrap.dedent(
         runpy.run_path({runner!r}, run_name="__main__")
     except SystemExit as done:
         assert done.code == 0, done.code
+    from kpool_cupy._variants import ring_kernel_name
     name = compress_kernel_name(batch.k.dtype, batch.k.dtype, batch.k.dtype, 16, 3)
-    library = emulate.load_variant("kpool_compress.cu", name)
-    print("instrumented:", b"__asan_report" in open(library._name, "rb").read())
+    ring = ring_kernel_name("kpool_tail_update", batch.k.dtype, batch.k.dtype, 16, 3)
+    libraries = [emulate.load_variant("kpool_compress.cu", name), emulate.load_variant("kpool_ring.cu", ring)]
+    print("instrumented:", all(b"__asan_report" in open(lib._name, "rb").read() for lib in libraries))
     """
 )
 

@@ -47,3 +47,33 @@ def test_members_beyond_2_31_elements(tmp_path, backend):
     # With 32-bit row arithmetic pool 2 would wrap onto rows 0..3 and equal pool 0.
     assert not np.array_equal(want[2], want[0])
     assert_close_to_model(got, want, BF16)
+
+
+@pytest.mark.slow
+def test_ring_kernels_reach_rows_beyond_2_31_elements(tmp_path):
+    # ring close reads its call's tokens, tail update its step tokens, past
+    # 2^31 elements; the emulated kernels must agree with the reference (whose
+    # indexing is NumPy's, 64-bit), the ring bytes included.
+    head_dim, kpool, step = 16, 4, 2**30 + 16  # float32 row 2 starts past 2^31 elements
+    mapped = np.memmap(tmp_path / "sparse.bin", dtype=np.float32, mode="w+", shape=(2 * step + head_dim,))
+    rng = np.random.default_rng(1)
+    for row in range(3):
+        mapped[row * step : row * step + head_dim] = rng.standard_normal(head_dim)
+    k = np.lib.stride_tricks.as_strided(mapped, (3, head_dim), (step * 4, 4))
+    ring = rng.standard_normal((2, 2, kpool, head_dim)).astype(np.float32)
+    ape = rng.standard_normal((kpool, head_dim)).astype(np.float32)
+    offsets, cache, slot = np.array([0, 3], np.int64), np.array([1], np.int64), np.array([0], np.int32)
+    got, closed = emulate.kpool_ring_close(ring, k, k, ape, offsets, cache, slot)
+    want, want_closed = reference.kpool_ring_close(ring, k, k, ape, offsets, cache, slot)
+    assert closed[0] == want_closed[0] == 0
+    np.testing.assert_allclose(got, want, rtol=2.0**-22, atol=3e-6)  # float32 in and out: summation order only
+
+    steps = np.lib.stride_tricks.as_strided(mapped, (2, 1, head_dim), (2 * step * 4, head_dim * 4, 4))
+    positions, slots = np.array([[3], [7]], np.int32), np.array([0, 1], np.int32)
+    ring_emulated, ring_reference = ring.copy(), ring.copy()
+    got, closed = emulate.kpool_tail_update(ring_emulated, steps, steps, ape, positions, slots)
+    want, want_closed = reference.kpool_tail_update(ring_reference, steps, steps, ape, positions, slots)
+    np.testing.assert_array_equal(closed, want_closed)
+    assert ring_emulated.tobytes() == ring_reference.tobytes()
+    assert ring_emulated[1, 0, 3].tobytes() == mapped[2 * step : 2 * step + head_dim].tobytes()  # the far row
+    np.testing.assert_allclose(got, want, rtol=2.0**-22, atol=3e-6)

@@ -181,9 +181,30 @@ def test_expand_topk_upstream_case(backend, tail):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_expand_never_clamps(backend):
-    # -1 and any other negative id, and ids whose positions overflow int32, stay -1.
-    pool_ids = np.array([[-1, -5, 2**31 // 4, 3]], np.int64)
-    got = BACKENDS[backend].kpool_expand_topk(pool_ids, np.array([0, 1], np.int32), np.array([0], np.int32), kpool=4)
-    np.testing.assert_array_equal(got[0, :12], -1)
-    np.testing.assert_array_equal(got[0, 12:], [12, 13, 14, 15])
+@pytest.mark.parametrize("kpool", [3, 4, 5])
+def test_expand_never_clamps(backend, kpool):
+    # -1 and any other negative id, and ids whose last position would not fit
+    # int32, stay -1 in every column; the largest id that fits expands whole.
+    fits = (2**31 - 1 - (kpool - 1)) // kpool
+    pool_ids = np.array([[-1, -5, fits + 1, fits, 3]], np.int64)
+    got = BACKENDS[backend].kpool_expand_topk(
+        pool_ids, np.array([0, 1], np.int32), np.array([0], np.int32), kpool=kpool
+    )
+    np.testing.assert_array_equal(got[0, : 3 * kpool], -1)
+    np.testing.assert_array_equal(got[0, 3 * kpool : 4 * kpool], fits * kpool + np.arange(kpool))
+    assert got[0, 4 * kpool - 1] <= 2**31 - 1
+    np.testing.assert_array_equal(got[0, 4 * kpool :], 3 * kpool + np.arange(kpool))
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_padded_rows_may_share_a_slot(backend):
+    # All-padding rows write nothing, so they may point at one dummy slot.
+    rng = np.random.default_rng(9)
+    tail = np.zeros((3, 2, 4, 32), BF16)
+    k = rng.standard_normal((4, 1, 32)).astype(BF16)
+    positions = np.array([[3], [-1], [-1], [7]], np.int32)
+    slots = np.array([0, 2, 2, 1], np.int32)
+    _, closed = BACKENDS[backend].kpool_tail_update(tail, k, k, rng.standard_normal((4, 32)).astype(np.float32),
+                                                    positions, slots)  # fmt: skip
+    np.testing.assert_array_equal(closed[:, 0], [0, -1, -1, 1])
+    assert not tail[2].any()

@@ -14,7 +14,8 @@ from typing import Any
 import numpy as np
 
 from .._dtypes import element_dtype
-from .stats import bandwidth_gbps, fraction_of, summarize_times
+from .run import MEMORY_BUDGET
+from .stats import bandwidth_gbps, fraction_of, input_sets, summarize_times
 from .timing import copy_runner, device_times
 
 POOL_TOPK = 512  # the indexer's selection width of the upstream suite (2048 expanded columns at kpool 4)
@@ -41,11 +42,13 @@ def decode_shapes(quick: bool = False) -> list[DecodeShape]:
 
 def tail_update_bytes(shape: DecodeShape) -> int:
     """Each step token read (k, gate) and written to the ring once; every request closes one pool per step
-    (the benchmark's positions make sure), reading kpool ring members and writing one pooled row."""
+    (the benchmark's positions make sure), reading the ring members this step did not just write and
+    writing one pooled row."""
     itemsize = element_dtype(shape.dtype).itemsize
     row = shape.head_dim * itemsize
     step = shape.requests * shape.next_n * 2 * row * 2
-    closing = shape.requests * (shape.kpool * 2 * row + row)
+    older_members = max(shape.kpool - shape.next_n, 0)
+    closing = shape.requests * (older_members * 2 * row + row)
     return step + closing
 
 
@@ -76,12 +79,22 @@ def _entry(run, count: int, nbytes: int, copy_gbps: float, samples: int) -> dict
     return {**times, "gbps": gbps, "fraction_of_copy": fraction_of(gbps, copy_gbps)}
 
 
+def _set_count(bytes_per_set: int) -> int:
+    """Input sets to rotate so no call finds its inputs in L2, as in the compress sweep."""
+    import cupy
+
+    l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
+    return input_sets(bytes_per_set, l2, MEMORY_BUDGET)
+
+
 def bench_tail_update(shape: DecodeShape, samples: int) -> dict[str, Any]:
     import cupy
 
     import kpool_cupy
 
-    count = 4
+    itemsize = element_dtype(shape.dtype).itemsize
+    ring_bytes = shape.requests * 2 * shape.kpool * shape.head_dim * itemsize
+    count = _set_count(ring_bytes + tail_update_bytes(shape))
     dtype = element_dtype(shape.dtype)
     rng = cupy.random.default_rng(0)
     sets = []
@@ -133,7 +146,7 @@ def bench_expand(tokens: int, kpool: int, samples: int) -> dict[str, Any]:
 
     import kpool_cupy
 
-    count = 4
+    count = _set_count(expand_bytes(tokens, POOL_TOPK, kpool))
     rng = cupy.random.default_rng(1)
     sets = []
     for _ in range(count):

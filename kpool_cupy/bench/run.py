@@ -20,7 +20,9 @@ def _max_abs_diff(got: Any, want: Any) -> float:
     import cupy
 
     got = cupy.from_dlpack(got)  # CuPy arrays and torch tensors alike
-    return float(cupy.abs(got.astype(cupy.float32) - want.astype(cupy.float32)).max(initial=0.0))
+    if got.size == 0:  # CuPy's max has no initial=
+        return 0.0
+    return float(cupy.abs(got.astype(cupy.float32) - want.astype(cupy.float32)).max())
 
 
 def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int) -> dict[str, Any]:
@@ -92,7 +94,7 @@ def run_sweep(
     progress: Callable[[Iterable[BenchShape]], Any],
     quick: bool = False,
 ) -> dict[str, Any]:
-    from .lifecycle import run_lifecycle
+    from .lifecycle import run_lifecycle  # imports this module: keep it local
 
     records = []
     with progress(shapes) as bar:
