@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ def pick_backend(name: str) -> str:
         return name
     if gpu_status()[0]:
         return "cupy"
-    if shutil.which(emulate.os.environ.get("CXX", "c++")):
+    if shutil.which(os.environ.get("CXX", "c++")):
         return "emulate"
     return "reference"
 

@@ -211,8 +211,9 @@ def kpool_compress(
         Check offset contents (one device-to-host copy). With ``out``,
         ``pool_row_offsets`` and ``validate=False`` the call neither syncs nor
         allocates, so it can be captured in a CUDA graph (for CuPy and DLPack
-        inputs; CuPy syncs on the stream a ``__cuda_array_interface__`` names). Unvalidated garbage
-        never makes the kernel touch memory outside its arrays.
+        inputs; CuPy syncs on the stream a ``__cuda_array_interface__``
+        names). Unvalidated garbage never makes the kernel touch memory
+        outside its arrays.
     stream
         A ``cupy.cuda.Stream``, a raw handle, or anything with
         ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
