@@ -173,6 +173,20 @@ __device__ __forceinline__ void copy8(T* target, bool target_vector, const T* so
     }
 }
 
+// This thread's group (one pool or one request) and its first channel: a group
+// is HEAD_DIM / 8 consecutive threads, several groups fill a block. False for
+// threads past the block's last whole group; the launch geometry leaves none,
+// but nothing relies on that.
+template <int HEAD_DIM>
+__device__ __forceinline__ bool thread_group(long long* group, int* channel) {
+    static_assert(HEAD_DIM > 0 && HEAD_DIM % kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
+    constexpr unsigned int kLanes = HEAD_DIM / kChannelsPerThread;
+    const unsigned int groups_per_block = blockDim.x / kLanes;
+    *group = static_cast<long long>(blockIdx.x) * groups_per_block + static_cast<long long>(threadIdx.x / kLanes);
+    *channel = static_cast<int>(threadIdx.x % kLanes) * kChannelsPerThread;
+    return threadIdx.x < groups_per_block * kLanes;
+}
+
 // Offsets and lengths arrive as int32, uint32 or int64; `kind` says which
 // (0, 1, 2) and every read widens to a signed 64-bit value.
 __device__ __forceinline__ long long load_index(const void* array, int kind, long long i) {

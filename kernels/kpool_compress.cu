@@ -74,20 +74,15 @@ __global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride,
                                const void* __restrict__ pool_row_offsets, int pool_kind, long long batch,
                                long long total_tokens, OT* __restrict__ pooled, long long pooled_row_stride,
                                long long pooled_rows, int vector_mask) {
-    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0,
-                  "head_dim must be a positive multiple of 8");
     static_assert(KPOOL >= 1, "kpool must be at least 1");
-    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
-
-    if (batch <= 0) return;
-    const long long pool =
-        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
-    const int channel = static_cast<int>(threadIdx.x % kLanes) * kp::kChannelsPerThread;
+    long long pool;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
 
     // The last offset is the exact pool count, so surplus threads exit here;
     // rows of `pooled` past it are never written.
     const long long total_pools = kp::load_index(pool_row_offsets, pool_kind, batch);
-    if (pool >= total_pools || pool >= pooled_rows || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+    if (pool >= total_pools || pool >= pooled_rows) return;
 
     long long first_row;
     if (!kp::locate_pool<KPOOL>(pool, input_row_offsets, input_kind, cache_lengths, cache_kind, pool_row_offsets,

@@ -50,13 +50,11 @@ __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots
                                  const void* __restrict__ slot_idx, int slot_kind, long long batch,
                                  long long total_tokens, OT* __restrict__ pooled, long long pooled_row_stride,
                                  int* __restrict__ closed, int vector_mask) {
-    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
     static_assert(KPOOL >= 1, "kpool must be at least 1");
-    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
-    const long long request =
-        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
-    const int lane = static_cast<int>(threadIdx.x % kLanes);
-    if (request >= batch || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+    long long request;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
+    const bool lead = channel == 0;  // the group's first thread writes closed
 
     long long row_begin, row_end, cached;
     bool closes = kp::request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens,
@@ -65,10 +63,9 @@ __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots
     const long long phase = closes ? cached % KPOOL : 0;
     closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
              cached / KPOOL <= 2147483647LL;
-    if (lane == 0) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
+    if (lead) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
     if (!closes) return;
 
-    const int channel = lane * kp::kChannelsPerThread;
     const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, tail_vector = vector_mask & 16;
     float result[kp::kChannelsPerThread];
     kp::pool8<KPOOL>(
@@ -99,12 +96,10 @@ __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const
                                 const void* __restrict__ cache_lengths, int cache_kind,
                                 const void* __restrict__ slot_idx, int slot_kind, long long batch,
                                 long long total_tokens, int vector_mask) {
-    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
     static_assert(KPOOL >= 1, "kpool must be at least 1");
-    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
-    const long long request =
-        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
-    if (request >= batch || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+    long long request;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
 
     long long row_begin, row_end, cached;
     if (!kp::request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens, &row_begin,
@@ -116,7 +111,6 @@ __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const
     const long long pool_start = (end / KPOOL) * KPOOL;
     const long long start = pool_start > cached ? pool_start : cached;
 
-    const int channel = static_cast<int>(threadIdx.x % kLanes) * kp::kChannelsPerThread;
     const bool tail_vector = vector_mask & 16;
     for (long long position = start; position < end; ++position) {  // fewer than KPOOL iterations
         const long long row = row_begin + (position - cached);
@@ -146,17 +140,14 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
                                   const int* __restrict__ positions, const void* __restrict__ slot_idx, int slot_kind,
                                   long long requests, int next_n, OT* __restrict__ pooled,
                                   int* __restrict__ closed, int pools_per_request, int vector_mask) {
-    static_assert(HEAD_DIM > 0 && HEAD_DIM % kp::kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
     static_assert(KPOOL >= 1, "kpool must be at least 1");
-    constexpr int kLanes = HEAD_DIM / kp::kChannelsPerThread;
-    const long long request =
-        static_cast<long long>(blockIdx.x) * (blockDim.x / kLanes) + static_cast<long long>(threadIdx.x / kLanes);
-    const int lane = static_cast<int>(threadIdx.x % kLanes);
-    if (request >= requests || threadIdx.x >= (blockDim.x / kLanes) * kLanes) return;
+    long long request;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
+    const bool lead = channel == 0;  // the group's first thread writes closed
 
     const long long slot = kp::load_index(slot_idx, slot_kind, request);
     const bool slot_ok = slot >= 0 && slot < max_slots;
-    const int channel = lane * kp::kChannelsPerThread;
     const bool tail_vector = vector_mask & 16, ape_vector = vector_mask & 4;
     T* const keys_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, 0) : 0) + channel;
     T* const gates_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, 0) : 0) + channel;
@@ -182,9 +173,9 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
             ape + channel, ape_row_stride, ape_vector, result);
         const long long row = request * pools_per_request + written;
         kp::store8(pooled + row * HEAD_DIM + channel, (vector_mask & 8) != 0, result);
-        if (lane == 0) closed[row] = position / KPOOL;
+        if (lead) closed[row] = position / KPOOL;
         ++written;
     }
-    if (lane == 0)
+    if (lead)
         for (int w = written; w < pools_per_request; ++w) closed[request * pools_per_request + w] = -1;
 }
