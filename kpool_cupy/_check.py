@@ -42,9 +42,9 @@ def pick_backend(name: str) -> str:
 
 
 def _run_cupy(case: Case) -> np.ndarray:
-    import cupy
+    from ._cupy_backend import _cupy, kpool_compress
 
-    from ._cupy_backend import kpool_compress
+    cupy = _cupy()  # a clear error when CuPy is missing
 
     def device(array: np.ndarray) -> Any:
         # A column slice of a fused buffer stays a strided view on the device too.

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._dtypes import element_dtype
+from ._pools import check_kpool
 from ._sources import kernel_source
 from ._validate import MAX_HEAD_DIM
 from ._variants import COMPRESS_SOURCE, compress_kernel_name
@@ -26,8 +27,7 @@ def check_variant(head_dim: int, kpool: int) -> None:
         or head_dim > MAX_HEAD_DIM
     ):
         raise ValueError(f"Invalid head_dim: expected a positive multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim!r}")
-    if isinstance(kpool, bool) or not isinstance(kpool, int) or kpool < 1:
-        raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
+    check_kpool(kpool)
 
 
 def _nvrtc() -> Any:

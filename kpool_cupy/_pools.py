@@ -7,6 +7,15 @@ from typing import Any
 import numpy as np
 
 from ._arrays import array_module
+from ._dtypes import INDEX_KINDS
+
+
+def check_kpool(kpool: Any) -> None:
+    """An integer (TypeError otherwise) of at least 1 (ValueError otherwise)."""
+    if isinstance(kpool, bool) or not isinstance(kpool, (int, np.integer)):
+        raise TypeError(f"Invalid kpool: expected an integer, got {type(kpool).__name__} {kpool!r}")
+    if kpool < 1:
+        raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
 
 
 def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> Any:
@@ -20,11 +29,12 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
     count. NumPy in, NumPy out; CuPy in, CuPy out, computed on the device
     without a host sync.
     """
-    if isinstance(kpool, bool) or not isinstance(kpool, (int, np.integer)) or kpool < 1:
-        raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
+    check_kpool(kpool)
     for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
-        if not hasattr(array, "dtype") or array.dtype.kind not in "iu":
-            raise TypeError(f"Invalid {name}: expected an integer array, got {getattr(array, 'dtype', type(array))}")
+        if not hasattr(array, "dtype") or np.dtype(array.dtype) not in INDEX_KINDS:
+            raise TypeError(
+                f"Invalid {name}: expected dtype int32, uint32 or int64, got {getattr(array, 'dtype', type(array))}"
+            )
         if array.ndim != 1:
             raise ValueError(f"Invalid {name}: expected a 1-D array, got shape {tuple(array.shape)}")
     if cache_lengths.shape[0] + 1 != input_row_offsets.shape[0]:

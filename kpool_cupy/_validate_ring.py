@@ -181,8 +181,9 @@ def check_tail_update_args(
 
 def check_expand_args(pool_ids: Any, input_row_offsets: Any, cache_lengths: Any, kpool: Any) -> tuple[int, int]:
     """Returns (batch, pool_topk)."""
-    if isinstance(kpool, bool) or not isinstance(kpool, (int, np.integer)) or kpool < 1:
-        raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
+    from ._pools import check_kpool
+
+    check_kpool(kpool)
     require_array("pool_ids", pool_ids)
     if pool_ids.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
         raise dtype_fail("pool_ids", "dtype int32 or int64", pool_ids.dtype)

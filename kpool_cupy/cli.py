@@ -26,16 +26,16 @@ def main() -> None:
     help="auto: cupy with a usable GPU, else emulate with a C++ compiler, else reference.",
 )
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--head-dim", type=int, default=128, show_default=True)
-@click.option("--kpool", type=int, default=4, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--head-dim", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--kpool", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_json: bool) -> None:
     """Run a backend over random ragged batches against the float64 reference."""
     chosen = pick_backend(backend)
     try:
         results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed)
-    except (ValueError, TypeError, RuntimeError) as error:
+    except (ValueError, TypeError, RuntimeError, ImportError) as error:
         raise click.ClickException(str(error)) from error
     ok = all(r.ok for r in results)
     if as_json:
@@ -71,8 +71,8 @@ def info() -> None:
 
 
 @main.command()
-@click.option("--head-dim", type=int, default=128, show_default=True)
-@click.option("--kpool", type=int, default=4, show_default=True)
+@click.option("--head-dim", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--kpool", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--arch", default="sm_90", show_default=True, help="sm_NN: ptxas reports registers for this GPU.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, writable=True), help="Save the PTX here.")
@@ -101,7 +101,9 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) 
 @click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), help="Write all numbers here.")
 @click.option("--plot", "plot_file", type=click.Path(dir_okay=False, writable=True), help="Draw bandwidth here (PNG).")
 @click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
-@click.option("--samples", type=int, default=30, show_default=True, help="Timed samples per implementation.")
+@click.option(
+    "--samples", type=click.IntRange(min=1), default=30, show_default=True, help="Timed samples per implementation."
+)
 @click.option("--skip", multiple=True, help="Implementation to leave out (repeatable), e.g. torch-compile.")
 def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...]) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one)."""

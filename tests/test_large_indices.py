@@ -10,7 +10,7 @@ Index expressions in kernels/kpool_compress.cu, reviewed for width:
 - kpool_compress: pool is long long (blockIdx.x widened before the multiply);
   k + first_row * k_row_stride, gate + first_row * gate_row_stride and
   pooled + pool * pooled_row_stride multiply two long longs; the member step
-  m * k_row_stride promotes int m to long long. channel (< head_dim <= 8192)
+  m * k_row_stride promotes int m to long long. channel (< head_dim <= 4096)
   and the ape offset m * ape_row_stride (long long) cannot overflow.
 """
 

@@ -39,10 +39,18 @@ def test_upstream_case_every_phase():
     np.testing.assert_array_equal(got, [0, 2, 3, 4, 6])
 
 
-@pytest.mark.parametrize("kpool", [0, -1, 2.0, True])
-def test_bad_kpool(kpool):
-    with pytest.raises(ValueError, match="kpool"):
+@pytest.mark.parametrize(("kpool", "error"), [(0, ValueError), (-1, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_bad_kpool(kpool, error):
+    with pytest.raises(error, match=r"^Invalid kpool"):
         pool_row_offsets(np.array([0, 4], np.int32), np.array([0], np.int32), kpool)
+
+
+def test_index_dtypes_are_the_kernels():
+    # int16 and uint64 offsets are refused here as everywhere else.
+    with pytest.raises(TypeError, match=r"^Invalid input_row_offsets"):
+        pool_row_offsets(np.array([0, 4], np.int16), np.array([0], np.int32), 4)
+    with pytest.raises(TypeError, match=r"^Invalid cache_lengths"):
+        pool_row_offsets(np.array([0, 4], np.int32), np.array([0], np.uint64), 4)
 
 
 def test_length_mismatch_names_cache_lengths():

@@ -64,3 +64,22 @@ def test_ring_kernels_do_not_spill(kernel, head_dim, kpool, dtype):
 def test_expand_kernel_does_not_spill():
     report = kernel_ptxas_report(EXPAND_SOURCE, expand_kernel_name(4))
     assert report.spill_stores == 0 and report.stack_bytes == 0, report
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("kpool", [4, 128])
+@pytest.mark.parametrize("kernel", ["kpool_compress", "kpool_ring_close", "kpool_tail_update"])
+def test_largest_accepted_head_dim_fits_one_block_in_registers(kernel, kpool, dtype):
+    # At MAX_HEAD_DIM a pool's threads fill one block on their own; the block's
+    # registers must fit an SM's 65536, or the launch fails with out-of-resources.
+    from kpool_cupy._geometry import launch_geometry
+    from kpool_cupy._validate import MAX_HEAD_DIM
+    from kpool_cupy._variants import COMPRESS_SOURCE, compress_kernel_name
+
+    if kernel == "kpool_compress":
+        source, name = COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, MAX_HEAD_DIM, kpool)
+    else:
+        source, name = RING_SOURCE, ring_kernel_name(kernel, dtype, dtype, MAX_HEAD_DIM, kpool)
+    report = kernel_ptxas_report(source, name)
+    block = launch_geometry(MAX_HEAD_DIM, 1).block
+    assert report.registers * block <= 65536, (report, block)

@@ -42,7 +42,7 @@ def _set(**changes):
 
 
 def _wide(a):
-    a["k"], a["gate"], a["ape"] = (np.zeros((a["k"].shape[0], 8200), BF16),) * 2 + (np.zeros((4, 8200), np.float32),)
+    a["k"], a["gate"], a["ape"] = (np.zeros((a["k"].shape[0], 4104), BF16),) * 2 + (np.zeros((4, 4104), np.float32),)
 
 
 def _read_only_out(a):
