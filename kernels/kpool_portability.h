@@ -28,6 +28,9 @@ __device__ __forceinline__ void kp_store16(void* address, uint4 value) {
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -60,12 +63,24 @@ inline unsigned int kp_float_to_bits(float value) {
     std::memcpy(&bits, &value, sizeof bits);
     return bits;
 }
+// A GPU faults on a misaligned 16-byte access; memcpy would not, so the
+// emulator stops here instead, and a wrong vector_mask cannot pass unseen.
+inline void kp_require_aligned16(const void* address) {
+    if (reinterpret_cast<std::uintptr_t>(address) % 16 != 0) {
+        std::fprintf(stderr, "kpool emulator: misaligned 16-byte access at %p\n", address);
+        std::abort();
+    }
+}
 inline uint4 kp_load16(const void* address) {
+    kp_require_aligned16(address);
     uint4 value;
     std::memcpy(&value, address, sizeof value);
     return value;
 }
-inline void kp_store16(void* address, uint4 value) { std::memcpy(address, &value, sizeof value); }
+inline void kp_store16(void* address, uint4 value) {
+    kp_require_aligned16(address);
+    std::memcpy(address, &value, sizeof value);
+}
 
 // Runs kernel over grid x block, thread by thread. args follows the CUDA
 // driver's convention: args[i] points at the value of parameter i.
@@ -90,6 +105,17 @@ void kp_emulate_grid(void (*kernel)(Params...), dim3 grid, dim3 block, void** ar
 template <typename... Params>
 void kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
     kp_emulate_grid(kernel, grid, block, args, std::index_sequence_for<Params...>{});
+}
+
+// The byte size of each kernel parameter, so the launcher can refuse an
+// argument of the wrong width: the emulator would read it anyway, a GPU
+// launch would shift every argument after it.
+template <typename... Params>
+int kp_param_sizes(void (*)(Params...), unsigned long long* sizes, int capacity) {
+    const unsigned long long all[] = {sizeof(Params)...};
+    const int count = static_cast<int>(sizeof...(Params));
+    for (int i = 0; i < count && i < capacity; ++i) sizes[i] = all[i];
+    return count;
 }
 
 #endif  // __CUDACC__

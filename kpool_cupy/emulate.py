@@ -42,6 +42,7 @@ from ._variants import COMPRESS_SOURCE, compress_kernel_name
 FLAGS_VARIABLE = "KPOOL_CUPY_EMULATE_CXXFLAGS"
 BASE_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-Wno-unknown-pragmas")
 _ENTRY = "kpool_emulate_launch"
+_SIZES = "kpool_emulate_param_sizes"
 
 
 class CompilerNotFoundError(RuntimeError):
@@ -72,11 +73,14 @@ def _compiler_identity(path: str) -> str:
 
 
 def _shim(source_file: str, kernel_name: str) -> str:
-    # The whole kernel text plus one C entry point that runs the grid.
+    # The whole kernel text plus two C entry points: run the grid, and report
+    # the parameters' sizes.
     return (
         kernel_source(source_file)
         + f'\nextern "C" void {_ENTRY}(unsigned int grid, unsigned int block, void** args) {{\n'
         + f"    kp_emulate_launch(&{kernel_name}, dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, args);\n}}\n"
+        + f'extern "C" int {_SIZES}(unsigned long long* sizes, int capacity) {{\n'
+        + f"    return kp_param_sizes(&{kernel_name}, sizes, capacity);\n}}\n"
     )
 
 
@@ -104,6 +108,8 @@ def load_variant(source_file: str, kernel_name: str) -> ctypes.CDLL:
         library = ctypes.CDLL(str(target))
         getattr(library, _ENTRY).argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
         getattr(library, _ENTRY).restype = None
+        getattr(library, _SIZES).argtypes = (ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)
+        getattr(library, _SIZES).restype = ctypes.c_int
         _loaded[key] = library
         return library
 
@@ -136,10 +142,29 @@ def _c_value(value: Any) -> ctypes._SimpleCData:
     raise TypeError(f"no C type for a kernel argument of type {type(value).__name__}")
 
 
+def _check_widths(library: ctypes.CDLL, kernel_name: str, values: list[ctypes._SimpleCData]) -> None:
+    """Refuse arguments whose count or byte widths differ from the kernel's parameters.
+
+    Passing an int64 where the kernel takes an int works on the emulator and
+    shifts every later argument on a GPU: this makes the emulator fail first.
+    """
+    sizes = (ctypes.c_ulonglong * 64)()
+    count = getattr(library, _SIZES)(sizes, 64)
+    if count != len(values):
+        raise TypeError(f"{kernel_name} takes {count} arguments, got {len(values)}")
+    for i, value in enumerate(values):
+        if sizes[i] != ctypes.sizeof(value):
+            raise TypeError(
+                f"{kernel_name} argument {i}: the parameter is {sizes[i]} bytes, got {ctypes.sizeof(value)} "
+                f"({type(value).__name__})"
+            )
+
+
 def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None:
     """Run ``kernel_name`` over ``grid`` x ``block`` threads with CUDA-style arguments."""
     library = load_variant(source_file, kernel_name)
     values = [_c_value(a) for a in args]  # kept alive until the call returns
+    _check_widths(library, kernel_name, values)
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
     getattr(library, _ENTRY)(grid, block, pointers)
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 from model import make_batch
 
@@ -134,3 +135,47 @@ def test_address_sanitizer_control_catches_a_planted_overrun(tmp_path):
     done = _run_sanitized(_OUT_OF_BOUNDS, tmp_path, libasan)
     assert done.returncode != 0
     assert "AddressSanitizer" in done.stderr and "heap-buffer-overflow" in done.stderr, done.stderr[-4000:]
+
+
+def test_an_argument_of_the_wrong_width_is_refused():
+    # np.int64 where the kernel takes an int would shift later arguments on a GPU.
+    import ml_dtypes
+
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    k = np.zeros((8, 16), bf16)
+    index = np.array([0, 8], np.int64)
+    args = [k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
+            index, np.int32(2), index[:1], np.int32(2), np.array([0, 2], np.int64), np.int32(2),
+            np.int64(1), np.int64(8), np.zeros((2, 16), bf16), np.int64(16), np.int64(2), np.int32(0)]  # fmt: skip
+    from kpool_cupy._variants import compress_kernel_name
+
+    name = compress_kernel_name(bf16, bf16, bf16, 16, 4)
+    emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))  # the right widths run
+    args[7] = np.int64(2)  # input_kind is an int
+    with pytest.raises(TypeError, match="argument 7"):
+        emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))
+    with pytest.raises(TypeError, match="takes 18 arguments"):
+        emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args[:-1]))
+
+
+def test_a_wrong_vector_mask_aborts_the_emulator_like_a_gpu_fault(tmp_path):
+    # A 16-byte access at a misaligned address faults on a GPU; the emulator
+    # aborts rather than let memcpy hide it.
+    script = textwrap.dedent(
+        """
+        import numpy as np, ml_dtypes
+        from kpool_cupy import emulate
+        from kpool_cupy._variants import compress_kernel_name
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        holder = np.zeros((8, 20), bf16)
+        k = holder[:, 4:]  # 8 bytes off alignment
+        index = np.array([0, 8], np.int64)
+        args = (k, np.int64(20), k, np.int64(20), np.zeros((4, 16), np.float32), np.int64(16),
+                index, np.int32(2), index[:1], np.int32(2), np.array([0, 2], np.int64), np.int32(2),
+                np.int64(1), np.int64(8), np.zeros((2, 16), bf16), np.int64(16), np.int64(2), np.int32(1))
+        emulate.launch("kpool_compress.cu", compress_kernel_name(bf16, bf16, bf16, 16, 4), 1, 4, args)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "misaligned 16-byte access" in done.stderr
