@@ -152,9 +152,22 @@ def test_ptx_prints_the_counts(tmp_path):
     assert ".entry" in saved.read_text()
 
 
-def test_check_json_is_the_only_stdout():
-    result = CliRunner().invoke(main, ["check", "--backend", "reference", "--json"])
-    json.loads(result.stdout)
+def test_check_json_is_the_only_stdout(tmp_path):
+    # With an empty cache the emulator compiles first; nothing of that may reach stdout.
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "kpool_cupy", "check", "--backend", "emulate", "--json", "--kpool", "3"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["ok"] is True
 
 
 def test_lifecycle_bytes_and_shapes():

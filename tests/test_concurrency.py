@@ -54,20 +54,36 @@ def test_emulator_first_calls_from_threads_build_once(monkeypatch, tmp_path):
 
 
 _BUILD_AND_RUN = """
-import sys
+import os, sys, time
+from pathlib import Path
 import numpy as np
 sys.path.insert(0, {tests!r})
 from model import make_batch
 from kpool_cupy import emulate
+
+# Hold each process at the start of its build until all have reached it, so
+# the builds overlap for certain instead of by luck.
+real_build, gate = emulate._build, Path({gate!r})
+def build_together(*args, **kwargs):
+    (gate / str(os.getpid())).touch()
+    deadline = time.monotonic() + 60
+    while len(list(gate.iterdir())) < {count} and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return real_build(*args, **kwargs)
+emulate._build = build_together
+
 batch = make_batch([9, 13, 5], [0, 3, 6], head_dim=32, kpool=5, seed=4)
 print(emulate.kpool_compress(*batch.args()).view(np.uint16).tobytes().hex())
+print("built together:", len(list(gate.iterdir())) == {count}, file=sys.stderr)
 """
 
 
 @pytest.mark.slow
 def test_two_processes_building_the_same_variant(tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
-    script = _BUILD_AND_RUN.format(tests=str(ROOT / "tests"))
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    script = _BUILD_AND_RUN.format(tests=str(ROOT / "tests"), gate=str(gate), count=3)
     processes = [
         subprocess.Popen(
             [sys.executable, "-c", script], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
@@ -77,8 +93,9 @@ def test_two_processes_building_the_same_variant(tmp_path):
     outputs = [process.communicate(timeout=300) for process in processes]
     for process, (_out, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err
+        assert "built together: True" in err  # all three were inside a build at once
     assert len({out for out, _ in outputs}) == 1
-    cache = tmp_path / "kpool-cupy" / "emulate"
+    cache = tmp_path / "cache" / "kpool-cupy" / "emulate"
     assert len(list(cache.glob("*.so"))) == 1
     assert not list(cache.glob(".*.tmp")), "a private build file was left behind"
 

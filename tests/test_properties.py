@@ -135,8 +135,9 @@ def test_emulate_and_reference_agree(spec):
     batch = build(spec)
     got = emulate.kpool_compress(*batch.args()).astype(np.float64)
     want = reference.kpool_compress(*batch.args()).astype(np.float64)
+    # Each is within (atol, rtol) of the exact value, so of each other within twice that.
     atol, rtol = TOLERANCES[spec["dtype"]]
-    np.testing.assert_allclose(got, want, atol=atol, rtol=rtol)
+    np.testing.assert_allclose(got, want, atol=2 * atol, rtol=2 * rtol)
 
 
 def _call(batch):
