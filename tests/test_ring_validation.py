@@ -52,6 +52,11 @@ def _read_only_tail(a):
     a["tail"].flags.writeable = False
 
 
+def _read_only_closed(a):
+    a["closed"] = np.zeros((2, 1), np.int32)
+    a["closed"].flags.writeable = False
+
+
 MUTATIONS = {
     "tail-dtype": lambda a: a.update(tail=a["tail"].astype(np.float32)),
     "tail-shape": lambda a: a.update(tail=np.zeros((3, 2, 5, 16), BF16)),
@@ -64,8 +69,11 @@ MUTATIONS = {
     "slot-range": lambda a: a.update(slot_idx=np.array([2, 3], np.int32)),
     "slot-repeated": lambda a: a.update(slot_idx=np.array([0, 0], np.int32)),
     "closed-dtype": lambda a: a.update(closed=np.zeros(2, np.int64)),
+    "closed-short": lambda a: a.update(closed=np.zeros(1, np.int32)),
+    "ring-out-rows": lambda a: a.update(out=np.zeros((1, 16), BF16)),
     "pool-id-too-big": lambda a: a.update(cache_lengths=np.array([2, 2**40 + 1], np.int64)),
     "step-rank": lambda a: a.update(k=a["k"][:, 0], gate=a["gate"][:, 0]),
+    "step-gate-dtype": lambda a: a.update(gate=a["gate"].astype(np.float32)),
     "step-head-dim-too-large": lambda a: a.update(
         k=np.zeros((2, 3, 4104), BF16),
         gate=np.zeros((2, 3, 4104), BF16),
@@ -74,13 +82,18 @@ MUTATIONS = {
     ),
     "positions-shape": lambda a: a.update(positions=np.zeros((2, 4), np.int32)),
     "positions-dtype": lambda a: a.update(positions=a["positions"].astype(np.int64)),
+    "positions-noncontiguous": lambda a: a.update(positions=a["positions"][:, ::-1]),
     "positions-below-padding": lambda a: a.update(positions=np.array([[5, 6, 7], [9, -2, -1]], np.int32)),
     "positions-too-many-closes": lambda a: a.update(positions=np.array([[3, 7, 11], [9, 10, -1]], np.int32)),
     "step-out-shape": lambda a: a.update(out=np.zeros((2, 0, 16), BF16)),
     "step-closed-shape": lambda a: a.update(closed=np.zeros(2, np.int32)),
+    "step-out-dtype": lambda a: a.update(out=np.zeros((2, 1, 16), np.float16)),
+    "closed-read-only": _read_only_closed,
     "pool-ids-dtype": lambda a: a.update(pool_ids=a["pool_ids"].astype(np.float32)),
     "pool-ids-rank": lambda a: a.update(pool_ids=a["pool_ids"][:, 0]),
+    "pool-ids-noncontiguous": lambda a: a.update(pool_ids=np.asfortranarray(a["pool_ids"])),
     "expand-kpool": lambda a: a.update(kpool=0),
+    "expand-kpool-type": lambda a: a.update(kpool=4.0),
     "expand-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 5, 10], np.int32)),
 }
 
@@ -128,7 +141,8 @@ def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
 
     args = good(function)
     MUTATIONS[row_id](args)
-    if row_id in ("tail-noncontiguous", "tail-read-only"):
+    if row_id in ("tail-noncontiguous", "tail-read-only", "closed-read-only", "positions-noncontiguous",
+                  "pool-ids-noncontiguous"):  # fmt: skip
         pytest.skip("CuPy copies a strided host array contiguous and has no read-only arrays")
     device = {name: cupy.asarray(v) if isinstance(v, np.ndarray) else v for name, v in args.items()}
     with pytest.raises(ERRORS[error], match=rf"^Invalid {argument}: expected .+, got .+"):

@@ -50,12 +50,20 @@ def _read_only_out(a):
     a["out"].flags.writeable = False
 
 
+def _device_array(a):
+    class OtherFrameworkArray:  # has array metadata but is not a NumPy array
+        shape, dtype, strides, ndim = (15, 128), BF16, (256, 2), 2
+
+    a["k"] = OtherFrameworkArray()
+
+
 def _narrow(a):
     a["k"], a["gate"], a["ape"] = a["k"][:, :12], a["gate"][:, :12], a["ape"][:, :12]
 
 
 MUTATIONS = {
     "k-not-array": _set(k=lambda a: a["k"].tolist()),
+    "k-device-array-on-cpu": _device_array,
     "k-rank": _set(k=lambda a: a["k"][None]),
     "k-dtype": _set(k=lambda a: a["k"].astype(np.int16)),
     "k-last-dim": _set(k=lambda a: np.asfortranarray(a["k"])),
@@ -65,9 +73,12 @@ MUTATIONS = {
     "k-head-dim-too-large": _wide,
     "gate-shape": _set(gate=lambda a: a["gate"][:-1]),
     "gate-dtype": _set(gate=lambda a: a["gate"].astype(np.float64)),
+    "gate-last-dim": _set(gate=lambda a: np.asfortranarray(a["gate"])),
     "ape-dtype": _set(ape=lambda a: a["ape"].astype(np.float16)),
     "ape-kpool-zero": _set(ape=lambda a: a["ape"][:0]),
     "ape-width": _set(ape=lambda a: a["ape"][:, :-8]),
+    "ape-rank": _set(ape=lambda a: a["ape"][0]),
+    "ape-last-dim": _set(ape=lambda a: np.asfortranarray(a["ape"])),
     "input_row_offsets-dtype": _set(input_row_offsets=lambda a: a["input_row_offsets"].astype(np.float32)),
     "input_row_offsets-rank": _set(input_row_offsets=lambda a: a["input_row_offsets"][None]),
     "input_row_offsets-strided": _set(input_row_offsets=lambda a: np.repeat(a["input_row_offsets"], 2)[::2]),
@@ -77,16 +88,20 @@ MUTATIONS = {
     "input_row_offsets-end": _set(input_row_offsets=lambda a: np.array([0, 9, 14], np.int32)),
     "cache_lengths-length": _set(cache_lengths=lambda a: np.zeros(3, np.int32)),
     "cache_lengths-dtype": _set(cache_lengths=lambda a: a["cache_lengths"].astype(np.int16)),
+    "cache_lengths-rank": _set(cache_lengths=lambda a: a["cache_lengths"][None]),
+    "cache_lengths-strided": _set(cache_lengths=lambda a: np.repeat(a["cache_lengths"], 2)[::2]),
     "cache_lengths-negative": _set(cache_lengths=lambda a: np.array([0, -1], np.int32)),
     "cache_lengths-huge": _set(cache_lengths=lambda a: np.array([0, 2**62], np.int64)),
     "pool_row_offsets-length": _set(pool_row_offsets=lambda a: np.array([0, 2], np.int64)),
     "pool_row_offsets-dtype": _set(pool_row_offsets=lambda a: np.array([0, 2, 3], np.float64)),
+    "pool_row_offsets-rank": _set(pool_row_offsets=lambda a: np.array([[0, 2, 3]], np.int64)),
     "pool_row_offsets-mismatch": _set(pool_row_offsets=lambda a: np.array([0, 2, 4], np.int64)),
     "out-rows": _set(out=lambda a: np.empty((2, 128), BF16)),
     "out-width": _set(out=lambda a: np.empty((3, 64), BF16)),
     "out-dtype": _set(out=lambda a: np.empty((3, 128), np.float16)),
     "out-rank": _set(out=lambda a: np.empty(3 * 128, BF16)),
     "out-read-only": _read_only_out,
+    "out-last-dim": _set(out=lambda a: np.asfortranarray(np.empty((3, 128), BF16))),
     "out-overlapping": _set(
         out=lambda a: np.lib.stride_tricks.as_strided(np.zeros((1, 128), BF16), (3, 128), (0, 2), writeable=True)
     ),
