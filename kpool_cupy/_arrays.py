@@ -21,6 +21,22 @@ def array_module(array: Any) -> types.ModuleType:
     return np
 
 
+class HostArrays:
+    """Where the CPU backends keep arrays: NumPy, so a "host copy" is the array itself."""
+
+    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
+        return [np.asarray(a) for a in arrays]
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+
 def data_pointer(array: Any) -> int:
     """Address of the first element of a NumPy or CuPy array (views included)."""
     if is_cupy_array(array):

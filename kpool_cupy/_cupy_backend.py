@@ -143,7 +143,9 @@ def resolve_stream(stream: Any) -> Any:
     return cupy.cuda.Stream.from_external(_external_stream(stream))
 
 
-class _CupyBackend:
+class CupyArrays:
+    """Where the GPU path keeps arrays: CuPy, on one device."""
+
     def __init__(self, cupy: Any, device_id: int) -> None:
         self.cupy = cupy
         self.device_id = device_id
@@ -157,9 +159,14 @@ class _CupyBackend:
     def from_host(self, array: np.ndarray) -> Any:
         return self.cupy.asarray(array)
 
-    def empty(self, shape: tuple[int, int], dtype: np.dtype) -> Any:
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self.cupy.zeros(shape, dtype=dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
         return self.cupy.empty(shape, dtype=dtype)
 
+
+class _CupyBackend(CupyArrays):
     def pool(self, call: CompressCall, slots: int, arrays: tuple[Any, ...], out: Any) -> None:
         name = compress_kernel_name(call.k_dtype, call.gate_dtype, call.out_dtype, call.head_dim, call.kpool)
         geometry = launch_geometry(call.head_dim, slots)

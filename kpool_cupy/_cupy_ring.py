@@ -4,27 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from ._cupy_backend import _CupyBackend, kernel_function, on_device
+from ._cupy_backend import CupyArrays, kernel_function, on_device
 from ._geometry import LaunchGeometry
 from ._ring_driver import KernelRingBackend, run_expand_topk, run_ring_close, run_seed_tail, run_tail_update
 
 
-class _CupyRing(KernelRingBackend):
-    def __init__(self, cupy: Any, device_id: int) -> None:
-        self.arrays = _CupyBackend(cupy, device_id)
-        self.cupy, self.device_id = cupy, device_id
-
-    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        return self.arrays.host_copies(arrays)
-
-    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        return self.cupy.zeros(shape, dtype=dtype)
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-        return self.cupy.empty(shape, dtype=dtype)
-
+class _CupyRing(CupyArrays, KernelRingBackend):
     def launch(self, source: str, name: str, geometry: LaunchGeometry, args: tuple[Any, ...]) -> None:
         kernel_function(source, name, self.device_id)((geometry.grid,), (geometry.block,), args)
 

@@ -9,21 +9,13 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import HostArrays
 from ._geometry import LaunchGeometry
 from ._ring_driver import KernelRingBackend, run_expand_topk, run_ring_close, run_seed_tail, run_tail_update
 from ._validate import check_host_arrays
 
 
-class _EmulatedRing(KernelRingBackend):
-    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        return [np.asarray(a) for a in arrays]
-
-    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.zeros(shape, dtype=dtype)
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
-
+class _EmulatedRing(HostArrays, KernelRingBackend):
     def launch(self, source: str, name: str, geometry: LaunchGeometry, args: tuple[Any, ...]) -> None:
         from . import emulate
 

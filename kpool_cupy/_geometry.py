@@ -16,7 +16,6 @@ TARGET_THREADS_PER_BLOCK = 256
 class LaunchGeometry:
     grid: int
     block: int
-    pools_per_block: int
 
 
 def launch_geometry(head_dim: int, pool_slots: int) -> LaunchGeometry:
@@ -28,7 +27,7 @@ def launch_geometry(head_dim: int, pool_slots: int) -> LaunchGeometry:
     lanes = head_dim // CHANNELS_PER_THREAD
     pools_per_block = max(1, TARGET_THREADS_PER_BLOCK // lanes)
     grid = -(-pool_slots // pools_per_block)
-    return LaunchGeometry(grid=grid, block=lanes * pools_per_block, pools_per_block=pools_per_block)
+    return LaunchGeometry(grid=grid, block=lanes * pools_per_block)
 
 
 def pool_slots(total_pools: int | None, total_tokens: int, kpool: int, out_rows: int) -> int:
@@ -44,6 +43,4 @@ def pool_slots(total_pools: int | None, total_tokens: int, kpool: int, out_rows:
 
 def flat_geometry(elements: int) -> LaunchGeometry:
     """One thread per element, in blocks of TARGET_THREADS_PER_BLOCK (expand top-k)."""
-    return LaunchGeometry(
-        grid=-(-elements // TARGET_THREADS_PER_BLOCK), block=TARGET_THREADS_PER_BLOCK, pools_per_block=0
-    )
+    return LaunchGeometry(grid=-(-elements // TARGET_THREADS_PER_BLOCK), block=TARGET_THREADS_PER_BLOCK)

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import HostArrays
 from ._ring_driver import run_expand_topk, run_ring_close, run_seed_tail, run_tail_update
 from ._validate import check_host_arrays
 from ._validate_ring import INT32_MAX, RingCall
@@ -38,16 +39,7 @@ def _requests(call: RingCall, input_row_offsets, cache_lengths, slot_idx):
     return begin, end, cached, slots, usable
 
 
-class _ReferenceRing:
-    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        return [np.asarray(a) for a in arrays]
-
-    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.zeros(shape, dtype=dtype)
-
-    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
-
+class _ReferenceRing(HostArrays):
     def ring_close(self, call: RingCall, arrays: tuple[Any, ...], out: np.ndarray, closed: np.ndarray) -> None:
         tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx = arrays
         begin, end, cached, slots, usable = _requests(call, input_row_offsets, cache_lengths, slot_idx)

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import HostArrays
 from ._driver import run_compress
 from ._geometry import launch_geometry
 from ._launch import compress_arguments
@@ -169,16 +170,7 @@ def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tupl
     getattr(library, _ENTRY)(grid, block, pointers)
 
 
-class _EmulatedBackend:
-    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        return [np.asarray(a) for a in arrays]
-
-    def from_host(self, array: np.ndarray) -> np.ndarray:
-        return array
-
-    def empty(self, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
-
+class _EmulatedBackend(HostArrays):
     def pool(self, call: CompressCall, slots: int, arrays: tuple[Any, ...], out: np.ndarray) -> None:
         name = compress_kernel_name(call.k_dtype, call.gate_dtype, call.out_dtype, call.head_dim, call.kpool)
         geometry = launch_geometry(call.head_dim, slots)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ._arrays import HostArrays
 from ._driver import run_compress
 from ._reference_ring import kpool_expand_topk, kpool_ring_close, kpool_seed_tail, kpool_tail_update
 from ._validate import CompressCall, check_host_arrays
@@ -76,18 +77,9 @@ def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulat
         return (weights * keys.astype(acc)).sum(axis=1) / weights.sum(axis=1)
 
 
-class _ReferenceBackend:
+class _ReferenceBackend(HostArrays):
     def __init__(self, accumulate: type[np.floating]) -> None:
         self.accumulate = accumulate
-
-    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        return [np.asarray(a) for a in arrays]
-
-    def from_host(self, array: np.ndarray) -> np.ndarray:
-        return array
-
-    def empty(self, shape: tuple[int, int], dtype: np.dtype) -> np.ndarray:
-        return np.empty(shape, dtype=dtype)
 
     def pool(self, call: CompressCall, slots: int, arrays: tuple[Any, ...], out: np.ndarray) -> None:
         k, gate, ape, input_row_offsets, cache_lengths, pools = arrays
