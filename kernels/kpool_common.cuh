@@ -29,6 +29,15 @@ struct fp16 {
 // elements are one 16-byte vector.
 enum : int { kChannelsPerThread = 8 };
 
+// The codes a launcher passes, mirrored in kpool_cupy/kernel/codes.py (a test
+// reads this header and compares).
+//
+// IndexKind: the element type of an offsets, lengths or ids array.
+enum IndexKind : int { kIndexInt32 = 0, kIndexUint32 = 1, kIndexInt64 = 2 };
+// VectorAccess: bits of a kernel's vector_mask, one per operand whose rows
+// the launcher found 16-byte aligned (base address and every stepped stride).
+enum VectorAccess : int { kVectorK = 1, kVectorGate = 2, kVectorApe = 4, kVectorOut = 8, kVectorTail = 16 };
+
 __device__ __forceinline__ float to_float(float value) { return value; }
 __device__ __forceinline__ float to_float(bf16 value) {
     return kp_bits_to_float(static_cast<unsigned int>(value.bits) << 16);
@@ -188,11 +197,38 @@ __device__ __forceinline__ bool thread_group(long long* group, int* channel) {
 }
 
 // Offsets and lengths arrive as int32, uint32 or int64; `kind` says which
-// (0, 1, 2) and every read widens to a signed 64-bit value.
+// and every read widens to a signed 64-bit value.
 __device__ __forceinline__ long long load_index(const void* array, int kind, long long i) {
-    if (kind == 0) return static_cast<const int*>(array)[i];
-    if (kind == 1) return static_cast<const unsigned int*>(array)[i];
+    if (kind == kIndexInt32) return static_cast<const int*>(array)[i];
+    if (kind == kIndexUint32) return static_cast<const unsigned int*>(array)[i];
     return static_cast<const long long*>(array)[i];
+}
+
+// The request that owns `item`: the last b in [0, batch) with
+// offsets[b] <= item, by binary search (0 when none is). Offsets may be
+// garbage when the caller skipped validation: the answer is always in
+// [0, batch), and the caller checks the request before using it.
+__device__ __forceinline__ long long find_request(const void* offsets, int kind, long long batch, long long item) {
+    long long lo = 0, hi = batch - 1;  // invariant: the answer is in [lo, hi]
+    while (lo < hi) {
+        const long long mid = lo + (hi - lo + 1) / 2;
+        if (load_index(offsets, kind, mid) <= item)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+// The request's token rows and cached length, checked before any use: false
+// when the row range is not inside [0, total_tokens) or the length negative.
+__device__ __forceinline__ bool request_rows(const void* input_row_offsets, int input_kind, const void* cache_lengths,
+                                             int cache_kind, long long request, long long total_tokens,
+                                             long long* row_begin, long long* row_end, long long* cached) {
+    *row_begin = load_index(input_row_offsets, input_kind, request);
+    *row_end = load_index(input_row_offsets, input_kind, request + 1);
+    *cached = load_index(cache_lengths, cache_kind, request);
+    return *row_begin >= 0 && *row_end <= total_tokens && *row_begin <= *row_end && *cached >= 0;
 }
 
 // One pooled channel as a streaming softmax over the members in order: the

@@ -13,36 +13,27 @@ namespace kp {
 
 // Finds the first token row of `pool` and whether the pool may be written.
 //
-// The pool's request is the last b with pool_row_offsets[b] <= pool, found by
-// binary search. Its members are kpool consecutive rows starting after the
-// `align` leading tokens that complete a pool opened by the cached prefix.
-// Every value read here may be garbage when the caller skipped validation, so
-// each step is checked before it is used to form an address: a pool whose
-// members are not all inside its request's rows and [0, total_tokens) is not
-// written at all.
+// The pool's request is the last b with pool_row_offsets[b] <= pool. Its
+// members are kpool consecutive rows starting after the `align` leading
+// tokens that complete a pool opened by the cached prefix. Every value read
+// here may be garbage when the caller skipped validation, so each step is
+// checked before it is used to form an address: a pool whose members are not
+// all inside its request's rows and [0, total_tokens) is not written at all.
 template <int KPOOL>
 __device__ __forceinline__ bool locate_pool(long long pool, const void* input_row_offsets, int input_kind,
                                             const void* cache_lengths, int cache_kind,
                                             const void* pool_row_offsets, int pool_kind, long long batch,
                                             long long total_tokens, long long* first_row) {
-    long long lo = 0, hi = batch - 1;  // invariant: the answer is in [lo, hi]
-    while (lo < hi) {
-        const long long mid = lo + (hi - lo + 1) / 2;
-        if (load_index(pool_row_offsets, pool_kind, mid) <= pool)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const long long request = lo;
+    const long long request = find_request(pool_row_offsets, pool_kind, batch, pool);
     const long long pool_begin = load_index(pool_row_offsets, pool_kind, request);
     const long long pool_end = load_index(pool_row_offsets, pool_kind, request + 1);
     // pool_begin >= 0 keeps pool - pool_begin from overflowing below.
     if (pool_begin < 0 || pool < pool_begin || pool >= pool_end) return false;
 
-    const long long row_begin = load_index(input_row_offsets, input_kind, request);
-    const long long row_end = load_index(input_row_offsets, input_kind, request + 1);
-    const long long cached = load_index(cache_lengths, cache_kind, request);
-    if (row_begin < 0 || row_end > total_tokens || row_begin > row_end || cached < 0) return false;
+    long long row_begin, row_end, cached;
+    if (!request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens, &row_begin,
+                      &row_end, &cached))
+        return false;
 
     const long long local_pool = pool - pool_begin;  // >= 0, and bounded below before it scales
     if (local_pool > (row_end - row_begin) / KPOOL) return false;
@@ -65,7 +56,7 @@ __device__ __forceinline__ bool locate_pool(long long pool, const void* input_ro
 // this same kernel one thread at a time. All row arithmetic is 64-bit, since
 // rows times stride passes 2^31 on long prompts.
 //
-// vector_mask: bit 0 k, bit 1 gate, bit 2 ape, bit 3 out may use 16-byte access.
+// vector_mask: kp::VectorAccess bits of k, gate, ape and pooled.
 template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL>
 __global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
                                long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
@@ -92,13 +83,13 @@ __global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride,
     // Members of a located pool all exist, so nothing below is masked.
     const KT* k_member = k + first_row * k_row_stride + channel;
     const GT* gate_member = gate + first_row * gate_row_stride + channel;
-    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2;
+    const bool k_vector = vector_mask & kp::kVectorK, gate_vector = vector_mask & kp::kVectorGate;
     float result[kp::kChannelsPerThread];
     kp::pool8<KPOOL>(
         [&](int m, float(&keys)[kp::kChannelsPerThread], float(&logits)[kp::kChannelsPerThread]) {
             kp::load8(k_member + m * k_row_stride, k_vector, keys);
             kp::load8(gate_member + m * gate_row_stride, gate_vector, logits);
         },
-        ape + channel, ape_row_stride, (vector_mask & 4) != 0, result);
-    kp::store8(pooled + pool * pooled_row_stride + channel, (vector_mask & 8) != 0, result);
+        ape + channel, ape_row_stride, (vector_mask & kp::kVectorApe) != 0, result);
+    kp::store8(pooled + pool * pooled_row_stride + channel, (vector_mask & kp::kVectorOut) != 0, result);
 }

@@ -27,18 +27,11 @@ __global__ void kpool_expand_topk(const void* __restrict__ pool_ids, int pool_id
         const long long first = pool >= 0 && pool <= (2147483647LL - (KPOOL - 1)) / KPOOL ? pool * KPOOL : -1;
         value = first < 0 ? -1 : first + column % KPOOL;
     } else if (batch > 0) {
-        long long lo = 0, hi = batch - 1;  // the last request whose rows start at or before token
-        while (lo < hi) {
-            const long long mid = lo + (hi - lo + 1) / 2;
-            if (kp::load_index(input_row_offsets, input_kind, mid) <= token)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
-        const long long row_begin = kp::load_index(input_row_offsets, input_kind, lo);
-        const long long row_end = kp::load_index(input_row_offsets, input_kind, lo + 1);
-        const long long cached = kp::load_index(cache_lengths, cache_kind, lo);
-        if (row_begin >= 0 && row_begin <= token && token < row_end && cached >= 0 && cached < (1LL << 62)) {
+        const long long request = kp::find_request(input_row_offsets, input_kind, batch, token);
+        long long row_begin, row_end, cached;
+        if (kp::request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens,
+                             &row_begin, &row_end, &cached) &&
+            row_begin <= token && token < row_end && cached < (1LL << 62)) {
             const long long visible = cached + (token - row_begin) + 1;
             const long long count = visible % KPOOL, i = column - pool_topk * KPOOL;
             value = i < count ? visible - count + i : -1;

@@ -71,14 +71,19 @@ inline void kp_require_aligned16(const void* address) {
         std::abort();
     }
 }
+// 16-byte accesses of the launch running on this host thread, so a test can
+// tell that the vector path ran where alignment allows it.
+inline thread_local unsigned long long kp_vector_accesses = 0;
 inline uint4 kp_load16(const void* address) {
     kp_require_aligned16(address);
+    ++kp_vector_accesses;
     uint4 value;
     std::memcpy(&value, address, sizeof value);
     return value;
 }
 inline void kp_store16(void* address, uint4 value) {
     kp_require_aligned16(address);
+    ++kp_vector_accesses;
     std::memcpy(address, &value, sizeof value);
 }
 
@@ -102,9 +107,12 @@ void kp_emulate_grid(void (*kernel)(Params...), dim3 grid, dim3 block, void** ar
             }
 }
 
+// Runs the launch and returns how many 16-byte accesses it made.
 template <typename... Params>
-void kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
+unsigned long long kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
+    kp_vector_accesses = 0;
     kp_emulate_grid(kernel, grid, block, args, std::index_sequence_for<Params...>{});
+    return kp_vector_accesses;
 }
 
 // The byte size of each kernel parameter, so the launcher can refuse an

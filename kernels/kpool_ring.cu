@@ -22,17 +22,6 @@ __device__ __forceinline__ long long ring_offset(long long slot, int which, long
     return ((slot * 2 + which) * KPOOL + position) * HEAD_DIM;
 }
 
-// The request's token rows and cached length, checked before any use: false
-// when the row range is not inside [0, total_tokens) or the length negative.
-__device__ __forceinline__ bool request_rows(const void* input_row_offsets, int input_kind, const void* cache_lengths,
-                                             int cache_kind, long long request, long long total_tokens,
-                                             long long* row_begin, long long* row_end, long long* cached) {
-    *row_begin = load_index(input_row_offsets, input_kind, request);
-    *row_end = load_index(input_row_offsets, input_kind, request + 1);
-    *cached = load_index(cache_lengths, cache_kind, request);
-    return *row_begin >= 0 && *row_end <= total_tokens && *row_begin <= *row_end && *cached >= 0;
-}
-
 }  // namespace kp
 
 // Closes each request's pending pool c / KPOOL when the call completes it:
@@ -40,7 +29,7 @@ __device__ __forceinline__ bool request_rows(const void* input_row_offsets, int 
 // closed[b] is the pool id, or -1 and pooled row b is left alone. Reads the
 // ring, never writes it.
 //
-// vector_mask: bit 0 k, bit 1 gate, bit 2 ape, bit 3 pooled, bit 4 tail.
+// vector_mask: kp::VectorAccess bits of k, gate, ape, pooled and tail.
 template <typename T, typename OT, int HEAD_DIM, int KPOOL>
 __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
                                  long long k_row_stride, const T* __restrict__ gate, long long gate_row_stride,
@@ -66,7 +55,8 @@ __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots
     if (lead) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
     if (!closes) return;
 
-    const bool k_vector = vector_mask & 1, gate_vector = vector_mask & 2, tail_vector = vector_mask & 16;
+    const bool k_vector = vector_mask & kp::kVectorK, gate_vector = vector_mask & kp::kVectorGate;
+    const bool tail_vector = vector_mask & kp::kVectorTail;
     float result[kp::kChannelsPerThread];
     kp::pool8<KPOOL>(
         [&](int m, float(&keys)[kp::kChannelsPerThread], float(&logits)[kp::kChannelsPerThread]) {
@@ -79,8 +69,8 @@ __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots
                 kp::load8(gate + row * gate_row_stride + channel, gate_vector, logits);
             }
         },
-        ape + channel, ape_row_stride, (vector_mask & 4) != 0, result);
-    kp::store8(pooled + request * pooled_row_stride + channel, (vector_mask & 8) != 0, result);
+        ape + channel, ape_row_stride, (vector_mask & kp::kVectorApe) != 0, result);
+    kp::store8(pooled + request * pooled_row_stride + channel, (vector_mask & kp::kVectorOut) != 0, result);
 }
 
 // Stashes each request's trailing tokens, positions
@@ -88,7 +78,7 @@ __global__ void kpool_ring_close(const T* __restrict__ tail, long long max_slots
 // pos % KPOOL of its slot: the start of the pool the next call completes.
 // At most KPOOL - 1 tokens per request.
 //
-// vector_mask: bit 0 k, bit 1 gate, bit 4 tail.
+// vector_mask: kp::VectorAccess bits of k, gate and tail.
 template <typename T, int HEAD_DIM, int KPOOL>
 __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
                                 long long k_row_stride, const T* __restrict__ gate, long long gate_row_stride,
@@ -111,14 +101,14 @@ __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const
     const long long pool_start = (end / KPOOL) * KPOOL;
     const long long start = pool_start > cached ? pool_start : cached;
 
-    const bool tail_vector = vector_mask & 16;
+    const bool tail_vector = vector_mask & kp::kVectorTail;
     for (long long position = start; position < end; ++position) {  // fewer than KPOOL iterations
         const long long row = row_begin + (position - cached);
         const long long ring_position = position % KPOOL;
         kp::copy8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, ring_position) + channel, tail_vector,
-                  k + row * k_row_stride + channel, (vector_mask & 1) != 0);
+                  k + row * k_row_stride + channel, (vector_mask & kp::kVectorK) != 0);
         kp::copy8(tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, ring_position) + channel, tail_vector,
-                  gate + row * gate_row_stride + channel, (vector_mask & 2) != 0);
+                  gate + row * gate_row_stride + channel, (vector_mask & kp::kVectorGate) != 0);
     }
 }
 
@@ -131,7 +121,7 @@ __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const
 // padded with -1 and the matching pooled rows are left alone. A padding
 // token touches nothing.
 //
-// vector_mask: bit 0 k, bit 1 gate, bit 2 ape, bit 3 pooled, bit 4 tail.
+// vector_mask: kp::VectorAccess bits of k, gate, ape, pooled and tail.
 template <typename T, typename OT, int HEAD_DIM, int KPOOL>
 __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
                                   long long k_request_stride, long long k_token_stride, const T* __restrict__ gate,
@@ -148,7 +138,7 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
 
     const long long slot = kp::load_index(slot_idx, slot_kind, request);
     const bool slot_ok = slot >= 0 && slot < max_slots;
-    const bool tail_vector = vector_mask & 16, ape_vector = vector_mask & 4;
+    const bool tail_vector = vector_mask & kp::kVectorTail, ape_vector = vector_mask & kp::kVectorApe;
     T* const keys_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, 0) : 0) + channel;
     T* const gates_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, 0) : 0) + channel;
     int written = 0;
@@ -157,9 +147,10 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
         if (position < 0) continue;  // padding: the ring stays byte-identical
         const int ring_position = position % KPOOL;
         kp::copy8(keys_ring + ring_position * HEAD_DIM, tail_vector,
-                  k + request * k_request_stride + t * k_token_stride + channel, (vector_mask & 1) != 0);
+                  k + request * k_request_stride + t * k_token_stride + channel, (vector_mask & kp::kVectorK) != 0);
         kp::copy8(gates_ring + ring_position * HEAD_DIM, tail_vector,
-                  gate + request * gate_request_stride + t * gate_token_stride + channel, (vector_mask & 2) != 0);
+                  gate + request * gate_request_stride + t * gate_token_stride + channel,
+                  (vector_mask & kp::kVectorGate) != 0);
         if (ring_position != KPOOL - 1 || written >= pools_per_request) continue;
 
         // Ring positions 0 .. KPOOL - 1 of these 8 channels were written by
@@ -172,7 +163,7 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
             },
             ape + channel, ape_row_stride, ape_vector, result);
         const long long row = request * pools_per_request + written;
-        kp::store8(pooled + row * HEAD_DIM + channel, (vector_mask & 8) != 0, result);
+        kp::store8(pooled + row * HEAD_DIM + channel, (vector_mask & kp::kVectorOut) != 0, result);
         if (lead) closed[row] = position / KPOOL;
         ++written;
     }

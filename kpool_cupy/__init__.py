@@ -7,6 +7,9 @@
 ``kpool_compress`` runs on the GPU through CuPy; ``reference.kpool_compress``
 (NumPy) and ``emulate.kpool_compress`` (the CUDA source run on the CPU) take the
 same arguments on host arrays. Importing the package needs no CuPy.
+
+Every op is described once in ``kpool_cupy.ops``; the functions here are
+bound from those descriptions to the GPU backend (``kpool_cupy.backends``).
 """
 
 from __future__ import annotations
@@ -14,10 +17,15 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError, version
 
 from . import emulate, reference
-from ._cupy_backend import kpool_compress
-from ._cupy_ring import kpool_expand_topk, kpool_ring_close, kpool_seed_tail, kpool_tail_update
-from ._nvrtc import compile_ptx
-from ._pools import pool_row_offsets
+from .backends.cupy import BINDING as _GPU
+from .ops import COMPRESS, EXPAND_TOPK, RING_CLOSE, SEED_TAIL, TAIL_UPDATE
+from .ops.binding import bind
+from .pool_offsets import pool_row_offsets
+from .tools.nvrtc import compile_ptx
+
+kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = (
+    bind(spec, _GPU) for spec in (COMPRESS, RING_CLOSE, SEED_TAIL, TAIL_UPDATE, EXPAND_TOPK)
+)
 
 try:
     __version__ = version("kpool-cupy")

@@ -7,8 +7,8 @@ import sys
 
 import click
 
-from ._check import BACKENDS, pick_backend, run_check
-from ._dtypes import element_dtype
+from .dtypes import element_dtype
+from .tools.self_check import BACKENDS, pick_backend, run_check
 
 
 @click.group()
@@ -62,7 +62,7 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
 @main.command()
 def info() -> None:
     """Versions, the GPU (or why none is usable), NVRTC, the emulator's compiler and the caches."""
-    from ._info import machine_facts
+    from .tools.info import machine_facts
 
     facts = machine_facts()
     width = max(len(name) for name, _ in facts)
@@ -78,7 +78,7 @@ def info() -> None:
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, writable=True), help="Save the PTX here.")
 def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) -> None:
     """Compile one variant through NVRTC (no GPU needed) and report its memory path."""
-    from ._ptx_report import summarize
+    from .tools.ptx_report import summarize
 
     try:
         summary = summarize(head_dim, kpool, dtype, arch)
@@ -107,7 +107,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) 
 @click.option("--skip", multiple=True, help="Implementation to leave out (repeatable), e.g. torch-compile.")
 def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...]) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one)."""
-    from ._check import gpu_status
+    from .backends.cupy import gpu_status
 
     usable, why = gpu_status()
     if not usable:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kpool_cupy._check import gpu_status
+from kpool_cupy.backends.cupy import gpu_status
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -160,10 +160,14 @@ def test_float32_out(backend, dtype):
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 def test_no_pools_returns_empty_without_launch(backend, monkeypatch):
+    from kpool_cupy.backends.emulate import EmulateBackend
+    from kpool_cupy.backends.reference import ReferenceBackend
+
     def no_launch(*args, **kwargs):
         raise AssertionError("launched a kernel for zero pools")
 
-    monkeypatch.setattr(emulate, "launch", no_launch)
+    monkeypatch.setattr(EmulateBackend, "launch", no_launch)
+    monkeypatch.setattr(ReferenceBackend, "launch", no_launch)
     batch = make_batch([3, 2], [0, 1], kpool=4)
     got = BACKENDS[backend](*batch.args())
     assert got.shape == (0, 128) and got.dtype == BF16

@@ -13,14 +13,14 @@ from click.testing import CliRunner
 from model import BF16, assert_close_to_model, make_batch, standard_lengths
 
 from kpool_cupy import emulate, pool_row_offsets, reference
-from kpool_cupy._check import gpu_status
-from kpool_cupy._variants import BASELINE_SOURCE, baseline_kernel_name
+from kpool_cupy.backends.cupy import gpu_status
 from kpool_cupy.bench.impls import composite_pool
 from kpool_cupy.bench.inputs import first_member_rows
 from kpool_cupy.bench.report import plot, table
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep
 from kpool_cupy.bench.stats import bandwidth_gbps, fraction_of, input_sets, summarize_times
 from kpool_cupy.cli import main
+from kpool_cupy.kernel.names import BASELINE_SOURCE, baseline_kernel_name
 
 
 def test_minimum_bytes_counts_members_once_and_the_output_once():
@@ -62,7 +62,7 @@ def test_first_member_rows_match_the_reference_mapping():
     shape = BenchShape("m", "mixed", (13, 0, 7, 9, 4), (0, 3, 2, 5, 4), 8, 4)
     offsets = np.concatenate([[0], np.cumsum(shape.lengths)]).astype(np.int64)
     cache = np.asarray(shape.cache, np.int64)
-    from kpool_cupy._validate import CompressCall
+    from kpool_cupy.ops.compress import CompressCall
 
     call = CompressCall(8, 4, shape.requests, shape.tokens, BF16, BF16, BF16)
     pools = pool_row_offsets(offsets, cache, 4)

@@ -13,6 +13,7 @@ import pytest
 from model import BF16, assert_close_to_model, make_batch
 
 from kpool_cupy import emulate
+from kpool_cupy.emulator import toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,13 +38,13 @@ def test_emulator_first_calls_from_threads_build_once(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKPOOL_THREAD_TEST=1")  # a key no earlier test loaded
     builds = []
-    real_build = emulate._build
+    real_build = toolchain._build
 
     def counting_build(*args, **kwargs):
         builds.append(threading.get_ident())
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(emulate, "_build", counting_build)
+    monkeypatch.setattr(toolchain, "_build", counting_build)
     batch = make_batch([9, 13, 5], [0, 3, 6], head_dim=24, kpool=3, seed=4)
     want = batch.model()
     results = _in_threads(8, lambda i: emulate.kpool_compress(*batch.args()))
@@ -60,17 +61,18 @@ import numpy as np
 sys.path.insert(0, {tests!r})
 from model import make_batch
 from kpool_cupy import emulate
+from kpool_cupy.emulator import toolchain
 
 # Hold each process at the start of its build until all have reached it, so
 # the builds overlap for certain instead of by luck.
-real_build, gate = emulate._build, Path({gate!r})
+real_build, gate = toolchain._build, Path({gate!r})
 def build_together(*args, **kwargs):
     (gate / str(os.getpid())).touch()
     deadline = time.monotonic() + 60
     while len(list(gate.iterdir())) < {count} and time.monotonic() < deadline:
         time.sleep(0.01)
     return real_build(*args, **kwargs)
-emulate._build = build_together
+toolchain._build = build_together
 
 batch = make_batch([9, 13, 5], [0, 3, 6], head_dim=32, kpool=5, seed=4)
 print(emulate.kpool_compress(*batch.args()).view(np.uint16).tobytes().hex())
@@ -105,7 +107,7 @@ def test_gpu_first_calls_from_threads_compile_once(monkeypatch):
     import cupy
 
     import kpool_cupy
-    from kpool_cupy import _cupy_backend
+    from kpool_cupy.backends import cupy as cupy_backend
 
     modules = []
     real_module = cupy.RawModule
@@ -115,7 +117,7 @@ def test_gpu_first_calls_from_threads_compile_once(monkeypatch):
         return real_module(*args, **kwargs)
 
     monkeypatch.setattr(cupy, "RawModule", counting_module)
-    monkeypatch.setattr(_cupy_backend, "_kernels", {})
+    monkeypatch.setattr(cupy_backend, "_kernels", {})
     batch = make_batch([9, 13, 5], [0, 3, 6], head_dim=40, kpool=3, seed=4)
     device = [cupy.asarray(a) for a in batch.args()]
     results = _in_threads(8, lambda i: cupy.asnumpy(kpool_cupy.kpool_compress(*device)))

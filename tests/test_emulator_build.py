@@ -52,7 +52,7 @@ _SANITIZED_RUN = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from model import make_batch
     from kpool_cupy import emulate
-    from kpool_cupy._variants import compress_kernel_name
+    from kpool_cupy.kernel.names import compress_kernel_name
 
     batch = make_batch([13, 0, 7, 9], [0, 3, 2, 5], head_dim=16, kpool=3, seed=1)
     emulate.kpool_compress(*batch.args())
@@ -67,7 +67,7 @@ _SANITIZED_RUN = textwrap.dedent(
         runpy.run_path({runner!r}, run_name="__main__")
     except SystemExit as done:
         assert done.code == 0, done.code
-    from kpool_cupy._variants import ring_kernel_name
+    from kpool_cupy.kernel.names import ring_kernel_name
     name = compress_kernel_name(batch.k.dtype, batch.k.dtype, batch.k.dtype, 16, 3)
     ring = ring_kernel_name("kpool_tail_update", batch.k.dtype, batch.k.dtype, 16, 3)
     libraries = [emulate.load_variant("kpool_compress.cu", name), emulate.load_variant("kpool_ring.cu", ring)]
@@ -107,7 +107,7 @@ _OUT_OF_BOUNDS = textwrap.dedent(
     """
     import numpy as np
     from kpool_cupy import emulate
-    from kpool_cupy._variants import compress_kernel_name
+    from kpool_cupy.kernel.names import compress_kernel_name
     import ml_dtypes
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
@@ -147,7 +147,7 @@ def test_an_argument_of_the_wrong_width_is_refused():
     args = [k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
             index, np.int32(2), index[:1], np.int32(2), np.array([0, 2], np.int64), np.int32(2),
             np.int64(1), np.int64(8), np.zeros((2, 16), bf16), np.int64(16), np.int64(2), np.int32(0)]  # fmt: skip
-    from kpool_cupy._variants import compress_kernel_name
+    from kpool_cupy.kernel.names import compress_kernel_name
 
     name = compress_kernel_name(bf16, bf16, bf16, 16, 4)
     emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))  # the right widths run
@@ -165,7 +165,7 @@ def test_a_wrong_vector_mask_aborts_the_emulator_like_a_gpu_fault(tmp_path):
         """
         import numpy as np, ml_dtypes
         from kpool_cupy import emulate
-        from kpool_cupy._variants import compress_kernel_name
+        from kpool_cupy.kernel.names import compress_kernel_name
         bf16 = np.dtype(ml_dtypes.bfloat16)
         holder = np.zeros((8, 20), bf16)
         k = holder[:, 4:]  # 8 bytes off alignment

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kpool_cupy._sources import kernel_source, kernels_dir
+from kpool_cupy.kernel.sources import kernel_source, kernels_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,6 +21,13 @@ def test_source_is_self_contained_with_line_markers():
     assert '#line 1 "kernels/kpool_compress.cu"' in text
     assert '#line 1 "kernels/kpool_common.cuh"' in text and "struct PoolChannel" in text
     assert '#include "' not in text
+
+
+def test_a_source_in_a_subfolder_includes_relative_to_itself():
+    # The benchmark's baseline sits in kernels/bench/ and includes "../kpool_common.cuh".
+    text = kernel_source("bench/kpool_compress_baseline.cu")
+    assert '#line 1 "kernels/bench/kpool_compress_baseline.cu"' in text
+    assert '#line 1 "kernels/kpool_common.cuh"' in text and '#include "' not in text
 
 
 def test_checkout_finds_kernels():
@@ -38,15 +45,17 @@ def test_wheel_carries_the_kernels(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = tmp_path.glob("kpool_cupy-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    sources = sorted(p.name for p in (ROOT / "kernels").iterdir() if p.suffix in (".cu", ".cuh", ".h"))
-    assert len(sources) >= 6  # compress, ring, expand, baseline, common, portability
+    kernels = ROOT / "kernels"
+    sources = sorted(p.relative_to(kernels).as_posix() for p in kernels.rglob("*") if p.suffix in (".cu", ".cuh", ".h"))
+    assert len(sources) >= 6  # compress, ring, expand, common, portability, and the benchmark's baseline
+    assert "bench/kpool_compress_baseline.cu" in sources
     for required in [f"kpool_cupy/kernels/{name}" for name in sources] + ["kpool_cupy/py.typed"]:
         assert required in names, sorted(names)
     # Installed from the wheel (unpacked away from the checkout), the package
     # finds its kernels inside itself.
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
-    script = "from kpool_cupy._sources import kernels_dir; print(kernels_dir())"
+    script = "from kpool_cupy.kernel.sources import kernels_dir; print(kernels_dir())"
     env = {**os.environ, "PYTHONPATH": str(site)}
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert found.stdout.strip() == str(site / "kpool_cupy" / "kernels"), found.stderr

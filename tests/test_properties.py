@@ -141,6 +141,6 @@ def test_emulate_and_reference_agree(spec):
 
 
 def _call(batch):
-    from kpool_cupy._validate import check_compress_args
+    from kpool_cupy.ops.compress import check_compress_args
 
     return check_compress_args(batch.k, batch.gate, batch.ape, batch.input_row_offsets, batch.cache_lengths, None, None)

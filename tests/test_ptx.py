@@ -11,8 +11,8 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compile_ptx needs C
 from model import BF16, F32
 
 from kpool_cupy import compile_ptx
-from kpool_cupy._nvrtc import kernel_ptxas_report, ptxas_report
-from kpool_cupy._variants import EXPAND_SOURCE, RING_SOURCE, expand_kernel_name, ring_kernel_name
+from kpool_cupy.kernel.names import EXPAND_SOURCE, RING_SOURCE, expand_kernel_name, ring_kernel_name
+from kpool_cupy.tools.nvrtc import kernel_ptxas_report, ptxas_report
 
 VECTOR_LOAD = re.compile(r"ld\.global(?:\.nc)?\.v4\.(?:u32|b32|f32)")
 VECTOR_STORE = re.compile(r"st\.global\.v4\.(?:u32|b32|f32)")
@@ -72,14 +72,14 @@ def test_expand_kernel_does_not_spill():
 def test_largest_accepted_head_dim_fits_one_block_in_registers(kernel, kpool, dtype):
     # At MAX_HEAD_DIM a pool's threads fill one block on their own; the block's
     # registers must fit an SM's 65536, or the launch fails with out-of-resources.
-    from kpool_cupy._geometry import launch_geometry
-    from kpool_cupy._validate import MAX_HEAD_DIM
-    from kpool_cupy._variants import COMPRESS_SOURCE, compress_kernel_name
+    from kpool_cupy.kernel.geometry import group_geometry
+    from kpool_cupy.kernel.names import COMPRESS_SOURCE, compress_kernel_name
+    from kpool_cupy.ops.checks import MAX_HEAD_DIM
 
     if kernel == "kpool_compress":
         source, name = COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, MAX_HEAD_DIM, kpool)
     else:
         source, name = RING_SOURCE, ring_kernel_name(kernel, dtype, dtype, MAX_HEAD_DIM, kpool)
     report = kernel_ptxas_report(source, name)
-    block = launch_geometry(MAX_HEAD_DIM, 1).block
+    block = group_geometry(MAX_HEAD_DIM, 1).block
     assert report.registers * block <= 65536, (report, block)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .._dtypes import element_dtype
-from .._variants import BASELINE_SOURCE, baseline_kernel_name
+from ..dtypes import element_dtype
+from ..kernel.names import BASELINE_SOURCE, baseline_kernel_name
 from .inputs import InputSet
 from .shapes import BenchShape
 
@@ -19,11 +19,11 @@ Runner = Callable[[int], Any]
 
 
 def kpool_cupy_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
-    from .._cupy_backend import kpool_compress
+    import kpool_cupy
 
     def run(i: int) -> Any:
         s = sets[i]
-        return kpool_compress(
+        return kpool_cupy.kpool_compress(
             s.k,
             s.gate,
             s.ape,
@@ -40,7 +40,7 @@ def kpool_cupy_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
 def upstream_geometry_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
     import numpy as np
 
-    from .._cupy_backend import kernel_function
+    from ..backends.cupy import kernel_function
 
     if shape.head_dim > 1024:
         return "one thread per channel cannot exceed 1024 threads per block"

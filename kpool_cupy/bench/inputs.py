@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import element_dtype
-from .._pools import pool_row_offsets
+from ..dtypes import element_dtype
+from ..pool_offsets import pool_row_offsets
 from .shapes import BenchShape
 
 

@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .._dtypes import element_dtype
-from .run import MEMORY_BUDGET
-from .stats import bandwidth_gbps, fraction_of, input_sets, summarize_times
+from ..dtypes import element_dtype
+from .stats import MEMORY_BUDGET, bandwidth_gbps, fraction_of, input_sets, summarize_times
 from .timing import copy_runner, device_times
 
 POOL_TOPK = 512  # the indexer's selection width of the upstream suite (2048 expanded columns at kpool 4)

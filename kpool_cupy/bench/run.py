@@ -9,11 +9,10 @@ import numpy as np
 
 from .impls import IMPLEMENTATIONS
 from .inputs import make_input_sets
+from .lifecycle import run_lifecycle
 from .shapes import BenchShape, minimum_bytes
-from .stats import bandwidth_gbps, fraction_of, input_sets, summarize_times
+from .stats import MEMORY_BUDGET, bandwidth_gbps, fraction_of, input_sets, summarize_times
 from .timing import copy_runner, device_times, graph_replay_milliseconds, host_call_microseconds
-
-MEMORY_BUDGET = 8 * 2**30  # input sets of one shape; far below an H100/H200's memory
 
 
 def _max_abs_diff(got: Any, want: Any) -> float:
@@ -71,7 +70,7 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
 
 def host_costs(shape: BenchShape) -> dict[str, float]:
     """Python-side cost of one kpool_compress call, validate on and off, and a CUDA-graph replay."""
-    from .._cupy_backend import kpool_compress
+    from kpool_cupy import kpool_compress
 
     (s,) = make_input_sets(shape, 1)
     args = (s.k, s.gate, s.ape, s.input_row_offsets, s.cache_lengths)
@@ -94,8 +93,6 @@ def run_sweep(
     progress: Callable[[Iterable[BenchShape]], Any],
     quick: bool = False,
 ) -> dict[str, Any]:
-    from .lifecycle import run_lifecycle  # imports this module: keep it local
-
     records = []
     with progress(shapes) as bar:
         for shape in bar:

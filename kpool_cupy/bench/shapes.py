@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._dtypes import element_dtype
-from .._pools import pool_row_offsets
+from ..dtypes import element_dtype
+from ..pool_offsets import pool_row_offsets
 
 
 @dataclass(frozen=True)

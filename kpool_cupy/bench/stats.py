@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+MEMORY_BUDGET = 8 * 2**30  # input sets of one shape; far below an H100/H200's memory
+
 
 def summarize_times(milliseconds: Sequence[float]) -> dict[str, float]:
     """Median and spread of per-call device times in milliseconds."""

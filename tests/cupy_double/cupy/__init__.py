@@ -118,22 +118,19 @@ def get_default_memory_pool() -> _MemoryPool:
 
 
 class RawModule:
-    """Compiles nothing: get_function returns a launcher of the emulated kernel."""
+    """Compiles nothing: get_function returns a launcher of the emulated kernel built from the same text."""
 
     def __init__(self, code: str, options=(), name_expressions=()) -> None:
-        from kpool_cupy._sources import kernel_source
-
-        sources = ("kpool_compress.cu", "kpool_ring.cu", "kpool_expand.cu", "kpool_compress_baseline.cu")
-        self.source = next(s for s in sources if kernel_source(s) == code)
+        self.code = code
 
     def get_function(self, name: str):
-        source = self.source
+        code = self.code
 
         def launch(grid, block, args, shared_mem=0) -> None:
-            from kpool_cupy import emulate
+            from kpool_cupy.emulator.launch import launch_code
 
             def run() -> None:
-                emulate.launch(source, name, int(grid[0]), int(block[0]), args)
+                launch_code(code, name, int(grid[0]), int(block[0]), args)
 
             cuda._launch(run)
 

@@ -1,0 +1,92 @@
+"""The GPU backend: CuPy arrays on one device, each launch a CuPy RawModule function.
+
+CuPy is imported on first use, so ``import kpool_cupy`` works without it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from ..kernel.sources import NVRTC_OPTIONS, kernel_source
+from ..ops.binding import Binding
+from ..ops.spec import Launch, OpSpec, Option
+from .cupy_arrays import import_cupy, on_device
+
+_kernel_lock = threading.Lock()
+_kernels: dict[tuple[str, str, int], Any] = {}
+
+
+def kernel_function(source: str, name: str, device_id: int) -> Any:
+    """The loaded kernel ``name`` of kernels/``source`` on ``device_id``, compiled once per process.
+
+    The lock makes concurrent first calls compile and load once; across
+    processes CuPy's disk cache (keyed by the full source text) does the rest.
+    """
+    cupy = import_cupy()
+    with _kernel_lock:
+        function = _kernels.get((source, name, device_id))
+        if function is None:
+            with cupy.cuda.Device(device_id):
+                module = cupy.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS, name_expressions=(name,))
+                function = module.get_function(name)
+            _kernels[(source, name, device_id)] = function
+        return function
+
+
+class CupyBackend:
+    """Where the GPU path keeps arrays: CuPy, on one device; launches go to the current stream."""
+
+    def __init__(self, cupy: Any, device_id: int) -> None:
+        self.cupy = cupy
+        self.device_id = device_id
+
+    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
+        # One device-to-host copy for all of them.
+        joined = self.cupy.concatenate([a.astype(self.cupy.int64) for a in arrays]).get()
+        ends = np.cumsum([a.shape[0] for a in arrays])
+        return np.split(joined, ends[:-1])
+
+    def from_host(self, array: np.ndarray) -> Any:
+        return self.cupy.asarray(array)
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self.cupy.zeros(shape, dtype=dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        return self.cupy.empty(shape, dtype=dtype)
+
+    def launch(self, launch: Launch) -> None:
+        kernel = kernel_function(launch.source, launch.instance, self.device_id)
+        kernel((launch.geometry.grid,), (launch.geometry.block,), launch.arguments)
+
+
+def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
+    names = tuple(o.name for o in spec.operands)
+    with on_device(names, arrays, extras["stream"]) as (cupy, device_id, placed):
+        return spec.run(CupyBackend(cupy, device_id), placed, **options)
+
+
+BINDING = Binding(
+    name="cupy",
+    module="kpool_cupy",
+    array="Any",
+    optional_array="Any",
+    options=(Option("stream", "Any", None),),
+    call=_call,
+)
+
+
+def gpu_status() -> tuple[bool, str]:
+    """Whether CuPy has a usable CUDA device, and if not, why."""
+    try:
+        import cupy
+    except ImportError as error:
+        return False, f"CuPy is not installed ({error})"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # CuPy raises its own CUDA error types here
+        return False, f"no usable CUDA device ({type(error).__name__}: {error})"
+    return (count > 0), ("ok" if count > 0 else "CUDA reports no device")

@@ -1,0 +1,143 @@
+"""CUDA arrays and streams from any framework, as CuPy: the GPU backend's argument placement.
+
+Every check here touches no device, so a bad call fails the same way on a
+machine without one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+# DLPack device types whose memory a CUDA kernel may touch: CUDA, CUDA managed.
+_DLPACK_CUDA_DEVICES = (2, 13)
+
+
+def import_cupy() -> Any:
+    """CuPy, or a clear RuntimeError saying how to install it."""
+    try:
+        import cupy
+    except ImportError as error:
+        raise RuntimeError(
+            "kpool_cupy.kpool_compress needs CuPy: install kpool-cupy[cuda12] or kpool-cupy[cuda13], "
+            "or use kpool_cupy.reference / kpool_cupy.emulate on host arrays"
+        ) from error
+    return cupy
+
+
+def _host_array_error(name: str, array: Any) -> TypeError:
+    kind = f"{type(array).__module__}.{type(array).__name__}"
+    return TypeError(
+        f"Invalid {name}: expected a CUDA array (CuPy, or an object with __dlpack__ or __cuda_array_interface__ "
+        f"on a GPU), got host array {kind}; host arrays go to kpool_cupy.reference.kpool_compress "
+        "or kpool_cupy.emulate.kpool_compress"
+    )
+
+
+def check_device_array(name: str, array: Any) -> None:
+    """TypeError unless ``array`` is None or a CUDA array; touches no device, so it runs first."""
+    if array is None:
+        return
+    cupy = import_cupy()
+    if isinstance(array, cupy.ndarray):
+        return
+    if isinstance(array, np.ndarray):
+        raise _host_array_error(name, array)
+    if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
+        device_type, _ = array.__dlpack_device__()
+        if int(device_type) not in _DLPACK_CUDA_DEVICES:
+            raise _host_array_error(name, array)
+        return
+    if not hasattr(array, "__cuda_array_interface__"):
+        raise TypeError(
+            f"Invalid {name}: expected a CUDA array (CuPy, __dlpack__ or __cuda_array_interface__), "
+            f"got {type(array).__module__}.{type(array).__name__}"
+        )
+
+
+def device_of(array: Any) -> int:
+    """The CUDA device id of a CUDA array from any framework, without converting it."""
+    cupy = import_cupy()
+    if isinstance(array, cupy.ndarray):
+        return int(array.device.id)
+    if hasattr(array, "__dlpack_device__"):
+        return int(array.__dlpack_device__()[1])
+    pointer = array.__cuda_array_interface__["data"][0]
+    return int(cupy.cuda.runtime.pointerGetAttributes(pointer).device)
+
+
+def as_device_array(name: str, array: Any) -> Any:
+    """A zero-copy CuPy view of a CUDA array from any framework, or a TypeError."""
+    check_device_array(name, array)
+    if array is None:
+        return None
+    cupy = import_cupy()
+    if isinstance(array, cupy.ndarray):
+        return array
+    if hasattr(array, "__dlpack__"):
+        return cupy.from_dlpack(array)
+    return cupy.asarray(array)
+
+
+class _RawStreamHandle:
+    """A raw cudaStream_t seen through the CUDA stream protocol."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
+def _external_stream(stream: Any) -> Any:
+    """The stream-protocol object for a foreign stream, or a TypeError; touches no device."""
+    if hasattr(stream, "__cuda_stream__"):
+        return stream
+    if hasattr(stream, "cuda_stream"):  # torch.cuda.Stream and friends
+        return _RawStreamHandle(int(stream.cuda_stream))
+    if isinstance(stream, (int, np.integer)) and not isinstance(stream, bool):
+        return _RawStreamHandle(int(stream))
+    raise TypeError(
+        "Invalid stream: expected a cupy.cuda.Stream, a raw stream handle (int), or an object with "
+        f"__cuda_stream__ or .cuda_stream, got {type(stream).__module__}.{type(stream).__name__}"
+    )
+
+
+def resolve_stream(stream: Any) -> Any:
+    """A CuPy stream for a CuPy stream, a raw handle, ``__cuda_stream__`` or ``.cuda_stream``."""
+    cupy = import_cupy()
+    if stream is None:
+        return cupy.cuda.get_current_stream()
+    if isinstance(stream, cupy.cuda.Stream):
+        return stream
+    return cupy.cuda.Stream.from_external(_external_stream(stream))
+
+
+@contextlib.contextmanager
+def on_device(
+    names: tuple[str, ...], given: tuple[Any, ...], stream: Any
+) -> Iterator[tuple[Any, int, tuple[Any, ...]]]:
+    """Check, convert and place the arrays of one GPU call; yields (cupy, device id, CuPy views in order).
+
+    Type errors come first, before any CUDA call, so a bad call fails the same
+    way on a machine without a device. The launch goes to the first array's
+    device, entered before the stream is wrapped (a foreign stream is bound to
+    the device current when it is wrapped); every other array must be there.
+    """
+    cupy = import_cupy()
+    if stream is not None and not isinstance(stream, cupy.cuda.Stream):
+        _external_stream(stream)
+    for name, array in zip(names, given, strict=True):
+        check_device_array(name, array)
+    first = names[0]
+    device_id = device_of(given[0])
+    with cupy.cuda.Device(device_id), resolve_stream(stream):
+        arrays = tuple(as_device_array(name, array) for name, array in zip(names, given, strict=True))
+        for name, array in zip(names, arrays, strict=True):
+            if array is not None and array.device.id != device_id:
+                where = f"device {array.device.id}"
+                raise ValueError(f"Invalid {name}: expected an array on device {device_id} like {first}, got {where}")
+        yield cupy, device_id, arrays

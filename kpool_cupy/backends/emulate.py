@@ -1,0 +1,17 @@
+"""The emulate backend: host arrays, each launch run by the CPU emulator on the kernel's own CUDA source."""
+
+from __future__ import annotations
+
+from ..emulator import launch as emulator
+from ..ops.spec import Launch
+from .host import HostMemory, host_binding
+
+
+class EmulateBackend(HostMemory):
+    def launch(self, launch: Launch) -> None:
+        geometry = launch.geometry
+        emulator.launch(launch.source, launch.instance, geometry.grid, geometry.block, launch.arguments)
+
+
+_BACKEND = EmulateBackend()
+BINDING = host_binding("emulate", lambda extras: _BACKEND)

@@ -1,0 +1,48 @@
+"""Host memory, shared by the two CPU backends (emulate and reference)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..ops.binding import Binding
+from ..ops.spec import Backend, OpSpec
+
+
+class HostMemory:
+    """Where the CPU backends keep arrays: NumPy, so a "host copy" is the array itself."""
+
+    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
+        return [np.asarray(a) for a in arrays]
+
+    def from_host(self, array: np.ndarray) -> np.ndarray:
+        return array
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.zeros(shape, dtype=dtype)
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        return np.empty(shape, dtype=dtype)
+
+
+def check_host_arrays(backend: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:
+    """The CPU backends take NumPy arrays; name the first argument that is not one."""
+    for name, array in zip(names, arrays, strict=True):
+        if array is not None and not isinstance(array, np.ndarray):
+            raise TypeError(
+                f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type(array).__module__}."
+                f"{type(array).__name__} (device arrays go to kpool_cupy.kpool_compress)"
+            )
+
+
+def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Binding:
+    """The binding of a CPU backend: NumPy arrays only, then the op's call flow on ``backend(extras)``."""
+
+    def call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
+        chosen = backend(extras)  # checks the backend's own options first
+        check_host_arrays(name, tuple(o.name for o in spec.operands), arrays)
+        return spec.run(chosen, arrays, **options)
+
+    return Binding(name, f"kpool_cupy.{name}", "np.ndarray", "np.ndarray | None", (), call)

@@ -1,0 +1,199 @@
+"""Each kernel written in NumPy: what the reference backend runs for a launch.
+
+One function per kernel of kernels/, taking the ``Launch`` an op built (its
+call record, its operands and the work items its grid covers). Vectorized
+over pools, requests and tokens; the only loops run over ring positions
+(fewer than kpool) and over a decode step's next_n tokens, which must be
+walked in order. Every pool is reduced by ``pool_members``, so the reference
+agrees with itself bit for bit across the lifecycle. The same bounds checks
+as the kernels make garbage inputs with ``validate=False`` touch nothing
+outside the arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import INT32_MAX
+from ..ops.spec import Launch
+
+FLOAT32 = np.float32  # the kernels' arithmetic
+
+
+def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any):
+    """First member row of each pool in [0, count) and whether it may be written.
+
+    The same search and the same checks as ``kp::locate_pool`` in
+    kernels/kpool_compress.cu, so garbage offsets with ``validate=False`` index
+    nothing outside ``k`` here either. ``call`` needs ``batch``,
+    ``total_tokens`` and ``kpool``.
+    """
+    pool = np.arange(count, dtype=np.int64)
+    pools = np.asarray(pool_row_offsets).astype(np.int64)
+    offsets = np.asarray(input_row_offsets).astype(np.int64)
+    cached = np.asarray(cache_lengths).astype(np.int64)
+    if call.batch == 0:
+        return pool, np.zeros(count, dtype=bool)
+    # The largest b with pools[b] <= pool; on sorted offsets this is the binary search's answer.
+    request = np.clip(np.searchsorted(pools[: call.batch], pool, side="right") - 1, 0, call.batch - 1)
+    begin, end = pools[request], pools[request + 1]
+    row_begin, row_end = offsets[request], offsets[request + 1]
+    ok = (begin >= 0) & (pool >= begin) & (pool < end) & (pool < pools[call.batch])
+    ok &= (row_begin >= 0) & (row_end <= call.total_tokens) & (row_begin <= row_end) & (cached[request] >= 0)
+    local = np.where(ok, pool - begin, 0)
+    ok &= local <= (row_end - row_begin) // call.kpool
+    phase = np.where(ok, cached[request], 0) % call.kpool
+    first = row_begin + np.where(phase == 0, 0, call.kpool - phase) + np.where(ok, local, 0) * call.kpool
+    ok &= first + call.kpool <= row_end
+    return np.where(ok, first, 0), ok
+
+
+def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]) -> np.ndarray:
+    """Pooled keys ``[pools, head_dim]`` from members ``[pools, kpool, head_dim]``, unrounded.
+
+    The one pooling function of the reference: every kernel here calls it, so
+    the reference agrees with itself bit for bit.
+    """
+    acc = accumulate
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        logits = gates.astype(acc) + ape.astype(acc)[None]
+        peak = logits.max(axis=1, keepdims=True)
+        # A logit equal to the maximum weighs exactly 1 (so all -inf gives the
+        # members' mean, like the kernel's PoolChannel), the rest exp(l - max).
+        weights = np.where(logits == peak, acc(1), np.exp(logits - peak))
+        return (weights * keys.astype(acc)).sum(axis=1) / weights.sum(axis=1)
+
+
+def compress(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_compress``: every pool the grid covers, checked as the kernel checks it."""
+    call, o = launch.call, launch.operands
+    out = o["out"]
+    first, ok = member_rows(
+        call,
+        min(launch.geometry.items, out.shape[0]),
+        o["input_row_offsets"],
+        o["cache_lengths"],
+        o["pool_row_offsets"],
+    )
+    rows = first[ok][:, None] + np.arange(call.kpool)  # [pools, kpool]
+    pooled = pool_members(o["k"][rows], o["gate"][rows], o["ape"], accumulate)
+    with np.errstate(over="ignore"):
+        out[np.flatnonzero(ok)] = pooled.astype(out.dtype)
+
+
+def _requests(call: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any):
+    """Per request: row range, cached length, slot, and whether all of them are usable."""
+    offsets = np.asarray(input_row_offsets).astype(np.int64)
+    cached = np.asarray(cache_lengths).astype(np.int64)
+    slots = np.asarray(slot_idx).astype(np.int64)
+    begin, end = offsets[:-1], offsets[1:]
+    usable = (begin >= 0) & (end <= call.total_tokens) & (begin <= end) & (cached >= 0)
+    usable &= (slots >= 0) & (slots < call.max_slots)
+    return begin, end, cached, slots, usable
+
+
+def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
+    call, o = launch.call, launch.operands
+    tail, k, gate, ape, out, closed = (o[name] for name in ("tail", "k", "gate", "ape", "out", "closed"))
+    begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
+    kpool = call.kpool
+    phase = np.where(usable, cached, 0) % kpool
+    closes = usable & (phase != 0) & (end - begin >= kpool - phase) & (cached // kpool <= INT32_MAX)
+    closed[: call.batch] = np.where(closes, cached // kpool, -1)
+    chosen = np.flatnonzero(closes)
+    members = np.arange(kpool)
+    from_ring = members[None] < phase[chosen][:, None]  # [closing, kpool]
+    rows = np.where(from_ring, 0, begin[chosen][:, None] + members - phase[chosen][:, None])
+    keys = np.where(from_ring[..., None], tail[slots[chosen], 0], k[rows])
+    gates = np.where(from_ring[..., None], tail[slots[chosen], 1], gate[rows])
+    with np.errstate(over="ignore"):
+        out[chosen] = pool_members(keys, gates, ape, accumulate).astype(out.dtype)
+
+
+def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_seed_tail``: each request's trailing tokens into its ring."""
+    call, o = launch.call, launch.operands
+    tail, k, gate = o["tail"], o["k"], o["gate"]
+    begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
+    usable &= cached <= np.iinfo(np.int64).max - (end - begin)  # c + n must not wrap
+    last = cached + np.where(usable, end - begin, 0)
+    start = np.maximum(last // call.kpool * call.kpool, cached)
+    for step in range(call.kpool - 1):  # at most kpool - 1 trailing tokens per request
+        position = start + step
+        active = np.flatnonzero(usable & (position < last))
+        rows = begin[active] + position[active] - cached[active]
+        ring = position[active] % call.kpool
+        tail[slots[active], 0, ring] = k[rows]
+        tail[slots[active], 1, ring] = gate[rows]
+
+
+def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_tail_update``: each request's step tokens in order, into its ring, closing pools."""
+    call, o = launch.call, launch.operands
+    tail, k, gate, ape, positions, out, closed = (
+        o[name] for name in ("tail", "k", "gate", "ape", "positions", "out", "closed")
+    )
+    slots = np.asarray(o["slot_idx"]).astype(np.int64)
+    slot_ok = (slots >= 0) & (slots < call.max_slots)
+    written = np.zeros(call.requests, dtype=np.int64)
+    closed[...] = -1
+    for t in range(call.next_n):  # a step's tokens, in order
+        position = positions[:, t].astype(np.int64)
+        real = np.flatnonzero(slot_ok & (position >= 0))  # padding touches nothing
+        ring = position[real] % call.kpool
+        tail[slots[real], 0, ring] = k[real, t]
+        tail[slots[real], 1, ring] = gate[real, t]
+        closing = real[(ring == call.kpool - 1) & (written[real] < call.pools_per_request)]
+        if closing.size:
+            pooled = pool_members(tail[slots[closing], 0], tail[slots[closing], 1], ape, accumulate)
+            with np.errstate(over="ignore"):
+                out[closing, written[closing]] = pooled.astype(out.dtype)
+            closed[closing, written[closing]] = position[closing] // call.kpool
+            written[closing] += 1
+
+
+def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_expand_topk``: every element of positions, as its kernel thread computes it."""
+    call, o = launch.call, launch.operands
+    pool_ids, positions = o["pool_ids"], o["positions"]
+    pool_topk, kpool, batch = call.pool_topk, call.kpool, call.batch
+    tokens = positions.shape[0]
+    ids = pool_ids.astype(np.int64)
+    fits = (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)  # the last position included
+    first = np.where(fits, ids * kpool, -1)[..., None]
+    expanded = np.where(first >= 0, first + np.arange(kpool), -1).reshape(tokens, pool_topk * kpool)
+    positions[:, : pool_topk * kpool] = expanded
+    extra = positions.shape[1] - pool_topk * kpool
+    if extra == 0:
+        return
+    if batch == 0:
+        positions[:, pool_topk * kpool :] = -1
+        return
+    offsets = np.asarray(o["input_row_offsets"]).astype(np.int64)
+    cached = np.asarray(o["cache_lengths"]).astype(np.int64)
+    token = np.arange(tokens)
+    request = np.clip(np.searchsorted(offsets[:batch], token, side="right") - 1, 0, batch - 1)
+    begin, end, c = offsets[request], offsets[request + 1], cached[request]
+    # kp::request_rows's checks, then the token inside its request.
+    known = (begin >= 0) & (end <= tokens) & (begin <= end) & (c >= 0)
+    known &= (begin <= token) & (token < end) & (c < 2**62)
+    visible = np.where(known, c + token - begin + 1, 0)
+    count = visible % kpool
+    column = np.arange(extra)
+    tail_positions = np.where(column < count[:, None], (visible - count)[:, None] + column, -1)
+    tail_positions = np.where(known[:, None] & (tail_positions <= INT32_MAX), tail_positions, -1)
+    positions[:, pool_topk * kpool :] = tail_positions
+
+
+# The NumPy kernel of each kernel template, by the name a Launch carries.
+KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
+    "kpool_compress": compress,
+    "kpool_ring_close": ring_close,
+    "kpool_seed_tail": seed_tail,
+    "kpool_tail_update": tail_update,
+    "kpool_expand_topk": expand_topk,
+}

@@ -1,0 +1,47 @@
+"""The element and index dtypes the kernels accept, and their C++ spellings."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+FLOAT16 = np.dtype(np.float16)
+FLOAT32 = np.dtype(np.float32)
+
+# Storage type of each element dtype in kernels/kpool_common.cuh.
+ELEMENT_CTYPES: dict[np.dtype, str] = {
+    BFLOAT16: "kp::bf16",
+    FLOAT16: "kp::fp16",
+    FLOAT32: "float",
+}
+
+# The offsets, lengths and ids dtypes the kernels read (kernel/codes.py has
+# the code each is passed by).
+INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64))
+INT32 = np.dtype(np.int32)
+INT32_MAX = 2**31 - 1
+
+_NAMES = {"bfloat16": BFLOAT16, "bf16": BFLOAT16, "float16": FLOAT16, "fp16": FLOAT16, "float32": FLOAT32}
+
+
+def element_dtype(dtype: object) -> np.dtype:
+    """Return the NumPy dtype for an element dtype given by name or dtype-like.
+
+    CuPy reports bfloat16 arrays with the ml_dtypes dtype, so one mapping
+    serves NumPy and CuPy arrays alike.
+    """
+    if isinstance(dtype, str) and dtype in _NAMES:
+        return _NAMES[dtype]
+    try:
+        resolved = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as error:
+        raise TypeError(f"Invalid dtype: expected one of bfloat16, float16, float32, got {dtype!r}") from error
+    if resolved not in ELEMENT_CTYPES:
+        raise TypeError(f"Invalid dtype: expected one of bfloat16, float16, float32, got {resolved}")
+    return resolved
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    """Short name used in messages and variant keys."""
+    return "bfloat16" if dtype == BFLOAT16 else str(dtype)

@@ -1,0 +1,85 @@
+"""Launching an emulated kernel: CUDA-style arguments through ctypes, widths checked, launches recorded."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..kernel.sources import kernel_source
+from .toolchain import ENTRY, SIZES, load_code
+
+
+@dataclass(frozen=True)
+class EmulatedLaunch:
+    """What one emulated launch did, as ``recording()`` lists it."""
+
+    kernel_name: str
+    grid: int
+    block: int
+    vector_accesses: int  # 16-byte loads and stores the kernel made
+
+
+_records = threading.local()
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[list[EmulatedLaunch]]:
+    """Collect the launches this thread makes inside the block (for tests: did the 16-byte path run?)."""
+    launches: list[EmulatedLaunch] = []
+    previous = getattr(_records, "launches", None)
+    _records.launches = launches
+    try:
+        yield launches
+    finally:
+        _records.launches = previous
+
+
+def _c_value(value: Any) -> ctypes._SimpleCData:
+    if isinstance(value, np.ndarray):
+        return ctypes.c_void_p(value.ctypes.data)
+    if isinstance(value, np.int64):
+        return ctypes.c_longlong(int(value))
+    if isinstance(value, np.int32):
+        return ctypes.c_int(int(value))
+    raise TypeError(f"no C type for a kernel argument of type {type(value).__name__}")
+
+
+def _check_widths(library: ctypes.CDLL, kernel_name: str, values: list[ctypes._SimpleCData]) -> None:
+    """Refuse arguments whose count or byte widths differ from the kernel's parameters.
+
+    Passing an int64 where the kernel takes an int works on the emulator and
+    shifts every later argument on a GPU: this makes the emulator fail first.
+    """
+    sizes = (ctypes.c_ulonglong * 64)()
+    count = getattr(library, SIZES)(sizes, 64)
+    if count != len(values):
+        raise TypeError(f"{kernel_name} takes {count} arguments, got {len(values)}")
+    for i, value in enumerate(values):
+        if sizes[i] != ctypes.sizeof(value):
+            raise TypeError(
+                f"{kernel_name} argument {i}: the parameter is {sizes[i]} bytes, got {ctypes.sizeof(value)} "
+                f"({type(value).__name__})"
+            )
+
+
+def launch_code(code: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None:
+    """Run ``kernel_name`` of the kernel text ``code`` over ``grid`` x ``block`` threads."""
+    library = load_code(code, kernel_name)
+    values = [_c_value(a) for a in args]  # kept alive until the call returns
+    _check_widths(library, kernel_name, values)
+    pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
+    accesses = getattr(library, ENTRY)(grid, block, pointers)
+    launches = getattr(_records, "launches", None)
+    if launches is not None:
+        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses)))
+
+
+def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None:
+    """Run ``kernel_name`` of kernels/``source_file`` over ``grid`` x ``block`` threads with CUDA-style arguments."""
+    launch_code(kernel_source(source_file), kernel_name, grid, block, args)

@@ -1,0 +1,119 @@
+"""The host compiler and the on-disk cache of emulated kernel builds.
+
+Each instantiation is built once into a per-user cache folder
+(``$XDG_CACHE_HOME`` or ``~/.cache``, then ``kpool-cupy/emulate``).
+``KPOOL_CUPY_EMULATE_CXXFLAGS`` is appended to the compile flags and is part
+of the cache key, so a test can build with ``-fsanitize=address``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from ..kernel.sources import kernel_source
+
+FLAGS_VARIABLE = "KPOOL_CUPY_EMULATE_CXXFLAGS"
+BASE_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-Wno-unknown-pragmas")
+ENTRY = "kpool_emulate_launch"
+SIZES = "kpool_emulate_param_sizes"
+
+
+class CompilerNotFoundError(RuntimeError):
+    """No host C++ compiler for the emulator."""
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kpool-cupy" / "emulate"
+
+
+def compiler() -> str:
+    """Path of the host C++ compiler, or a clear error naming ``CXX``."""
+    name = os.environ.get("CXX", "c++")
+    path = shutil.which(name)
+    if path is None:
+        raise CompilerNotFoundError(
+            f"kpool_cupy.emulate needs a host C++ compiler: {name!r} (from CXX, default 'c++') was not found "
+            "on PATH; install g++ or clang++, or set CXX, or use kpool_cupy.reference"
+        )
+    return path
+
+
+@functools.cache
+def _compiler_identity(path: str) -> str:
+    done = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    return done.stdout
+
+
+def _shim(code: str, kernel_name: str) -> str:
+    # The whole kernel text plus two C entry points: run the grid (returning
+    # its 16-byte access count), and report the parameters' sizes.
+    return (
+        code
+        + f'\nextern "C" unsigned long long {ENTRY}(unsigned int grid, unsigned int block, void** args) {{\n'
+        + f"    return kp_emulate_launch(&{kernel_name}, dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, args);\n}}\n"
+        + f'extern "C" int {SIZES}(unsigned long long* sizes, int capacity) {{\n'
+        + f"    return kp_param_sizes(&{kernel_name}, sizes, capacity);\n}}\n"
+    )
+
+
+_build_lock = threading.Lock()
+_loaded: dict[str, ctypes.CDLL] = {}
+
+
+def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
+    """Build (once, cached on disk) and load kernel ``kernel_name`` of the kernel text ``code``.
+
+    Threads of one process share one build and one loaded library; processes
+    building the same variant at once each write a private file and rename it
+    into place, so none sees a half-written library.
+    """
+    cxx = compiler()
+    flags = [*BASE_FLAGS, *shlex.split(os.environ.get(FLAGS_VARIABLE, ""))]
+    text = _shim(code, kernel_name)
+    key = hashlib.sha256("\0".join([text, cxx, _compiler_identity(cxx), *flags]).encode()).hexdigest()[:32]
+    with _build_lock:
+        if key in _loaded:
+            return _loaded[key]
+        target = cache_dir() / f"{key}.so"
+        if not target.is_file():
+            _build(cxx, flags, text, target)
+        library = ctypes.CDLL(str(target))
+        getattr(library, ENTRY).argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
+        getattr(library, ENTRY).restype = ctypes.c_ulonglong
+        getattr(library, SIZES).argtypes = (ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)
+        getattr(library, SIZES).restype = ctypes.c_int
+        _loaded[key] = library
+        return library
+
+
+def load_variant(source_file: str, kernel_name: str) -> ctypes.CDLL:
+    """Build (once, cached on disk) and load the emulated kernel ``kernel_name`` of kernels/``source_file``."""
+    return load_code(kernel_source(source_file), kernel_name)
+
+
+def _build(cxx: str, flags: list[str], text: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="kpool-emulate-") as work:
+        source = Path(work) / "kernel.cpp"
+        source.write_text(text)
+        private = target.parent / f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        done = subprocess.run(
+            [cxx, *flags, "-o", str(private), str(source)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            private.unlink(missing_ok=True)
+            raise RuntimeError(
+                f"kpool_cupy.emulate: {cxx} failed to build the emulated kernel "
+                f"(flags {' '.join(flags)}):\n{done.stderr}"
+            )
+        os.replace(private, target)

@@ -1,0 +1,78 @@
+"""The codes a launcher passes to the kernels, and the argument pieces built from them.
+
+``IndexKind`` and ``VectorAccess`` mirror the enums of the same names in
+kernels/kpool_common.cuh; tests/test_kernel_codes.py reads the header and
+compares, so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import INDEX_DTYPES
+
+
+class IndexKind(enum.IntEnum):
+    """Element type of an offsets, lengths or ids array (``kp::IndexKind``)."""
+
+    INT32 = 0
+    UINT32 = 1
+    INT64 = 2
+
+
+INDEX_KINDS: dict[np.dtype, IndexKind] = dict(zip(INDEX_DTYPES, IndexKind, strict=True))
+
+
+class VectorAccess(enum.IntFlag):
+    """Bits of a kernel's ``vector_mask`` (``kp::VectorAccess``): operands that may use 16-byte access."""
+
+    K = 1
+    GATE = 2
+    APE = 4
+    OUT = 8
+    TAIL = 16
+
+
+def data_pointer(array: Any) -> int:
+    """Address of the first element of a NumPy or CuPy array (views included)."""
+    if type(array).__module__.split(".")[0] == "cupy":
+        return int(array.data.ptr)
+    return int(array.ctypes.data)
+
+
+def allows_vector_access(array: Any) -> bool:
+    """Whether 16-byte loads and stores are legal everywhere a kernel reaches in ``array``.
+
+    A kernel reaches 8 channels at a time from the start of a row, and 8
+    channels are 16 or 32 bytes, so the base address and every stride it
+    steps by (those of dimensions longer than 1, the last excepted) decide.
+    """
+    steps = zip(array.shape[:-1], array.strides[:-1], strict=True)
+    return data_pointer(array) % 16 == 0 and all(stride % 16 == 0 for size, stride in steps if size > 1)
+
+
+def vector_mask(**operands: Any) -> np.int32:
+    """The ``vector_mask`` argument: the bit of each named operand (k, gate, ape, out, tail) that allows it."""
+    bits = 0
+    for name, array in operands.items():
+        if array is not None and allows_vector_access(array):
+            bits |= VectorAccess[name.upper()]
+    return np.int32(bits)
+
+
+def index(array: Any) -> tuple[Any, np.int32]:
+    """An index array and its kind code, the two kernel arguments that pass it."""
+    return array, np.int32(INDEX_KINDS[np.dtype(array.dtype)])
+
+
+def stride(array: Any, axis: int = 0) -> np.int64:
+    """The stride of ``axis`` in elements, as the kernels' ``long long``."""
+    return np.int64(array.strides[axis] // array.dtype.itemsize)
+
+
+def rows(array: Any) -> tuple[Any, np.int64]:
+    """A row-major operand and its row stride, the two kernel arguments that pass it."""
+    return array, stride(array)

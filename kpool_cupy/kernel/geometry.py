@@ -1,0 +1,38 @@
+"""The one launch-geometry rule, shared by the GPU launcher and the CPU emulator.
+
+The emulator runs the grid this returns thread by thread, surplus threads
+included, so what it checks is the launch the GPU gets; the NumPy kernels
+cover the same work items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+CHANNELS_PER_THREAD = 8  # kp::kChannelsPerThread in kernels/kpool_common.cuh
+TARGET_THREADS_PER_BLOCK = 256
+
+
+@dataclass(frozen=True)
+class LaunchGeometry:
+    grid: int
+    block: int
+    items: int  # work items (pools, requests or elements) the grid covers, surplus ones included
+
+
+def group_geometry(head_dim: int, groups: int) -> LaunchGeometry:
+    """Blocks of several groups of head_dim / 8 threads, one group per pool or request, covering ``groups``.
+
+    ``groups`` may exceed the real pool count (when the count lives only on
+    the device); the kernel reads the exact count and surplus threads exit.
+    """
+    lanes = head_dim // CHANNELS_PER_THREAD
+    groups_per_block = max(1, TARGET_THREADS_PER_BLOCK // lanes)
+    grid = -(-groups // groups_per_block)
+    return LaunchGeometry(grid=grid, block=lanes * groups_per_block, items=grid * groups_per_block)
+
+
+def flat_geometry(elements: int) -> LaunchGeometry:
+    """One thread per element, in blocks of TARGET_THREADS_PER_BLOCK (expand top-k)."""
+    grid = -(-elements // TARGET_THREADS_PER_BLOCK)
+    return LaunchGeometry(grid=grid, block=TARGET_THREADS_PER_BLOCK, items=grid * TARGET_THREADS_PER_BLOCK)

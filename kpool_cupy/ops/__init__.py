@@ -1,0 +1,14 @@
+"""The ops, each described once (see ``spec``); ``OPS`` lists them in the order the public modules bind them."""
+
+from __future__ import annotations
+
+from .compress import SPEC as COMPRESS
+from .expand_topk import SPEC as EXPAND_TOPK
+from .ring_close import SPEC as RING_CLOSE
+from .seed_tail import SPEC as SEED_TAIL
+from .spec import OpSpec
+from .tail_update import SPEC as TAIL_UPDATE
+
+OPS: tuple[OpSpec, ...] = (COMPRESS, RING_CLOSE, SEED_TAIL, TAIL_UPDATE, EXPAND_TOPK)
+
+__all__ = ["COMPRESS", "EXPAND_TOPK", "OPS", "RING_CLOSE", "SEED_TAIL", "TAIL_UPDATE"]

@@ -1,0 +1,96 @@
+"""Public functions bound from op specs: one factory for every op on every backend.
+
+``bind(spec, binding)`` writes a real Python function whose signature is the
+spec's parameters plus the binding's own options (``stream=`` on the GPU),
+with the binding's docstring, so ``help()`` and ``inspect.signature`` show a
+plain function and a wrong call fails the way a plain function does. The
+function only gathers its arguments and hands them to ``binding.call``; a new
+keyword on an op is a new entry in its spec, not an edit here.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import REQUIRED, Operand, OpSpec, Option
+
+# (spec, operand arrays in parameter order, op options, binding options) -> result
+CallFn = Callable[[OpSpec, tuple[Any, ...], dict[str, Any], dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class Binding:
+    """How one backend takes calls: its name and module, how it annotates arrays, its options, its entry."""
+
+    name: str  # "cupy", "emulate", "reference": the key of OpSpec.docs and OpSpec.extras
+    module: str  # where the bound functions are public
+    array: str  # annotation of an array parameter
+    optional_array: str  # annotation of an optional one
+    options: tuple[Option, ...]  # options every op takes on this backend, after the op's own
+    call: CallFn
+
+
+def parameters(spec: OpSpec, binding: Binding) -> list[Operand | Option]:
+    """The bound function's parameters, in order."""
+    return [*spec.parameters, *spec.extras.get(binding.name, ()), *binding.options]
+
+
+def signature(spec: OpSpec, binding: Binding) -> inspect.Signature:
+    """The bound function's signature, annotations as strings like those of a module with postponed annotations."""
+    listed = []
+    for p in parameters(spec, binding):
+        if isinstance(p, Operand) and not p.optional:
+            listed.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=binding.array))
+        elif isinstance(p, Operand):
+            kind = inspect.Parameter.KEYWORD_ONLY
+            listed.append(inspect.Parameter(p.name, kind, default=None, annotation=binding.optional_array))
+        else:
+            default = inspect.Parameter.empty if p.default is REQUIRED else p.default
+            listed.append(
+                inspect.Parameter(p.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=p.annotation)
+            )
+    return inspect.Signature(listed, return_annotation=_result_annotation(spec, binding))
+
+
+def _result_annotation(spec: OpSpec, binding: Binding) -> str:
+    if not spec.results:
+        return "None"
+    if len(spec.results) == 1:
+        return binding.array
+    return f"tuple[{', '.join([binding.array] * len(spec.results))}]"
+
+
+def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
+    """The public function of ``spec`` on ``binding``'s backend."""
+    listed = parameters(spec, binding)
+    names = [p.name for p in listed]
+    if len(set(names)) != len(names) or not all(n.isidentifier() and not n.startswith("_") for n in names):
+        raise ValueError(f"{spec.name}: parameter names must be distinct public identifiers, got {names}")
+    positional = [p.name for p in listed if isinstance(p, Operand) and not p.optional]
+    keyword = [p for p in listed if p.name not in positional]
+    if positional != names[: len(positional)]:
+        raise ValueError(f"{spec.name}: required operands must come first, got {names}")
+    defaults = {p.name: (None if isinstance(p, Operand) else p.default) for p in keyword}
+    spelled = [*positional, "*"] if keyword else positional
+    spelled += [n if defaults[n] is REQUIRED else f"{n}=__defaults[{n!r}]" for n in defaults]
+    arrays = ", ".join(p.name for p in spec.operands)
+    own = ", ".join(f"{o.name!r}: {o.name}" for o in spec.options)
+    theirs = ", ".join(f"{o.name!r}: {o.name}" for o in [*spec.extras.get(binding.name, ()), *binding.options])
+    # Generated, like a dataclass's __init__: a plain function is the cheapest
+    # call and the clearest signature.
+    text = f"def {spec.name}({', '.join(spelled)}):\n    return __call(__spec, ({arrays},), {{{own}}}, {{{theirs}}})\n"
+    namespace: dict[str, Any] = {"__call": binding.call, "__spec": spec, "__defaults": defaults}
+    exec(compile(text, f"<kpool_cupy {binding.name} {spec.name}>", "exec"), namespace)
+    function = namespace[spec.name]
+    function.__module__ = binding.module
+    function.__qualname__ = spec.name
+    function.__doc__ = spec.docs.get(binding.name) or f"Same contract as :func:`kpool_cupy.{spec.name}`."
+    function.__signature__ = signature(spec, binding)
+    function.__annotations__ = {
+        **{p.name: p.annotation for p in function.__signature__.parameters.values()},
+        "return": function.__signature__.return_annotation,
+    }
+    return function

@@ -1,0 +1,158 @@
+"""The checks every op's validation is built from, so a bad call gets the same error on every backend.
+
+Metadata (rank, dtype, shape, strides) is checked on any array object with
+``shape``, ``dtype`` and ``strides`` (NumPy and CuPy alike). Contents are
+checked on host copies, which the GPU path fetches in one transfer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, dtype_name
+
+# A group of head_dim / 8 threads serves one pool; at 4096 that is one
+# 512-thread block, which leaves each thread the 128 registers the kernels use
+# at most (tests/test_ptx.py). 8192 would need 1024-thread blocks at 64
+# registers, and the launch would fail.
+MAX_HEAD_DIM = 4096
+
+# Cache lengths at or above this would overflow 64-bit position arithmetic
+# once the call's tokens are added; no real cache comes near it.
+MAX_CACHE_LENGTH = 2**62
+
+
+def fail(name: str, expected: str, got: object) -> ValueError:
+    return ValueError(f"Invalid {name}: expected {expected}, got {got}")
+
+
+def dtype_fail(name: str, expected: str, got: object) -> TypeError:
+    return TypeError(f"Invalid {name}: expected {expected}, got {got}")
+
+
+def require_array(name: str, array: Any) -> None:
+    if not all(hasattr(array, attr) for attr in ("shape", "dtype", "strides")):
+        raise dtype_fail(name, "an array", type(array).__name__)
+
+
+def check_rows(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
+    """A 2-D array of one of ``dtypes`` whose last dim is contiguous, rows at any stride."""
+    require_array(name, array)
+    if array.dtype not in dtypes:
+        allowed = " or ".join(dtype_name(d) for d in dtypes)
+        raise dtype_fail(name, f"dtype {allowed}", dtype_name(np.dtype(array.dtype)))
+    if array.ndim != 2:
+        raise fail(name, "a 2-D array [rows, head_dim]", f"shape {tuple(array.shape)}")
+    itemsize = array.dtype.itemsize
+    if array.size == 0:  # nothing is read or written, and NumPy may report any strides
+        return
+    if array.shape[1] > 1 and array.strides[1] != itemsize:
+        raise fail(name, f"a contiguous last dim (stride {itemsize} bytes)", f"stride {array.strides[1]} bytes")
+    if array.strides[0] % itemsize != 0:
+        raise fail(name, f"a row stride that is a multiple of {itemsize} bytes", f"{array.strides[0]} bytes")
+
+
+def check_writable(name: str, array: Any) -> None:
+    flags = getattr(array, "flags", None)
+    if flags is not None and not getattr(flags, "writeable", True):
+        raise fail(name, "a writable array", "a read-only one")
+
+
+def check_contiguous(name: str, array: Any) -> None:
+    """C-contiguous (dimensions of length 1 may have any stride)."""
+    if array.size == 0:
+        return
+    expected = array.dtype.itemsize
+    for size, stride in zip(reversed(array.shape), reversed(array.strides), strict=True):
+        if size > 1 and stride != expected:
+            raise fail(name, "a C-contiguous array", f"strides {tuple(array.strides)}")
+        expected *= size
+
+
+def check_writable_rows(name: str, array: Any) -> None:
+    """Rows that do not overlap (a write to one cannot land in another), in writable memory."""
+    check_writable(name, array)
+    row_bytes = array.shape[1] * array.dtype.itemsize
+    if array.shape[0] > 1 and abs(array.strides[0]) < row_bytes:
+        raise fail(name, f"rows that do not overlap (|row stride| >= {row_bytes} bytes)", f"{array.strides[0]} bytes")
+
+
+def check_index(name: str, array: Any, length: int | None) -> None:
+    require_array(name, array)
+    if array.dtype not in INDEX_DTYPES:
+        raise dtype_fail(name, "dtype int32, uint32 or int64", array.dtype)
+    if array.ndim != 1:
+        raise fail(name, "a 1-D array", f"shape {tuple(array.shape)}")
+    if length is not None and array.shape[0] != length:
+        raise fail(name, f"length {length}", f"length {array.shape[0]}")
+    if array.shape[0] > 1 and array.strides[0] != array.dtype.itemsize:
+        # The kernels read offsets at unit stride.
+        raise fail(name, "a contiguous 1-D array", f"stride {array.strides[0]} bytes")
+
+
+def check_keys(k: Any, gate: Any, *, same_dtype: bool = False) -> int:
+    """k and gate as token rows ``[total_tokens, head_dim]``; returns head_dim."""
+    elements = tuple(ELEMENT_CTYPES)
+    check_rows("k", k, elements)
+    head_dim = int(k.shape[1])
+    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
+        raise fail("k", f"head_dim (k.shape[1]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
+    check_rows("gate", gate, (np.dtype(k.dtype),) if same_dtype else elements)
+    if tuple(gate.shape) != tuple(k.shape):
+        raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
+    return head_dim
+
+
+def check_ape(ape: Any, head_dim: int) -> int:
+    """ape as float32 ``[kpool, head_dim]``; returns kpool."""
+    check_rows("ape", ape, (FLOAT32,))
+    kpool = int(ape.shape[0])
+    if kpool < 1:
+        raise fail("ape", "kpool (ape.shape[0]) of at least 1", kpool)
+    if ape.shape[1] != head_dim:
+        raise fail("ape", f"shape [kpool, {head_dim}]", f"shape {tuple(ape.shape)}")
+    return kpool
+
+
+def check_batch_index(input_row_offsets: Any, cache_lengths: Any) -> int:
+    """Offsets ``[batch + 1]`` and cache lengths ``[batch]``; returns batch."""
+    check_index("input_row_offsets", input_row_offsets, None)
+    if input_row_offsets.shape[0] < 1:
+        raise fail("input_row_offsets", "length batch + 1 >= 1", "length 0")
+    batch = int(input_row_offsets.shape[0]) - 1
+    check_index("cache_lengths", cache_lengths, batch)
+    return batch
+
+
+def check_out(out: Any, k_dtype: np.dtype, head_dim: int, rows: str) -> np.ndarray:
+    """An output of token-row shape ``[rows, head_dim]``; returns the dtype written."""
+    if out is None:
+        return np.dtype(k_dtype)
+    allowed = (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
+    check_rows("out", out, allowed)
+    if out.shape[1] != head_dim:
+        raise fail("out", f"shape [{rows}, {head_dim}]", f"shape {tuple(out.shape)}")
+    check_writable_rows("out", out)
+    return np.dtype(out.dtype)
+
+
+def check_rows_and_cache(total_tokens: int, input_row_offsets: np.ndarray, cache_lengths: np.ndarray) -> None:
+    """Offsets start at 0, never decrease, end at total_tokens; cache lengths in [0, 2^62) (host arrays)."""
+    offsets = input_row_offsets.astype(np.int64)
+    if offsets[0] != 0:
+        raise fail("input_row_offsets", "a first entry of 0", int(offsets[0]))
+    steps = np.diff(offsets)
+    if (steps < 0).any():
+        b = int(np.argmax(steps < 0))
+        raise fail(
+            "input_row_offsets", "non-decreasing values", f"{int(offsets[b])} then {int(offsets[b + 1])} at index {b}"
+        )
+    if offsets[-1] != total_tokens:
+        raise fail("input_row_offsets", f"a last entry equal to total_tokens {total_tokens}", int(offsets[-1]))
+    lengths = cache_lengths.astype(np.int64)
+    bad = (lengths < 0) | (lengths >= MAX_CACHE_LENGTH)
+    if bad.any():
+        b = int(np.argmax(bad))
+        raise fail("cache_lengths", "values in [0, 2**62)", f"{int(lengths[b])} at index {b}")

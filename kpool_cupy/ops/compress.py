@@ -1,0 +1,222 @@
+"""kpool_compress, described once: operands, checks, call flow and launch, plus its public docstrings.
+
+    logits[m, c] = gate[member m, c] + ape[m, c]
+    w[:, c]      = softmax over m of logits[:, c]     # per channel, not per member
+    pooled[p, c] = sum_m w[m, c] * k[member m, c]
+
+``SPEC`` is what kpool_cupy, kpool_cupy.emulate and kpool_cupy.reference bind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..kernel import codes
+from ..kernel.geometry import group_geometry
+from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
+from ..pool_offsets import pool_row_offsets as compute_pool_row_offsets
+from .checks import check_ape, check_batch_index, check_index, check_keys, check_out, check_rows_and_cache, fail
+from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option
+
+
+@dataclass(frozen=True)
+class CompressCall:
+    """What the checks learned about a kpool_compress call: everything but array contents and addresses."""
+
+    head_dim: int
+    kpool: int
+    batch: int
+    total_tokens: int
+    k_dtype: np.dtype
+    gate_dtype: np.dtype
+    out_dtype: np.dtype
+
+
+def check_compress_args(
+    k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any, out: Any
+) -> CompressCall:
+    """Check everything about a call that needs no array contents."""
+    head_dim = check_keys(k, gate)
+    kpool = check_ape(ape, head_dim)
+    batch = check_batch_index(input_row_offsets, cache_lengths)
+    if pool_row_offsets is not None:
+        check_index("pool_row_offsets", pool_row_offsets, batch + 1)
+    out_dtype = check_out(out, np.dtype(k.dtype), head_dim, ">= total_pools")
+    return CompressCall(
+        head_dim=head_dim,
+        kpool=kpool,
+        batch=batch,
+        total_tokens=int(k.shape[0]),
+        k_dtype=np.dtype(k.dtype),
+        gate_dtype=np.dtype(gate.dtype),
+        out_dtype=out_dtype,
+    )
+
+
+def check_offset_values(
+    call: CompressCall,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    pool_row_offsets: np.ndarray | None,
+) -> np.ndarray:
+    """Check offset contents (host arrays) and return the pool row offsets as int64."""
+    check_rows_and_cache(call.total_tokens, input_row_offsets, cache_lengths)
+    pools = compute_pool_row_offsets(input_row_offsets.astype(np.int64), cache_lengths.astype(np.int64), call.kpool)
+    if pool_row_offsets is not None:
+        given = pool_row_offsets.astype(np.int64)
+        if not np.array_equal(given, pools):
+            b = int(np.argmax(given != pools))
+            raise fail(
+                "pool_row_offsets",
+                f"the offsets computed from input_row_offsets and cache_lengths ({int(pools[b])} at index {b})",
+                f"{int(given[b])}",
+            )
+    return pools
+
+
+def pools_to_cover(total_pools: int | None, total_tokens: int, kpool: int, out_rows: int) -> int:
+    """How many pools the grid covers.
+
+    The exact count when the host knows it; otherwise the bound every request
+    obeys (a request of n tokens completes at most n // kpool pools, so the
+    batch at most total_tokens // kpool), capped by the rows of ``out``.
+    """
+    bound = min(total_tokens // kpool, out_rows)
+    return bound if total_pools is None else min(total_pools, bound)
+
+
+def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) -> Launch:
+    """The launch of ``kpool_compress`` over ``pools`` pools, arguments in kernels/kpool_compress.cu's order."""
+    o = operands
+    arguments = (
+        *codes.rows(o["k"]),
+        *codes.rows(o["gate"]),
+        *codes.rows(o["ape"]),
+        *codes.index(o["input_row_offsets"]),
+        *codes.index(o["cache_lengths"]),
+        *codes.index(o["pool_row_offsets"]),
+        np.int64(call.batch),
+        np.int64(call.total_tokens),
+        *codes.rows(o["out"]),
+        np.int64(o["out"].shape[0]),
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"]),
+    )
+    name = compress_kernel_name(call.k_dtype, call.gate_dtype, call.out_dtype, call.head_dim, call.kpool)
+    geometry = group_geometry(call.head_dim, pools)
+    return Launch("kpool_compress", COMPRESS_SOURCE, name, geometry, arguments, call, operands)
+
+
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> Any:
+    """Validate, find the pool row offsets, size the output, cover the pools, launch."""
+    k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
+    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out)
+    total_pools: int | None
+    if validate:
+        given = [input_row_offsets, cache_lengths] + ([pool_row_offsets] if pool_row_offsets is not None else [])
+        host = backend.host_copies(given)
+        pools_host = check_offset_values(call, host[0], host[1], host[2] if len(host) > 2 else None)
+        total_pools = int(pools_host[-1])
+        if out is not None and out.shape[0] < total_pools:
+            raise fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
+        pools = pool_row_offsets if pool_row_offsets is not None else backend.from_host(pools_host)
+    else:
+        pools = (
+            pool_row_offsets
+            if pool_row_offsets is not None
+            else compute_pool_row_offsets(input_row_offsets, cache_lengths, call.kpool)
+        )
+        # With out= the count stays on the device (no sync); otherwise it sizes
+        # the result. Unvalidated offsets may claim any count, but no batch
+        # completes more than total_tokens // kpool pools.
+        total_pools = None
+        if out is None:
+            claimed = int(backend.host_copies([pools[-1:]])[0][0])
+            total_pools = min(max(claimed, 0), call.total_tokens // call.kpool)
+    if out is None:
+        out = backend.empty((total_pools or 0, call.head_dim), call.out_dtype)
+    covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(out.shape[0]))
+    if covered > 0:
+        operands = {"k": k, "gate": gate, "ape": ape, "input_row_offsets": input_row_offsets}
+        operands |= {"cache_lengths": cache_lengths, "pool_row_offsets": pools, "out": out}
+        backend.launch(compress_launch(call, covered, operands))
+    return out
+
+
+GPU_DOC = """Pool each complete k-pool of a ragged batch into one key, on the GPU.
+
+    logits[m, c] = gate[member m, c] + ape[m, c]
+    w[:, c]      = softmax over m of logits[:, c]
+    pooled[p, c] = sum_m w[m, c] * k[member m, c]
+
+The softmax runs per channel: each channel of a pool has its own member
+weights. Request ``b`` owns token rows ``[input_row_offsets[b],
+input_row_offsets[b+1])`` at absolute positions ``cache_lengths[b] + i``;
+pool ``q`` covers positions ``[q*kpool, (q+1)*kpool)`` and only pools whose
+members all arrive in this call are built, in order, at output rows
+``[pool_row_offsets[b], pool_row_offsets[b+1])``.
+
+Parameters
+----------
+k, gate
+    ``[total_tokens, head_dim]``, bfloat16, float16 or float32, last dim
+    contiguous, rows at any stride. CuPy arrays or any CUDA array with
+    ``__dlpack__`` or ``__cuda_array_interface__`` (zero copy).
+ape
+    float32 ``[kpool, head_dim]``; ``kpool`` is ``ape.shape[0]``.
+input_row_offsets, cache_lengths
+    ``[batch + 1]`` and ``[batch]``, int32, uint32 or int64.
+pool_row_offsets
+    Optional ``[batch + 1]``; must equal :func:`kpool_cupy.pool_row_offsets`.
+out
+    Optional ``[>= total_pools, head_dim]`` in the dtype of ``k`` or
+    float32; rows past ``total_pools`` are not written.
+validate
+    Check offset contents (one device-to-host copy). With ``out``,
+    ``pool_row_offsets`` and ``validate=False`` the call neither syncs nor
+    allocates, so it can be captured in a CUDA graph (for CuPy and DLPack
+    inputs; CuPy syncs on the stream a ``__cuda_array_interface__``
+    names). Unvalidated garbage never makes the kernel touch memory
+    outside its arrays.
+stream
+    A ``cupy.cuda.Stream``, a raw handle, or anything with
+    ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
+
+Returns
+-------
+cupy.ndarray
+    ``out`` (as a CuPy view), or a new ``[total_pools, head_dim]`` array in
+    the dtype of ``k``.
+"""
+
+EMULATE_DOC = """Pool each complete k-pool of a ragged batch by running the CUDA kernel on the CPU.
+
+Same arguments and result as :func:`kpool_cupy.kpool_compress`, on host
+arrays (bfloat16 as ``ml_dtypes.bfloat16``).
+
+Raises
+------
+CompilerNotFoundError
+    When no host C++ compiler is found.
+"""
+
+REFERENCE_DOC = """Pool each complete k-pool of a ragged batch into one key, in NumPy.
+
+Same arguments and result as :func:`kpool_cupy.kpool_compress`, on host
+arrays (bfloat16 as ``ml_dtypes.bfloat16``).
+
+Parameters
+----------
+accumulate
+    ``"float32"`` (the kernel's arithmetic) or ``"float64"``.
+"""
+
+POOL_ROW_OFFSETS = Operand("pool_row_offsets", "[batch + 1] int32, uint32 or int64", optional=True)
+OUT = Operand("out", "[>= total_pools, head_dim] k's dtype or float32", optional=True, written=True)
+PARAMETERS = (TOKEN_K, TOKEN_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, POOL_ROW_OFFSETS, OUT, VALIDATE)
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
+SPEC = OpSpec("kpool_compress", PARAMETERS, ("pooled",), run, DOCS, extras={"reference": (ACCUMULATE,)})

@@ -1,0 +1,15 @@
+"""Operands several ops share, described once: name, dtype and shape rule, whether written."""
+
+from __future__ import annotations
+
+from .spec import Operand
+
+TOKEN_K = Operand("k", "[total_tokens, head_dim] bfloat16, float16 or float32; last dim contiguous")
+TOKEN_GATE = Operand("gate", "like k; any of the three element dtypes")
+RING_GATE = Operand("gate", "like k, in k's dtype")
+APE = Operand("ape", "float32 [kpool, head_dim]")
+INPUT_ROW_OFFSETS = Operand("input_row_offsets", "[batch + 1] int32, uint32 or int64")
+CACHE_LENGTHS = Operand("cache_lengths", "[batch] int32, uint32 or int64")
+SLOT_IDX = Operand("slot_idx", "[requests] int32 or uint32: each request's ring")
+RING = Operand("tail", "[max_slots, 2, kpool, head_dim] in k's dtype, C-contiguous", written=True)
+RING_READ = Operand("tail", "[max_slots, 2, kpool, head_dim] in k's dtype, C-contiguous (read only)")

@@ -1,0 +1,135 @@
+"""kpool_ring_close, described once: close each request's pending pool from its ring and the call's first tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import INT32, INT32_MAX
+from ..kernel import codes
+from ..kernel.geometry import group_geometry
+from ..kernel.names import RING_SOURCE, ring_kernel_name
+from .checks import check_ape, check_batch_index, check_keys, check_out, check_rows_and_cache, fail
+from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING_GATE, RING_READ, SLOT_IDX, TOKEN_K
+from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec
+
+
+@dataclass(frozen=True)
+class RingCloseCall:
+    """What the checks learned about a ring close call."""
+
+    head_dim: int
+    kpool: int
+    batch: int
+    total_tokens: int
+    max_slots: int
+    dtype: np.dtype
+    out_dtype: np.dtype
+
+
+def check_ring_close_args(
+    tail: Any, k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, out: Any,
+    closed: Any,
+) -> RingCloseCall:  # fmt: skip
+    head_dim = check_keys(k, gate, same_dtype=True)
+    kpool = check_ape(ape, head_dim)
+    batch = check_batch_index(input_row_offsets, cache_lengths)
+    max_slots, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=False)
+    check_slots(slot_idx, batch)
+    out_dtype = check_out(out, np.dtype(k.dtype), head_dim, ">= batch")
+    if out is not None and out.shape[0] < batch:
+        raise fail("out", f"at least {batch} rows (one per request)", f"{out.shape[0]} rows")
+    if closed is not None:
+        check_closed(closed, (batch,), exact=False)
+    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype), out_dtype)
+
+
+def check_closed_pool_ids(cache_lengths: np.ndarray, kpool: int) -> None:
+    """Pool ids go out as int32: the pending pool c // kpool must fit."""
+    too_big = cache_lengths.astype(np.int64) // kpool > INT32_MAX
+    if too_big.any():
+        b = int(np.argmax(too_big))
+        raise fail(
+            "cache_lengths",
+            f"pool ids c // kpool <= {INT32_MAX} (closed is int32)",
+            f"{int(cache_lengths[b])} at index {b}",
+        )
+
+
+def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
+    """The launch of ``kpool_ring_close``, arguments in kernels/kpool_ring.cu's order."""
+    o = operands
+    arguments = (
+        o["tail"],
+        np.int64(call.max_slots),
+        *codes.rows(o["k"]),
+        *codes.rows(o["gate"]),
+        *codes.rows(o["ape"]),
+        *codes.index(o["input_row_offsets"]),
+        *codes.index(o["cache_lengths"]),
+        *codes.index(o["slot_idx"]),
+        np.int64(call.batch),
+        np.int64(call.total_tokens),
+        *codes.rows(o["out"]),
+        o["closed"],
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
+    )
+    name = ring_kernel_name("kpool_ring_close", call.dtype, call.out_dtype, call.head_dim, call.kpool)
+    geometry = group_geometry(call.head_dim, call.batch)
+    return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
+
+
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[Any, Any]:
+    """Validate, check slots and pool ids when asked, allocate zeroed outputs, launch."""
+    tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed = arrays
+    call = check_ring_close_args(tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed)
+    if validate:
+        offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
+        check_rows_and_cache(call.total_tokens, offsets, lengths)
+        check_slot_values(slots, call.max_slots)
+        completes = (lengths % call.kpool != 0) & (np.diff(offsets) >= call.kpool - lengths % call.kpool)
+        check_closed_pool_ids(lengths[completes], call.kpool)
+    # Zeroed: the rows of requests that close nothing are left alone.
+    out = backend.zeros((call.batch, call.head_dim), call.out_dtype) if out is None else out
+    closed = backend.zeros((call.batch,), INT32) if closed is None else closed
+    if call.batch:
+        operands = {"tail": tail, "k": k, "gate": gate, "ape": ape, "input_row_offsets": input_row_offsets}
+        operands |= {"cache_lengths": cache_lengths, "slot_idx": slot_idx, "out": out, "closed": closed}
+        backend.launch(ring_close_launch(call, operands))
+    return out, closed
+
+
+GPU_DOC = """Close each request's pending pool from its ring and this call's first tokens.
+
+    pooled[b] = kpool_compress's pool c // kpool, members m < c % kpool
+                from ring positions m, the rest from the call's first tokens
+
+For a request whose cached prefix ends mid-pool (``c % kpool != 0``) and
+whose call brings at least ``kpool - c % kpool`` tokens. ``tail`` is
+``[max_slots, 2, kpool, head_dim]`` in the dtype of k (0 keys, 1 gate
+scores), request b's ring is slot ``slot_idx[b]``; it is read, never
+written. The ring holds raw values, so the pool equals, bit for bit, the
+one kpool_compress builds over the whole sequence.
+
+Returns
+-------
+(pooled, closed)
+    pooled ``[batch, head_dim]`` (k's dtype or float32 ``out``), closed
+    ``[batch]`` int32: the pool id, or -1 where nothing closed (that
+    pooled row is left alone).
+"""
+
+OUT = Operand("out", "[>= batch, head_dim] k's dtype or float32", optional=True, written=True)
+CLOSED = Operand("closed", "[>= batch] int32", optional=True, written=True)
+PARAMETERS = (RING_READ, TOKEN_K, RING_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, OUT, CLOSED, VALIDATE)
+EMULATE_DOC = """Close each request's pending pool, running the CUDA kernel on the CPU.
+
+Same contract as :func:`kpool_cupy.kpool_ring_close`."""
+REFERENCE_DOC = """Close each request's pending pool from its ring and the call's first tokens (NumPy).
+
+Same contract as :func:`kpool_cupy.kpool_ring_close`."""
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS)

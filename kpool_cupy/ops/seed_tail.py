@@ -1,0 +1,92 @@
+"""kpool_seed_tail, described once: stash each request's trailing tokens into its ring."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..kernel import codes
+from ..kernel.geometry import group_geometry
+from ..kernel.names import RING_SOURCE, ring_kernel_name
+from .checks import check_batch_index, check_keys, check_rows_and_cache
+from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING, RING_GATE, SLOT_IDX, TOKEN_K
+from .ring_checks import check_slot_values, check_slots, check_tail
+from .spec import VALIDATE, Backend, Launch, OpSpec
+
+
+@dataclass(frozen=True)
+class SeedTailCall:
+    """What the checks learned about a seed tail call."""
+
+    head_dim: int
+    kpool: int
+    batch: int
+    total_tokens: int
+    max_slots: int
+    dtype: np.dtype
+
+
+def check_seed_tail_args(
+    tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any
+) -> SeedTailCall:
+    head_dim = check_keys(k, gate, same_dtype=True)
+    batch = check_batch_index(input_row_offsets, cache_lengths)
+    max_slots, kpool = check_tail(tail, np.dtype(k.dtype), None, head_dim, writes=True)
+    check_slots(slot_idx, batch)
+    return SeedTailCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype))
+
+
+def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
+    """The launch of ``kpool_seed_tail``, arguments in kernels/kpool_ring.cu's order."""
+    o = operands
+    arguments = (
+        o["tail"],
+        np.int64(call.max_slots),
+        *codes.rows(o["k"]),
+        *codes.rows(o["gate"]),
+        *codes.index(o["input_row_offsets"]),
+        *codes.index(o["cache_lengths"]),
+        *codes.index(o["slot_idx"]),
+        np.int64(call.batch),
+        np.int64(call.total_tokens),
+        codes.vector_mask(k=o["k"], gate=o["gate"], tail=o["tail"]),
+    )
+    name = ring_kernel_name("kpool_seed_tail", call.dtype, None, call.head_dim, call.kpool)
+    geometry = group_geometry(call.head_dim, call.batch)
+    return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands)
+
+
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> None:
+    """Validate, check that every request that writes the ring has a slot of its own, launch."""
+    tail, k, gate, input_row_offsets, cache_lengths, slot_idx = arrays
+    call = check_seed_tail_args(tail, k, gate, input_row_offsets, cache_lengths, slot_idx)
+    if validate:
+        offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
+        check_rows_and_cache(call.total_tokens, offsets, lengths)
+        end = lengths + np.diff(offsets)
+        check_slot_values(slots, call.max_slots, writers=end > np.maximum(end // call.kpool * call.kpool, lengths))
+    if call.batch:
+        operands = {"tail": tail, "k": k, "gate": gate, "input_row_offsets": input_row_offsets}
+        operands |= {"cache_lengths": cache_lengths, "slot_idx": slot_idx}
+        backend.launch(seed_tail_launch(call, operands))
+
+
+GPU_DOC = """Stash each request's trailing tokens into its ring, in place.
+
+Positions ``[max(floor((c + n) / kpool) * kpool, c), c + n)`` go to ring
+position ``pos % kpool`` of slot ``slot_idx[b]``: the start of the pool a
+later call completes. A prefill chunk calls ring close, then compress, then
+seed tail. With ``validate=True`` each slot must belong to one request.
+"""
+
+PARAMETERS = (RING, TOKEN_K, RING_GATE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, VALIDATE)
+EMULATE_DOC = """Stash each request's trailing tokens into its ring, running the CUDA kernel on the CPU.
+
+Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
+REFERENCE_DOC = """Stash each request's trailing tokens into its ring (NumPy).
+
+Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), run, DOCS)

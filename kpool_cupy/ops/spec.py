@@ -1,0 +1,117 @@
+"""What an op is: its parameters, its call flow, and the launches it asks a backend to run.
+
+An op module (compress, ring close, seed tail, tail update, expand top-k)
+builds one ``OpSpec``. Its ``run`` is the call flow every backend shares:
+check the arguments into a call record, check array contents when asked,
+size and allocate the outputs, and hand ``Launch`` records to the backend.
+A backend only places memory and runs launches (``Backend``); the public
+functions are bound from the spec (``ops.binding``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..kernel.geometry import LaunchGeometry
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An array parameter.
+
+    ``rule`` is its dtype and shape rule in one line, for documentation and
+    generated schemas. An optional operand is keyword-only and defaults to
+    None; ``written`` says the op writes into it (an ``out=``, a ring).
+    """
+
+    name: str
+    rule: str
+    optional: bool = False
+    written: bool = False
+
+
+REQUIRED = object()  # an Option without a default: keyword-only and required
+
+
+@dataclass(frozen=True)
+class Option:
+    """A keyword-only scalar parameter, such as ``validate`` or ``kpool``."""
+
+    name: str
+    annotation: str
+    default: Any = REQUIRED
+
+
+Parameter = Operand | Option
+
+VALIDATE = Option("validate", "bool", True)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch an op asks for.
+
+    ``kernel`` is the kernel template's name and ``instance`` its
+    instantiation in ``source`` (a file under kernels/); ``arguments`` is the
+    tuple in the kernel's parameter order, scalars as NumPy scalars of the
+    exact C++ width. ``call`` and ``operands`` (the arrays by operand name)
+    are for backends that run the kernel another way: the NumPy reference.
+    """
+
+    kernel: str
+    source: str
+    instance: str
+    geometry: LaunchGeometry
+    arguments: tuple[Any, ...]
+    call: Any
+    operands: Mapping[str, Any]
+
+
+class Backend(Protocol):
+    """What an op's call flow needs from a backend: memory and launches, nothing about ops."""
+
+    def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
+        """Host copies of small index arrays, in one transfer where that matters."""
+        ...
+
+    def from_host(self, array: np.ndarray) -> Any: ...
+
+    def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
+
+    def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any: ...
+
+    def launch(self, launch: Launch) -> None: ...
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One op, described once.
+
+    ``parameters`` are in signature order: required operands (positional),
+    then keyword-only operands and options. ``run(backend, arrays, **options)``
+    is the call flow, with ``arrays`` the operands in parameter order, already
+    placed by the backend. ``results`` names what it returns: one name
+    returns one array, several a tuple, none returns None. ``docs`` holds the
+    public docstring of each binding ("cupy", "emulate", "reference");
+    ``extras`` the options only one binding takes (the reference's
+    ``accumulate``).
+    """
+
+    name: str
+    parameters: tuple[Parameter, ...]
+    results: tuple[str, ...]
+    run: Callable[..., Any]
+    docs: Mapping[str, str]
+    extras: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)
+
+    @property
+    def operands(self) -> tuple[Operand, ...]:
+        return tuple(p for p in self.parameters if isinstance(p, Operand))
+
+    @property
+    def options(self) -> tuple[Option, ...]:
+        return tuple(p for p in self.parameters if isinstance(p, Option))

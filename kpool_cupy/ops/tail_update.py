@@ -1,0 +1,181 @@
+"""kpool_tail_update, described once: the decode step, stashing each token in its ring and closing pools."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, INT32, dtype_name
+from ..kernel import codes
+from ..kernel.geometry import group_geometry
+from ..kernel.names import RING_SOURCE, ring_kernel_name
+from .checks import MAX_HEAD_DIM, check_ape, check_contiguous, check_writable, dtype_fail, fail, require_array
+from .operands import APE, RING, RING_GATE, SLOT_IDX
+from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec
+
+
+@dataclass(frozen=True)
+class TailUpdateCall:
+    """What the checks learned about a tail update call."""
+
+    head_dim: int
+    kpool: int
+    requests: int
+    next_n: int
+    pools_per_request: int  # ceil(next_n / kpool): the most pools one step can close
+    max_slots: int
+    dtype: np.dtype
+    out_dtype: np.dtype
+
+
+def _check_step_tokens(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
+    """``[requests, next_n, head_dim]``, last dim contiguous, the other strides whole elements."""
+    require_array(name, array)
+    if array.dtype not in dtypes:
+        raise dtype_fail(name, "dtype " + " or ".join(dtype_name(d) for d in dtypes), dtype_name(array.dtype))
+    if array.ndim != 3:
+        raise fail(name, "a 3-D array [requests, next_n, head_dim]", f"shape {tuple(array.shape)}")
+    if array.size and array.shape[2] > 1 and array.strides[2] != array.dtype.itemsize:
+        raise fail(
+            name, f"a contiguous last dim (stride {array.dtype.itemsize} bytes)", f"stride {array.strides[2]} bytes"
+        )
+    if array.size and any(s % array.dtype.itemsize for s in array.strides[:2]):
+        raise fail(name, f"strides that are multiples of {array.dtype.itemsize} bytes", f"strides {array.strides}")
+
+
+def _check_out(out: Any, k_dtype: np.dtype, shape: tuple[int, int, int]) -> np.dtype:
+    """``out`` ``[requests, pools_per_request, head_dim]``, k's dtype or float32; returns the dtype written."""
+    if out is None:
+        return k_dtype
+    allowed = (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
+    require_array("out", out)
+    if out.dtype not in allowed:
+        raise dtype_fail("out", "dtype " + " or ".join(dtype_name(d) for d in allowed), dtype_name(out.dtype))
+    if tuple(out.shape) != shape:
+        raise fail("out", f"shape [{', '.join(map(str, shape))}]", f"shape {tuple(out.shape)}")
+    check_contiguous("out", out)
+    check_writable("out", out)
+    return np.dtype(out.dtype)
+
+
+def check_tail_update_args(
+    tail: Any, k: Any, gate: Any, ape: Any, positions: Any, slot_idx: Any, out: Any, closed: Any
+) -> TailUpdateCall:
+    _check_step_tokens("k", k, tuple(ELEMENT_CTYPES))
+    requests, next_n, head_dim = (int(d) for d in k.shape)
+    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
+        raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
+    _check_step_tokens("gate", gate, (np.dtype(k.dtype),))
+    if tuple(gate.shape) != tuple(k.shape):
+        raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
+    kpool = check_ape(ape, head_dim)
+    max_slots, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
+    require_array("positions", positions)
+    if positions.dtype != INT32:
+        raise dtype_fail("positions", "dtype int32", positions.dtype)
+    if tuple(positions.shape) != (requests, next_n):
+        raise fail(
+            "positions", f"shape [{requests}, {next_n}] like k's first two dims", f"shape {tuple(positions.shape)}"
+        )
+    check_contiguous("positions", positions)
+    check_slots(slot_idx, requests)
+    pools = -(-next_n // kpool)
+    out_dtype = _check_out(out, np.dtype(k.dtype), (requests, pools, head_dim))
+    if closed is not None:
+        check_closed(closed, (requests, pools), exact=True)
+    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, np.dtype(k.dtype), out_dtype)
+
+
+def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
+    """Positions >= 0 or -1, closing at most the pools the output has room for (a close past them would be
+    lost while the ring moves on)."""
+    bad = positions < -1
+    if bad.any():
+        r, t = (int(i) for i in np.argwhere(bad)[0])
+        raise fail("positions", "positions >= 0, or -1 for padding", f"{int(positions[r, t])} at [{r}, {t}]")
+    closes = ((positions >= 0) & (positions % kpool == kpool - 1)).sum(axis=1)
+    if (closes > pools_per_request).any():
+        r = int(np.argmax(closes > pools_per_request))
+        raise fail(
+            "positions",
+            f"at most {pools_per_request} pool closings per request (ceil(next_n / kpool))",
+            f"{int(closes[r])} in request {r}: {positions[r].tolist()}",
+        )
+
+
+def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch:
+    """The launch of ``kpool_tail_update``, arguments in kernels/kpool_ring.cu's order."""
+    o = operands
+    arguments = (
+        o["tail"],
+        np.int64(call.max_slots),
+        o["k"],
+        codes.stride(o["k"], 0),
+        codes.stride(o["k"], 1),
+        o["gate"],
+        codes.stride(o["gate"], 0),
+        codes.stride(o["gate"], 1),
+        *codes.rows(o["ape"]),
+        o["positions"],
+        *codes.index(o["slot_idx"]),
+        np.int64(call.requests),
+        np.int32(call.next_n),
+        o["out"],
+        o["closed"],
+        np.int32(call.pools_per_request),
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
+    )
+    name = ring_kernel_name("kpool_tail_update", call.dtype, call.out_dtype, call.head_dim, call.kpool)
+    geometry = group_geometry(call.head_dim, call.requests)
+    return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
+
+
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[Any, Any]:
+    """Validate, check positions and slots when asked, allocate zeroed outputs, launch."""
+    tail, k, gate, ape, positions, slot_idx, out, closed = arrays
+    call = check_tail_update_args(tail, k, gate, ape, positions, slot_idx, out, closed)
+    if validate:
+        slots, flat = backend.host_copies([slot_idx, positions.reshape(-1)])
+        steps = flat.reshape(call.requests, call.next_n)
+        check_position_values(steps, call.kpool, call.pools_per_request)
+        check_slot_values(slots, call.max_slots, writers=(steps >= 0).any(axis=1))
+    shape = (call.requests, call.pools_per_request)
+    out = backend.zeros((*shape, call.head_dim), call.out_dtype) if out is None else out
+    closed = backend.zeros(shape, INT32) if closed is None else closed
+    if call.requests and call.next_n:
+        operands = {"tail": tail, "k": k, "gate": gate, "ape": ape, "positions": positions}
+        operands |= {"slot_idx": slot_idx, "out": out, "closed": closed}
+        backend.launch(tail_update_launch(call, operands))
+    return out, closed
+
+
+GPU_DOC = """The decode step: stash each token in its request's ring, close every pool it completes.
+
+``k``, ``gate`` ``[R, next_n, head_dim]`` (k's dtype), ``positions``
+``[R, next_n]`` int32 with -1 for padding. Each request's tokens are
+walked in order; every real token is stashed at ring position
+``pos % kpool``, and pool ``pos // kpool`` closes from the ring when
+``pos % kpool == kpool - 1``. A padded entry leaves the ring byte-identical.
+
+Returns
+-------
+(pooled, closed)
+    pooled ``[R, ceil(next_n / kpool), head_dim]`` and closed
+    ``[R, ceil(next_n / kpool)]`` int32: the pool ids closed, in order,
+    padded with -1 (those pooled rows are left alone).
+"""
+
+STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last dim contiguous")
+POSITIONS = Operand("positions", "[R, next_n] int32, -1 for padding")
+OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] k's dtype or float32", optional=True, written=True)
+CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True)
+PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE)
+EMULATE_DOC = (
+    "The decode step, running the CUDA kernel on the CPU; same contract as :func:`kpool_cupy.kpool_tail_update`."
+)
+REFERENCE_DOC = "The decode step (NumPy); same contract as :func:`kpool_cupy.kpool_tail_update`."
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS)

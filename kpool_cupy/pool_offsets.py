@@ -1,0 +1,62 @@
+"""The pool-to-request mapping, in the array library of its inputs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .dtypes import INDEX_DTYPES
+
+
+def check_kpool(kpool: Any) -> None:
+    """An integer (TypeError otherwise) of at least 1 (ValueError otherwise)."""
+    if isinstance(kpool, bool) or not isinstance(kpool, (int, np.integer)):
+        raise TypeError(f"Invalid kpool: expected an integer, got {type(kpool).__name__} {kpool!r}")
+    if kpool < 1:
+        raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
+
+
+def _array_module(array: Any) -> Any:
+    """``cupy`` for CuPy arrays, ``numpy`` otherwise; CuPy is imported only when it is already in use."""
+    if type(array).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy
+    return np
+
+
+def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> Any:
+    """Output row offsets ``[batch + 1]`` (int64) of each request's complete pools.
+
+        pools(b) = floor((c + n) / kpool) - ceil(c / kpool),  c = cache_lengths[b],
+                   n = input_row_offsets[b + 1] - input_row_offsets[b]
+        pool_row_offsets = [0, cumsum(pools)]
+
+    A request whose tokens complete no pool gets zero rows, never a negative
+    count. NumPy in, NumPy out; CuPy in, CuPy out, computed on the device
+    without a host sync.
+    """
+    check_kpool(kpool)
+    for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
+        if not hasattr(array, "dtype") or np.dtype(array.dtype) not in INDEX_DTYPES:
+            raise TypeError(
+                f"Invalid {name}: expected dtype int32, uint32 or int64, got {getattr(array, 'dtype', type(array))}"
+            )
+        if array.ndim != 1:
+            raise ValueError(f"Invalid {name}: expected a 1-D array, got shape {tuple(array.shape)}")
+    if cache_lengths.shape[0] + 1 != input_row_offsets.shape[0]:
+        raise ValueError(
+            f"Invalid cache_lengths: expected length {input_row_offsets.shape[0] - 1} "
+            f"(len(input_row_offsets) - 1), got length {cache_lengths.shape[0]}"
+        )
+    xp = _array_module(input_row_offsets)
+    offsets = input_row_offsets.astype(xp.int64)
+    cached = cache_lengths.astype(xp.int64)
+    kpool = int(kpool)
+    first_pool = -((-cached) // kpool)
+    end_pool = (cached + (offsets[1:] - offsets[:-1])) // kpool
+    counts = xp.maximum(end_pool - first_pool, 0)
+    result = xp.zeros(offsets.shape[0], dtype=xp.int64)
+    xp.cumsum(counts, out=result[1:])
+    return result

@@ -1,0 +1,1 @@
+"""What the command line runs besides the ops: the self-check, machine facts, NVRTC and PTX reports."""

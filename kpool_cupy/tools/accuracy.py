@@ -1,0 +1,53 @@
+"""How far a pooled value may sit from the float64 answer, and how far it does."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import BFLOAT16, FLOAT16, FLOAT32
+
+# (stored mantissa bits, smallest normal exponent) of each output dtype.
+_FORMATS = {BFLOAT16: (7, -126), FLOAT16: (10, -14), FLOAT32: (23, -126)}
+
+
+def ulp(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Spacing of ``dtype`` at each float64 value (subnormal spacing near zero)."""
+    mantissa_bits, min_exponent = _FORMATS[np.dtype(dtype)]
+    with np.errstate(divide="ignore"):
+        exponent = np.floor(np.log2(np.abs(values)))
+    exponent = np.where(np.isfinite(exponent), np.maximum(exponent, min_exponent), min_exponent)
+    return np.exp2(exponent - mantissa_bits)
+
+
+def allowed_error(want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float) -> np.ndarray:
+    """Per-element bound on |got - want| for a kernel result against the float64 answer.
+
+    One ulp of the output dtype: rounding once is half an ulp, and the float32
+    error before it can tip a value across a rounding midpoint. Plus the float32
+    arithmetic itself: about kpool + 8 roundings (one exp, one add and one
+    multiply per member, the division), each at most 2^-23 of the largest key.
+    """
+    arithmetic = (kpool + 8) * 2.0**-23 * max_abs_key
+    return ulp(want, dtype) + arithmetic
+
+
+def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float) -> dict[str, float]:
+    """Max abs error, max error in output ulps, and whether every element is within bound.
+
+    NaN must meet NaN and infinity the same infinity.
+    """
+    got64 = np.asarray(got).astype(np.float64)
+    want64 = np.asarray(want).astype(np.float64)
+    if got64.size == 0:
+        return {"max_abs_err": 0.0, "max_ulp_err": 0.0, "ok": True}
+    special = ~np.isfinite(want64) | ~np.isfinite(got64)
+    same_special = np.where(np.isnan(want64), np.isnan(got64), got64 == want64)
+    finite = ~special
+    error = np.where(finite, np.abs(got64 - want64), 0.0)
+    bound = allowed_error(want64, dtype, kpool, max_abs_key)
+    ok = bool(np.all(error <= bound) and np.all(same_special[special]))
+    return {
+        "max_abs_err": float(error.max()),
+        "max_ulp_err": float((error / ulp(want64, dtype)).max()),
+        "ok": ok,
+    }

@@ -1,0 +1,110 @@
+"""Compile-only access to NVRTC, for reading the kernel's memory path off its PTX without a GPU."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import element_dtype
+from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
+from ..kernel.sources import NVRTC_OPTIONS, kernel_source
+from ..ops.checks import MAX_HEAD_DIM
+from ..pool_offsets import check_kpool
+
+_ARCH = re.compile(r"^(?:sm|compute)_(\d+[a-z]?)$")
+
+
+def check_variant(head_dim: int, kpool: int) -> None:
+    if (
+        isinstance(head_dim, bool)
+        or not isinstance(head_dim, int)
+        or head_dim <= 0
+        or head_dim % 8
+        or head_dim > MAX_HEAD_DIM
+    ):
+        raise ValueError(f"Invalid head_dim: expected a positive multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim!r}")
+    check_kpool(kpool)
+
+
+def _nvrtc() -> Any:
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as error:
+        raise RuntimeError(
+            "compiling needs CuPy's NVRTC bindings: install kpool-cupy[cuda12] or kpool-cupy[cuda13]"
+        ) from error
+    return nvrtc
+
+
+def _arch_number(arch: str) -> str:
+    match = _ARCH.match(arch)
+    if match is None:
+        raise ValueError(f"Invalid arch: expected 'sm_NN' or 'compute_NN', got {arch!r}")
+    return match.group(1)
+
+
+def _compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile kernel ``name`` of kernels/``source``; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
+    nvrtc = _nvrtc()
+    program = nvrtc.createProgram(kernel_source(source), source, [], [])
+    try:
+        nvrtc.addNameExpression(program, name)
+        try:
+            nvrtc.compileProgram(program, [*NVRTC_OPTIONS, *options])
+        except nvrtc.NVRTCError as error:
+            raise RuntimeError(f"NVRTC failed to compile {name}:\n{nvrtc.getProgramLog(program)}") from error
+        binary = nvrtc.getPTX(program) if output == "ptx" else nvrtc.getCUBIN(program)
+        return binary, nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+
+
+def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile the kpool_compress variant with k, gate and output of ``dtype``."""
+    check_variant(head_dim, kpool)
+    element = element_dtype(dtype)
+    name = compress_kernel_name(element, element, element, head_dim, kpool)
+    return _compile_kernel(COMPRESS_SOURCE, name, options, output)
+
+
+def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> str:
+    """PTX of the kpool_compress variant with k, gate and output of ``dtype``.
+
+    Needs NVRTC (the ``nvidia-cuda-nvrtc`` wheel or a CUDA toolkit) and CuPy's
+    NVRTC bindings, but no GPU and no driver.
+    """
+    ptx, _ = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    return ptx.decode()
+
+
+@dataclass(frozen=True)
+class PtxasReport:
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    stack_bytes: int
+
+
+def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> PtxasReport:
+    """Registers, spills and stack of the kpool_compress variant as ptxas (inside NVRTC) builds it; no GPU needed."""
+    check_variant(head_dim, kpool)
+    element = element_dtype(dtype)
+    return kernel_ptxas_report(COMPRESS_SOURCE, compress_kernel_name(element, element, element, head_dim, kpool), arch)
+
+
+def kernel_ptxas_report(source: str, name: str, arch: str = "sm_90") -> PtxasReport:
+    """Registers, spills and stack of any kernel instantiation of kernels/``source`` for ``arch``."""
+    _, log = _compile_kernel(source, name, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
+    numbers = {}
+    for key, pattern in (
+        ("registers", r"Used (\d+) registers"),
+        ("spill_stores", r"(\d+) bytes spill stores"),
+        ("spill_loads", r"(\d+) bytes spill loads"),
+        ("stack_bytes", r"(\d+) bytes stack frame"),
+    ):
+        found = re.search(pattern, log)
+        if found is None:
+            raise RuntimeError(f"ptxas report without {key!r}:\n{log}")
+        numbers[key] = int(found.group(1))
+    return PtxasReport(**numbers)

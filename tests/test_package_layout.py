@@ -1,0 +1,84 @@
+"""The package's shape: no module imports one that imports it back, directly or through others."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "kpool_cupy"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _exists(module: str) -> bool:
+    path = PACKAGE.parent.joinpath(*module.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _imports(path: Path) -> set[str]:
+    """Package modules ``path`` imports anywhere in it (module level, in functions, at the bottom)."""
+    name = _module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{alias.name}" for alias in node.names if _exists(f"{target}.{alias.name}"))
+    # A package's own "from . import child" names the package itself: not an edge.
+    return {m for m in found if m.split(".")[0] == "kpool_cupy" and _exists(m) and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    return {_module_name(p): _imports(p) for p in PACKAGE.rglob("*.py")}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 on the path, 2 done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (found := visit(target)):
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    assert _cycle(_graph()) is None, " -> ".join(_cycle(_graph()) or [])
+
+
+def test_the_cycle_finder_finds_a_planted_cycle():
+    # The check above could pass by finding nothing at all: plant a cycle.
+    graph = _graph()
+    graph["kpool_cupy.dtypes"] = graph["kpool_cupy.dtypes"] | {"kpool_cupy.ops.compress"}
+    assert _cycle(graph) is not None
+    assert "kpool_cupy.ops.compress" in graph["kpool_cupy.ops"]  # imports are seen at all
+
+
+def test_backends_know_no_op():
+    # Backends place memory and run launches; the ops describe themselves.
+    for path in (PACKAGE / "backends").glob("*.py"):
+        ops = {m for m in _imports(path) if m.startswith("kpool_cupy.ops.")}
+        assert ops <= {"kpool_cupy.ops.spec", "kpool_cupy.ops.binding"}, (path, ops)
