@@ -64,8 +64,7 @@ class CupyBackend:
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
-    names = tuple(o.name for o in spec.operands)
-    with on_device(names, arrays, extras["stream"]) as (cupy, device_id, placed):
+    with on_device(spec.operand_names, arrays, extras["stream"]) as (cupy, device_id, placed):
         return spec.run(CupyBackend(cupy, device_id), placed, **options)
 
 

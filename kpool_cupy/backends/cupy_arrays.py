@@ -135,7 +135,7 @@ def on_device(
     first = names[0]
     device_id = device_of(given[0])
     with cupy.cuda.Device(device_id), resolve_stream(stream):
-        arrays = tuple(as_device_array(name, array) for name, array in zip(names, given, strict=True))
+        arrays = tuple([as_device_array(name, array) for name, array in zip(names, given, strict=True)])
         for name, array in zip(names, arrays, strict=True):
             if array is not None and array.device.id != device_id:
                 where = f"device {array.device.id}"

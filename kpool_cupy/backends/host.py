@@ -42,7 +42,7 @@ def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Bin
 
     def call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
         chosen = backend(extras)  # checks the backend's own options first
-        check_host_arrays(name, tuple(o.name for o in spec.operands), arrays)
+        check_host_arrays(name, spec.operand_names, arrays)
         return spec.run(chosen, arrays, **options)
 
     return Binding(name, f"kpool_cupy.{name}", "np.ndarray", "np.ndarray | None", (), call)

@@ -20,7 +20,7 @@ from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
 from ..pool_offsets import pool_row_offsets as compute_pool_row_offsets
 from .checks import check_ape, check_batch_index, check_index, check_keys, check_out, check_rows_and_cache, fail
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,10 @@ def pools_to_cover(total_pools: int | None, total_tokens: int, kpool: int, out_r
     return bound if total_pools is None else min(total_pools, bound)
 
 
+def output_shapes(call: CompressCall, total_pools: int) -> dict[str, OutputShape]:
+    return {"out": ((total_pools, call.head_dim), call.out_dtype)}
+
+
 def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_compress`` over ``pools`` pools, arguments in kernels/kpool_compress.cu's order."""
     o = operands
@@ -137,7 +141,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> Any:
             claimed = int(backend.host_copies([pools[-1:]])[0][0])
             total_pools = min(max(claimed, 0), call.total_tokens // call.kpool)
     if out is None:
-        out = backend.empty((total_pools or 0, call.head_dim), call.out_dtype)
+        out = backend.empty(*output_shapes(call, total_pools or 0)["out"])
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(out.shape[0]))
     if covered > 0:
         operands = {"k": k, "gate": gate, "ape": ape, "input_row_offsets": input_row_offsets}
@@ -219,4 +223,4 @@ OUT = Operand("out", "[>= total_pools, head_dim] k's dtype or float32", optional
 PARAMETERS = (TOKEN_K, TOKEN_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, POOL_ROW_OFFSETS, OUT, VALIDATE)
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
-SPEC = OpSpec("kpool_compress", PARAMETERS, ("pooled",), run, DOCS, extras={"reference": (ACCUMULATE,)})
+SPEC = OpSpec("kpool_compress", PARAMETERS, ("pooled",), run, DOCS, output_shapes, {"reference": (ACCUMULATE,)})

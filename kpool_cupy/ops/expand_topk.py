@@ -14,7 +14,7 @@ from ..kernel.names import EXPAND_SOURCE, expand_kernel_name
 from ..pool_offsets import check_kpool
 from .checks import check_batch_index, check_contiguous, check_rows_and_cache, dtype_fail, fail, require_array
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,10 @@ def check_expand_args(
     return ExpandCall(kpool, batch, int(pool_ids.shape[0]), pool_topk, width)
 
 
+def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:
+    return {"positions": ((call.total_tokens, call.width), INT32)}
+
+
 def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_expand_topk``, arguments in kernels/kpool_expand.cu's order."""
     o = operands
@@ -71,7 +75,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, kpool: int, always_select_
         check_rows_and_cache(call.total_tokens, offsets, lengths)
     # Every element is written, so no zero fill (ring close and tail update
     # zero theirs: the rows of pools that did not close are left alone).
-    positions = backend.empty((call.total_tokens, call.width), INT32)
+    positions = backend.empty(*output_shapes(call)["positions"])
     if positions.size:
         operands = {"pool_ids": pool_ids, "input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths}
         backend.launch(expand_launch(call, {**operands, "positions": positions}))
@@ -99,4 +103,4 @@ EMULATE_DOC = """Selected pool ids to token positions, running the CUDA kernel o
 Same contract as :func:`kpool_cupy.kpool_expand_topk`."""
 REFERENCE_DOC = "Selected pool ids to token positions (NumPy); same contract as :func:`kpool_cupy.kpool_expand_topk`."
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS)
+SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS, output_shapes)

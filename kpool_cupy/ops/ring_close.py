@@ -14,7 +14,7 @@ from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import check_ape, check_batch_index, check_keys, check_out, check_rows_and_cache, fail
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING_GATE, RING_READ, SLOT_IDX, TOKEN_K
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ def check_closed_pool_ids(cache_lengths: np.ndarray, kpool: int) -> None:
         )
 
 
+def output_shapes(call: RingCloseCall) -> dict[str, OutputShape]:
+    return {"out": ((call.batch, call.head_dim), call.out_dtype), "closed": ((call.batch,), INT32)}
+
+
 def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_ring_close``, arguments in kernels/kpool_ring.cu's order."""
     o = operands
@@ -93,8 +97,9 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[A
         completes = (lengths % call.kpool != 0) & (np.diff(offsets) >= call.kpool - lengths % call.kpool)
         check_closed_pool_ids(lengths[completes], call.kpool)
     # Zeroed: the rows of requests that close nothing are left alone.
-    out = backend.zeros((call.batch, call.head_dim), call.out_dtype) if out is None else out
-    closed = backend.zeros((call.batch,), INT32) if closed is None else closed
+    shapes = output_shapes(call)
+    out = backend.zeros(*shapes["out"]) if out is None else out
+    closed = backend.zeros(*shapes["closed"]) if closed is None else closed
     if call.batch:
         operands = {"tail": tail, "k": k, "gate": gate, "ape": ape, "input_row_offsets": input_row_offsets}
         operands |= {"cache_lengths": cache_lengths, "slot_idx": slot_idx, "out": out, "closed": closed}
@@ -132,4 +137,4 @@ REFERENCE_DOC = """Close each request's pending pool from its ring and the call'
 
 Same contract as :func:`kpool_cupy.kpool_ring_close`."""
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS)
+SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes)

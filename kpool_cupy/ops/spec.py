@@ -10,6 +10,7 @@ functions are bound from the spec (``ops.binding``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -47,6 +48,7 @@ class Option:
 
 
 Parameter = Operand | Option
+OutputShape = tuple[tuple[int, ...], np.dtype]
 
 VALIDATE = Option("validate", "bool", True)
 
@@ -96,9 +98,11 @@ class OpSpec:
     is the call flow, with ``arrays`` the operands in parameter order, already
     placed by the backend. ``results`` names what it returns: one name
     returns one array, several a tuple, none returns None. ``docs`` holds the
-    public docstring of each binding ("cupy", "emulate", "reference");
-    ``extras`` the options only one binding takes (the reference's
-    ``accumulate``).
+    public docstring of each binding ("cupy", "emulate", "reference").
+    ``outputs(call, **sizes)`` gives the shape and dtype of each output the op
+    allocates when the caller passes none, from the call record alone (and
+    compress's data-dependent ``total_pools``). ``extras`` are the options
+    only one binding takes (the reference's ``accumulate``).
     """
 
     name: str
@@ -106,11 +110,17 @@ class OpSpec:
     results: tuple[str, ...]
     run: Callable[..., Any]
     docs: Mapping[str, str]
+    outputs: Callable[..., dict[str, OutputShape]]
     extras: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)
 
-    @property
+    @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:
         return tuple(p for p in self.parameters if isinstance(p, Operand))
+
+    @functools.cached_property
+    def operand_names(self) -> tuple[str, ...]:
+        """The operands' names in parameter order: the order ``run`` receives them in."""
+        return tuple(o.name for o in self.operands)
 
     @property
     def options(self) -> tuple[Option, ...]:

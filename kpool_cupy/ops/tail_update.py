@@ -14,7 +14,7 @@ from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import MAX_HEAD_DIM, check_ape, check_contiguous, check_writable, dtype_fail, fail, require_array
 from .operands import APE, RING, RING_GATE, SLOT_IDX
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,11 @@ def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: 
         )
 
 
+def output_shapes(call: TailUpdateCall) -> dict[str, OutputShape]:
+    shape = (call.requests, call.pools_per_request)
+    return {"out": ((*shape, call.head_dim), call.out_dtype), "closed": (shape, INT32)}
+
+
 def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_tail_update``, arguments in kernels/kpool_ring.cu's order."""
     o = operands
@@ -142,9 +147,9 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[A
         steps = flat.reshape(call.requests, call.next_n)
         check_position_values(steps, call.kpool, call.pools_per_request)
         check_slot_values(slots, call.max_slots, writers=(steps >= 0).any(axis=1))
-    shape = (call.requests, call.pools_per_request)
-    out = backend.zeros((*shape, call.head_dim), call.out_dtype) if out is None else out
-    closed = backend.zeros(shape, INT32) if closed is None else closed
+    shapes = output_shapes(call)
+    out = backend.zeros(*shapes["out"]) if out is None else out
+    closed = backend.zeros(*shapes["closed"]) if closed is None else closed
     if call.requests and call.next_n:
         operands = {"tail": tail, "k": k, "gate": gate, "ape": ape, "positions": positions}
         operands |= {"slot_idx": slot_idx, "out": out, "closed": closed}
@@ -178,4 +183,4 @@ EMULATE_DOC = (
 )
 REFERENCE_DOC = "The decode step (NumPy); same contract as :func:`kpool_cupy.kpool_tail_update`."
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS)
+SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes)

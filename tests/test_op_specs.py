@@ -1,0 +1,124 @@
+"""The op specs: what each declares holds for what it does, and a keyword is one edit to a spec."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+import numpy as np
+import pytest
+from model import BF16
+
+from kpool_cupy import emulate, reference
+from kpool_cupy.backends import cupy as gpu_backend
+from kpool_cupy.backends import emulate as emulate_backend
+from kpool_cupy.backends import reference as reference_backend
+from kpool_cupy.ops import COMPRESS, OPS
+from kpool_cupy.ops.binding import bind
+from kpool_cupy.ops.spec import Operand, Option
+
+BINDINGS = (gpu_backend.BINDING, emulate_backend.BINDING, reference_backend.BINDING)
+
+
+def _calls():
+    """One small valid call per op, as keyword arguments of the reference function."""
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((11, 16)).astype(BF16)
+    ape = rng.standard_normal((3, 16)).astype(np.float32)
+    offsets, cached = np.array([0, 7, 11], np.int32), np.array([2, 1], np.int32)
+    tail = np.zeros((2, 2, 3, 16), BF16)
+    slots = np.array([0, 1], np.int32)
+    step = rng.standard_normal((2, 2, 16)).astype(BF16)
+    return {
+        "kpool_compress": dict(k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached),
+        "kpool_ring_close": dict(
+            tail=tail, k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached, slot_idx=slots
+        ),
+        "kpool_seed_tail": dict(
+            tail=tail, k=k, gate=k, input_row_offsets=offsets, cache_lengths=cached, slot_idx=slots
+        ),
+        "kpool_tail_update": dict(
+            tail=tail, k=step, gate=step, ape=ape, positions=np.array([[4, 5], [0, -1]], np.int32), slot_idx=slots
+        ),
+        "kpool_expand_topk": dict(
+            pool_ids=np.array([[0, -1]] * 11, np.int32), input_row_offsets=offsets, cache_lengths=cached, kpool=3
+        ),
+    }
+
+
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_run_allocates_exactly_the_declared_outputs(spec):
+    # A shape-only (fake) implementation will size outputs from spec.outputs
+    # and the call record alone, so run may allocate nothing else.
+    arguments = _calls()[spec.name]
+    recorded = {}
+
+    class Recording(reference_backend.ReferenceBackend):
+        def empty(self, shape, dtype):
+            recorded.setdefault("allocated", []).append((tuple(shape), np.dtype(dtype)))
+            return super().empty(shape, dtype)
+
+        zeros = empty
+
+    arrays = tuple(arguments.get(o.name) for o in spec.operands)
+    options = {o.name: arguments.get(o.name, o.default) for o in spec.options}
+    spec.run(Recording(), arrays, **options)
+    call = _call_record(spec, arrays, options)
+    sizes = {"total_pools": recorded["allocated"][0][0][0]} if spec is COMPRESS else {}
+    declared = [(tuple(s), np.dtype(d)) for s, d in spec.outputs(call, **sizes).values()]
+    assert recorded.get("allocated", []) == declared
+
+
+def _call_record(spec, arrays, options):
+    from kpool_cupy.ops import compress, expand_topk, ring_close, seed_tail, tail_update
+
+    checks = {
+        "kpool_compress": lambda: compress.check_compress_args(*arrays),
+        "kpool_ring_close": lambda: ring_close.check_ring_close_args(*arrays),
+        "kpool_seed_tail": lambda: seed_tail.check_seed_tail_args(*arrays),
+        "kpool_tail_update": lambda: tail_update.check_tail_update_args(*arrays),
+        "kpool_expand_topk": lambda: expand_topk.check_expand_args(
+            *arrays, options["kpool"], options["always_select_tail"]
+        ),
+    }
+    return checks[spec.name]()
+
+
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_results_name_what_the_function_returns(spec):
+    result = getattr(reference, spec.name)(**_calls()[spec.name])
+    if not spec.results:
+        assert result is None
+    elif len(spec.results) == 1:
+        assert isinstance(result, np.ndarray)
+    else:
+        assert isinstance(result, tuple) and len(result) == len(spec.results)
+
+
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_required_operands_come_first_and_written_ones_are_arrays_the_op_writes(spec):
+    kinds = [isinstance(p, Operand) and not p.optional for p in spec.parameters]
+    assert kinds == sorted(kinds, reverse=True), spec.name  # all required operands before the rest
+    written = {o.name for o in spec.operands if o.written}
+    assert written <= {"out", "closed", "tail"}
+
+
+def test_a_keyword_added_to_a_spec_reaches_every_backend():
+    # The worked example of docs/architecture.md, as a test: one Option in the
+    # spec, and the GPU, emulate and reference functions all take it.
+    seen = []
+
+    def run(backend, arrays, *, validate, scale):
+        seen.append(scale)
+        return COMPRESS.run(backend, arrays, validate=validate)
+
+    scaled = dataclasses.replace(COMPRESS, parameters=(*COMPRESS.parameters, Option("scale", "float", 1.0)), run=run)
+    for binding in BINDINGS:
+        parameter = inspect.signature(bind(scaled, binding)).parameters["scale"]
+        assert parameter.kind is parameter.KEYWORD_ONLY and parameter.default == 1.0, binding.name
+    arguments = _calls()["kpool_compress"]
+    for module, binding in ((emulate, emulate_backend.BINDING), (reference, reference_backend.BINDING)):
+        got = bind(scaled, binding)(**arguments, scale=2.5)
+        want = module.kpool_compress(**arguments)
+        np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
+    assert seen == [2.5, 2.5]
