@@ -55,6 +55,18 @@ def test_help_names_the_public_module(qualified):
         assert function.__module__ == module.__name__
 
 
+@pytest.mark.parametrize("qualified", FUNCTIONS)
+def test_tools_that_read_functions_can_read_these(qualified):
+    # Sphinx, beartype and torch's schema inference resolve the annotations;
+    # debuggers and inspect read the source.
+    import typing
+
+    _, function = _function(qualified)
+    hints = typing.get_type_hints(function)
+    assert set(hints) == {*inspect.signature(function).parameters, "return"}
+    assert inspect.getsource(function)
+
+
 def test_every_recorded_public_name_is_still_exported():
     for module_name, names in RECORDED["__all__"].items():
         module = importlib.import_module(module_name)

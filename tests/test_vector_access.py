@@ -86,7 +86,8 @@ def test_tail_update_takes_the_16_byte_path_for_every_operand():
 
 # Every op that may use 16-byte access, handed each such operand as a view
 # whose base is one element off alignment ("shifted") or whose rows sit at a
-# stride that is not a multiple of 16 bytes ("padded"). An alignment check
+# stride that is not a multiple of 16 bytes ("padded"; for a decode step's
+# [R, next_n, D] tokens also each of the two outer strides alone). An alignment check
 # that answers "aligned" regardless makes the emulator abort, as the GPU
 # would fault; a right one gives the bits of the same call on aligned copies.
 _MISALIGNED = textwrap.dedent(
@@ -107,6 +108,18 @@ _MISALIGNED = textwrap.dedent(
 
     def padded(a):
         view = np.zeros((*a.shape[:-1], a.shape[-1] + 1), a.dtype)[..., : a.shape[-1]]
+        view[...] = a
+        return view
+
+    def token_stride_odd(a):  # [R, n, D]: request stride aligned (8 tokens of D + 1), token stride not
+        view = np.zeros((a.shape[0], 8, a.shape[2] + 1), a.dtype)[:, : a.shape[1], : a.shape[2]]
+        view[...] = a
+        return view
+
+    def request_stride_odd(a):  # [R, n, D]: token stride aligned, request stride one element more
+        rows = np.zeros((a.shape[0], a.shape[1] * a.shape[2] + 1), a.dtype)
+        view = rows[:, : a.shape[1] * a.shape[2]].reshape(a.shape)
+        assert view.base is not None and view.strides[1] % 16 == 0 and view.strides[0] % 16 != 0
         view[...] = a
         return view
 
@@ -143,8 +156,11 @@ _MISALIGNED = textwrap.dedent(
 
         want, want_written, aligned = run(arguments)
         for name in operands:
-            for make in (shifted, padded):
-                if make is padded and name in contiguous[op]:
+            three_d = arguments[name].ndim == 3 and name not in contiguous[op]
+            for make in (shifted, padded, token_stride_odd, request_stride_odd):
+                if make is not shifted and name in contiguous[op]:
+                    continue
+                if make in (token_stride_odd, request_stride_odd) and not three_d:
                     continue
                 changed = dict(arguments)
                 changed[name] = make(arguments[name])
@@ -166,4 +182,4 @@ def test_misaligned_and_odd_stride_views_never_take_the_16_byte_path():
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "checked 30" in done.stdout, done.stdout
+    assert "checked 34" in done.stdout, done.stdout

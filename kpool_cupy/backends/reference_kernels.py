@@ -23,6 +23,28 @@ from ..ops.spec import Launch
 FLOAT32 = np.float32  # the kernels' arithmetic
 
 
+def find_request(offsets: np.ndarray, batch: int, items: np.ndarray) -> np.ndarray:
+    """``kp::find_request`` for every item at once: the last b in [0, batch) with offsets[b] <= item.
+
+    The kernel's binary search step for step, so unsorted garbage offsets
+    (``validate=False``) give the request the kernel picks.
+    """
+    lo = np.zeros(items.shape, np.int64)
+    hi = np.full(items.shape, batch - 1, np.int64)
+    while (active := lo < hi).any():
+        mid = lo + (hi - lo + 1) // 2
+        right = offsets[np.where(active, mid, 0)] <= items
+        lo = np.where(active & right, mid, lo)
+        hi = np.where(active & ~right, mid - 1, hi)
+    return lo
+
+
+def request_rows(offsets: np.ndarray, cached: np.ndarray, request: np.ndarray, total_tokens: int):
+    """``kp::request_rows`` for many requests: row begin and end, cached length, and whether they are usable."""
+    begin, end, length = offsets[request], offsets[request + 1], cached[request]
+    return begin, end, length, (begin >= 0) & (end <= total_tokens) & (begin <= end) & (length >= 0)
+
+
 def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any):
     """First member row of each pool in [0, count) and whether it may be written.
 
@@ -37,15 +59,14 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     cached = np.asarray(cache_lengths).astype(np.int64)
     if call.batch == 0:
         return pool, np.zeros(count, dtype=bool)
-    # The largest b with pools[b] <= pool; on sorted offsets this is the binary search's answer.
-    request = np.clip(np.searchsorted(pools[: call.batch], pool, side="right") - 1, 0, call.batch - 1)
+    request = find_request(pools, call.batch, pool)
     begin, end = pools[request], pools[request + 1]
-    row_begin, row_end = offsets[request], offsets[request + 1]
     ok = (begin >= 0) & (pool >= begin) & (pool < end) & (pool < pools[call.batch])
-    ok &= (row_begin >= 0) & (row_end <= call.total_tokens) & (row_begin <= row_end) & (cached[request] >= 0)
+    row_begin, row_end, length, usable = request_rows(offsets, cached, request, call.total_tokens)
+    ok &= usable
     local = np.where(ok, pool - begin, 0)
     ok &= local <= (row_end - row_begin) // call.kpool
-    phase = np.where(ok, cached[request], 0) % call.kpool
+    phase = np.where(ok, length, 0) % call.kpool
     first = row_begin + np.where(phase == 0, 0, call.kpool - phase) + np.where(ok, local, 0) * call.kpool
     ok &= first + call.kpool <= row_end
     return np.where(ok, first, 0), ok
@@ -89,8 +110,7 @@ def _requests(call: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: A
     offsets = np.asarray(input_row_offsets).astype(np.int64)
     cached = np.asarray(cache_lengths).astype(np.int64)
     slots = np.asarray(slot_idx).astype(np.int64)
-    begin, end = offsets[:-1], offsets[1:]
-    usable = (begin >= 0) & (end <= call.total_tokens) & (begin <= end) & (cached >= 0)
+    begin, end, cached, usable = request_rows(offsets, cached, np.arange(call.batch), call.total_tokens)
     usable &= (slots >= 0) & (slots < call.max_slots)
     return begin, end, cached, slots, usable
 
@@ -176,11 +196,8 @@ def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     offsets = np.asarray(o["input_row_offsets"]).astype(np.int64)
     cached = np.asarray(o["cache_lengths"]).astype(np.int64)
     token = np.arange(tokens)
-    request = np.clip(np.searchsorted(offsets[:batch], token, side="right") - 1, 0, batch - 1)
-    begin, end, c = offsets[request], offsets[request + 1], cached[request]
-    # kp::request_rows's checks, then the token inside its request.
-    known = (begin >= 0) & (end <= tokens) & (begin <= end) & (c >= 0)
-    known &= (begin <= token) & (token < end) & (c < 2**62)
+    begin, end, c, known = request_rows(offsets, cached, find_request(offsets, batch, token), tokens)
+    known &= (begin <= token) & (token < end) & (c < 2**62)  # the token inside its request
     visible = np.where(known, c + token - begin + 1, 0)
     count = visible % kpool
     column = np.arange(extra)

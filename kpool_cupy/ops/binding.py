@@ -11,9 +11,12 @@ keyword on an op is a new entry in its spec, not an edit here.
 from __future__ import annotations
 
 import inspect
+import linecache
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from .spec import REQUIRED, Operand, OpSpec, Option
 
@@ -82,8 +85,12 @@ def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
     # Generated, like a dataclass's __init__: a plain function is the cheapest
     # call and the clearest signature.
     text = f"def {spec.name}({', '.join(spelled)}):\n    return __call(__spec, ({arrays},), {{{own}}}, {{{theirs}}})\n"
-    namespace: dict[str, Any] = {"__call": binding.call, "__spec": spec, "__defaults": defaults}
-    exec(compile(text, f"<kpool_cupy {binding.name} {spec.name}>", "exec"), namespace)
+    filename = f"<kpool_cupy {binding.name} {spec.name}>"
+    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # for inspect.getsource
+    # The function's globals: its helpers, and the names its string annotations
+    # use, so typing.get_type_hints resolves them.
+    namespace: dict[str, Any] = {"__call": binding.call, "__spec": spec, "__defaults": defaults, "Any": Any, "np": np}
+    exec(compile(text, filename, "exec"), namespace)
     function = namespace[spec.name]
     function.__module__ = binding.module
     function.__qualname__ = spec.name

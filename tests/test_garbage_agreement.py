@@ -1,0 +1,100 @@
+"""On garbage with validate=False the NumPy kernels write where the CUDA kernels write.
+
+The reference runs each kernel in NumPy, not the op, so even for offsets no
+validator would pass (unsorted, overshooting, negative) it must pick the same
+requests, write the same rows, ids and ring entries as the emulated kernel,
+and pool them to within rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from garbage import garbage_cases, ring_garbage_cases
+from model import TOLERANCES
+
+from kpool_cupy import emulate, reference
+
+CASES = 120  # per family: every variant of tests/garbage.py, in seconds
+
+
+def _run(module, function: str, case: dict):
+    case = copy.deepcopy(case)  # each backend writes its own copies
+    result = getattr(module, f"kpool_{function}")(**case, validate=False)
+    written = {name: case[name] for name in ("out", "closed", "tail") if case.get(name) is not None}
+    return result, written
+
+
+def _assert_same(got, want, where: str) -> None:
+    assert got.shape == want.shape and got.dtype == want.dtype, where
+    if got.dtype.kind in "iu":
+        np.testing.assert_array_equal(got, want, err_msg=where)
+        return
+    got64, want64 = got.astype(np.float64), want.astype(np.float64)
+    # Which elements were written is exact: zero-initialized outputs stay zero
+    # where no pool landed.
+    np.testing.assert_array_equal(got64 == 0, want64 == 0, err_msg=where)
+    # Pooled values: each backend is within the dtype's tolerance of the exact
+    # value (tests/model.py), so of each other within twice that.
+    atol, rtol = TOLERANCES[got.dtype]
+    np.testing.assert_allclose(got64, want64, atol=2 * atol, rtol=2 * rtol, err_msg=where)
+
+
+def _compare(function: str, case: dict, label: str) -> None:
+    got, got_written = _run(emulate, function, case)
+    want, want_written = _run(reference, function, case)
+    got_results = got if isinstance(got, tuple) else (got,) if got is not None else ()
+    want_results = want if isinstance(want, tuple) else (want,) if want is not None else ()
+    for i, (a, b) in enumerate(zip(got_results, want_results, strict=True)):
+        _assert_same(a, b, f"{label} result {i}")
+    for name in got_written:
+        _assert_same(got_written[name], want_written[name], f"{label} {name}")
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_compress_garbage_lands_in_the_same_rows(chunk):
+    compared = 0
+    for i, case in enumerate(garbage_cases(seed=chunk, count=CASES // 4)):
+        if case["out"] is None:  # rows no pool lands in are uninitialized: nothing to compare
+            continue
+        _compare("compress", case, f"seed {chunk} case {i}")
+        compared += 1
+    assert compared >= CASES // 16  # about 70% of the cases pass a zeroed out
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_lifecycle_garbage_lands_in_the_same_places(chunk):
+    for i, (function, case) in enumerate(ring_garbage_cases(seed=chunk, count=CASES // 4)):
+        _compare(function, case, f"seed {chunk} case {i} {function}")
+
+
+def _kernel_find_request(offsets: np.ndarray, batch: int, item: int) -> int:
+    """kp::find_request of kernels/kpool_common.cuh, transcribed line for line."""
+    lo, hi = 0, batch - 1
+    while lo < hi:
+        mid = lo + (hi - lo + 1) // 2
+        if offsets[mid] <= item:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def test_the_reference_searches_unsorted_offsets_as_the_kernel_does():
+    # Sorted offsets leave one answer; unsorted garbage leaves one per search
+    # algorithm, and the reference must take the kernel's.
+    from kpool_cupy.backends.reference_kernels import find_request
+
+    rng = np.random.default_rng(5)
+    differs_from_searchsorted = 0
+    for _ in range(300):
+        batch = int(rng.integers(1, 12))
+        offsets = rng.integers(-5, 40, batch + 1)
+        items = np.arange(-2, 42)
+        want = [_kernel_find_request(offsets, batch, int(i)) for i in items]
+        np.testing.assert_array_equal(find_request(offsets, batch, items), want)
+        naive = np.clip(np.searchsorted(offsets[:batch], items, side="right") - 1, 0, batch - 1)
+        differs_from_searchsorted += int((naive != want).any())
+    assert differs_from_searchsorted > 0  # the cases above do tell the two apart
