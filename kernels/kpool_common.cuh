@@ -250,7 +250,9 @@ struct PoolChannel {
 
     __device__ __forceinline__ void first(float logit, float key) {
         max_logit = logit;
-        weight_sum = 1.0f;
+        // A NaN logit carries into the weight sum even when no member follows
+        // (kpool 1), where nothing else would read it.
+        weight_sum = logit != logit ? logit : 1.0f;
         weighted_keys = key;
     }
     __device__ __forceinline__ void push(float logit, float key) {

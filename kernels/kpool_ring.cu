@@ -113,7 +113,7 @@ __global__ void kpool_seed_tail(T* __restrict__ tail, long long max_slots, const
 }
 
 // The decode step: k, gate [requests, next_n, HEAD_DIM], positions
-// [requests, next_n] (negative = padding). Walks each request's tokens in
+// [requests, next_n] of any index kind (negative = padding). Walks each request's tokens in
 // order, stashes every real token in the ring, and closes pool pos / KPOOL
 // whenever pos % KPOOL == KPOOL - 1, from ring positions 0 .. KPOOL - 1.
 // pooled [requests, pools_per_request, HEAD_DIM] and closed
@@ -127,7 +127,8 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
                                   long long k_request_stride, long long k_token_stride, const T* __restrict__ gate,
                                   long long gate_request_stride, long long gate_token_stride,
                                   const float* __restrict__ ape, long long ape_row_stride,
-                                  const int* __restrict__ positions, const void* __restrict__ slot_idx, int slot_kind,
+                                  const void* __restrict__ positions, int positions_kind,
+                                  const void* __restrict__ slot_idx, int slot_kind,
                                   long long requests, int next_n, OT* __restrict__ pooled,
                                   int* __restrict__ closed, int pools_per_request, int vector_mask) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
@@ -143,9 +144,9 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
     T* const gates_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, 0) : 0) + channel;
     int written = 0;
     for (int t = 0; t < next_n && slot_ok; ++t) {
-        const int position = positions[request * next_n + t];
+        const long long position = kp::load_index(positions, positions_kind, request * next_n + t);
         if (position < 0) continue;  // padding: the ring stays byte-identical
-        const int ring_position = position % KPOOL;
+        const int ring_position = static_cast<int>(position % KPOOL);
         kp::copy8(keys_ring + ring_position * HEAD_DIM, tail_vector,
                   k + request * k_request_stride + t * k_token_stride + channel, (vector_mask & kp::kVectorK) != 0);
         kp::copy8(gates_ring + ring_position * HEAD_DIM, tail_vector,
@@ -164,7 +165,7 @@ __global__ void kpool_tail_update(T* __restrict__ tail, long long max_slots, con
             ape + channel, ape_row_stride, ape_vector, result);
         const long long row = request * pools_per_request + written;
         kp::store8(pooled + row * HEAD_DIM + channel, (vector_mask & kp::kVectorOut) != 0, result);
-        if (lead) closed[row] = position / KPOOL;
+        if (lead) closed[row] = static_cast<int>(position / KPOOL);  // fits: checked with validate=True
         ++written;
     }
     if (lead)

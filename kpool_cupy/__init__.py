@@ -12,25 +12,29 @@ Every op is described once in ``kpool_cupy.ops``; the functions here are
 bound from those descriptions to the GPU backend (``kpool_cupy.backends``).
 """
 
-from __future__ import annotations
-
-from importlib.metadata import PackageNotFoundError, version
-
 from . import emulate, reference
 from .backends.cupy import BINDING as _GPU
-from .ops import COMPRESS, EXPAND_TOPK, RING_CLOSE, SEED_TAIL, TAIL_UPDATE
-from .ops.binding import bind
+from .ops import OPS as _OPS
+from .ops.binding import bind as _bind
 from .pool_offsets import pool_row_offsets
 from .tools.nvrtc import compile_ptx
 
+# In the order of ops.OPS; tests/test_public_api.py checks each name.
 kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = (
-    bind(spec, _GPU) for spec in (COMPRESS, RING_CLOSE, SEED_TAIL, TAIL_UPDATE, EXPAND_TOPK)
+    _bind(spec, _GPU) for spec in _OPS
 )
 
-try:
-    __version__ = version("kpool-cupy")
-except PackageNotFoundError:  # a source checkout on PYTHONPATH
-    __version__ = "0.0.0+unknown"
+
+def _package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("kpool-cupy")
+    except PackageNotFoundError:  # a source checkout on PYTHONPATH
+        return "0.0.0+unknown"
+
+
+__version__ = _package_version()
 
 __all__ = [
     "__version__",

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from .dtypes import element_dtype
+from .dtypes import MAX_KPOOL, element_dtype
 from .tools.self_check import BACKENDS, pick_backend, run_check
 
 
@@ -27,7 +27,7 @@ def main() -> None:
 )
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--head-dim", type=click.IntRange(min=8), default=128, show_default=True)
-@click.option("--kpool", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_json: bool) -> None:
@@ -72,7 +72,7 @@ def info() -> None:
 
 @main.command()
 @click.option("--head-dim", type=click.IntRange(min=8), default=128, show_default=True)
-@click.option("--kpool", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
 @click.option("--arch", default="sm_90", show_default=True, help="sm_NN: ptxas reports registers for this GPU.")
 @click.option("--out", "out_file", type=click.Path(dir_okay=False, writable=True), help="Save the PTX here.")

@@ -22,6 +22,11 @@ INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64))
 INT32 = np.dtype(np.int32)
 INT32_MAX = 2**31 - 1
 
+# The largest kpool any op accepts: far above the 4 to 128 indexers use, and
+# small enough that every instantiation compiles in seconds and every
+# position and width computed from it stays far from 64-bit limits.
+MAX_KPOOL = 1024
+
 _NAMES = {"bfloat16": BFLOAT16, "bf16": BFLOAT16, "float16": FLOAT16, "fp16": FLOAT16, "float32": FLOAT32}
 
 

@@ -16,16 +16,15 @@ is appended to the compile flags and is part of the cache key, so a test can
 build with ``-fsanitize=address``.
 """
 
-from __future__ import annotations
-
 from .backends.emulate import BINDING as _EMULATE
 from .emulator.launch import launch
 from .emulator.toolchain import BASE_FLAGS, FLAGS_VARIABLE, CompilerNotFoundError, cache_dir, compiler, load_variant
-from .ops import COMPRESS, EXPAND_TOPK, RING_CLOSE, SEED_TAIL, TAIL_UPDATE
-from .ops.binding import bind
+from .ops import OPS as _OPS
+from .ops.binding import bind as _bind
 
+# In the order of ops.OPS; tests/test_public_api.py checks each name.
 kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = (
-    bind(spec, _EMULATE) for spec in (COMPRESS, RING_CLOSE, SEED_TAIL, TAIL_UPDATE, EXPAND_TOPK)
+    _bind(spec, _EMULATE) for spec in _OPS
 )
 
 __all__ = [

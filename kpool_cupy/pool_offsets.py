@@ -6,15 +6,16 @@ from typing import Any
 
 import numpy as np
 
-from .dtypes import INDEX_DTYPES
+from .arrays import check_array_kind
+from .dtypes import INDEX_DTYPES, MAX_KPOOL
 
 
 def check_kpool(kpool: Any) -> None:
-    """An integer (TypeError otherwise) of at least 1 (ValueError otherwise)."""
+    """An integer (TypeError otherwise) in [1, MAX_KPOOL] (ValueError otherwise)."""
     if isinstance(kpool, bool) or not isinstance(kpool, (int, np.integer)):
         raise TypeError(f"Invalid kpool: expected an integer, got {type(kpool).__name__} {kpool!r}")
-    if kpool < 1:
-        raise ValueError(f"Invalid kpool: expected an integer >= 1, got {kpool!r}")
+    if not 1 <= kpool <= MAX_KPOOL:
+        raise ValueError(f"Invalid kpool: expected an integer in [1, {MAX_KPOOL}], got {kpool!r}")
 
 
 def _array_module(array: Any) -> Any:
@@ -39,7 +40,8 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
     """
     check_kpool(kpool)
     for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
-        if not hasattr(array, "dtype") or np.dtype(array.dtype) not in INDEX_DTYPES:
+        check_array_kind(name, array)
+        if np.dtype(array.dtype) not in INDEX_DTYPES:
             raise TypeError(
                 f"Invalid {name}: expected dtype int32, uint32 or int64, got {getattr(array, 'dtype', type(array))}"
             )

@@ -81,7 +81,8 @@ MUTATIONS = {
         tail=np.zeros((3, 2, 4, 4104), BF16),
     ),
     "positions-shape": lambda a: a.update(positions=np.zeros((2, 4), np.int32)),
-    "positions-dtype": lambda a: a.update(positions=a["positions"].astype(np.int64)),
+    "positions-dtype": lambda a: a.update(positions=a["positions"].astype(np.float32)),
+    "positions-pool-id-too-big": lambda a: a.update(positions=np.array([[5, 6, 2**40 * 4 - 1], [9, 10, -1]], np.int64)),
     "positions-noncontiguous": lambda a: a.update(positions=a["positions"][:, ::-1]),
     "positions-below-padding": lambda a: a.update(positions=np.array([[5, 6, 7], [9, -2, -1]], np.int32)),
     "positions-too-many-closes": lambda a: a.update(positions=np.array([[3, 7, 11], [9, 10, -1]], np.int32)),
@@ -94,6 +95,7 @@ MUTATIONS = {
     "pool-ids-noncontiguous": lambda a: a.update(pool_ids=np.asfortranarray(a["pool_ids"])),
     "expand-kpool": lambda a: a.update(kpool=0),
     "expand-kpool-type": lambda a: a.update(kpool=4.0),
+    "expand-kpool-too-large": lambda a: a.update(kpool=2**31),
     "expand-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 5, 10], np.int32)),
 }
 

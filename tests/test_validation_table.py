@@ -76,6 +76,7 @@ MUTATIONS = {
     "gate-last-dim": _set(gate=lambda a: np.asfortranarray(a["gate"])),
     "ape-dtype": _set(ape=lambda a: a["ape"].astype(np.float16)),
     "ape-kpool-zero": _set(ape=lambda a: a["ape"][:0]),
+    "ape-kpool-too-large": _set(ape=lambda a: np.zeros((1025, a["ape"].shape[1]), np.float32)),
     "ape-width": _set(ape=lambda a: a["ape"][:, :-8]),
     "ape-rank": _set(ape=lambda a: a["ape"][0]),
     "ape-last-dim": _set(ape=lambda a: np.asfortranarray(a["ape"])),

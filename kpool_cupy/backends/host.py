@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import check_array_kind
 from ..ops.binding import Binding
 from ..ops.spec import Backend, OpSpec
 
@@ -15,7 +16,9 @@ class HostMemory:
     """Where the CPU backends keep arrays: NumPy, so a "host copy" is the array itself."""
 
     def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        return [np.asarray(a) for a in arrays]
+        # int64 like the GPU's copies, so sums of offsets and lengths in the
+        # checks cannot wrap at the caller's int32 or uint32.
+        return [np.asarray(a).astype(np.int64) for a in arrays]
 
     def from_host(self, array: np.ndarray) -> np.ndarray:
         return array
@@ -28,9 +31,11 @@ class HostMemory:
 
 
 def check_host_arrays(backend: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:
-    """The CPU backends take NumPy arrays; name the first argument that is not one."""
+    """The CPU backends take plain NumPy arrays; name the first argument that is not one."""
     for name, array in zip(names, arrays, strict=True):
-        if array is not None and not isinstance(array, np.ndarray):
+        if isinstance(array, np.ndarray):
+            check_array_kind(name, array)  # a masked array or a matrix is refused here
+        elif array is not None:
             raise TypeError(
                 f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type(array).__module__}."
                 f"{type(array).__name__} (device arrays go to kpool_cupy.kpool_compress)"

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, dtype_name
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, MAX_KPOOL, dtype_name
 
 # A group of head_dim / 8 threads serves one pool; at 4096 that is one
 # 512-thread block, which leaves each thread the 128 registers the kernels use
@@ -109,8 +109,8 @@ def check_ape(ape: Any, head_dim: int) -> int:
     """ape as float32 ``[kpool, head_dim]``; returns kpool."""
     check_rows("ape", ape, (FLOAT32,))
     kpool = int(ape.shape[0])
-    if kpool < 1:
-        raise fail("ape", "kpool (ape.shape[0]) of at least 1", kpool)
+    if not 1 <= kpool <= MAX_KPOOL:
+        raise fail("ape", f"kpool (ape.shape[0]) in [1, {MAX_KPOOL}]", kpool)
     if ape.shape[1] != head_dim:
         raise fail("ape", f"shape [kpool, {head_dim}]", f"shape {tuple(ape.shape)}")
     return kpool

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INT32
+from ..dtypes import INDEX_DTYPES, INT32
 from ..kernel import codes
 from ..kernel.geometry import flat_geometry
 from ..kernel.names import EXPAND_SOURCE, expand_kernel_name
@@ -33,8 +33,8 @@ def check_expand_args(
 ) -> ExpandCall:
     check_kpool(kpool)
     require_array("pool_ids", pool_ids)
-    if pool_ids.dtype not in (np.dtype(np.int32), np.dtype(np.int64)):
-        raise dtype_fail("pool_ids", "dtype int32 or int64", pool_ids.dtype)
+    if pool_ids.dtype not in INDEX_DTYPES:
+        raise dtype_fail("pool_ids", "dtype int32, uint32 or int64", pool_ids.dtype)
     if pool_ids.ndim != 2:
         raise fail("pool_ids", "a 2-D array [total_tokens, pool_topk]", f"shape {tuple(pool_ids.shape)}")
     check_contiguous("pool_ids", pool_ids)

@@ -6,10 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INT32, dtype_name
+from ..dtypes import INT32, MAX_KPOOL, dtype_name
 from .checks import check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
-
-SLOT_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32))
 
 
 def check_tail(tail: Any, dtype: np.dtype, kpool: int | None, head_dim: int, *, writes: bool) -> tuple[int, int]:
@@ -21,7 +19,7 @@ def check_tail(tail: Any, dtype: np.dtype, kpool: int | None, head_dim: int, *, 
         )
     kpool_text = "kpool" if kpool is None else str(kpool)
     expected = f"shape [max_slots, 2, {kpool_text}, {head_dim}]"
-    if tail.ndim != 4 or tail.shape[1] != 2 or tail.shape[3] != head_dim or tail.shape[2] < 1:
+    if tail.ndim != 4 or tail.shape[1] != 2 or tail.shape[3] != head_dim or not 1 <= tail.shape[2] <= MAX_KPOOL:
         raise fail("tail", expected, f"shape {tuple(tail.shape)}")
     if kpool is not None and tail.shape[2] != kpool:
         raise fail("tail", expected + " (kpool from ape)", f"shape {tuple(tail.shape)}")
@@ -33,8 +31,6 @@ def check_tail(tail: Any, dtype: np.dtype, kpool: int | None, head_dim: int, *, 
 
 def check_slots(slot_idx: Any, requests: int) -> None:
     require_array("slot_idx", slot_idx)
-    if slot_idx.dtype not in SLOT_DTYPES:
-        raise dtype_fail("slot_idx", "dtype int32 or uint32", slot_idx.dtype)
     check_index("slot_idx", slot_idx, requests)
 
 

@@ -47,9 +47,9 @@ def check_ring_close_args(
     return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype), out_dtype)
 
 
-def check_closed_pool_ids(cache_lengths: np.ndarray, kpool: int) -> None:
-    """Pool ids go out as int32: the pending pool c // kpool must fit."""
-    too_big = cache_lengths.astype(np.int64) // kpool > INT32_MAX
+def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:
+    """Pool ids go out as int32: the pending pool c // kpool of each request that ``closes`` must fit."""
+    too_big = closes & (cache_lengths.astype(np.int64) // kpool > INT32_MAX)
     if too_big.any():
         b = int(np.argmax(too_big))
         raise fail(
@@ -95,7 +95,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[A
         check_rows_and_cache(call.total_tokens, offsets, lengths)
         check_slot_values(slots, call.max_slots)
         completes = (lengths % call.kpool != 0) & (np.diff(offsets) >= call.kpool - lengths % call.kpool)
-        check_closed_pool_ids(lengths[completes], call.kpool)
+        check_closed_pool_ids(lengths, completes, call.kpool)
     # Zeroed: the rows of requests that close nothing are left alone.
     shapes = output_shapes(call)
     out = backend.zeros(*shapes["out"]) if out is None else out

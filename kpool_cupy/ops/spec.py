@@ -77,7 +77,7 @@ class Backend(Protocol):
     """What an op's call flow needs from a backend: memory and launches, nothing about ops."""
 
     def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
-        """Host copies of small index arrays, in one transfer where that matters."""
+        """Host int64 copies of small index arrays, in one transfer where that matters."""
         ...
 
     def from_host(self, array: np.ndarray) -> Any: ...

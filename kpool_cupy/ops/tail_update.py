@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32, INT32, dtype_name
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, INT32_MAX, dtype_name
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
@@ -74,8 +74,8 @@ def check_tail_update_args(
     kpool = check_ape(ape, head_dim)
     max_slots, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
     require_array("positions", positions)
-    if positions.dtype != INT32:
-        raise dtype_fail("positions", "dtype int32", positions.dtype)
+    if positions.dtype not in INDEX_DTYPES:
+        raise dtype_fail("positions", "dtype int32, uint32 or int64", positions.dtype)
     if tuple(positions.shape) != (requests, next_n):
         raise fail(
             "positions", f"shape [{requests}, {next_n}] like k's first two dims", f"shape {tuple(positions.shape)}"
@@ -96,6 +96,14 @@ def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: 
     if bad.any():
         r, t = (int(i) for i in np.argwhere(bad)[0])
         raise fail("positions", "positions >= 0, or -1 for padding", f"{int(positions[r, t])} at [{r}, {t}]")
+    too_far = positions // kpool > INT32_MAX
+    if too_far.any():
+        r, t = (int(i) for i in np.argwhere(too_far)[0])
+        raise fail(
+            "positions",
+            f"pool ids pos // kpool <= {INT32_MAX} (closed is int32)",
+            f"{int(positions[r, t])} at [{r}, {t}]",
+        )
     closes = ((positions >= 0) & (positions % kpool == kpool - 1)).sum(axis=1)
     if (closes > pools_per_request).any():
         r = int(np.argmax(closes > pools_per_request))
@@ -124,7 +132,7 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
         codes.stride(o["gate"], 0),
         codes.stride(o["gate"], 1),
         *codes.rows(o["ape"]),
-        o["positions"],
+        *codes.index(o["positions"]),
         *codes.index(o["slot_idx"]),
         np.int64(call.requests),
         np.int32(call.next_n),

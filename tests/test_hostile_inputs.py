@@ -1,0 +1,148 @@
+"""Findings of the hostile test of issue 9, each pinned on every CPU backend.
+
+Each test names the finding it covers; each failed before its fix.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+from model import BF16, F32
+
+import kpool_cupy
+from kpool_cupy import emulate, reference
+
+BACKENDS = {"emulate": emulate, "reference": reference}
+
+
+def _rows(tokens: int, head_dim: int = 16, dtype=BF16, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((tokens, head_dim)).astype(dtype)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize(
+    ("index_dtype", "cache"),
+    [(np.int32, 2**31 - 2), (np.uint32, 2**32 - 2)],
+    ids=["int32", "uint32"],
+)
+def test_repeated_slot_check_does_not_wrap_near_the_index_limit(backend, index_dtype, cache):
+    # Finding 2: cache + tokens summed in the caller's dtype wrapped past its
+    # limit, so two requests stashing into slot 0 passed the check.
+    k = _rows(4)
+    tail = np.zeros((2, 2, 3, 16), BF16)
+    offsets = np.array([0, 2, 4], index_dtype)
+    lengths = np.array([cache, cache], index_dtype)
+    with pytest.raises(ValueError, match=r"^Invalid slot_idx: expected one slot per request that writes the ring"):
+        BACKENDS[backend].kpool_seed_tail(tail, k, k, offsets, lengths, np.array([0, 0], np.int32))
+
+
+@pytest.mark.parametrize("cache", [2**63 - 1, 2**63 - 3, 2**62])
+def test_reference_seed_tail_at_the_int64_limit_writes_what_the_kernel_writes(cache):
+    # Finding 3: unvalidated, a cache length near 2^63 must neither raise nor
+    # write anywhere but where the emulated kernel writes (nothing, here).
+    k = _rows(7, seed=1)
+    rings = {name: np.zeros((2, 2, 3, 16), BF16) for name in BACKENDS}
+    for name, module in BACKENDS.items():
+        module.kpool_seed_tail(
+            rings[name], k, k, np.array([0, 7], np.int64), np.array([cache], np.int64), np.array([1], np.int32),
+            validate=False,
+        )  # fmt: skip
+    assert rings["emulate"].tobytes() == rings["reference"].tobytes()
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_expand_kpool_is_bounded_like_every_other_kpool(backend):
+    # Finding 4: kpool = 2^31 reached the C++ compiler or a 16 GiB allocation.
+    ids = np.zeros((4, 2), np.int32)
+    with pytest.raises(ValueError, match=r"^Invalid kpool: expected an integer in \[1, 1024\]"):
+        BACKENDS[backend].kpool_expand_topk(ids, np.array([0, 4], np.int32), np.array([0], np.int32), kpool=2**31)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_ring_close_names_the_request_in_the_callers_array(backend):
+    # Finding 5: the index counted only the requests that close a pool.
+    k = _rows(8)
+    tail = np.zeros((2, 2, 4, 16), BF16)
+    ape = np.zeros((4, 16), np.float32)
+    lengths = np.array([4, 2**40 + 1], np.int64)  # request 0 closes nothing, request 1's pool id is too big
+    with pytest.raises(ValueError, match=r"^Invalid cache_lengths: .* got 1099511627777 at index 1$"):
+        BACKENDS[backend].kpool_ring_close(
+            tail, k, k, ape, np.array([0, 4, 8], np.int32), lengths, np.array([0, 1], np.int32)
+        )
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("kind", ["masked", "matrix"])
+def test_array_subclasses_that_change_meaning_are_refused(backend, kind):
+    # Finding 6: a mask was silently ignored on one backend and crashed the other.
+    k = _rows(8, dtype=F32)
+    bad = np.ma.masked_array(k, mask=k > 0) if kind == "masked" else np.asmatrix(k)
+    ape = np.zeros((4, 16), np.float32)
+    with pytest.raises(TypeError, match=r"^Invalid gate: expected a plain array"):
+        BACKENDS[backend].kpool_compress(k, bad, ape, np.array([0, 8], np.int32), np.array([0], np.int32))
+    tail = np.zeros((1, 2, 4, 16), np.float32)
+    with pytest.raises(TypeError, match=r"^Invalid k: expected a plain array"):
+        BACKENDS[backend].kpool_seed_tail(
+            tail, bad, k, np.array([0, 8], np.int32), np.array([0], np.int32), np.array([0], np.int32)
+        )
+
+
+def test_a_memory_map_is_still_an_array(tmp_path):
+    # The subclass rule must not refuse np.memmap (tests/test_large_indices.py relies on it).
+    k = np.memmap(tmp_path / "k.bin", dtype=np.float32, mode="w+", shape=(8, 16))
+    k[:] = _rows(8, dtype=F32)
+    ape = np.zeros((4, 16), np.float32)
+    for module in BACKENDS.values():
+        assert module.kpool_compress(k, k, ape, np.array([0, 8], np.int32), np.array([0], np.int32)).shape == (2, 16)
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_kpool_one_follows_the_nan_policy(backend):
+    # Finding 9: with one member the kernel never read the logit, so a NaN
+    # gate gave the key instead of NaN.
+    k = _rows(3, dtype=F32) + 2
+    gate = np.zeros((3, 16), np.float32)
+    gate[1, 5] = np.nan
+    pooled = BACKENDS[backend].kpool_compress(
+        k, gate, np.zeros((1, 16), np.float32), np.array([0, 3], np.int32), np.array([0], np.int32)
+    )
+    assert np.isnan(pooled[1, 5])
+    assert np.array_equal(np.isnan(pooled), np.isnan(gate))  # nothing else turns NaN
+    np.testing.assert_array_equal(pooled[~np.isnan(gate)], k[~np.isnan(gate)])  # kpool 1 is the identity
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("index_dtype", [np.uint32, np.int64])
+def test_every_index_array_takes_every_index_dtype(backend, index_dtype):
+    # Finding 14: slot_idx and positions refused int64, NumPy's default integer.
+    module = BACKENDS[backend]
+    step = _rows(4, seed=2).reshape(2, 2, 16)
+    ape = np.random.default_rng(3).standard_normal((4, 16)).astype(np.float32)
+    positions = np.array([[6, 7], [2, 3]])
+    want_ring = np.zeros((2, 2, 4, 16), BF16)
+    want = module.kpool_tail_update(want_ring, step, step, ape, positions.astype(np.int32), np.array([1, 0], np.int32))
+    ring = np.zeros((2, 2, 4, 16), BF16)
+    got = module.kpool_tail_update(ring, step, step, ape, positions.astype(index_dtype), np.array([1, 0], index_dtype))
+    assert ring.tobytes() == want_ring.tobytes()
+    for a, b in zip(got, want, strict=True):
+        assert a.tobytes() == b.tobytes()
+    ids = np.array([[0, 1], [2, 3]], index_dtype)
+    expanded = module.kpool_expand_topk(ids, np.array([0, 2], np.int32), np.array([0], np.int32), kpool=4)
+    np.testing.assert_array_equal(expanded, [[0, 1, 2, 3, 4, 5, 6, 7], [8, 9, 10, 11, 12, 13, 14, 15]])
+
+
+@pytest.mark.parametrize("bad", [[0, 4], (0, 4), None, "0,4"], ids=["list", "tuple", "none", "str"])
+def test_pool_row_offsets_gives_its_own_error_for_non_arrays(bad):
+    # Finding 14: a list got "expected dtype ..., got <class 'list'>" and a
+    # torch tensor NumPy's raw error.
+    with pytest.raises(TypeError, match=r"^Invalid input_row_offsets: expected a NumPy or CuPy array, got builtins\."):
+        kpool_cupy.pool_row_offsets(bad, np.array([0], np.int32), 4)
+
+
+@pytest.mark.parametrize("module", [kpool_cupy, emulate, reference], ids=lambda m: m.__name__)
+def test_namespace_holds_only_the_documented_api(module):
+    # Finding 14: importlib's `version` (and `annotations`) leaked into kpool_cupy.
+    extra = {n for n in dir(module) if not n.startswith("_")} - set(module.__all__)
+    assert all(isinstance(getattr(module, n), types.ModuleType) for n in extra), sorted(extra)
