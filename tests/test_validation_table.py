@@ -57,6 +57,14 @@ def _device_array(a):
     a["k"] = OtherFrameworkArray()
 
 
+def _fused_out_over_gate(a):
+    # k, gate and out as column slices of one [tokens, 384] buffer, out's
+    # columns starting half-way into gate's.
+    fused = np.zeros((a["k"].shape[0], 384), BF16)
+    fused[:, :128], fused[:, 128:256] = a["k"], a["gate"]
+    a["k"], a["gate"], a["out"] = fused[:, :128], fused[:, 128:256], fused[:3, 192:320]
+
+
 def _narrow(a):
     a["k"], a["gate"], a["ape"] = a["k"][:, :12], a["gate"][:, :12], a["ape"][:, :12]
 
@@ -106,6 +114,8 @@ MUTATIONS = {
     "out-overlapping": _set(
         out=lambda a: np.lib.stride_tricks.as_strided(np.zeros((1, 128), BF16), (3, 128), (0, 2), writeable=True)
     ),
+    "out-shares-k": _set(out=lambda a: a["k"][:3]),
+    "out-shares-fused-gate": _fused_out_over_gate,
     "host-array-on-gpu": lambda a: None,  # the GPU path gets the host arrays as they are
     "stream-type": _set(stream=lambda a: "default"),
     "two-devices": lambda a: None,  # moved to device 1 in the test itself

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, MAX_KPOOL, dtype_name
+from ..kernel.codes import data_pointer
+from .spec import Operand
 
 # A group of head_dim / 8 threads serves one pool; at 4096 that is one
 # 512-thread block, which leaves each thread the 128 registers the kernels use
@@ -156,3 +158,68 @@ def check_rows_and_cache(total_tokens: int, input_row_offsets: np.ndarray, cache
     if bad.any():
         b = int(np.argmax(bad))
         raise fail("cache_lengths", "values in [0, 2**62)", f"{int(lengths[b])} at index {b}")
+
+
+def _extent(array: Any) -> tuple[int, int]:
+    """The bytes [first, end) an array's elements span, whatever its strides' signs."""
+    first = end = data_pointer(array)
+    for size, stride in zip(array.shape, array.strides, strict=True):
+        first += min(0, stride * (size - 1))
+        end += max(0, stride * (size - 1))
+    return first, end + array.dtype.itemsize
+
+
+def _interleaved_rows_disjoint(a: Any, b: Any) -> bool:
+    """True when ``a`` and ``b`` are row sets of one buffer at one row stride whose columns never meet.
+
+    The fused-projection case: k, gate and out as column slices of one
+    ``[tokens, 3 * head_dim]`` buffer span overlapping extents but share no
+    byte. Row r of ``a`` covers [pa + r*S, pa + r*S + wa), row q of ``b``
+    [pb + q*S, pb + q*S + wb); they meet iff -wb < (pb - pa) + j*S < wa for
+    some j = q - r in [-(rows_a - 1), rows_b - 1].
+    """
+    if a.ndim != 2 or b.ndim != 2 or a.strides[0] != b.strides[0] or a.strides[0] <= 0:
+        return False
+    stride = a.strides[0]
+    widths = []
+    for array in (a, b):
+        if array.shape[1] > 1 and array.strides[1] != array.dtype.itemsize:
+            return False
+        widths.append(array.shape[1] * array.dtype.itemsize)
+    if max(widths) > stride:
+        return False
+    shift = data_pointer(b) - data_pointer(a)
+    low = max(-(a.shape[0] - 1), (-widths[1] - shift) // stride + 1)
+    high = min(b.shape[0] - 1, -((shift - widths[0]) // stride) - 1)
+    return low > high
+
+
+def shares_memory(a: Any, b: Any) -> bool:
+    """Whether two arrays may share a byte: their extents meet, unless they are disjoint column slices of one buffer."""
+    if a.size == 0 or b.size == 0:
+        return False
+    a_first, a_end = _extent(a)
+    b_first, b_end = _extent(b)
+    if a_end <= b_first or b_end <= a_first:
+        return False
+    return not _interleaved_rows_disjoint(a, b)
+
+
+def check_no_overlap(parameters: tuple[Any, ...], arrays: tuple[Any, ...]) -> None:
+    """Refuse an output that shares memory with an input or another output (metadata only: no device sync).
+
+    A kernel that writes memory it also reads gives results that depend on
+    thread order, and the backends would disagree.
+    """
+    operands = [p for p in parameters if isinstance(p, Operand)]
+    present = [(p, a) for p, a in zip(operands, arrays, strict=True) if a is not None]
+    for i, (written, w) in enumerate(present):
+        if not written.written:
+            continue
+        for j, (other, o) in enumerate(present):
+            if i == j or (other.written and j < i):
+                continue  # two outputs are compared once
+            if shares_memory(w, o):
+                raise fail(
+                    written.name, f"memory that {other.name} does not use", f"an array sharing bytes with {other.name}"
+                )

@@ -18,7 +18,16 @@ from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
 from ..pool_offsets import pool_row_offsets as compute_pool_row_offsets
-from .checks import check_ape, check_batch_index, check_index, check_keys, check_out, check_rows_and_cache, fail
+from .checks import (
+    check_ape,
+    check_batch_index,
+    check_index,
+    check_keys,
+    check_no_overlap,
+    check_out,
+    check_rows_and_cache,
+    fail,
+)
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
 
@@ -118,6 +127,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> Any:
     """Validate, find the pool row offsets, size the output, cover the pools, launch."""
     k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
     call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out)
+    check_no_overlap(PARAMETERS, arrays)
     total_pools: int | None
     if validate:
         given = [input_row_offsets, cache_lengths] + ([pool_row_offsets] if pool_row_offsets is not None else [])

@@ -11,7 +11,7 @@ from ..dtypes import INT32, INT32_MAX
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
-from .checks import check_ape, check_batch_index, check_keys, check_out, check_rows_and_cache, fail
+from .checks import check_ape, check_batch_index, check_keys, check_no_overlap, check_out, check_rows_and_cache, fail
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING_GATE, RING_READ, SLOT_IDX, TOKEN_K
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
@@ -90,6 +90,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[A
     """Validate, check slots and pool ids when asked, allocate zeroed outputs, launch."""
     tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed = arrays
     call = check_ring_close_args(tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed)
+    check_no_overlap(PARAMETERS, arrays)
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
         check_rows_and_cache(call.total_tokens, offsets, lengths)

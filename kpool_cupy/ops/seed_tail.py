@@ -10,7 +10,7 @@ import numpy as np
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
-from .checks import check_batch_index, check_keys, check_rows_and_cache
+from .checks import check_batch_index, check_keys, check_no_overlap, check_rows_and_cache
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING, RING_GATE, SLOT_IDX, TOKEN_K
 from .ring_checks import check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, OpSpec
@@ -62,6 +62,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> None:
     """Validate, check that every request that writes the ring has a slot of its own, launch."""
     tail, k, gate, input_row_offsets, cache_lengths, slot_idx = arrays
     call = check_seed_tail_args(tail, k, gate, input_row_offsets, cache_lengths, slot_idx)
+    check_no_overlap(PARAMETERS, arrays)
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
         check_rows_and_cache(call.total_tokens, offsets, lengths)

@@ -11,7 +11,16 @@ from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, INT32_MAX, dt
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
-from .checks import MAX_HEAD_DIM, check_ape, check_contiguous, check_writable, dtype_fail, fail, require_array
+from .checks import (
+    MAX_HEAD_DIM,
+    check_ape,
+    check_contiguous,
+    check_no_overlap,
+    check_writable,
+    dtype_fail,
+    fail,
+    require_array,
+)
 from .operands import APE, RING, RING_GATE, SLOT_IDX
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
@@ -150,6 +159,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[A
     """Validate, check positions and slots when asked, allocate zeroed outputs, launch."""
     tail, k, gate, ape, positions, slot_idx, out, closed = arrays
     call = check_tail_update_args(tail, k, gate, ape, positions, slot_idx, out, closed)
+    check_no_overlap(PARAMETERS, arrays)
     if validate:
         slots, flat = backend.host_copies([slot_idx, positions.reshape(-1)])
         steps = flat.reshape(call.requests, call.next_n)
