@@ -260,13 +260,16 @@ struct PoolChannel {
         // exp(-|delta|) is the new member's weight when it is not above the
         // maximum and the rescale of what came before when it is.
         const float e = logit == max_logit ? 1.0f : expf(-fabsf(delta));
+        // The multiply-adds are fused on purpose and spelled out: both
+        // compilers build with contraction off, so every kernel and the
+        // emulator round these, and only these, once.
         if (delta > 0.0f) {
-            weight_sum = weight_sum * e + 1.0f;
-            weighted_keys = weighted_keys * e + key;
+            weight_sum = fmaf(weight_sum, e, 1.0f);
+            weighted_keys = fmaf(weighted_keys, e, key);
             max_logit = logit;
         } else {
             weight_sum = weight_sum + e;
-            weighted_keys = weighted_keys + e * key;
+            weighted_keys = fmaf(e, key, weighted_keys);
         }
     }
     __device__ __forceinline__ float value() const { return weighted_keys / weight_sum; }

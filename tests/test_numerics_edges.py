@@ -81,3 +81,22 @@ def test_float16_output_does_not_overflow_from_finite_keys(backend):
 def test_infinite_key_with_weight_gives_infinity(backend):
     got = pool(backend, [0.0, 0.0, 0.0, 0.0], keys=[1.0, np.inf, 4.0, 8.0], dtype=F16)
     assert np.all(got == np.inf)
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+@pytest.mark.parametrize("kpool", [1, 4])
+def test_keys_up_to_flt_max_over_kpool_stay_finite_and_above_may_overflow(backend, kpool):
+    # Issue 9, finding 10: the float32 sums hold kpool keys of at most
+    # FLT_MAX / kpool (README, "Numerics at the edges"); equal logits make
+    # every weight 1, the worst case for the sum.
+    module = {"emulate": emulate, "reference": reference}[backend]
+    limit = np.finfo(np.float32).max / kpool
+    offsets, cache = np.array([0, kpool], np.int32), np.array([0], np.int32)
+    gate, ape = np.zeros((kpool, 8), np.float32), np.zeros((kpool, 8), np.float32)
+    at_bound = np.full((kpool, 8), limit, np.float32)
+    pooled = module.kpool_compress(at_bound, gate, ape, offsets, cache)
+    assert np.isfinite(pooled).all()
+    np.testing.assert_allclose(pooled, limit, rtol=2.0**-21)  # kpool float32 roundings of one value
+    if kpool > 1:  # one member is the key itself: no sum to overflow
+        above = np.full((kpool, 8), 2 * limit, np.float32)
+        assert np.isinf(module.kpool_compress(above, gate, ape, offsets, cache)).all()

@@ -51,6 +51,7 @@ def test_wheel_carries_the_kernels(tmp_path):
     assert "bench/kpool_compress_baseline.cu" in sources
     for required in [f"kpool_cupy/kernels/{name}" for name in sources] + ["kpool_cupy/py.typed"]:
         assert required in names, sorted(names)
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), sorted(names)  # Apache-2.0
     # Installed from the wheel (unpacked away from the checkout), the package
     # finds its kernels inside itself.
     site = tmp_path / "site"

@@ -23,6 +23,10 @@ from ..kernel.sources import kernel_source
 
 FLAGS_VARIABLE = "KPOOL_CUPY_EMULATE_CXXFLAGS"
 BASE_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-Wno-unknown-pragmas")
+# After the user's flags, so none of them can turn contraction back on: the
+# kernels spell out the fused multiply-adds they mean (fmaf), like NVRTC
+# built with --fmad=false.
+LAST_FLAGS = ("-ffp-contract=off",)
 ENTRY = "kpool_emulate_launch"
 SIZES = "kpool_emulate_param_sizes"
 
@@ -78,7 +82,7 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
     into place, so none sees a half-written library.
     """
     cxx = compiler()
-    flags = [*BASE_FLAGS, *shlex.split(os.environ.get(FLAGS_VARIABLE, ""))]
+    flags = [*BASE_FLAGS, *shlex.split(os.environ.get(FLAGS_VARIABLE, "")), *LAST_FLAGS]
     text = _shim(code, kernel_name)
     key = hashlib.sha256("\0".join([text, cxx, _compiler_identity(cxx), *flags]).encode()).hexdigest()[:32]
     with _build_lock:
