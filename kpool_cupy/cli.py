@@ -3,15 +3,48 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
+from pathlib import Path
 
 import click
 
-from .dtypes import MAX_KPOOL, element_dtype
+from .dtypes import MAX_KPOOL, dtype_name, element_dtype
+from .ops.checks import MAX_HEAD_DIM
 from .tools.self_check import BACKENDS, pick_backend, run_check
 
+# Every spelling kpool_cupy's Python functions accept, so the CLI and the API agree.
+DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32")
 
-@click.group()
+
+def _head_dim(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value % 8 or not 8 <= value <= MAX_HEAD_DIM:
+        raise click.BadParameter(f"expected a positive multiple of 8 up to {MAX_HEAD_DIM}, got {value}")
+    return value
+
+
+def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """An output path whose folder exists and is writable: checked before any work, not after it."""
+    if value is None:
+        return None
+    folder = Path(value).expanduser().resolve().parent
+    if not folder.is_dir():
+        raise click.BadParameter(f"folder {folder} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise click.BadParameter(f"folder {folder} is not writable")
+    return value
+
+
+def _plot_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as error:
+            raise click.BadParameter("drawing needs matplotlib: pip install 'kpool-cupy[plot]'") from error
+    return _output_file(ctx, param, value)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kpool-cupy")
 def main() -> None:
     """k-pool compression kernels for CuPy: correctness checks and tools."""
@@ -23,38 +56,67 @@ def main() -> None:
     type=click.Choice(BACKENDS),
     default="auto",
     show_default=True,
-    help="auto: cupy with a usable GPU, else emulate with a C++ compiler, else reference.",
+    help="auto: cupy with a usable GPU, else emulate with a C++ compiler, else an error (reference only if asked).",
 )
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
-@click.option("--head-dim", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
+@click.option("--head-dim", type=int, callback=_head_dim, default=128, show_default=True)
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_json: bool) -> None:
     """Run a backend over random ragged batches against the float64 reference."""
-    chosen = pick_backend(backend)
     try:
-        results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed)
+        chosen, reason = pick_backend(backend)
+        if sys.stderr.isatty():  # a bar for a person watching; nothing in captured output
+
+            def progress(cases):
+                return click.progressbar(cases, label="check", file=sys.stderr, item_show_func=lambda c: c and c.name)
+
+            results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, progress)
+        else:
+            results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed)
     except (ValueError, TypeError, RuntimeError, ImportError) as error:
         raise click.ClickException(str(error)) from error
-    ok = all(r.ok for r in results)
+    checked = [r for r in results if r.status != "skipped"]
+    ok = bool(checked) and all(r.ok for r in results)
     if as_json:
         cases = [
-            {"name": r.name, "pools": r.pools, "max_abs_err": r.max_abs_err, "max_ulp_err": r.max_ulp_err, "ok": r.ok}
+            {
+                "name": r.name,
+                "requests": r.requests,
+                "tokens": r.tokens,
+                "pools": r.pools,
+                "status": r.status,
+                "max_abs_err": r.max_abs_err,
+                "max_ulp_err": r.max_ulp_err,
+                "max_allowed_abs": r.max_allowed_abs,
+                "worst_error_over_bound": r.worst_error_over_bound,
+                "ok": r.ok,
+            }
             for r in results
         ]
-        click.echo(json.dumps({"backend": chosen, "ok": ok, "cases": cases}))
+        configuration = {"dtype": dtype_name(element_dtype(dtype)), "head_dim": head_dim, "kpool": kpool, "seed": seed}
+        click.echo(json.dumps({"backend": chosen, "reason": reason, **configuration, "ok": ok, "cases": cases}))
     else:
-        click.echo(f"backend {chosen}, {dtype}, head_dim {head_dim}, kpool {kpool}, seed {seed}")
-        header = f"{'case':<24}{'requests':>9}{'tokens':>8}{'pools':>7}{'max abs err':>13}{'max ulp':>9}  result"
+        click.echo(f"backend {chosen}: {reason}")
+        click.echo(f"{dtype}, head_dim {head_dim}, kpool {kpool}, seed {seed}")
+        columns = f"{'requests':>9}{'tokens':>8}{'pools':>7}{'max abs err':>13}{'max ulp':>9}{'err/bound':>10}"
+        header = f"{'case':<24}{columns}  result"
         click.echo(header)
         for r in results:
-            verdict = "pass" if r.ok else "FAIL"
             click.echo(
-                f"{r.name:<24}{r.requests:>9}{r.tokens:>8}{r.pools:>7}{r.max_abs_err:>13.3g}{r.max_ulp_err:>9.2f}  "
-                f"{verdict}"
+                f"{r.name:<24}{r.requests:>9}{r.tokens:>8}{r.pools:>7}{r.max_abs_err:>13.3g}{r.max_ulp_err:>9.2f}"
+                f"{r.worst_error_over_bound:>10.3f}  {r.status if r.status != 'skipped' else 'skipped (no pools)'}"
             )
-        click.echo("all cases pass" if ok else "some cases FAILED")
+        skipped = len(results) - len(checked)
+        if ok:
+            click.echo(
+                f"all {len(checked)} checked cases pass" + (f" ({skipped} skipped: no pools)" if skipped else "")
+            )
+        elif not checked:
+            click.echo("no case built a pool: nothing was checked")
+        else:
+            click.echo("some cases FAILED")
     if not ok:
         sys.exit(1)
 
@@ -71,11 +133,11 @@ def info() -> None:
 
 
 @main.command()
-@click.option("--head-dim", type=click.IntRange(min=8), default=128, show_default=True)
+@click.option("--head-dim", type=int, callback=_head_dim, default=128, show_default=True)
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16", "float32"]), default="bfloat16", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
 @click.option("--arch", default="sm_90", show_default=True, help="sm_NN: ptxas reports registers for this GPU.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False, writable=True), help="Save the PTX here.")
+@click.option("--out", "out_file", type=click.Path(dir_okay=False), callback=_output_file, help="Save the PTX here.")
 def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) -> None:
     """Compile one variant through NVRTC (no GPU needed) and report its memory path."""
     from .tools.ptx_report import summarize
@@ -98,8 +160,12 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) 
 
 
 @main.command()
-@click.option("--json", "json_file", type=click.Path(dir_okay=False, writable=True), help="Write all numbers here.")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False, writable=True), help="Draw bandwidth here (PNG).")
+@click.option(
+    "--json", "json_file", type=click.Path(dir_okay=False), callback=_output_file, help="Write all numbers here."
+)
+@click.option(
+    "--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file, help="Draw bandwidth here (PNG)."
+)
 @click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
 @click.option(
     "--samples", type=click.IntRange(min=1), default=30, show_default=True, help="Timed samples per implementation."

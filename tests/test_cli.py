@@ -62,6 +62,75 @@ def test_planted_write_past_total_pools_fails(monkeypatch):
     assert "oversized-out" in failed
 
 
-def test_bad_size_is_a_click_error():
+def test_bad_size_is_a_usage_error_naming_the_flag():
+    # Issue 9, finding 13: it named k.shape[1] and exited 1.
     result = CliRunner().invoke(main, ["check", "--backend", "reference", "--head-dim", "12"])
-    assert result.exit_code != 0 and "head_dim" in result.output
+    assert result.exit_code == 2 and "'--head-dim'" in result.output, result.output
+
+
+def test_json_records_what_ran_and_why():
+    # Issue 9, finding 11: the configuration, the reason for the backend and
+    # each case's bound belong in the report.
+    result = CliRunner().invoke(main, ["check", "--json", "--kpool", "2", "--dtype", "bf16", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["backend"] == "emulate" and "running the CUDA source on the CPU" in report["reason"]
+    assert (report["dtype"], report["head_dim"], report["kpool"], report["seed"]) == ("bfloat16", 128, 2, 3)
+    for case in report["cases"]:
+        assert {"tokens", "pools", "status", "max_allowed_abs", "worst_error_over_bound"} <= set(case)
+        assert case["status"] == "pass" and 0 <= case["worst_error_over_bound"] <= 1 < case["max_allowed_abs"] * 2**30
+
+
+def test_auto_without_a_gpu_or_a_compiler_refuses_instead_of_checking_the_reference(monkeypatch):
+    # Issue 9, finding 11: it compared the reference with itself and printed "all cases pass".
+    monkeypatch.setenv("CXX", "no-such-compiler-kpool")
+    result = CliRunner().invoke(main, ["check", "--json"])
+    assert result.exit_code == 1 and "--backend reference" in result.output, result.output
+    asked = CliRunner().invoke(main, ["check", "--backend", "reference", "--json", "--kpool", "2"])
+    assert asked.exit_code == 0 and json.loads(asked.output)["reason"] == "asked for with --backend"
+
+
+def test_a_case_without_pools_is_skipped_not_passed():
+    # Issue 9, finding 11: with kpool 128 the decode-like batch completes no pool.
+    result = CliRunner().invoke(
+        main, ["check", "--backend", "reference", "--json", "--kpool", "128", "--head-dim", "8"]
+    )
+    assert result.exit_code == 0, result.output
+    statuses = {case["name"]: case["status"] for case in json.loads(result.output)["cases"]}
+    assert statuses["decode-like"] == "skipped" and "pass" in statuses.values()
+
+
+def test_a_run_that_checks_nothing_fails(monkeypatch):
+    from kpool_cupy.tools import self_check
+
+    real = self_check.check_cases
+    monkeypatch.setattr(self_check, "check_cases", lambda *a: [c for c in real(*a) if c.name == "decode-like"])
+    result = CliRunner().invoke(main, ["check", "--backend", "reference", "--kpool", "128", "--head-dim", "8"])
+    assert result.exit_code == 1 and "nothing was checked" in result.output, result.output
+
+
+@pytest.mark.parametrize("command", [[], ["check"], ["info"], ["ptx"], ["bench"]])
+def test_h_is_help_everywhere(command):
+    result = CliRunner().invoke(main, [*command, "-h"])
+    assert result.exit_code == 0 and "Usage:" in result.output
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"),
+    [(["ptx", "--out"], "--out"), (["bench", "--json"], "--json"), (["bench", "--plot"], "--plot")],
+)
+def test_output_paths_are_checked_before_any_work(command, flag, monkeypatch):
+    # Issue 9, finding 13: a missing folder gave a traceback, for bench after the whole sweep.
+    import kpool_cupy.tools.ptx_report as ptx_report
+
+    monkeypatch.setattr(ptx_report, "summarize", lambda *a: pytest.fail("compiled before checking --out"))
+    result = CliRunner().invoke(main, [*command, "/no/such/folder/file"])
+    assert result.exit_code == 2 and f"'{flag}'" in result.output and "does not exist" in result.output
+
+
+def test_plot_without_matplotlib_is_refused_up_front(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
+    result = CliRunner().invoke(main, ["bench", "--plot", str(tmp_path / "b.png")])
+    assert result.exit_code == 2 and "matplotlib" in result.output and "'--plot'" in result.output

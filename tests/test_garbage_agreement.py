@@ -50,7 +50,10 @@ def _compare(function: str, case: dict, label: str) -> None:
     for i, (a, b) in enumerate(zip(got_results, want_results, strict=True)):
         _assert_same(a, b, f"{label} result {i}")
     for name in got_written:
-        _assert_same(got_written[name], want_written[name], f"{label} {name}")
+        if name == "tail":  # the ring holds raw copies: byte for byte, whatever the dtype
+            assert got_written[name].tobytes() == want_written[name].tobytes(), f"{label} tail"
+        else:
+            _assert_same(got_written[name], want_written[name], f"{label} {name}")
 
 
 @pytest.mark.parametrize("chunk", range(4))

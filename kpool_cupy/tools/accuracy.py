@@ -32,14 +32,20 @@ def allowed_error(want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: fl
 
 
 def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float) -> dict[str, float]:
-    """Max abs error, max error in output ulps, and whether every element is within bound.
+    """Max abs error, max error in output ulps, the largest bound, the worst error over its bound, and the verdict.
 
     NaN must meet NaN and infinity the same infinity.
     """
     got64 = np.asarray(got).astype(np.float64)
     want64 = np.asarray(want).astype(np.float64)
     if got64.size == 0:
-        return {"max_abs_err": 0.0, "max_ulp_err": 0.0, "ok": True}
+        return {
+            "max_abs_err": 0.0,
+            "max_ulp_err": 0.0,
+            "max_allowed_abs": 0.0,
+            "worst_error_over_bound": 0.0,
+            "ok": True,
+        }
     special = ~np.isfinite(want64) | ~np.isfinite(got64)
     same_special = np.where(np.isnan(want64), np.isnan(got64), got64 == want64)
     finite = ~special
@@ -49,5 +55,7 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype, kpool: int, max_
     return {
         "max_abs_err": float(error.max()),
         "max_ulp_err": float((error / ulp(want64, dtype)).max()),
+        "max_allowed_abs": float(bound.max()),
+        "worst_error_over_bound": float((error / bound).max()),
         "ok": ok,
     }

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +11,7 @@ import numpy as np
 
 from .. import emulate, reference
 from ..backends.cupy import gpu_status
+from ..emulator.toolchain import CompilerNotFoundError, compiler
 from ..pool_offsets import pool_row_offsets
 from .accuracy import compare
 from .cases import SENTINEL, Case, check_cases
@@ -19,14 +19,26 @@ from .cases import SENTINEL, Case, check_cases
 BACKENDS = ("auto", "cupy", "emulate", "reference")
 
 
-def pick_backend(name: str) -> str:
+def pick_backend(name: str) -> tuple[str, str]:
+    """The backend to check and why it was chosen.
+
+    ``auto`` takes the GPU when CuPy has a usable device and otherwise the
+    emulator, never the reference: checking the reference against itself
+    would claim a pass for kernels that never ran. Without a GPU and a host
+    compiler it is a RuntimeError saying so.
+    """
     if name != "auto":
-        return name
-    if gpu_status()[0]:
-        return "cupy"
-    if shutil.which(os.environ.get("CXX", "c++")):
-        return "emulate"
-    return "reference"
+        return name, "asked for with --backend"
+    usable, why = gpu_status()
+    if usable:
+        return "cupy", "CuPy sees a usable CUDA device"
+    try:
+        cxx = compiler()
+    except CompilerNotFoundError as error:
+        raise RuntimeError(
+            f"nothing runs the kernels here: {why}, and {error}. --backend reference checks only the NumPy reference"
+        ) from error
+    return "emulate", f"no GPU ({why}); running the CUDA source on the CPU, built by {cxx}"
 
 
 def _run_cupy(case: Case) -> np.ndarray:
@@ -76,39 +88,58 @@ class CaseResult:
     pools: int
     max_abs_err: float
     max_ulp_err: float
-    ok: bool
+    max_allowed_abs: float  # the largest per-element bound (tools/accuracy.py)
+    worst_error_over_bound: float  # max of error / bound; at most 1 when the case passes
+    status: str  # "pass", "FAIL", or "skipped" when the case builds no pool
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "FAIL"
 
 
-def run_check(backend: str, dtype: np.dtype, head_dim: int, kpool: int, seed: int) -> list[CaseResult]:
+def check_case(run: Callable[[Case], np.ndarray], case: Case, head_dim: int, kpool: int) -> CaseResult:
+    """One case on one backend against the float64 reference, rounded once to the dtype the backend wrote."""
+    pools = int(pool_row_offsets(case.input_row_offsets, case.cache_lengths, kpool)[-1])
+    got = run(case)
+    want = reference.kpool_compress(
+        case.k,
+        case.gate,
+        case.ape,
+        case.input_row_offsets,
+        case.cache_lengths,
+        out=np.empty((pools, head_dim), dtype=got.dtype),
+        accumulate="float64",
+    )
+    max_key = float(np.abs(case.k.astype(np.float32)).max(initial=0.0))
+    verdict = compare(got[:pools], want.astype(np.float64), got.dtype, kpool, max_key)
+    surplus_kept = bool(np.all(got[pools:].astype(np.float32) == SENTINEL))
+    shape_ok = got.shape[1] == head_dim and (got.shape[0] == pools or "out" in case.extra)
+    if not (verdict["ok"] and surplus_kept and shape_ok):
+        status = "FAIL"
+    else:
+        status = "pass" if pools else "skipped"  # nothing was compared: no pass to claim
+    return CaseResult(
+        name=case.name,
+        requests=case.requests,
+        tokens=case.tokens,
+        pools=pools,
+        max_abs_err=verdict["max_abs_err"],
+        max_ulp_err=verdict["max_ulp_err"],
+        max_allowed_abs=verdict["max_allowed_abs"],
+        worst_error_over_bound=verdict["worst_error_over_bound"],
+        status=status,
+    )
+
+
+def run_check(
+    backend: str,
+    dtype: np.dtype,
+    head_dim: int,
+    kpool: int,
+    seed: int,
+    progress: Callable[[list[Case]], contextlib.AbstractContextManager[Iterable[Case]]] = contextlib.nullcontext,
+) -> list[CaseResult]:
+    """Every check case on ``backend``; ``progress`` wraps the cases (a progress bar, or nothing)."""
     run = runner(backend)
-    results = []
-    for case in check_cases(head_dim, kpool, dtype, seed):
-        pools = int(pool_row_offsets(case.input_row_offsets, case.cache_lengths, kpool)[-1])
-        got = run(case)
-        # float64 arithmetic, rounded once to the dtype the backend wrote.
-        want = reference.kpool_compress(
-            case.k,
-            case.gate,
-            case.ape,
-            case.input_row_offsets,
-            case.cache_lengths,
-            out=np.empty((pools, head_dim), dtype=got.dtype),
-            accumulate="float64",
-        )
-        out_dtype = got.dtype
-        max_key = float(np.abs(case.k.astype(np.float32)).max(initial=0.0))
-        verdict = compare(got[:pools], want.astype(np.float64), out_dtype, kpool, max_key)
-        surplus_kept = bool(np.all(got[pools:].astype(np.float32) == SENTINEL))
-        shape_ok = got.shape[1] == head_dim and (got.shape[0] == pools or "out" in case.extra)
-        results.append(
-            CaseResult(
-                name=case.name,
-                requests=case.requests,
-                tokens=case.tokens,
-                pools=pools,
-                max_abs_err=verdict["max_abs_err"],
-                max_ulp_err=verdict["max_ulp_err"],
-                ok=bool(verdict["ok"]) and surplus_kept and shape_ok,
-            )
-        )
-    return results
+    with progress(check_cases(head_dim, kpool, dtype, seed)) as cases:
+        return [check_case(run, case, head_dim, kpool) for case in cases]
