@@ -107,9 +107,34 @@ void kp_emulate_grid(void (*kernel)(Params...), dim3 grid, dim3 block, void** ar
             }
 }
 
+// CuPy compiles every kernel with -ftz=true, so on the device float32
+// subnormal inputs and results of arithmetic are zero. For the length of a
+// launch the emulator sets the host's own flush-to-zero controls to match:
+// FTZ and DAZ in MXCSR (x86 SSE arithmetic), FZ in FPCR (AArch64).
+#if defined(__x86_64__)
+#include <xmmintrin.h>
+struct KpFlushSubnormals {
+    unsigned int saved = _mm_getcsr();
+    KpFlushSubnormals() { _mm_setcsr(saved | 0x8040u); }  // FTZ (bit 15) and DAZ (bit 6)
+    ~KpFlushSubnormals() { _mm_setcsr(saved); }
+};
+#elif defined(__aarch64__)
+struct KpFlushSubnormals {
+    unsigned long saved;
+    KpFlushSubnormals() {
+        asm volatile("mrs %0, fpcr" : "=r"(saved));
+        asm volatile("msr fpcr, %0" : : "r"(saved | (1ul << 24)));  // FZ
+    }
+    ~KpFlushSubnormals() { asm volatile("msr fpcr, %0" : : "r"(saved)); }
+};
+#else
+#error "kpool emulator: no flush-to-zero control known for this CPU; the emulator would not predict the GPU"
+#endif
+
 // Runs the launch and returns how many 16-byte accesses it made.
 template <typename... Params>
 unsigned long long kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
+    const KpFlushSubnormals flush;
     kp_vector_accesses = 0;
     kp_emulate_grid(kernel, grid, block, args, std::index_sequence_for<Params...>{});
     return kp_vector_accesses;

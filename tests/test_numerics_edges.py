@@ -59,12 +59,33 @@ def test_all_minus_infinity_gives_the_members_mean(backend):
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
-def test_denormal_keys_survive(backend, dtype):
-    # No flush to zero: a pool of equal subnormal keys returns that subnormal.
+def test_subnormals_flush_to_zero_as_on_the_gpu(backend, dtype):
+    # Issue 9, finding 8: CuPy compiles with -ftz=true, so the device reads
+    # float32 subnormals as zero and writes zero for a subnormal result. The
+    # CPU backends follow (they kept subnormals before, unlike the GPU).
     tiny = 2.0**-130  # subnormal in float32 and in bfloat16 (whose smallest is 2^-133)
-    got = pool(backend, [0.0] * 4, keys=[tiny] * 4, dtype=dtype)
-    want = np.float64(np.asarray(tiny, np.float32).astype(dtype).astype(np.float32))
-    assert want != 0 and np.all(got == want)
+    for sign in (1.0, -1.0):
+        got = pool(backend, [0.0] * 4, keys=[sign * tiny] * 4, dtype=dtype)
+        assert np.all(got == 0) and np.all(np.signbit(got) == (sign < 0))
+    # Normal keys whose mean is subnormal: 2^-125 / 4 = 2^-127.
+    assert np.all(pool(backend, [0.0] * 4, keys=[2.0**-125, 0, 0, 0], dtype=dtype) == 0)
+    assert np.all(pool(backend, [0.0] * 4, keys=[2.0**-124, 0, 0, 0], dtype=dtype) == 2.0**-126)  # the smallest normal
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_subnormal_key_at_kpool_one_is_zero(backend):
+    # kpool 1 is the identity for every normal key; a subnormal one reads as zero.
+    module = {"emulate": emulate, "reference": reference}[backend]
+    k = np.array([[2.0**-130] * 4 + [1.5] * 4], np.float32)
+    got = module.kpool_compress(k, np.zeros_like(k), np.zeros((1, 8), np.float32), np.array([0, 1]), np.array([0]))
+    np.testing.assert_array_equal(got, [[0.0] * 4 + [1.5] * 4])
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_float16_keeps_its_own_subnormals(backend):
+    # float16 subnormals are normal float32 values: nothing flushes them.
+    got = pool(backend, [0.0] * 4, keys=[2.0**-20] * 4, dtype=F16)
+    assert np.all(got == 2.0**-20)
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

@@ -72,20 +72,36 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     return np.where(ok, first, 0), ok
 
 
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def flush_subnormals(values: np.ndarray) -> np.ndarray:
+    """Float32 subnormals (in either accumulation) to zero of the same sign, as the device's -ftz=true does."""
+    return np.where(np.abs(values) < FLOAT32_TINY, np.copysign(values.dtype.type(0), values), values)
+
+
 def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]) -> np.ndarray:
     """Pooled keys ``[pools, head_dim]`` from members ``[pools, kpool, head_dim]``, unrounded.
 
     The one pooling function of the reference: every kernel here calls it, so
-    the reference agrees with itself bit for bit.
+    the reference agrees with itself bit for bit. Subnormal inputs, weights
+    and results are flushed to zero like the device's arithmetic.
     """
     acc = accumulate
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        logits = gates.astype(acc) + ape.astype(acc)[None]
+        keys, gates, ape = (flush_subnormals(a.astype(acc)) for a in (keys, gates, ape))
+        logits = flush_subnormals(gates + ape[None])
         peak = logits.max(axis=1, keepdims=True)
         # A logit equal to the maximum weighs exactly 1 (so all -inf gives the
         # members' mean, like the kernel's PoolChannel), the rest exp(l - max).
-        weights = np.where(logits == peak, acc(1), np.exp(logits - peak))
-        return (weights * keys.astype(acc)).sum(axis=1) / weights.sum(axis=1)
+        weights = flush_subnormals(np.where(logits == peak, acc(1), np.exp(logits - peak)))
+        weighted = weights * keys
+        # Summed member after member, as the kernel does (NumPy's reduction
+        # along an inner axis starts from +0 and would lose a sum's -0).
+        weight_sum, key_sum = weights[:, 0], weighted[:, 0]
+        for m in range(1, keys.shape[1]):
+            weight_sum, key_sum = weight_sum + weights[:, m], key_sum + weighted[:, m]
+        return flush_subnormals(key_sum / weight_sum)
 
 
 def compress(launch: Launch, accumulate: type[np.floating]) -> None:
