@@ -44,6 +44,15 @@ def _plot_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
     return _output_file(ctx, param, value)
 
 
+def _skip(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
+    from .bench.impls import IMPLEMENTATIONS
+
+    unknown = sorted(set(value) - set(IMPLEMENTATIONS))
+    if unknown:
+        raise click.BadParameter(f"expected some of {sorted(IMPLEMENTATIONS)}, got {unknown}")
+    return value
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="kpool-cupy")
 def main() -> None:
@@ -170,7 +179,9 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) 
 @click.option(
     "--samples", type=click.IntRange(min=1), default=30, show_default=True, help="Timed samples per implementation."
 )
-@click.option("--skip", multiple=True, help="Implementation to leave out (repeatable), e.g. torch-compile.")
+@click.option(
+    "--skip", multiple=True, callback=_skip, help="Implementation to leave out (repeatable), e.g. torch-compile."
+)
 def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...]) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one)."""
     from .backends.cupy import gpu_status
@@ -184,9 +195,6 @@ def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: in
     from .bench.run import run_sweep
     from .bench.shapes import sweep
 
-    unknown = set(skip) - set(IMPLEMENTATIONS)
-    if unknown:
-        raise click.ClickException(f"Invalid --skip: expected some of {sorted(IMPLEMENTATIONS)}, got {sorted(unknown)}")
     chosen = [name for name in IMPLEMENTATIONS if name not in skip]
 
     def progress(shapes):

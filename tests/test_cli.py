@@ -115,6 +115,11 @@ def test_h_is_help_everywhere(command):
     assert result.exit_code == 0 and "Usage:" in result.output
 
 
+def test_an_unknown_skip_is_a_usage_error_before_any_work():
+    result = CliRunner().invoke(main, ["bench", "--skip", "bogus"])
+    assert result.exit_code == 2 and "'--skip'" in result.output and "bogus" in result.output
+
+
 @pytest.mark.parametrize(
     ("command", "flag"),
     [(["ptx", "--out"], "--out"), (["bench", "--json"], "--json"), (["bench", "--plot"], "--plot")],

@@ -24,6 +24,15 @@ def test_missing_compiler_is_a_clear_error(monkeypatch):
         emulate.kpool_compress(*make_batch([8], [0]).args())
 
 
+@pytest.mark.parametrize("flag", ["-ffast-math", "-Ofast", "-ffinite-math-only"])
+def test_flags_that_change_the_numerics_are_refused(monkeypatch, flag):
+    # -ffast-math drops the NaN policy and links crtfastmath, which would set
+    # flush-to-zero for the whole Python process, not just a launch.
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, f"-g {flag}")
+    with pytest.raises(ValueError, match=rf"^Invalid {emulate.FLAGS_VARIABLE}: .* got {flag} "):
+        emulate.kpool_compress(*make_batch([8], [0]).args())
+
+
 def test_flags_are_part_of_the_cache_key(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     batch = make_batch([8], [0], head_dim=8, kpool=2)

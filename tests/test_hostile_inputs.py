@@ -146,3 +146,39 @@ def test_namespace_holds_only_the_documented_api(module):
     # Finding 14: importlib's `version` (and `annotations`) leaked into kpool_cupy.
     extra = {n for n in dir(module) if not n.startswith("_")} - set(module.__all__)
     assert all(isinstance(getattr(module, n), types.ModuleType) for n in extra), sorted(extra)
+
+
+LIMITS = [(np.int32, 2**31 - 1), (np.uint32, 2**32 - 1), (np.int64, 2**62 - 1)]  # 2^62 - 1: the largest valid cache
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize(("index_dtype", "limit"), LIMITS, ids=["int32", "uint32", "int64"])
+def test_caches_at_each_index_limit_pool_like_their_residue(backend, index_dtype, limit):
+    # Finding 2, for every op that reads a cache length: near the limit of
+    # the caller's index dtype, only c mod kpool matters to which tokens form
+    # pools and where they sit in the ring, so a huge cache must give the
+    # bytes its residue gives. Any sum done in the caller's dtype would wrap.
+    module, kpool = BACKENDS[backend], 4
+    k, gate = _rows(9, seed=4), _rows(9, seed=5)
+    ape = np.random.default_rng(6).standard_normal((kpool, 16)).astype(np.float32)
+    offsets = np.array([0, 4, 9], index_dtype)
+    big = np.array([limit - 6, limit - 4], index_dtype)  # both end past the int32/uint32 limit when it is theirs
+    small = (big.astype(object) % kpool).astype(index_dtype)
+    assert module.kpool_compress(k, gate, ape, offsets, big).tobytes() == (
+        module.kpool_compress(k, gate, ape, offsets, small).tobytes()
+    )
+    rings = []
+    for cache in (big, small):
+        ring = np.zeros((2, 2, kpool, 16), BF16)
+        module.kpool_seed_tail(ring, k, gate, offsets, cache, np.array([1, 0], index_dtype))
+        rings.append(ring.tobytes())
+    assert rings[0] == rings[1]
+    ring = np.random.default_rng(7).standard_normal((2, 2, kpool, 16)).astype(BF16)
+    if index_dtype is np.int64:  # pool ids past int32 are refused by name
+        with pytest.raises(ValueError, match=r"^Invalid cache_lengths: expected pool ids c // kpool"):
+            module.kpool_ring_close(ring, k, gate, ape, offsets, big, np.array([0, 1], np.int32))
+        return
+    pooled, closed = module.kpool_ring_close(ring, k, gate, ape, offsets, big, np.array([0, 1], np.int32))
+    want_pooled, _ = module.kpool_ring_close(ring, k, gate, ape, offsets, small, np.array([0, 1], np.int32))
+    assert closed.tolist() == [int(c) // kpool for c in big.tolist()]  # the ids themselves, not the residue's
+    assert pooled.tobytes() == want_pooled.tobytes()

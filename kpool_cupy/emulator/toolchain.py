@@ -35,6 +35,23 @@ class CompilerNotFoundError(RuntimeError):
     """No host C++ compiler for the emulator."""
 
 
+# Flags that change what the kernels compute (finite-math drops the NaN
+# policy) or link crtfastmath, which sets flush-to-zero for the whole process.
+REFUSED_FLAGS = ("-ffast-math", "-Ofast", "-ffinite-math-only", "-funsafe-math-optimizations")
+
+
+def user_flags() -> list[str]:
+    """``KPOOL_CUPY_EMULATE_CXXFLAGS``, split like a shell would, refusing flags that change the numerics."""
+    flags = shlex.split(os.environ.get(FLAGS_VARIABLE, ""))
+    refused = [f for f in flags if f in REFUSED_FLAGS]
+    if refused:
+        raise ValueError(
+            f"Invalid {FLAGS_VARIABLE}: expected flags that keep IEEE float semantics, got {' '.join(refused)} "
+            "(the emulator must compute what the GPU computes)"
+        )
+    return flags
+
+
 def cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "kpool-cupy" / "emulate"
@@ -82,7 +99,7 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
     into place, so none sees a half-written library.
     """
     cxx = compiler()
-    flags = [*BASE_FLAGS, *shlex.split(os.environ.get(FLAGS_VARIABLE, "")), *LAST_FLAGS]
+    flags = [*BASE_FLAGS, *user_flags(), *LAST_FLAGS]
     text = _shim(code, kernel_name)
     key = hashlib.sha256("\0".join([text, cxx, _compiler_identity(cxx), *flags]).encode()).hexdigest()[:32]
     with _build_lock:

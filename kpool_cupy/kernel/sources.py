@@ -14,10 +14,13 @@ from pathlib import Path, PurePosixPath
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
 
 # Options every NVRTC compile of these sources gets, on the GPU path and in
-# compile_ptx alike (CuPy adds -arch and -ftz=true). No automatic
-# multiply-add contraction: the kernels spell out the fmaf they mean, so the
-# device rounds where the emulator (built -ffp-contract=off) does.
+# compile_ptx alike. No automatic multiply-add contraction: the kernels spell
+# out the fmaf they mean, so the device rounds where the emulator (built
+# -ffp-contract=off) does.
 NVRTC_OPTIONS = ("-std=c++17", "--fmad=false")
+# What CuPy's RawModule appends to every compile (besides -arch); the
+# compile-only tools add it too, so their PTX is the code CuPy runs.
+CUPY_ADDS = ("-ftz=true",)
 
 
 def kernels_dir() -> Path:

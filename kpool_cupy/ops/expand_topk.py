@@ -94,7 +94,7 @@ cache_len + local_index + 1``, column ``i < visible % kpool`` holds
 ``visible - visible % kpool + i``, the rest -1.
 """
 
-POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32 or int64, -1 for no selection")
+POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
 KPOOL = Option("kpool", "int")  # keyword-only and required: the ids alone do not say it
 ALWAYS_SELECT_TAIL = Option("always_select_tail", "bool", False)
 PARAMETERS = (POOL_IDS, INPUT_ROW_OFFSETS, CACHE_LENGTHS, KPOOL, ALWAYS_SELECT_TAIL, VALIDATE)

@@ -178,7 +178,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[A
 GPU_DOC = """The decode step: stash each token in its request's ring, close every pool it completes.
 
 ``k``, ``gate`` ``[R, next_n, head_dim]`` (k's dtype), ``positions``
-``[R, next_n]`` int32 with -1 for padding. Each request's tokens are
+``[R, next_n]`` (int32, uint32 or int64) with -1 for padding. Each request's tokens are
 walked in order; every real token is stashed at ring position
 ``pos % kpool``, and pool ``pos // kpool`` closes from the ring when
 ``pos % kpool == kpool - 1``. A padded entry leaves the ring byte-identical.
@@ -192,7 +192,7 @@ Returns
 """
 
 STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last dim contiguous")
-POSITIONS = Operand("positions", "[R, next_n] int32, -1 for padding")
+POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 for padding")
 OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] k's dtype or float32", optional=True, written=True)
 CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True)
 PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..dtypes import element_dtype
 from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
-from ..kernel.sources import NVRTC_OPTIONS, kernel_source
+from ..kernel.sources import CUPY_ADDS, NVRTC_OPTIONS, kernel_source
 from ..ops.checks import MAX_HEAD_DIM
 from ..pool_offsets import check_kpool
 
@@ -51,7 +51,7 @@ def _compile_kernel(source: str, name: str, options: list[str], output: str) -> 
     try:
         nvrtc.addNameExpression(program, name)
         try:
-            nvrtc.compileProgram(program, [*NVRTC_OPTIONS, *options])
+            nvrtc.compileProgram(program, [*NVRTC_OPTIONS, *CUPY_ADDS, *options])
         except nvrtc.NVRTCError as error:
             raise RuntimeError(f"NVRTC failed to compile {name}:\n{nvrtc.getProgramLog(program)}") from error
         binary = nvrtc.getPTX(program) if output == "ptx" else nvrtc.getCUBIN(program)
