@@ -73,6 +73,7 @@ def test_ring_close_names_the_request_in_the_callers_array(backend):
         )
 
 
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")  # made on purpose here
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("kind", ["masked", "matrix"])
 def test_array_subclasses_that_change_meaning_are_refused(backend, kind):
