@@ -200,11 +200,17 @@ def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: in
     def progress(shapes):
         return click.progressbar(shapes, label="benchmark", file=sys.stderr, item_show_func=lambda s: s and s.name)
 
-    results = {"environment": environment(), **run_sweep(sweep(quick), chosen, samples, progress, quick)}
+    env = environment()
+
+    def write(partial: dict) -> None:  # after every shape, so a run cut short keeps what it measured
+        if json_file:
+            with open(json_file, "w") as handle:
+                json.dump({"environment": env, **partial}, handle, indent=1)
+
+    results = {"environment": env, **run_sweep(sweep(quick), chosen, samples, progress, quick, write)}
+    results["complete"] = True
     for line in table(results):
         click.echo(line)
-    if json_file:
-        with open(json_file, "w") as handle:
-            json.dump(results, handle, indent=1)
+    write(results)
     if plot_file:
         plot(results, plot_file)

@@ -57,3 +57,40 @@ def test_bench_runs_end_to_end_on_the_double(tmp_path):
         assert implementations["upstream-geometry"]["max_abs_diff_vs_kpool_cupy"] == 0.0
     assert {r["name"].split()[0] for r in results["lifecycle"]} == {"tail-update", "expand-topk"}
     assert results["host"]["graph_replay_us"] > 0
+    assert results["complete"] is True
+    for record in [*results["shapes"], *results["lifecycle"]]:
+        # Issue 10: a copy of N bytes reads N and writes N; the roof moves the
+        # kernel's bytes, so it copies half of them.
+        copy = record["copy"]
+        assert copy["bytes_moved"] == 2 * copy["bytes_copied"] and abs(copy["bytes_moved"] - record["bytes"]) <= 1
+
+
+_BROKEN_ALTERNATIVE = """
+import json, sys
+from kpool_cupy.bench import impls
+from kpool_cupy.cli import main
+
+def broken(shape, sets):
+    raise RuntimeError("this alternative is broken")
+
+# First, so every other implementation is measured after it failed.
+others = dict(impls.IMPLEMENTATIONS)
+impls.IMPLEMENTATIONS.clear()
+impls.IMPLEMENTATIONS.update({"broken": broken, **others})
+try:
+    main(["bench", "--quick", "--samples", "1", "--skip", "upstream-geometry", "--json", sys.argv[1]])
+except SystemExit as done:
+    assert not done.code, done.code
+"""
+
+
+@pytest.mark.slow
+def test_a_failing_alternative_is_recorded_and_the_sweep_goes_on(tmp_path):
+    out = tmp_path / "bench.json"
+    done = _run("-c", _BROKEN_ALTERNATIVE, str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads(out.read_text())
+    for shape in results["shapes"]:
+        assert shape["implementations"]["broken"] == {"failed": "RuntimeError: this alternative is broken"}
+        assert shape["implementations"]["kpool-cupy"]["median_ms"] > 0  # measured after the failure
+    assert "FAILED: RuntimeError: this alternative is broken" in done.stdout

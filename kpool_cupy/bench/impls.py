@@ -127,6 +127,11 @@ def torch_compiled(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
     import torch
 
     try:
+        import torch._dynamo
+
+        # Static shapes recompile per shape, and dynamo's cache limit (8) would
+        # otherwise turn later shapes into eager calls without a word.
+        torch._dynamo.reset()
         compiled = torch.compile(_torch_pool, dynamic=False)
         v = views[0]
         compiled(v["k"], v["gate"], v["ape"], v["first"], shape.kpool)  # compile now, not while timed

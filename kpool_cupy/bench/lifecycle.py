@@ -15,7 +15,7 @@ import numpy as np
 
 from ..dtypes import element_dtype
 from .stats import MEMORY_BUDGET, bandwidth_gbps, fraction_of, input_sets, summarize_times
-from .timing import copy_runner, device_times
+from .timing import copy_roof, device_times
 
 POOL_TOPK = 512  # the indexer's selection width of the upstream suite (2048 expanded columns at kpool 4)
 
@@ -117,8 +117,8 @@ def bench_tail_update(shape: DecodeShape, samples: int) -> dict[str, Any]:
             }
         )
     nbytes = tail_update_bytes(shape)
-    copy = summarize_times(device_times(copy_runner(nbytes, count), count, samples=samples))
-    copy_gbps = bandwidth_gbps(nbytes, copy["median_ms"])
+    copy = copy_roof(nbytes, count, samples)
+    copy_gbps = copy["gbps"]
 
     def ours(i: int) -> Any:
         return kpool_cupy.kpool_tail_update(**sets[i], validate=False)
@@ -132,7 +132,7 @@ def bench_tail_update(shape: DecodeShape, samples: int) -> dict[str, Any]:
     return {
         "name": f"tail-update {shape.name}",
         "bytes": nbytes,
-        "copy": {**copy, "gbps": copy_gbps},
+        "copy": copy,
         "implementations": {
             "kpool-cupy": _entry(ours, count, nbytes, copy_gbps, samples),
             "cupy-composite": _entry(composite, count, nbytes, copy_gbps, samples),
@@ -152,8 +152,8 @@ def bench_expand(tokens: int, kpool: int, samples: int) -> dict[str, Any]:
         ids = rng.integers(-1, 8192, (tokens, POOL_TOPK)).astype(cupy.int32)
         sets.append((ids, cupy.asarray(np.array([0, tokens], np.int32)), cupy.zeros(1, dtype=cupy.int32)))
     nbytes = expand_bytes(tokens, POOL_TOPK, kpool)
-    copy = summarize_times(device_times(copy_runner(nbytes, count), count, samples=samples))
-    copy_gbps = bandwidth_gbps(nbytes, copy["median_ms"])
+    copy = copy_roof(nbytes, count, samples)
+    copy_gbps = copy["gbps"]
     offsets = cupy.arange(kpool, dtype=cupy.int64)
 
     def ours(i: int) -> Any:
@@ -166,7 +166,7 @@ def bench_expand(tokens: int, kpool: int, samples: int) -> dict[str, Any]:
     return {
         "name": f"expand-topk {tokens}x{POOL_TOPK}",
         "bytes": nbytes,
-        "copy": {**copy, "gbps": copy_gbps},
+        "copy": copy,
         "implementations": {
             "kpool-cupy": _entry(ours, count, nbytes, copy_gbps, samples),
             "cupy-composite": _entry(composite, count, nbytes, copy_gbps, samples),

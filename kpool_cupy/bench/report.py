@@ -30,8 +30,9 @@ def table(results: dict[str, Any]) -> list[str]:
         copy = shape["copy"]
         lines.append(f"{shape['name']:<28}{'(d2d copy)':<20}{copy['median_ms'] * 1e3:>11.2f}{copy['gbps']:>9.0f}")
         for name, entry in shape["implementations"].items():
-            if "skipped" in entry:
-                lines.append(f"{'':<28}{name:<20}  skipped: {entry['skipped']}")
+            if "skipped" in entry or "failed" in entry:
+                why = f"skipped: {entry['skipped']}" if "skipped" in entry else f"FAILED: {entry['failed']}"
+                lines.append(f"{'':<28}{name:<20}  {why}")
             else:
                 lines.append(
                     f"{'':<28}{name:<20}{entry['median_ms'] * 1e3:>11.2f}{entry['gbps']:>9.0f}"

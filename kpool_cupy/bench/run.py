@@ -12,7 +12,7 @@ from .inputs import make_input_sets
 from .lifecycle import run_lifecycle
 from .shapes import BenchShape, minimum_bytes
 from .stats import MEMORY_BUDGET, bandwidth_gbps, fraction_of, input_sets, summarize_times
-from .timing import copy_runner, device_times, graph_replay_milliseconds, host_call_microseconds
+from .timing import copy_roof, device_times, graph_replay_milliseconds, host_call_microseconds
 
 
 def _max_abs_diff(got: Any, want: Any) -> float:
@@ -34,8 +34,8 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
     count = input_sets(per_set, l2, MEMORY_BUDGET)
     sets = make_input_sets(shape, count)
 
-    copy = summarize_times(device_times(copy_runner(nbytes, count), count, samples=samples))
-    copy_gbps = bandwidth_gbps(nbytes, copy["median_ms"])
+    copy = copy_roof(nbytes, count, samples)
+    copy_gbps = copy["gbps"]
     record: dict[str, Any] = {
         "name": shape.name,
         "kind": shape.kind,
@@ -47,19 +47,23 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
         "pools": shape.pools,
         "bytes": nbytes,
         "input_sets": count,
-        "copy": {**copy, "gbps": copy_gbps},
+        "copy": copy,
         "implementations": {},
     }
     reference = None
     for name in implementations:
-        runner = IMPLEMENTATIONS[name](shape, sets)
-        if isinstance(runner, str):
-            record["implementations"][name] = {"skipped": runner}
+        try:
+            runner = IMPLEMENTATIONS[name](shape, sets)
+            if isinstance(runner, str):
+                record["implementations"][name] = {"skipped": runner}
+                continue
+            output = runner(0)
+            if name == "kpool-cupy":
+                reference = cupy.array(output, copy=True)
+            times = summarize_times(device_times(runner, count, samples=samples))
+        except Exception as error:  # one broken alternative is recorded; the sweep goes on
+            record["implementations"][name] = {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
             continue
-        output = runner(0)
-        if name == "kpool-cupy":
-            reference = cupy.array(output, copy=True)
-        times = summarize_times(device_times(runner, count, samples=samples))
         gbps = bandwidth_gbps(nbytes, times["median_ms"])
         entry = {**times, "gbps": gbps, "fraction_of_copy": fraction_of(gbps, copy_gbps)}
         if reference is not None and name != "kpool-cupy":
@@ -92,11 +96,14 @@ def run_sweep(
     samples: int,
     progress: Callable[[Iterable[BenchShape]], Any],
     quick: bool = False,
+    checkpoint: Callable[[dict[str, Any]], None] = lambda partial: None,
 ) -> dict[str, Any]:
+    """Every shape, then the decode side and the host cost; ``checkpoint`` gets the shapes done so far after each."""
     records = []
     with progress(shapes) as bar:
         for shape in bar:
             records.append(bench_shape(shape, implementations, samples))
+            checkpoint({"shapes": records, "complete": False})
     return {
         "shapes": records,
         "lifecycle": run_lifecycle(quick, samples),

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .stats import bandwidth_gbps, summarize_times
+
 
 def device_times(run: Callable[[int], Any], sets: int, warmup: int = 5, samples: int = 30) -> list[float]:
     """Per-call device milliseconds: each sample times one call on every input set in turn.
@@ -29,6 +31,19 @@ def device_times(run: Callable[[int], Any], sets: int, warmup: int = 5, samples:
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / sets)
     return times
+
+
+def copy_roof(nbytes: int, sets: int, samples: int) -> dict[str, Any]:
+    """The roof for ``nbytes`` of traffic: a device-to-device copy of half of them, timed like the kernels.
+
+    A copy of N bytes reads N and writes N; the kernels are credited with the
+    bytes they read plus the bytes they write, so the copy that moves the same
+    traffic copies ``nbytes / 2``.
+    """
+    copied = max(nbytes // 2, 1)
+    times = summarize_times(device_times(copy_runner(copied, sets), sets, samples=samples))
+    moved = 2 * copied
+    return {**times, "bytes_copied": copied, "bytes_moved": moved, "gbps": bandwidth_gbps(moved, times["median_ms"])}
 
 
 def copy_runner(nbytes: int, sets: int) -> Callable[[int], Any]:
