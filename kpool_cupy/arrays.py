@@ -7,6 +7,11 @@ from typing import Any
 import numpy as np
 
 
+def is_cupy_array(array: Any) -> bool:
+    """Whether ``array`` is a CuPy array, told without importing CuPy."""
+    return type(array).__module__.split(".")[0] == "cupy"
+
+
 def check_array_kind(name: str, array: Any) -> None:
     """A NumPy or CuPy array, or a TypeError naming ``name``.
 
@@ -19,7 +24,7 @@ def check_array_kind(name: str, array: Any) -> None:
             f"Invalid {name}: expected a plain array, got {type(array).__module__}.{type(array).__name__} "
             "(pass .data of a masked array after handling its mask, or np.asarray of a matrix)"
         )
-    if isinstance(array, np.ndarray) or type(array).__module__.split(".")[0] == "cupy":
+    if isinstance(array, np.ndarray) or is_cupy_array(array):
         return
     raise TypeError(
         f"Invalid {name}: expected a NumPy or CuPy array, got {type(array).__module__}.{type(array).__name__} "

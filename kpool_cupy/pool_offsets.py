@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrays import check_array_kind
+from .arrays import check_array_kind, is_cupy_array
 from .dtypes import INDEX_DTYPES, MAX_KPOOL
 
 
@@ -20,7 +20,7 @@ def check_kpool(kpool: Any) -> None:
 
 def _array_module(array: Any) -> Any:
     """``cupy`` for CuPy arrays, ``numpy`` otherwise; CuPy is imported only when it is already in use."""
-    if type(array).__module__.split(".")[0] == "cupy":
+    if is_cupy_array(array):
         import cupy
 
         return cupy

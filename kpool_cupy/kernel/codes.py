@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import is_cupy_array
 from ..dtypes import INDEX_DTYPES
 
 
@@ -38,7 +39,7 @@ class VectorAccess(enum.IntFlag):
 
 def data_pointer(array: Any) -> int:
     """Address of the first element of a NumPy or CuPy array (views included)."""
-    if type(array).__module__.split(".")[0] == "cupy":
+    if is_cupy_array(array):
         return int(array.data.ptr)
     return int(array.ctypes.data)
 

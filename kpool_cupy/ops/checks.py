@@ -128,12 +128,16 @@ def check_batch_index(input_row_offsets: Any, cache_lengths: Any) -> int:
     return batch
 
 
+def output_dtypes(k_dtype: np.dtype) -> tuple[np.dtype, ...]:
+    """The dtypes a pooled output may have: k's, or float32 (one rounding either way)."""
+    return (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
+
+
 def check_out(out: Any, k_dtype: np.dtype, head_dim: int, rows: str) -> np.ndarray:
     """An output of token-row shape ``[rows, head_dim]``; returns the dtype written."""
     if out is None:
         return np.dtype(k_dtype)
-    allowed = (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
-    check_rows("out", out, allowed)
+    check_rows("out", out, output_dtypes(k_dtype))
     if out.shape[1] != head_dim:
         raise fail("out", f"shape [{rows}, {head_dim}]", f"shape {tuple(out.shape)}")
     check_writable_rows("out", out)

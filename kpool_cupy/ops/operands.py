@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
+
+from ..kernel import codes
 from .spec import Operand
 
 TOKEN_K = Operand("k", "[total_tokens, head_dim] bfloat16, float16 or float32; last dim contiguous")
@@ -13,3 +18,19 @@ CACHE_LENGTHS = Operand("cache_lengths", "[batch] int32, uint32 or int64")
 SLOT_IDX = Operand("slot_idx", "[requests] int32, uint32 or int64: each request's ring")
 RING = Operand("tail", "[max_slots, 2, kpool, head_dim] in k's dtype, C-contiguous", written=True)
 RING_READ = Operand("tail", "[max_slots, 2, kpool, head_dim] in k's dtype, C-contiguous (read only)")
+
+
+def ring_and_tokens(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
+    """The arguments ring close and seed tail open with: the ring, its slot count, k and gate rows."""
+    return (operands["tail"], np.int64(max_slots), *codes.rows(operands["k"]), *codes.rows(operands["gate"]))
+
+
+def requests(operands: dict[str, Any], batch: int, total_tokens: int) -> tuple[Any, ...]:
+    """The arguments of a token-row ring kernel that place each request: offsets, lengths, slots, counts."""
+    return (
+        *codes.index(operands["input_row_offsets"]),
+        *codes.index(operands["cache_lengths"]),
+        *codes.index(operands["slot_idx"]),
+        np.int64(batch),
+        np.int64(total_tokens),
+    )

@@ -12,7 +12,17 @@ from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import check_ape, check_batch_index, check_keys, check_no_overlap, check_out, check_rows_and_cache, fail
-from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING_GATE, RING_READ, SLOT_IDX, TOKEN_K
+from .operands import (
+    APE,
+    CACHE_LENGTHS,
+    INPUT_ROW_OFFSETS,
+    RING_GATE,
+    RING_READ,
+    SLOT_IDX,
+    TOKEN_K,
+    requests,
+    ring_and_tokens,
+)
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
 
@@ -67,16 +77,9 @@ def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_ring_close``, arguments in kernels/kpool_ring.cu's order."""
     o = operands
     arguments = (
-        o["tail"],
-        np.int64(call.max_slots),
-        *codes.rows(o["k"]),
-        *codes.rows(o["gate"]),
+        *ring_and_tokens(o, call.max_slots),
         *codes.rows(o["ape"]),
-        *codes.index(o["input_row_offsets"]),
-        *codes.index(o["cache_lengths"]),
-        *codes.index(o["slot_idx"]),
-        np.int64(call.batch),
-        np.int64(call.total_tokens),
+        *requests(o, call.batch, call.total_tokens),
         *codes.rows(o["out"]),
         o["closed"],
         codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),

@@ -11,7 +11,16 @@ from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import check_batch_index, check_keys, check_no_overlap, check_rows_and_cache
-from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, RING, RING_GATE, SLOT_IDX, TOKEN_K
+from .operands import (
+    CACHE_LENGTHS,
+    INPUT_ROW_OFFSETS,
+    RING,
+    RING_GATE,
+    SLOT_IDX,
+    TOKEN_K,
+    requests,
+    ring_and_tokens,
+)
 from .ring_checks import check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, OpSpec
 
@@ -42,15 +51,8 @@ def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_seed_tail``, arguments in kernels/kpool_ring.cu's order."""
     o = operands
     arguments = (
-        o["tail"],
-        np.int64(call.max_slots),
-        *codes.rows(o["k"]),
-        *codes.rows(o["gate"]),
-        *codes.index(o["input_row_offsets"]),
-        *codes.index(o["cache_lengths"]),
-        *codes.index(o["slot_idx"]),
-        np.int64(call.batch),
-        np.int64(call.total_tokens),
+        *ring_and_tokens(o, call.max_slots),
+        *requests(o, call.batch, call.total_tokens),
         codes.vector_mask(k=o["k"], gate=o["gate"], tail=o["tail"]),
     )
     name = ring_kernel_name("kpool_seed_tail", call.dtype, None, call.head_dim, call.kpool)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, INT32_MAX, dtype_name
+from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
@@ -19,6 +19,7 @@ from .checks import (
     check_writable,
     dtype_fail,
     fail,
+    output_dtypes,
     require_array,
 )
 from .operands import APE, RING, RING_GATE, SLOT_IDX
@@ -59,7 +60,7 @@ def _check_out(out: Any, k_dtype: np.dtype, shape: tuple[int, int, int]) -> np.d
     """``out`` ``[requests, pools_per_request, head_dim]``, k's dtype or float32; returns the dtype written."""
     if out is None:
         return k_dtype
-    allowed = (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
+    allowed = output_dtypes(k_dtype)
     require_array("out", out)
     if out.dtype not in allowed:
         raise dtype_fail("out", "dtype " + " or ".join(dtype_name(d) for d in allowed), dtype_name(out.dtype))
