@@ -52,6 +52,19 @@ def test_wheel_carries_the_kernels(tmp_path):
     for required in [f"kpool_cupy/kernels/{name}" for name in sources] + ["kpool_cupy/py.typed"]:
         assert required in names, sorted(names)
     assert any(name.endswith(".dist-info/licenses/LICENSE") for name in names), sorted(names)  # Apache-2.0
+    # Each GPU extra brings CuPy, NVRTC and the CUDA runtime headers CuPy 14
+    # compiles its own kernels against, for one CUDA major version.
+    (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+    requires = [
+        line.removeprefix("Requires-Dist: ")
+        for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+        if line.startswith("Requires-Dist: ")
+    ]
+    for extra, major in (("cuda12", 12), ("cuda13", 13)):
+        wanted = [r for r in requires if r.endswith(f"extra == '{extra}'") or r.endswith(f'extra == "{extra}"')]
+        assert any(r.startswith(f"cupy-cuda{major}x") for r in wanted), wanted
+        (toolkit,) = [r for r in wanted if r.startswith("cuda-toolkit[")]
+        assert "cudart" in toolkit and "nvrtc" in toolkit and f"<{major + 1}" in toolkit, toolkit
     # Installed from the wheel (unpacked away from the checkout), the package
     # finds its kernels inside itself.
     site = tmp_path / "site"
@@ -60,6 +73,13 @@ def test_wheel_carries_the_kernels(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(site)}
     found = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert found.stdout.strip() == str(site / "kpool_cupy" / "kernels"), found.stderr
+
+
+def test_the_cuda12_extra_puts_the_runtime_headers_where_cupy_looks():
+    """scripts/_venv.sh installs the cuda12 extra; CuPy 14 asks cuda-pathfinder for the headers."""
+    pathfinder = pytest.importorskip("cuda.pathfinder", reason="the cuda12 extra is not installed here")
+    include = pathfinder.find_nvidia_header_directory("cudart")
+    assert include is not None and (Path(include) / "cuda_fp16.h").is_file(), include
 
 
 def test_import_and_cpu_backends_work_without_cupy(tmp_path):
