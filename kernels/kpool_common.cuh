@@ -28,15 +28,21 @@ struct fp16 {
 // Channels one thread owns. head_dim is a multiple of it, and 8 two-byte
 // elements are one 16-byte vector.
 enum : int { kChannelsPerThread = 8 };
+// The most threads a launch puts in a block (kpool_cupy/kernel/geometry.py:
+// one 4096-channel pool), the kernels' __launch_bounds__. With at least one
+// such block resident per SM it caps registers at 128 per thread (65536 /
+// 512); tests/test_ptx.py checks no shipped variant spills under it.
+enum : int { kMaxThreadsPerBlock = 512 };
 
-// The codes a launcher passes, mirrored in kpool_cupy/kernel/codes.py (a test
-// reads this header and compares).
-//
-// IndexKind: the element type of an offsets, lengths or ids array.
-enum IndexKind : int { kIndexInt32 = 0, kIndexUint32 = 1, kIndexInt64 = 2 };
-// VectorAccess: bits of a kernel's vector_mask, one per operand whose rows
-// the launcher found 16-byte aligned (base address and every stepped stride).
+// VectorAccess: bits of a kernel's VECTOR template argument, one per operand
+// whose rows the launcher found 16-byte aligned (base address and every
+// stepped stride). Mirrored in kpool_cupy/kernel/codes.py (a test reads this
+// header and compares). The access path is chosen at compile time: a kernel
+// built for aligned operands carries no element-by-element code for them.
 enum VectorAccess : int { kVectorK = 1, kVectorGate = 2, kVectorApe = 4, kVectorOut = 8, kVectorTail = 16 };
+
+// Whether every bit of `wanted` is in the VECTOR template argument `mask`.
+__host__ __device__ constexpr bool vector_bits(int mask, int wanted) { return (mask & wanted) == wanted; }
 
 __device__ __forceinline__ float to_float(float value) { return value; }
 __device__ __forceinline__ float to_float(bf16 value) {
@@ -123,29 +129,37 @@ __device__ __forceinline__ unsigned int raw_bits(float value) { return kp_float_
 __device__ __forceinline__ unsigned int raw_bits(bf16 value) { return value.bits; }
 __device__ __forceinline__ unsigned int raw_bits(fp16 value) { return value.bits; }
 
-// Loads 8 consecutive elements as float32: 16-byte vectors when `vector` (the
-// launcher has checked the address and row stride are 16-byte aligned),
-// element by element otherwise.
+// Eight consecutive elements of a row as loaded, converted to float32 only
+// when read: 16-byte words when VECTOR (the launcher has checked the address
+// and row stride are 16-byte aligned), elements otherwise. Holding the raw
+// bits lets a pool issue all its member loads before the first is used.
+template <typename T, bool VECTOR>
+struct Row8;
 template <typename T>
-__device__ __forceinline__ void load8(const T* source, bool vector, float (&values)[kChannelsPerThread]) {
-    constexpr int kWords = sizeof(T) * kChannelsPerThread / 16;
-    if (vector) {
-        uint4 words[kWords];
+struct Row8<T, true> {
+    uint4 words[sizeof(T) * kChannelsPerThread / 16];
+    __device__ __forceinline__ void load(const T* source) {
 #pragma unroll
-        for (int w = 0; w < kWords; ++w) words[w] = kp_load16(source + w * (16 / sizeof(T)));
-#pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i) values[i] = to_float(element_from_words<T>(words, i));
-    } else {
-#pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i) values[i] = to_float(source[i]);
+        for (int w = 0; w < static_cast<int>(sizeof(words) / sizeof(uint4)); ++w)
+            words[w] = kp_load16(source + w * (16 / sizeof(T)));
     }
-}
+    __device__ __forceinline__ float operator[](int i) const { return to_float(element_from_words<T>(words, i)); }
+};
+template <typename T>
+struct Row8<T, false> {
+    T elements[kChannelsPerThread];
+    __device__ __forceinline__ void load(const T* source) {
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) elements[i] = source[i];
+    }
+    __device__ __forceinline__ float operator[](int i) const { return to_float(elements[i]); }
+};
 
 // Rounds 8 float32 values once to T and stores them, as 16-byte vectors when
-// `vector`.
-template <typename T>
-__device__ __forceinline__ void store8(T* target, bool vector, const float (&values)[kChannelsPerThread]) {
-    if (vector) {
+// VECTOR.
+template <bool VECTOR, typename T>
+__device__ __forceinline__ void store8(T* target, const float (&values)[kChannelsPerThread]) {
+    if constexpr (VECTOR) {
         constexpr int kWords = sizeof(T) * kChannelsPerThread / 16;
         constexpr int kPerWord = 4 / sizeof(T) > 0 ? 4 / sizeof(T) : 1;  // elements per 32-bit word
         unsigned int packed[4 * kWords];
@@ -168,11 +182,12 @@ __device__ __forceinline__ void store8(T* target, bool vector, const float (&val
 }
 
 // Copies 8 consecutive elements bit for bit (a ring stores raw values, so a
-// pool closed from it is the pool built in one call).
-template <typename T>
-__device__ __forceinline__ void copy8(T* target, bool target_vector, const T* source, bool source_vector) {
+// pool closed from it is the pool built in one call); 16-byte words when both
+// sides allow them.
+template <bool TARGET_VECTOR, bool SOURCE_VECTOR, typename T>
+__device__ __forceinline__ void copy8(T* target, const T* source) {
     constexpr int kWords = sizeof(T) * kChannelsPerThread / 16;
-    if (target_vector && source_vector) {
+    if constexpr (TARGET_VECTOR && SOURCE_VECTOR) {
 #pragma unroll
         for (int w = 0; w < kWords; ++w)
             kp_store16(target + w * (16 / sizeof(T)), kp_load16(source + w * (16 / sizeof(T))));
@@ -196,23 +211,25 @@ __device__ __forceinline__ bool thread_group(long long* group, int* channel) {
     return threadIdx.x < groups_per_block * kLanes;
 }
 
-// Offsets and lengths arrive as int32, uint32 or int64; `kind` says which
-// and every read widens to a signed 64-bit value.
-__device__ __forceinline__ long long load_index(const void* array, int kind, long long i) {
-    if (kind == kIndexInt32) return static_cast<const int*>(array)[i];
-    if (kind == kIndexUint32) return static_cast<const unsigned int*>(array)[i];
-    return static_cast<const long long*>(array)[i];
+// Offsets, lengths, slots and positions arrive as int32, uint32 or int64, a
+// template argument of the kernel (IT), so a read is one load of that width,
+// widened to a signed 64-bit value.
+template <typename IT>
+__device__ __forceinline__ long long load_index(const IT* array, long long i) {
+    static_assert(sizeof(IT) == 4 || sizeof(IT) == 8, "index arrays are int32, uint32 or int64");
+    return static_cast<long long>(array[i]);
 }
 
 // The request that owns `item`: the last b in [0, batch) with
 // offsets[b] <= item, by binary search (0 when none is). Offsets may be
 // garbage when the caller skipped validation: the answer is always in
 // [0, batch), and the caller checks the request before using it.
-__device__ __forceinline__ long long find_request(const void* offsets, int kind, long long batch, long long item) {
+template <typename IT>
+__device__ __forceinline__ long long find_request(const IT* offsets, long long batch, long long item) {
     long long lo = 0, hi = batch - 1;  // invariant: the answer is in [lo, hi]
     while (lo < hi) {
         const long long mid = lo + (hi - lo + 1) / 2;
-        if (load_index(offsets, kind, mid) <= item)
+        if (load_index(offsets, mid) <= item)
             lo = mid;
         else
             hi = mid - 1;
@@ -222,82 +239,182 @@ __device__ __forceinline__ long long find_request(const void* offsets, int kind,
 
 // The request's token rows and cached length, checked before any use: false
 // when the row range is not inside [0, total_tokens) or the length negative.
-__device__ __forceinline__ bool request_rows(const void* input_row_offsets, int input_kind, const void* cache_lengths,
-                                             int cache_kind, long long request, long long total_tokens,
-                                             long long* row_begin, long long* row_end, long long* cached) {
-    *row_begin = load_index(input_row_offsets, input_kind, request);
-    *row_end = load_index(input_row_offsets, input_kind, request + 1);
-    *cached = load_index(cache_lengths, cache_kind, request);
+// The three reads are independent and issued together.
+template <typename IO, typename IC>
+__device__ __forceinline__ bool request_rows(const IO* input_row_offsets, const IC* cache_lengths, long long request,
+                                             long long total_tokens, long long* row_begin, long long* row_end,
+                                             long long* cached) {
+    *row_begin = load_index(input_row_offsets, request);
+    *row_end = load_index(input_row_offsets, request + 1);
+    *cached = load_index(cache_lengths, request);
     return *row_begin >= 0 && *row_end <= total_tokens && *row_begin <= *row_end && *cached >= 0;
 }
 
-// One pooled channel as a streaming softmax over the members in order: the
-// running maximum, the sum of weights relative to it, and the weighted sum of
-// keys. Each member costs one exp, kpool needs no registers, and a member is
-// read once. Every kernel feeds members in pool order through this struct, so
-// one pool gives the same bits whichever kernel built it.
+// log2(e) rounded to float32: exp(x) = exp2(x * log2(e)).
+constexpr float kLog2e = 1.44269504088896340736f;
+
+// One pooled channel: the softmax over a pool's members, a chunk of members
+// at a time. Within a chunk it is two passes over registers: the chunk's
+// maximum logit, then each member's weight exp(logit - max) and the sums of
+// weights and weighted keys in member order. Across chunks (kpool > 8) the
+// running sums are rescaled when a chunk raises the maximum. Every kernel
+// feeds members in pool order through this struct, so one pool gives the
+// same bits whichever kernel built it.
 //
 // Policy at the edges (every backend does the same):
-// - a logit equal to the running maximum weighs exactly 1, so a channel whose
-//   logits are all -inf (or all +inf) gets the mean of its members' keys, the
-//   limit of equal logits, instead of 0/0;
+// - a logit equal to the maximum weighs exactly 1, so a channel whose logits
+//   are all -inf (or all +inf) gets the mean of its members' keys, the limit
+//   of equal logits, instead of 0/0;
 // - a single +inf logit takes the whole weight;
-// - a NaN logit or key makes the channel NaN.
+// - a NaN logit or key makes the channel NaN (fmaxf skips a NaN logit, whose
+//   own weight is then exp(NaN) = NaN).
+//
+// Nothing here branches: the first weight needs the chunk's maximum, so every
+// member's gate scores are loaded before the first exp, and the compiler has
+// no block boundary to hold loads behind. exp is exp2 of the difference times
+// log2(e) (one MUFU.EX2 on the GPU) and the final division a reciprocal and a
+// multiply; the README's error bound covers the GPU's approximations
+// (ex2.approx: 2 ulp, rcp.approx: 1 ulp) as well as the emulator's correctly
+// rounded ones.
 struct PoolChannel {
     float max_logit;
     float weight_sum;
     float weighted_keys;
 
-    __device__ __forceinline__ void first(float logit, float key) {
-        max_logit = logit;
-        // A NaN logit carries into the weight sum even when no member follows
-        // (kpool 1), where nothing else would read it.
-        weight_sum = logit != logit ? logit : 1.0f;
-        weighted_keys = key;
-    }
-    __device__ __forceinline__ void push(float logit, float key) {
-        const float delta = logit - max_logit;
-        // exp(-|delta|) is the new member's weight when it is not above the
-        // maximum and the rescale of what came before when it is.
-        const float e = logit == max_logit ? 1.0f : expf(-fabsf(delta));
-        // The multiply-adds are fused on purpose and spelled out: both
-        // compilers build with contraction off, so every kernel and the
-        // emulator round these, and only these, once.
-        if (delta > 0.0f) {
-            weight_sum = fmaf(weight_sum, e, 1.0f);
-            weighted_keys = fmaf(weighted_keys, e, key);
-            max_logit = logit;
-        } else {
-            weight_sum = weight_sum + e;
-            weighted_keys = fmaf(e, key, weighted_keys);
+    // The chunk of COUNT members logits[j], keys[j]; FIRST: the pool's first.
+    template <int COUNT, bool FIRST>
+    __device__ __forceinline__ void add(const float (&logits)[COUNT], const float (&keys)[COUNT]) {
+        float chunk_max = logits[0];
+#pragma unroll
+        for (int j = 1; j < COUNT; ++j) chunk_max = fmaxf(chunk_max, logits[j]);
+        const float new_max = FIRST ? chunk_max : fmaxf(max_logit, chunk_max);
+        float sum = 0.0f, weighted = 0.0f;
+#pragma unroll
+        for (int j = 0; j < COUNT; ++j) {
+            // exp2 runs unconditionally and the select picks: a conditional
+            // call would be a branch (the compiler does not speculate inline
+            // assembly), and a branch splits the loads from their uses.
+            const float exp_weight = kp_exp2((logits[j] - new_max) * kLog2e);
+            const float weight = logits[j] == new_max ? 1.0f : exp_weight;
+            // The multiply-add is fused on purpose and spelled out: both
+            // compilers build with contraction off, so every kernel and the
+            // emulator round it, and only it, once.
+            sum = j == 0 ? weight : sum + weight;
+            weighted = j == 0 ? weight * keys[j] : fmaf(weight, keys[j], weighted);
         }
+        if (FIRST) {
+            weight_sum = sum;
+            weighted_keys = weighted;
+        } else {
+            // exp(old max - new max): 1 when the chunk did not raise it.
+            const float exp_scale = kp_exp2((max_logit - new_max) * kLog2e);
+            const float scale = max_logit == new_max ? 1.0f : exp_scale;
+            weight_sum = fmaf(weight_sum, scale, sum);
+            weighted_keys = fmaf(weighted_keys, scale, weighted);
+        }
+        max_logit = new_max;
     }
-    __device__ __forceinline__ float value() const { return weighted_keys / weight_sum; }
+    // weight_sum is in [1, kpool] (the maximum weighs 1) unless NaN, so the
+    // reciprocal neither overflows nor meets a subnormal.
+    __device__ __forceinline__ float value() const { return weighted_keys * kp_rcp(weight_sum); }
+};
+
+// How many members pool8 loads, per thread, before it uses any. A pool
+// whose keys, gate scores and ape rows fit kWholePoolBytes comes in one
+// chunk, one memory round trip: up to 8 members of 16-bit keys and gate
+// scores (64 bytes each with their ape row), 5 of float32 (96 bytes). A larger
+// pool streams in chunks of kStreamBytes (4 or 2 members, at least 128 bytes
+// of keys and gate scores in flight), which leaves room in the 128 registers
+// kMaxThreadsPerBlock allows for the loop; tests/test_ptx.py checks that no
+// shipped variant spills.
+enum : int { kWholePoolBytes = 512, kStreamBytes = 256 };
+
+template <int KPOOL, typename KT, typename GT>
+__host__ __device__ constexpr int chunk_members() {
+    constexpr int kMemberBytes = kChannelsPerThread * (sizeof(KT) + sizeof(GT) + sizeof(float));
+    constexpr int kStream = kStreamBytes / kMemberBytes < 1 ? 1 : kStreamBytes / kMemberBytes;
+    return KPOOL * kMemberBytes <= kWholePoolBytes ? KPOOL : kStream;
+}
+
+// A chunk of COUNT members; FIRST: it starts the pool.
+template <int COUNT, bool FIRST>
+struct Chunk {};
+
+// Calls visit(Chunk<COUNT, FIRST>{}, m0) for members 0 .. KPOOL - 1 in chunks
+// of CHUNK, in order: the first chunk, a loop of whole ones, a partial last.
+// pool8 and the benchmark's baseline kernel share it, so both reduce a pool
+// in the same chunks and agree bit for bit.
+template <int KPOOL, int CHUNK, typename Visit>
+__device__ __forceinline__ void for_each_chunk(Visit visit) {
+    static_assert(KPOOL >= 1 && CHUNK >= 1, "kpool and the chunk must be at least 1");
+    constexpr int kFirst = KPOOL < CHUNK ? KPOOL : CHUNK;
+    constexpr int kRest = (KPOOL - kFirst) % CHUNK;  // the last, partial chunk
+    visit(Chunk<kFirst, true>{}, 0);
+#pragma unroll 1
+    for (int m0 = kFirst; m0 + CHUNK <= KPOOL; m0 += CHUNK) visit(Chunk<CHUNK, false>{}, m0);
+    if constexpr (kRest > 0) visit(Chunk<kRest, false>{}, KPOOL - kRest);
+}
+
+// Loads members m0 .. m0 + COUNT - 1 (keys, gate scores and ape rows), all
+// before the first is used, then feeds them to each channel. FIRST: member
+// m0 is the pool's first.
+template <int COUNT, bool FIRST, typename KT, typename GT, bool KEY_VECTOR, bool GATE_VECTOR, bool APE_VECTOR,
+          typename MemberRows>
+__device__ __forceinline__ void pool_chunk(int m0, MemberRows member_rows, const float* ape, long long ape_row_stride,
+                                           PoolChannel (&channels)[kChannelsPerThread]) {
+    Row8<KT, KEY_VECTOR> keys[COUNT];
+    Row8<GT, GATE_VECTOR> gates[COUNT];
+    Row8<float, APE_VECTOR> bias[COUNT];
+    const KT* key_rows[COUNT];
+    const GT* gate_rows[COUNT];
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) member_rows(m0 + j, &key_rows[j], &gate_rows[j]);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) bias[j].load(ape + (m0 + j) * ape_row_stride);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) keys[j].load(key_rows[j]);
+#pragma unroll
+    for (int j = 0; j < COUNT; ++j) gates[j].load(gate_rows[j]);
+#pragma unroll
+    for (int c = 0; c < kChannelsPerThread; ++c) {
+        float logits[COUNT], values[COUNT];
+#pragma unroll
+        for (int j = 0; j < COUNT; ++j) {
+            logits[j] = gates[j][c] + bias[j][c];
+            values[j] = keys[j][c];
+        }
+        channels[c].template add<COUNT, FIRST>(logits, values);
+    }
+}
+
+// for_each_chunk's visitor in pool8 (a struct: NVRTC compiles no generic
+// lambda in device code without --extended-lambda).
+template <typename KT, typename GT, bool KEY_VECTOR, bool GATE_VECTOR, bool APE_VECTOR, typename MemberRows>
+struct PoolChunks {
+    MemberRows& member_rows;
+    const float* ape;
+    long long ape_row_stride;
+    PoolChannel (&channels)[kChannelsPerThread];
+
+    template <int COUNT, bool FIRST>
+    __device__ __forceinline__ void operator()(Chunk<COUNT, FIRST>, int m0) const {
+        pool_chunk<COUNT, FIRST, KT, GT, KEY_VECTOR, GATE_VECTOR, APE_VECTOR>(m0, member_rows, ape, ape_row_stride,
+                                                                               channels);
+    }
 };
 
 // Reduces one pool over this thread's 8 channels: members m = 0 .. KPOOL - 1
-// in order, member m's keys and gate scores from load_member(m, keys, logits),
-// its ape row at ape + m * ape_row_stride. Every kernel pools through here,
-// so a pool is the same bits whichever kernel builds it.
-//
-// Small pools unroll fully so all member loads are in flight at once; large
-// ones stream with a bounded unroll to keep registers in check.
-template <int KPOOL, typename LoadMember>
-__device__ __forceinline__ void pool8(LoadMember load_member, const float* ape, long long ape_row_stride,
-                                      bool ape_vector, float (&result)[kChannelsPerThread]) {
-    float keys[kChannelsPerThread], logits[kChannelsPerThread], bias[kChannelsPerThread];
+// in order, member m's key and gate rows (this thread's 8 channels) from
+// member_rows(m, &key_row, &gate_row), its ape row at ape + m * ape_row_stride.
+// Every kernel pools through here, so a pool is the same bits whichever
+// kernel builds it.
+template <int KPOOL, typename KT, typename GT, bool KEY_VECTOR, bool GATE_VECTOR, bool APE_VECTOR,
+          typename MemberRows>
+__device__ __forceinline__ void pool8(MemberRows member_rows, const float* ape, long long ape_row_stride,
+                                      float (&result)[kChannelsPerThread]) {
     PoolChannel channels[kChannelsPerThread];
-    load_member(0, keys, logits);
-    load8(ape, ape_vector, bias);
-#pragma unroll
-    for (int c = 0; c < kChannelsPerThread; ++c) channels[c].first(logits[c] + bias[c], keys[c]);
-#pragma unroll(KPOOL <= 8 ? KPOOL : 4)
-    for (int m = 1; m < KPOOL; ++m) {
-        load_member(m, keys, logits);
-        load8(ape + m * ape_row_stride, ape_vector, bias);
-#pragma unroll
-        for (int c = 0; c < kChannelsPerThread; ++c) channels[c].push(logits[c] + bias[c], keys[c]);
-    }
+    for_each_chunk<KPOOL, chunk_members<KPOOL, KT, GT>()>(
+        PoolChunks<KT, GT, KEY_VECTOR, GATE_VECTOR, APE_VECTOR, MemberRows>{member_rows, ape, ape_row_stride, channels});
 #pragma unroll
     for (int c = 0; c < kChannelsPerThread; ++c) result[c] = channels[c].value();
 }

@@ -19,21 +19,20 @@ namespace kp {
 // here may be garbage when the caller skipped validation, so each step is
 // checked before it is used to form an address: a pool whose members are not
 // all inside its request's rows and [0, total_tokens) is not written at all.
-template <int KPOOL>
-__device__ __forceinline__ bool locate_pool(long long pool, const void* input_row_offsets, int input_kind,
-                                            const void* cache_lengths, int cache_kind,
-                                            const void* pool_row_offsets, int pool_kind, long long batch,
-                                            long long total_tokens, long long* first_row) {
-    const long long request = find_request(pool_row_offsets, pool_kind, batch, pool);
-    const long long pool_begin = load_index(pool_row_offsets, pool_kind, request);
-    const long long pool_end = load_index(pool_row_offsets, pool_kind, request + 1);
-    // pool_begin >= 0 keeps pool - pool_begin from overflowing below.
-    if (pool_begin < 0 || pool < pool_begin || pool >= pool_end) return false;
-
+template <int KPOOL, typename IO, typename IC, typename IP>
+__device__ __forceinline__ bool locate_pool(long long pool, const IO* input_row_offsets, const IC* cache_lengths,
+                                            const IP* pool_row_offsets, long long batch, long long total_tokens,
+                                            long long* first_row) {
+    const long long request = find_request(pool_row_offsets, batch, pool);
+    // The request's five index reads do not depend on each other: issued
+    // together, they cost one round trip after the search.
+    const long long pool_begin = load_index(pool_row_offsets, request);
+    const long long pool_end = load_index(pool_row_offsets, request + 1);
     long long row_begin, row_end, cached;
-    if (!request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens, &row_begin,
-                      &row_end, &cached))
-        return false;
+    const bool rows_ok =
+        request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
+    // pool_begin >= 0 keeps pool - pool_begin from overflowing below.
+    if (pool_begin < 0 || pool < pool_begin || pool >= pool_end || !rows_ok) return false;
 
     const long long local_pool = pool - pool_begin;  // >= 0, and bounded below before it scales
     if (local_pool > (row_end - row_begin) / KPOOL) return false;
@@ -56,15 +55,17 @@ __device__ __forceinline__ bool locate_pool(long long pool, const void* input_ro
 // this same kernel one thread at a time. All row arithmetic is 64-bit, since
 // rows times stride passes 2^31 on long prompts.
 //
-// vector_mask: kp::VectorAccess bits of k, gate, ape and pooled.
-template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL>
-__global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
-                               long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
-                               const void* __restrict__ input_row_offsets, int input_kind,
-                               const void* __restrict__ cache_lengths, int cache_kind,
-                               const void* __restrict__ pool_row_offsets, int pool_kind, long long batch,
-                               long long total_tokens, OT* __restrict__ pooled, long long pooled_row_stride,
-                               long long pooled_rows, int vector_mask) {
+// VECTOR: kp::VectorAccess bits of k, gate, ape and pooled (compile time).
+// IO, IC, IP: the element types of input_row_offsets, cache_lengths and
+// pool_row_offsets (int, unsigned int or long long).
+template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC,
+          typename IP>
+__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
+    kpool_compress(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
+                   long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
+                   const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
+                   const IP* __restrict__ pool_row_offsets, long long batch, long long total_tokens,
+                   OT* __restrict__ pooled, long long pooled_row_stride, long long pooled_rows) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     long long pool;
     int channel;
@@ -72,24 +73,24 @@ __global__ void kpool_compress(const KT* __restrict__ k, long long k_row_stride,
 
     // The last offset is the exact pool count, so surplus threads exit here;
     // rows of `pooled` past it are never written.
-    const long long total_pools = kp::load_index(pool_row_offsets, pool_kind, batch);
+    const long long total_pools = kp::load_index(pool_row_offsets, batch);
     if (pool >= total_pools || pool >= pooled_rows) return;
 
     long long first_row;
-    if (!kp::locate_pool<KPOOL>(pool, input_row_offsets, input_kind, cache_lengths, cache_kind, pool_row_offsets,
-                                pool_kind, batch, total_tokens, &first_row))
+    if (!kp::locate_pool<KPOOL>(pool, input_row_offsets, cache_lengths, pool_row_offsets, batch, total_tokens,
+                                &first_row))
         return;
 
     // Members of a located pool all exist, so nothing below is masked.
     const KT* k_member = k + first_row * k_row_stride + channel;
     const GT* gate_member = gate + first_row * gate_row_stride + channel;
-    const bool k_vector = vector_mask & kp::kVectorK, gate_vector = vector_mask & kp::kVectorGate;
     float result[kp::kChannelsPerThread];
-    kp::pool8<KPOOL>(
-        [&](int m, float(&keys)[kp::kChannelsPerThread], float(&logits)[kp::kChannelsPerThread]) {
-            kp::load8(k_member + m * k_row_stride, k_vector, keys);
-            kp::load8(gate_member + m * gate_row_stride, gate_vector, logits);
+    kp::pool8<KPOOL, KT, GT, kp::vector_bits(VECTOR, kp::kVectorK), kp::vector_bits(VECTOR, kp::kVectorGate),
+              kp::vector_bits(VECTOR, kp::kVectorApe)>(
+        [&](int m, const KT** key_row, const GT** gate_row) {
+            *key_row = k_member + m * k_row_stride;
+            *gate_row = gate_member + m * gate_row_stride;
         },
-        ape + channel, ape_row_stride, (vector_mask & kp::kVectorApe) != 0, result);
-    kp::store8(pooled + pool * pooled_row_stride + channel, (vector_mask & kp::kVectorOut) != 0, result);
+        ape + channel, ape_row_stride, result);
+    kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + pool * pooled_row_stride + channel, result);
 }

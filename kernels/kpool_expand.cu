@@ -10,27 +10,29 @@
 // column i < visible % KPOOL holds visible - visible % KPOOL + i, the rest -1.
 #include "kpool_common.cuh"
 
-// One thread per output element of positions [total_tokens, width].
-template <int KPOOL>
-__global__ void kpool_expand_topk(const void* __restrict__ pool_ids, int pool_ids_kind, long long pool_topk,
-                                  const void* __restrict__ input_row_offsets, int input_kind,
-                                  const void* __restrict__ cache_lengths, int cache_kind, long long batch,
-                                  long long total_tokens, int* __restrict__ positions, long long width) {
+// One thread per output element of positions [total_tokens, width]. IPID,
+// IO, IC: the element types of pool_ids, input_row_offsets and
+// cache_lengths.
+template <int KPOOL, typename IPID, typename IO, typename IC>
+__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
+    kpool_expand_topk(const IPID* __restrict__ pool_ids, long long pool_topk, const IO* __restrict__ input_row_offsets,
+                      const IC* __restrict__ cache_lengths, long long batch, long long total_tokens,
+                      int* __restrict__ positions, long long width) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
     if (width <= 0 || index >= total_tokens * width) return;
     const long long token = index / width, column = index % width;
     long long value = -1;
     if (column < pool_topk * KPOOL) {
-        const long long pool = kp::load_index(pool_ids, pool_ids_kind, token * pool_topk + column / KPOOL);
+        const long long pool = kp::load_index(pool_ids, token * pool_topk + column / KPOOL);
         // The whole pool must fit int32, its last position included.
         const long long first = pool >= 0 && pool <= (2147483647LL - (KPOOL - 1)) / KPOOL ? pool * KPOOL : -1;
         value = first < 0 ? -1 : first + column % KPOOL;
     } else if (batch > 0) {
-        const long long request = kp::find_request(input_row_offsets, input_kind, batch, token);
+        const long long request = kp::find_request(input_row_offsets, batch, token);
         long long row_begin, row_end, cached;
-        if (kp::request_rows(input_row_offsets, input_kind, cache_lengths, cache_kind, request, total_tokens,
-                             &row_begin, &row_end, &cached) &&
+        if (kp::request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end,
+                             &cached) &&
             row_begin <= token && token < row_end && cached < (1LL << 62)) {
             const long long visible = cached + (token - row_begin) + 1;
             const long long count = visible % KPOOL, i = column - pool_topk * KPOOL;

@@ -23,6 +23,20 @@ __device__ __forceinline__ uint4 kp_load16(const void* address) {
 __device__ __forceinline__ void kp_store16(void* address, uint4 value) {
     *reinterpret_cast<uint4*>(address) = value;
 }
+// The softmax's two approximations: one MUFU instruction each, flushing
+// subnormals like the rest of the build (-ftz=true). ex2.approx errs by at
+// most 2 ulp, rcp.approx by at most 1 (PTX ISA); the README's error bound
+// covers both.
+__device__ __forceinline__ float kp_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ float kp_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 #else  // host compiler: the emulator
 
@@ -40,6 +54,7 @@ __device__ __forceinline__ void kp_store16(void* address, uint4 value) {
 #define __device__
 #define __host__
 #define __forceinline__ inline __attribute__((always_inline))
+#define __launch_bounds__(...)
 // __restrict__ is spelled the same by g++ and clang++.
 
 struct dim3 {
@@ -63,6 +78,25 @@ inline unsigned int kp_float_to_bits(float value) {
     std::memcpy(&bits, &value, sizeof bits);
     return bits;
 }
+// exp2 and the reciprocal, correctly rounded (glibc) where the GPU's
+// instructions are approximate. Built with -DKP_APPROX_WORST_ULPS=N they err
+// on purpose by N ulp (2 for exp2, N / 2 for the reciprocal), in a sign
+// that alternates with the input's last bit, so a test can check that the
+// error bound still holds when the GPU's approximations err their most.
+#ifndef KP_APPROX_WORST_ULPS
+#define KP_APPROX_WORST_ULPS 0
+#endif
+inline float kp_nudge_ulps(float value, unsigned int input_bits, int ulps) {
+    if (ulps == 0 || !std::isfinite(value) || value == 0.0f) return value;
+    const float toward = (input_bits & 1u) ? INFINITY : 0.0f;
+    for (int i = 0; i < ulps; ++i) value = std::nextafter(value, toward);
+    return value;
+}
+inline float kp_exp2(float x) {
+    return kp_nudge_ulps(std::exp2(x), kp_float_to_bits(x), KP_APPROX_WORST_ULPS);
+}
+inline float kp_rcp(float x) { return kp_nudge_ulps(1.0f / x, kp_float_to_bits(x), KP_APPROX_WORST_ULPS / 2); }
+
 // A GPU faults on a misaligned 16-byte access; memcpy would not, so the
 // emulator stops here instead, and a wrong vector_mask cannot pass unseen.
 inline void kp_require_aligned16(const void* address) {

@@ -141,14 +141,63 @@ def info() -> None:
         click.echo(f"{name:<{width}}  {value}")
 
 
+def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from .tools.sass import sm_arch
+
+    try:
+        sm_arch(value)
+    except ValueError as error:
+        raise click.BadParameter(f"expected 'sm_NN' or 'compute_NN', got {value!r}") from error
+    return value
+
+
 @main.command()
 @click.option("--head-dim", type=int, callback=_head_dim, default=128, show_default=True)
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
-@click.option("--arch", default="sm_90", show_default=True, help="sm_NN: ptxas reports registers for this GPU.")
-@click.option("--out", "out_file", type=click.Path(dir_okay=False), callback=_output_file, help="Save the PTX here.")
-def ptx(head_dim: int, kpool: int, dtype: str, arch: str, out_file: str | None) -> None:
+@click.option(
+    "--arch", default="sm_90", show_default=True, callback=_arch, help="sm_NN: ptxas reports registers for this GPU."
+)
+@click.option(
+    "--sass",
+    is_flag=True,
+    help="Report the machine code instead: CUDA 13's ptxas and nvdisasm (pip install 'kpool-cupy[sass]').",
+)
+@click.option(
+    "--out",
+    "out_file",
+    type=click.Path(dir_okay=False),
+    callback=_output_file,
+    help="Save the PTX here (the SASS with --sass).",
+)
+def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: str | None) -> None:
     """Compile one variant through NVRTC (no GPU needed) and report its memory path."""
+    if sass:
+        from .tools.sass import sm_arch, summarize_compress_sass
+
+        try:
+            machine = summarize_compress_sass(head_dim, kpool, dtype, arch=sm_arch(arch))
+        except (ValueError, TypeError, RuntimeError) as error:
+            raise click.ClickException(str(error)) from error
+        # Static counts: a loop's body counts once, NOP padding and the end-of-kernel self-branch not at all.
+        click.echo(f"kpool_compress {dtype}, head_dim {head_dim}, kpool {kpool}, {sm_arch(arch)} SASS")
+        rows = [
+            ("registers", machine.registers),
+            ("spill stores/loads", f"{machine.spill_stores} / {machine.spill_loads} bytes"),
+            ("16-byte loads", machine.vector_loads),
+            ("16-byte stores", machine.vector_stores),
+            ("16-byte loads before the first exp", machine.vector_loads_before_first_exp),
+            ("branches, first 16-byte load to last exp", machine.branches_in_softmax),
+            ("static instructions", machine.instructions),
+            ("exps (MUFU.EX2)", machine.exps),
+        ]
+        for label, value in rows:
+            click.echo(f"{label:<42}{value}")
+        if out_file:
+            with open(out_file, "w") as handle:
+                handle.write(machine.sass)
+            click.echo(f"SASS written to {out_file}")
+        return
     from .tools.ptx_report import summarize
 
     try:

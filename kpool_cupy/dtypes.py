@@ -16,9 +16,10 @@ ELEMENT_CTYPES: dict[np.dtype, str] = {
     FLOAT32: "float",
 }
 
-# The offsets, lengths and ids dtypes the kernels read (kernel/codes.py has
-# the code each is passed by).
+# The offsets, lengths and ids dtypes the kernels read, and the C++ type each
+# is a kernel template argument as.
 INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64))
+INDEX_CTYPES: dict[np.dtype, str] = dict(zip(INDEX_DTYPES, ("int", "unsigned int", "long long"), strict=True))
 INT32 = np.dtype(np.int32)
 INT32_MAX = 2**31 - 1
 

@@ -6,8 +6,9 @@
 
 The softmax is per channel, not per member. The arithmetic is float32 like
 the kernel's (or float64 with ``accumulate="float64"``), rounded once to the
-output dtype; the order of the sums differs from the kernel's streaming
-softmax, so the two agree to rounding, not bit for bit.
+output dtype; it takes the softmax over the whole pool in one pass where the
+kernel goes chunk by chunk with exp2 and a reciprocal, so the two agree to
+rounding (the bound of tools/accuracy.py), not bit for bit.
 """
 
 from .backends.reference import BINDING as _REFERENCE

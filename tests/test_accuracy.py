@@ -179,3 +179,22 @@ def test_reference_float64_accumulation_is_closer():
     want = batch.model()
     got64 = reference.kpool_compress(*batch.args(), accumulate="float64")
     np.testing.assert_allclose(got64, want, rtol=2.0**-23, atol=1e-12)  # one float32 rounding of a float64 result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("dtype", "kpool"), [("bfloat16", 4), ("float32", 1), ("float32", 4), ("float32", 64)])
+def test_the_bound_holds_when_exp2_and_the_reciprocal_err_as_much_as_the_gpus(monkeypatch, dtype, kpool):
+    # The GPU's ex2.approx errs by up to 2 ulp and rcp.approx by 1 where the
+    # emulator's are correctly rounded. Built with KP_APPROX_WORST_ULPS=2 the
+    # emulator errs that much on purpose, and `kpool-cupy check`'s bound
+    # (tools/accuracy.py) must still hold on every case; at 2^12 ulps it must
+    # not, or the check could not see an approximation too coarse.
+    from kpool_cupy.tools.self_check import run_check
+
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_APPROX_WORST_ULPS=2")
+    results = run_check("emulate", np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else F32, 128, kpool, 5)
+    assert results and all(r.ok for r in results), [(r.name, r.worst_error_over_bound) for r in results]
+    if kpool > 1:  # at kpool 1 every weight is exactly 1: exp2 is never used
+        monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_APPROX_WORST_ULPS=4096")
+        coarse = run_check("emulate", F32, 128, kpool, 5)
+        assert not all(r.ok for r in coarse), [(r.name, r.worst_error_over_bound) for r in coarse]

@@ -128,9 +128,9 @@ _OUT_OF_BOUNDS = textwrap.dedent(
     # A launch that lies about total_tokens (16 rows, k has 8): only the
     # sanitizer stands between this and a silent out-of-bounds read.
     args = (k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
-            offsets, np.int32(2), cache, np.int32(2), pools, np.int32(2), np.int64(1), np.int64(16),
-            out, np.int64(16), np.int64(4), np.int32(0))
-    emulate.launch("kpool_compress.cu", compress_kernel_name(bf16, bf16, bf16, 16, 4), 1, 8, args)
+            offsets, cache, pools, np.int64(1), np.int64(16), out, np.int64(16), np.int64(4))
+    name = compress_kernel_name(bf16, bf16, bf16, 16, 4, 0, (np.dtype(np.int64),) * 3)
+    emulate.launch("kpool_compress.cu", name, 1, 8, args)
     """
 )
 
@@ -154,16 +154,16 @@ def test_an_argument_of_the_wrong_width_is_refused():
     k = np.zeros((8, 16), bf16)
     index = np.array([0, 8], np.int64)
     args = [k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
-            index, np.int32(2), index[:1], np.int32(2), np.array([0, 2], np.int64), np.int32(2),
-            np.int64(1), np.int64(8), np.zeros((2, 16), bf16), np.int64(16), np.int64(2), np.int32(0)]  # fmt: skip
+            index, index[:1], np.array([0, 2], np.int64), np.int64(1), np.int64(8),
+            np.zeros((2, 16), bf16), np.int64(16), np.int64(2)]  # fmt: skip
     from kpool_cupy.kernel.names import compress_kernel_name
 
-    name = compress_kernel_name(bf16, bf16, bf16, 16, 4)
+    name = compress_kernel_name(bf16, bf16, bf16, 16, 4, 0, (np.dtype(np.int64),) * 3)
     emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))  # the right widths run
-    args[7] = np.int64(2)  # input_kind is an int
-    with pytest.raises(TypeError, match="argument 7"):
+    args[9] = np.int32(1)  # batch is a long long
+    with pytest.raises(TypeError, match="argument 9"):
         emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))
-    with pytest.raises(TypeError, match="takes 18 arguments"):
+    with pytest.raises(TypeError, match="takes 14 arguments"):
         emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args[:-1]))
 
 
@@ -180,9 +180,11 @@ def test_a_wrong_vector_mask_aborts_the_emulator_like_a_gpu_fault(tmp_path):
         k = holder[:, 4:]  # 8 bytes off alignment
         index = np.array([0, 8], np.int64)
         args = (k, np.int64(20), k, np.int64(20), np.zeros((4, 16), np.float32), np.int64(16),
-                index, np.int32(2), index[:1], np.int32(2), np.array([0, 2], np.int64), np.int32(2),
-                np.int64(1), np.int64(8), np.zeros((2, 16), bf16), np.int64(16), np.int64(2), np.int32(1))
-        emulate.launch("kpool_compress.cu", compress_kernel_name(bf16, bf16, bf16, 16, 4), 1, 4, args)
+                index, index[:1], np.array([0, 2], np.int64), np.int64(1), np.int64(8),
+                np.zeros((2, 16), bf16), np.int64(16), np.int64(2))
+        # VECTOR = 1 (k aligned) is a lie: k starts 8 bytes off.
+        name = compress_kernel_name(bf16, bf16, bf16, 16, 4, 1, (np.dtype(np.int64),) * 3)
+        emulate.launch("kpool_compress.cu", name, 1, 4, args)
         """
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

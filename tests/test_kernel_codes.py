@@ -1,4 +1,5 @@
-"""The argument codes are spelled once in kernels/kpool_common.cuh and mirrored once in Python."""
+"""The VECTOR bits are spelled once in kernels/kpool_common.cuh and mirrored once in Python; index types are named
+once."""
 
 from __future__ import annotations
 
@@ -8,7 +9,10 @@ import numpy as np
 import pytest
 
 from kpool_cupy.kernel import codes
+from kpool_cupy.kernel.geometry import flat_geometry, group_geometry
+from kpool_cupy.kernel.names import INDEX_ARRAYS, instantiation
 from kpool_cupy.kernel.sources import kernels_dir
+from kpool_cupy.ops.checks import MAX_HEAD_DIM
 
 _ENUM = re.compile(r"enum\s+(\w+)\s*:\s*int\s*\{([^}]*)\}")
 
@@ -22,16 +26,29 @@ def _header_enums() -> dict[str, dict[str, int]]:
     return enums
 
 
-@pytest.mark.parametrize(("enum", "prefix"), [(codes.IndexKind, "kIndex"), (codes.VectorAccess, "kVector")])
-def test_python_mirror_equals_the_header(enum, prefix):
-    header = _header_enums()[enum.__name__]
-    assert {key.removeprefix(prefix).upper(): value for key, value in header.items()} == {
-        member.name: int(member.value) for member in enum
+def test_python_mirror_equals_the_header():
+    header = _header_enums()["VectorAccess"]
+    assert {key.removeprefix("kVector").upper(): value for key, value in header.items()} == {
+        member.name: int(member.value) for member in codes.VectorAccess
     }
 
 
-def test_every_index_dtype_has_a_kind():
-    assert {np.dtype(d) for d in (np.int32, np.uint32, np.int64)} == set(codes.INDEX_KINDS)
+def test_the_block_size_limit_is_the_launch_bound():
+    # The kernels' __launch_bounds__ promise no block above kMaxThreadsPerBlock;
+    # a launch past it fails on the GPU (too many resources requested).
+    (bound,) = re.findall(r"kMaxThreadsPerBlock\s*=\s*(\d+)", (kernels_dir() / "kpool_common.cuh").read_text())
+    assert group_geometry(MAX_HEAD_DIM, 1).block == int(bound)  # the bound is no looser than it must be
+    for head_dim in range(8, MAX_HEAD_DIM + 1, 8):
+        assert group_geometry(head_dim, 10_000).block <= int(bound), head_dim
+    assert flat_geometry(10_000).block <= int(bound)
+
+
+@pytest.mark.parametrize("kernel", sorted(INDEX_ARRAYS))
+def test_every_index_dtype_spells_a_distinct_template_argument(kernel):
+    names = {
+        instantiation(kernel, *(np.dtype(dtype),) * INDEX_ARRAYS[kernel]) for dtype in (np.int32, np.uint32, np.int64)
+    }
+    assert {name.split("<")[1].split(",")[0] for name in names} == {"int", "unsigned int", "long long"}
 
 
 def test_vector_access_needs_the_base_and_every_stepped_stride_aligned():

@@ -4,10 +4,33 @@
 //
 // One block per pool, one thread per channel (blockDim.x == HEAD_DIM), scalar
 // loads, and the pool's request found by a linear scan of pool_row_offsets,
-// as Modular MAX's compress kernel does. The arithmetic is PoolChannel's, so
-// the benchmark compares geometry and memory path, not numerics. Inputs are
+// as Modular MAX's compress kernel does. The arithmetic is PoolChannel's over
+// pool8's chunks, so the benchmark compares geometry and memory path, not
+// numerics. Inputs are
 // contiguous [total_tokens, HEAD_DIM] rows and int64 offsets.
 #include "../kpool_common.cuh"
+
+// Feeds one chunk of members, this thread's channel only, to PoolChannel.
+template <typename T, int HEAD_DIM>
+struct BaselineChunks {
+    kp::PoolChannel& acc;
+    const T* k;
+    const T* gate;
+    const float* ape;
+    long long first;
+    int channel;
+
+    template <int COUNT, bool FIRST>
+    __device__ __forceinline__ void operator()(kp::Chunk<COUNT, FIRST>, int m0) const {
+        float logits[COUNT], keys[COUNT];
+        for (int j = 0; j < COUNT; ++j) {
+            const long long row = first + m0 + j;
+            logits[j] = kp::to_float(gate[row * HEAD_DIM + channel]) + ape[(m0 + j) * HEAD_DIM + channel];
+            keys[j] = kp::to_float(k[row * HEAD_DIM + channel]);
+        }
+        acc.template add<COUNT, FIRST>(logits, keys);
+    }
+};
 
 template <typename T, int HEAD_DIM, int KPOOL>
 __global__ void kpool_compress_baseline(const T* __restrict__ k, const T* __restrict__ gate,
@@ -24,13 +47,9 @@ __global__ void kpool_compress_baseline(const T* __restrict__ k, const T* __rest
     const long long first = input_row_offsets[request] + (phase == 0 ? 0 : KPOOL - phase) +
                             (pool - pool_row_offsets[request]) * KPOOL;
 
+    // PoolChannel over the chunks pool8 uses, one channel per thread.
     kp::PoolChannel acc;
-    acc.first(kp::to_float(gate[first * HEAD_DIM + channel]) + ape[channel],
-              kp::to_float(k[first * HEAD_DIM + channel]));
-    for (int m = 1; m < KPOOL; ++m) {
-        const long long row = first + m;
-        acc.push(kp::to_float(gate[row * HEAD_DIM + channel]) + ape[m * HEAD_DIM + channel],
-                 kp::to_float(k[row * HEAD_DIM + channel]));
-    }
+    kp::for_each_chunk<KPOOL, kp::chunk_members<KPOOL, T, T>()>(
+        BaselineChunks<T, HEAD_DIM>{acc, k, gate, ape, first, channel});
     pooled[pool * HEAD_DIM + channel] = kp::from_float<T>(acc.value());
 }

@@ -1,6 +1,6 @@
-"""The codes a launcher passes to the kernels, and the argument pieces built from them.
+"""The kernels' VECTOR template argument, and the argument pieces a launcher builds.
 
-``IndexKind`` and ``VectorAccess`` mirror the enums of the same names in
+``VectorAccess`` mirrors the enum of the same name in
 kernels/kpool_common.cuh; tests/test_kernel_codes.py reads the header and
 compares, so the two cannot drift apart.
 """
@@ -13,22 +13,10 @@ from typing import Any
 import numpy as np
 
 from ..arrays import is_cupy_array
-from ..dtypes import INDEX_DTYPES
-
-
-class IndexKind(enum.IntEnum):
-    """Element type of an offsets, lengths or ids array (``kp::IndexKind``)."""
-
-    INT32 = 0
-    UINT32 = 1
-    INT64 = 2
-
-
-INDEX_KINDS: dict[np.dtype, IndexKind] = dict(zip(INDEX_DTYPES, IndexKind, strict=True))
 
 
 class VectorAccess(enum.IntFlag):
-    """Bits of a kernel's ``vector_mask`` (``kp::VectorAccess``): operands that may use 16-byte access."""
+    """Bits of a kernel's VECTOR argument (``kp::VectorAccess``): operands that may use 16-byte access."""
 
     K = 1
     GATE = 2
@@ -55,18 +43,18 @@ def allows_vector_access(array: Any) -> bool:
     return data_pointer(array) % 16 == 0 and all(stride % 16 == 0 for size, stride in steps if size > 1)
 
 
-def vector_mask(**operands: Any) -> np.int32:
-    """The ``vector_mask`` argument: the bit of each named operand (k, gate, ape, out, tail) that allows it."""
+def vector_mask(**operands: Any) -> int:
+    """The VECTOR template argument: the bit of each named operand (k, gate, ape, out, tail) that allows it."""
     bits = 0
     for name, array in operands.items():
         if array is not None and allows_vector_access(array):
             bits |= VectorAccess[name.upper()]
-    return np.int32(bits)
+    return bits
 
 
-def index(array: Any) -> tuple[Any, np.int32]:
-    """An index array and its kind code, the two kernel arguments that pass it."""
-    return array, np.int32(INDEX_KINDS[np.dtype(array.dtype)])
+def index_dtypes(*arrays: Any) -> tuple[np.dtype, ...]:
+    """The dtypes of index arrays, in the order a kernel's index template arguments take them."""
+    return tuple(np.dtype(a.dtype) for a in arrays)
 
 
 def stride(array: Any, axis: int = 0) -> np.int64:

@@ -8,7 +8,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES
+from ..dtypes import ELEMENT_CTYPES, INDEX_CTYPES, INT32
+from .codes import VectorAccess
+
+# The VECTOR argument of a kernel whose every operand allows 16-byte access,
+# and the index dtypes a name defaults to: the variants tools and tests look at.
+ALIGNED = {
+    "kpool_compress": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT,
+    "kpool_ring_close": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT | VectorAccess.TAIL,
+    "kpool_seed_tail": VectorAccess.K | VectorAccess.GATE | VectorAccess.TAIL,
+    "kpool_tail_update": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT | VectorAccess.TAIL,
+}
+INDEX_ARRAYS = {
+    "kpool_compress": 3,  # input_row_offsets, cache_lengths, pool_row_offsets
+    "kpool_ring_close": 3,  # input_row_offsets, cache_lengths, slot_idx
+    "kpool_seed_tail": 3,
+    "kpool_tail_update": 2,  # positions, slot_idx
+    "kpool_expand_topk": 3,  # pool_ids, input_row_offsets, cache_lengths
+}
 
 # Files under kernels/: one per kernel family. The benchmark-only baseline
 # lives apart, under kernels/bench/.
@@ -19,18 +36,39 @@ BASELINE_SOURCE = "bench/kpool_compress_baseline.cu"
 
 
 def instantiation(kernel: str, *parameters: np.dtype | int) -> str:
-    """``kernel<...>`` with dtypes spelled as kernels/kpool_common.cuh's storage types and sizes as integers."""
-    spelled = [ELEMENT_CTYPES[p] if isinstance(p, np.dtype) else str(int(p)) for p in parameters]
+    """``kernel<...>``: element dtypes as kernels/kpool_common.cuh's storage types, index dtypes as C integer
+    types, sizes and masks as integers."""
+    spelled = [
+        (ELEMENT_CTYPES.get(p) or INDEX_CTYPES[p]) if isinstance(p, np.dtype) else str(int(p)) for p in parameters
+    ]
     return f"{kernel}<{', '.join(spelled)}>"
 
 
+def _indexes(kernel: str, index_dtypes: tuple[np.dtype, ...] | None) -> tuple[np.dtype, ...]:
+    dtypes = (INT32,) * INDEX_ARRAYS[kernel] if index_dtypes is None else tuple(np.dtype(d) for d in index_dtypes)
+    if len(dtypes) != INDEX_ARRAYS[kernel]:
+        raise ValueError(f"{kernel} takes {INDEX_ARRAYS[kernel]} index dtypes, got {len(dtypes)}")
+    return dtypes
+
+
 def compress_kernel_name(
-    k_dtype: np.dtype, gate_dtype: np.dtype, out_dtype: np.dtype, head_dim: int, kpool: int
+    k_dtype: np.dtype,
+    gate_dtype: np.dtype,
+    out_dtype: np.dtype,
+    head_dim: int,
+    kpool: int,
+    vector: int | None = None,
+    index_dtypes: tuple[np.dtype, ...] | None = None,
 ) -> str:
-    """``kpool_compress<KT, GT, OT, HEAD_DIM, KPOOL>`` for these element types and sizes."""
-    return instantiation(
-        "kpool_compress", np.dtype(k_dtype), np.dtype(gate_dtype), np.dtype(out_dtype), head_dim, kpool
-    )
+    """``kpool_compress<KT, GT, OT, HEAD_DIM, KPOOL, VECTOR, IO, IC, IP>``.
+
+    ``vector`` defaults to every operand aligned, ``index_dtypes`` (of
+    input_row_offsets, cache_lengths, pool_row_offsets) to int32.
+    """
+    kernel = "kpool_compress"
+    mask = ALIGNED[kernel] if vector is None else vector
+    types = (np.dtype(k_dtype), np.dtype(gate_dtype), np.dtype(out_dtype))
+    return instantiation(kernel, *types, head_dim, kpool, mask, *_indexes(kernel, index_dtypes))
 
 
 def baseline_kernel_name(dtype: np.dtype, head_dim: int, kpool: int) -> str:
@@ -38,12 +76,25 @@ def baseline_kernel_name(dtype: np.dtype, head_dim: int, kpool: int) -> str:
     return instantiation("kpool_compress_baseline", np.dtype(dtype), head_dim, kpool)
 
 
-def ring_kernel_name(kernel: str, dtype: np.dtype, out_dtype: np.dtype | None, head_dim: int, kpool: int) -> str:
-    """``kpool_ring_close<T, OT, HEAD_DIM, KPOOL>`` and its siblings; seed tail has no output type."""
+def ring_kernel_name(
+    kernel: str,
+    dtype: np.dtype,
+    out_dtype: np.dtype | None,
+    head_dim: int,
+    kpool: int,
+    vector: int | None = None,
+    index_dtypes: tuple[np.dtype, ...] | None = None,
+) -> str:
+    """``kpool_ring_close<T, OT, HEAD_DIM, KPOOL, VECTOR, ...index types>`` and its siblings.
+
+    Seed tail has no output type. Defaults as :func:`compress_kernel_name`.
+    """
     types = (np.dtype(dtype),) if out_dtype is None else (np.dtype(dtype), np.dtype(out_dtype))
-    return instantiation(kernel, *types, head_dim, kpool)
+    mask = ALIGNED[kernel] if vector is None else vector
+    return instantiation(kernel, *types, head_dim, kpool, mask, *_indexes(kernel, index_dtypes))
 
 
-def expand_kernel_name(kpool: int) -> str:
-    """``kpool_expand_topk<KPOOL>``."""
-    return instantiation("kpool_expand_topk", kpool)
+def expand_kernel_name(kpool: int, index_dtypes: tuple[np.dtype, ...] | None = None) -> str:
+    """``kpool_expand_topk<KPOOL, IPID, IO, IC>``; index dtypes default to int32."""
+    kernel = "kpool_expand_topk"
+    return instantiation(kernel, kpool, *_indexes(kernel, index_dtypes))

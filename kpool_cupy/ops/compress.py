@@ -109,16 +109,23 @@ def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) ->
         *codes.rows(o["k"]),
         *codes.rows(o["gate"]),
         *codes.rows(o["ape"]),
-        *codes.index(o["input_row_offsets"]),
-        *codes.index(o["cache_lengths"]),
-        *codes.index(o["pool_row_offsets"]),
+        o["input_row_offsets"],
+        o["cache_lengths"],
+        o["pool_row_offsets"],
         np.int64(call.batch),
         np.int64(call.total_tokens),
         *codes.rows(o["out"]),
         np.int64(o["out"].shape[0]),
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"]),
     )
-    name = compress_kernel_name(call.k_dtype, call.gate_dtype, call.out_dtype, call.head_dim, call.kpool)
+    name = compress_kernel_name(
+        call.k_dtype,
+        call.gate_dtype,
+        call.out_dtype,
+        call.head_dim,
+        call.kpool,
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"]),
+        codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"]),
+    )
     geometry = group_geometry(call.head_dim, pools)
     return Launch("kpool_compress", COMPRESS_SOURCE, name, geometry, arguments, call, operands)
 

@@ -53,17 +53,18 @@ def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_expand_topk``, arguments in kernels/kpool_expand.cu's order."""
     o = operands
     arguments = (
-        *codes.index(o["pool_ids"]),
+        o["pool_ids"],
         np.int64(call.pool_topk),
-        *codes.index(o["input_row_offsets"]),
-        *codes.index(o["cache_lengths"]),
+        o["input_row_offsets"],
+        o["cache_lengths"],
         np.int64(call.batch),
         np.int64(call.total_tokens),
         o["positions"],
         np.int64(call.width),
     )
     geometry = flat_geometry(call.total_tokens * call.width)
-    return Launch("kpool_expand_topk", EXPAND_SOURCE, expand_kernel_name(call.kpool), geometry, arguments, call, o)
+    name = expand_kernel_name(call.kpool, codes.index_dtypes(o["pool_ids"], o["input_row_offsets"], o["cache_lengths"]))
+    return Launch("kpool_expand_topk", EXPAND_SOURCE, name, geometry, arguments, call, o)
 
 
 def run(backend: Backend, arrays: tuple[Any, ...], *, kpool: int, always_select_tail: bool, validate: bool) -> Any:

@@ -28,9 +28,9 @@ def ring_and_tokens(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]
 def requests(operands: dict[str, Any], batch: int, total_tokens: int) -> tuple[Any, ...]:
     """The arguments of a token-row ring kernel that place each request: offsets, lengths, slots, counts."""
     return (
-        *codes.index(operands["input_row_offsets"]),
-        *codes.index(operands["cache_lengths"]),
-        *codes.index(operands["slot_idx"]),
+        operands["input_row_offsets"],
+        operands["cache_lengths"],
+        operands["slot_idx"],
         np.int64(batch),
         np.int64(total_tokens),
     )

@@ -82,9 +82,16 @@ def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
         *requests(o, call.batch, call.total_tokens),
         *codes.rows(o["out"]),
         o["closed"],
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
     )
-    name = ring_kernel_name("kpool_ring_close", call.dtype, call.out_dtype, call.head_dim, call.kpool)
+    name = ring_kernel_name(
+        "kpool_ring_close",
+        call.dtype,
+        call.out_dtype,
+        call.head_dim,
+        call.kpool,
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
+        codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
+    )
     geometry = group_geometry(call.head_dim, call.batch)
     return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
 

@@ -53,9 +53,16 @@ def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
     arguments = (
         *ring_and_tokens(o, call.max_slots),
         *requests(o, call.batch, call.total_tokens),
-        codes.vector_mask(k=o["k"], gate=o["gate"], tail=o["tail"]),
     )
-    name = ring_kernel_name("kpool_seed_tail", call.dtype, None, call.head_dim, call.kpool)
+    name = ring_kernel_name(
+        "kpool_seed_tail",
+        call.dtype,
+        None,
+        call.head_dim,
+        call.kpool,
+        codes.vector_mask(k=o["k"], gate=o["gate"], tail=o["tail"]),
+        codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
+    )
     geometry = group_geometry(call.head_dim, call.batch)
     return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands)
 

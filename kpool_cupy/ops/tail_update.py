@@ -142,16 +142,23 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
         codes.stride(o["gate"], 0),
         codes.stride(o["gate"], 1),
         *codes.rows(o["ape"]),
-        *codes.index(o["positions"]),
-        *codes.index(o["slot_idx"]),
+        o["positions"],
+        o["slot_idx"],
         np.int64(call.requests),
         np.int32(call.next_n),
         o["out"],
         o["closed"],
         np.int32(call.pools_per_request),
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
     )
-    name = ring_kernel_name("kpool_tail_update", call.dtype, call.out_dtype, call.head_dim, call.kpool)
+    name = ring_kernel_name(
+        "kpool_tail_update",
+        call.dtype,
+        call.out_dtype,
+        call.head_dim,
+        call.kpool,
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
+        codes.index_dtypes(o["positions"], o["slot_idx"]),
+    )
     geometry = group_geometry(call.head_dim, call.requests)
     return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
 

@@ -19,19 +19,34 @@ def ulp(values: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return np.exp2(exponent - mantissa_bits)
 
 
-def allowed_error(want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float) -> np.ndarray:
-    """Per-element bound on |got - want| for a kernel result against the float64 answer.
+def allowed_error(
+    want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float, max_abs_logit: float = 0.0
+) -> np.ndarray:
+    """Per-element bound on |got - want| for a kernel result against the float64 answer, on any backend.
 
-    One ulp of the output dtype: rounding once is half an ulp, and the float32
-    error before it can tip a value across a rounding midpoint. Plus the float32
-    arithmetic itself: about kpool + 8 roundings (one exp, one add and one
-    multiply per member, the division), each at most 2^-23 of the largest key.
+    With K the largest |key| and L the largest |logit| (gate + ape) of the
+    pool, one ulp of the output dtype plus K * 2^-23 * (2 kpool + L + 8):
+
+    - rounding once to the output dtype is half an ulp, and the float32 error
+      before it can tip a value across a rounding midpoint: one ulp;
+    - a relative error d in a member's weight moves the weighted mean by at
+      most 2 d K. A weight errs by its logit's rounding (L 2^-24), the
+      difference and the log2(e) scaling (each at most 2^-24 of a weight that
+      is e^-|difference|), and exp2 (2 ulp = 2^-22 on the GPU's ex2.approx,
+      half an ulp on the CPU): d <= (L + 6) 2^-24, so (L + 6) 2^-23 K;
+    - the sums of weights and of weighted keys round once per member, each
+      at most 2^-24 of the total: kpool 2^-23 K; a streamed pool's rescale
+      between chunks errs like one more exp2 per chunk: at most kpool 2^-23 K;
+    - the reciprocal (1 ulp on the GPU's rcp.approx) and the multiply by it:
+      2^-22 K.
     """
-    arithmetic = (kpool + 8) * 2.0**-23 * max_abs_key
+    arithmetic = (2 * kpool + max_abs_logit + 8) * 2.0**-23 * max_abs_key
     return ulp(want, dtype) + arithmetic
 
 
-def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float) -> dict[str, float]:
+def compare(
+    got: np.ndarray, want: np.ndarray, dtype: np.dtype, kpool: int, max_abs_key: float, max_abs_logit: float = 0.0
+) -> dict[str, float]:
     """Max abs error, max error in output ulps, the largest bound, the worst error over its bound, and the verdict.
 
     NaN must meet NaN and infinity the same infinity.
@@ -50,7 +65,7 @@ def compare(got: np.ndarray, want: np.ndarray, dtype: np.dtype, kpool: int, max_
     same_special = np.where(np.isnan(want64), np.isnan(got64), got64 == want64)
     finite = ~special
     error = np.where(finite, np.abs(got64 - want64), 0.0)
-    bound = allowed_error(want64, dtype, kpool, max_abs_key)
+    bound = allowed_error(want64, dtype, kpool, max_abs_key, max_abs_logit)
     ok = bool(np.all(error <= bound) and np.all(same_special[special]))
     return {
         "max_abs_err": float(error.max()),

@@ -78,6 +78,15 @@ def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str
     return ptx.decode()
 
 
+def kernel_ptx(source: str, name: str, arch: str) -> str:
+    """PTX of any kernel instantiation ``name`` of kernels/``source``, for ``arch`` ('sm_NN' or 'compute_NN').
+
+    PTX is for the virtual architecture: 'sm_90' and 'compute_90' give the same text.
+    """
+    ptx, _ = _compile_kernel(source, name, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    return ptx.decode()
+
+
 @dataclass(frozen=True)
 class PtxasReport:
     registers: int

@@ -111,7 +111,10 @@ def check_case(run: Callable[[Case], np.ndarray], case: Case, head_dim: int, kpo
         accumulate="float64",
     )
     max_key = float(np.abs(case.k.astype(np.float32)).max(initial=0.0))
-    verdict = compare(got[:pools], want.astype(np.float64), got.dtype, kpool, max_key)
+    # |gate + ape| over every row and member slot: a bound on each pool's logits.
+    max_gate = float(np.abs(case.gate.astype(np.float32)).max(initial=0.0))
+    max_logit = max_gate + float(np.abs(case.ape).max(initial=0.0))
+    verdict = compare(got[:pools], want.astype(np.float64), got.dtype, kpool, max_key, max_logit)
     surplus_kept = bool(np.all(got[pools:].astype(np.float32) == SENTINEL))
     shape_ok = got.shape[1] == head_dim and (got.shape[0] == pools or "out" in case.extra)
     if not (verdict["ok"] and surplus_kept and shape_ok):

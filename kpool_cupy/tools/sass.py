@@ -1,0 +1,229 @@
+"""What `kpool-cupy ptx --sass` reads off a variant's machine code, without a GPU.
+
+    NVRTC (CuPy's bindings) -> PTX -> CUDA 13 ptxas -arch=sm_NN -v -> cubin -> CUDA 13 nvdisasm -c -> SASS
+
+The cubin comes from ptxas, not from NVRTC: CUDA 13's nvdisasm refuses NVRTC
+12.9's cubin as an invalid ELF, while ptxas 13 reads NVRTC 12.9's PTX.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..dtypes import element_dtype
+from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
+from .nvrtc import _arch_number, check_variant, kernel_ptx
+
+# The wheel that carries each tool, as nvidia/cu13/bin/<tool> under site-packages.
+WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
+TIMEOUT_S = 120
+
+# One instruction as nvdisasm prints it, predicate optional, encoding (-hex) optional:
+#         /*0040*/              @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;        /* 0x0000000402047981 */
+_INSTRUCTION = re.compile(
+    r"^\s*/\*([0-9a-fA-F]+)\*/\s+(@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)([^;]*);?"
+    r"\s*(?:/\*[^*]*\*/)?\s*$"
+)
+_LABEL = re.compile(r"^\s*(\.L\w+):\s*$")
+# A branch target: nvdisasm's label, `(.L_x_2), or an address, 0x2bb0, as cuobjdump writes it.
+_TARGET = re.compile(r"`\((\.L\w+)\)|\b0x([0-9a-fA-F]+)\b")
+# Opcodes that change or reconverge the flow of a warp. EXIT is left out: a
+# thread that leaves costs the others no detour.
+BRANCHES = frozenset({"BRA", "BSSY", "BSYNC", "WARPSYNC", "CALL", "BRX", "JMP"})
+
+
+@dataclass(frozen=True)
+class SassCounts:
+    instructions: int
+    vector_loads: int
+    vector_stores: int
+    vector_loads_before_first_exp: int
+    branches_in_softmax: int
+    exps: int
+
+
+@dataclass(frozen=True)
+class SassSummary:
+    registers: int
+    spill_stores: int
+    spill_loads: int
+    instructions: int
+    vector_loads: int
+    vector_stores: int
+    vector_loads_before_first_exp: int
+    branches_in_softmax: int
+    exps: int
+    sass: str
+
+
+@dataclass(frozen=True)
+class _Instruction:
+    address: int
+    predicated: bool
+    opcode: tuple[str, ...]  # "LDG.E.128.CONSTANT" as ("LDG", "E", "128", "CONSTANT")
+    operands: str
+
+
+def _instructions(text: str) -> list[_Instruction]:
+    """The instructions of ``text`` in program order, without NOP padding and the end-of-kernel self-branch.
+
+    ptxas pads a kernel to a 128-byte boundary with NOPs and puts an
+    unpredicated ``BRA`` to itself after the last EXIT, so that a warp that ran
+    past the end spins instead of executing whatever follows. No correct warp
+    issues either, so neither is counted. Any unpredicated BRA to itself is
+    such a trap: as code it would be an endless loop.
+    """
+    found: list[_Instruction] = []
+    labels: dict[str, int] = {}
+    pending: list[str] = []
+    for line in text.splitlines():
+        label = _LABEL.match(line)
+        if label:
+            pending.append(label.group(1))
+            continue
+        match = _INSTRUCTION.match(line)
+        if match is None:
+            continue
+        address = int(match.group(1), 16)
+        labels.update(dict.fromkeys(pending, address))
+        pending.clear()
+        found.append(
+            _Instruction(address, match.group(2) is not None, tuple(match.group(3).split(".")), match.group(4))
+        )
+
+    def self_branch(instruction: _Instruction) -> bool:
+        if instruction.opcode[0] != "BRA" or instruction.predicated:
+            return False
+        target = _TARGET.search(instruction.operands)
+        if target is None:
+            return False
+        address = labels.get(target.group(1)) if target.group(1) else int(target.group(2), 16)
+        return address == instruction.address
+
+    return [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)]
+
+
+def parse_sass(text: str) -> SassCounts:
+    """Static counts of nvdisasm's SASS ``text``, one kernel's worth.
+
+        vector_loads                   LDG with .128 (16 bytes a thread): LDG.E.128, LDG.E.128.CONSTANT
+        vector_loads_before_first_exp  those of them before the first MUFU.EX2 (all of them without one)
+        branches_in_softmax            BRA, BSSY, BSYNC, WARPSYNC, CALL, BRX, JMP strictly between
+                                       the first 16-byte LDG (a pool's first member load; the
+                                       request search before it loops) and the last MUFU.EX2
+                                       (0 without either)
+
+    Counts are of the text, not of a run: a loop's body counts once, however
+    many times it runs, and a predicated instruction counts whether or not its
+    predicate holds. Program order is address order. Only LDG is a global
+    load here: LDGSTS (global to shared) is not.
+    """
+    instructions = _instructions(text)
+
+    def vector(instruction: _Instruction, base: str) -> bool:
+        return instruction.opcode[0] == base and "128" in instruction.opcode[1:]
+
+    exps = [n for n, i in enumerate(instructions) if i.opcode[:2] == ("MUFU", "EX2")]
+    loads = [n for n, i in enumerate(instructions) if vector(i, "LDG")]
+    first_exp = exps[0] if exps else len(instructions)
+    between = instructions[loads[0] + 1 : exps[-1]] if exps and loads else []
+    return SassCounts(
+        instructions=len(instructions),
+        vector_loads=sum(vector(i, "LDG") for i in instructions),
+        vector_stores=sum(vector(i, "STG") for i in instructions),
+        vector_loads_before_first_exp=sum(vector(i, "LDG") for i in instructions[:first_exp]),
+        branches_in_softmax=sum(i.opcode[0] in BRANCHES for i in between),
+        exps=len(exps),
+    )
+
+
+def sm_arch(arch: str) -> str:
+    """'sm_NN' for an 'sm_NN' or 'compute_NN' ``arch``: ptxas assembles for a real GPU only."""
+    return f"sm_{_arch_number(arch)}"
+
+
+def _wheel_bin_folders() -> list[Path]:
+    """nvidia/cu13/bin under each site-packages holding the ``nvidia`` namespace package; nothing is imported."""
+    spec = importlib.util.find_spec("nvidia")
+    if spec is None or spec.submodule_search_locations is None:
+        return []
+    return [Path(location, "cu13", "bin") for location in spec.submodule_search_locations]
+
+
+def find_tool(tool: str) -> str:
+    """Path of ``tool`` ("ptxas" or "nvdisasm"): the CUDA 13 wheel's copy, else the one on PATH.
+
+    The wheel's comes first because its major version is pinned; one on PATH
+    may be older than the PTX NVRTC writes.
+    """
+    for folder in _wheel_bin_folders():
+        candidate = folder / tool
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    on_path = shutil.which(tool)
+    if on_path is None:
+        if tool == "ptxas":
+            hint = "put a CUDA 13 toolkit's ptxas on PATH, or pip install 'nvidia-cuda-nvcc>=13,<14'"
+        else:
+            hint = f"pip install 'kpool-cupy[sass]' (CUDA 13's {WHEELS[tool]} wheel) or put CUDA 13's {tool} on PATH"
+        raise RuntimeError(f"{tool} not found: {hint}")
+    return on_path
+
+
+def _run(command: list[str], name: str) -> subprocess.CompletedProcess[str]:
+    tool = Path(command[0]).name
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as error:
+        raise RuntimeError(f"{tool} ran over {TIMEOUT_S} s on {name}") from error
+    except OSError as error:
+        raise RuntimeError(f"could not run {command[0]}: {error}") from error
+    if done.returncode != 0:
+        raise RuntimeError(f"{tool} failed on {name} (exit {done.returncode}):\n{(done.stderr or done.stdout).strip()}")
+    return done
+
+
+def _ptxas_numbers(log: str) -> dict[str, int]:
+    numbers = {}
+    for key, pattern in (
+        ("registers", r"Used (\d+) registers"),
+        ("spill_stores", r"(\d+) bytes spill stores"),
+        ("spill_loads", r"(\d+) bytes spill loads"),
+    ):
+        found = re.search(pattern, log)
+        if found is None:
+            raise RuntimeError(f"ptxas -v printed no {key!r}:\n{log}")
+        numbers[key] = int(found.group(1))
+    return numbers
+
+
+def summarize_sass(source: str, name: str, arch: str = "sm_90") -> SassSummary:
+    """Registers and spills (ptxas -v) and the static counts of `parse_sass` for kernel ``name`` of kernels/``source``.
+
+    ``arch`` may be 'compute_NN': the SASS is for sm_NN all the same. NVRTC
+    compiles the one name expression, so the cubin holds that kernel alone.
+    Needs NVRTC, ptxas and nvdisasm (`find_tool`), no GPU and no driver.
+    """
+    sm = sm_arch(arch)
+    ptxas, nvdisasm = find_tool("ptxas"), find_tool("nvdisasm")  # before compiling: a missing tool costs nothing
+    ptx = kernel_ptx(source, name, sm)
+    with tempfile.TemporaryDirectory(prefix="kpool-sass-") as folder:
+        ptx_file, cubin = Path(folder, "kernel.ptx"), Path(folder, "kernel.cubin")
+        ptx_file.write_text(ptx)
+        assembled = _run([ptxas, f"-arch={sm}", "-v", str(ptx_file), "-o", str(cubin)], name)
+        sass = _run([nvdisasm, "-c", str(cubin)], name).stdout
+    return SassSummary(**_ptxas_numbers(assembled.stdout + assembled.stderr), **asdict(parse_sass(sass)), sass=sass)
+
+
+def summarize_compress_sass(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> SassSummary:
+    """`summarize_sass` of the kpool_compress variant with k, gate and output of ``dtype``."""
+    check_variant(head_dim, kpool)
+    element = element_dtype(dtype)
+    return summarize_sass(COMPRESS_SOURCE, compress_kernel_name(element, element, element, head_dim, kpool), arch)
