@@ -13,6 +13,7 @@ import numpy as np
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
 from ..ops.binding import Binding
 from ..ops.spec import Launch, OpSpec, Option
+from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
 
 _kernel_lock = threading.Lock()
@@ -37,35 +38,67 @@ def kernel_function(source: str, name: str, device_id: int) -> Any:
 
 
 class CupyBackend:
-    """Where the GPU path keeps arrays: CuPy, on one device; launches go to the current stream."""
+    """Where the GPU path keeps arrays: CuPy, on one device; launches go to the current stream.
+
+    It notes what a call did on the host (copies, allocations) and the
+    launches it made, so that a call that only launched can become a plan.
+    """
 
     def __init__(self, cupy: Any, device_id: int) -> None:
         self.cupy = cupy
         self.device_id = device_id
+        self.host_work = False
+        self.launched: list[tuple[Launch, Any]] = []
 
     def host_copies(self, arrays: list[Any]) -> list[np.ndarray]:
         # One device-to-host copy for all of them.
+        self.host_work = True
         joined = self.cupy.concatenate([a.astype(self.cupy.int64) for a in arrays]).get()
         ends = np.cumsum([a.shape[0] for a in arrays])
         return np.split(joined, ends[:-1])
 
     def from_host(self, array: np.ndarray) -> Any:
+        self.host_work = True
         return self.cupy.asarray(array)
 
     def zeros(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        self.host_work = True
         return self.cupy.zeros(shape, dtype=dtype)
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+        self.host_work = True
         return self.cupy.empty(shape, dtype=dtype)
 
     def launch(self, launch: Launch) -> None:
         kernel = kernel_function(launch.source, launch.instance, self.device_id)
         kernel((launch.geometry.grid,), (launch.geometry.block,), launch.arguments)
+        self.launched.append((launch, kernel))
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
-    with on_device(spec.operand_names, arrays, extras["stream"]) as (cupy, device_id, placed):
-        return spec.run(CupyBackend(cupy, device_id), placed, **options)
+    """A GPU call: its signature's plan when there is one (cupy_plans), the full path otherwise."""
+    cupy = import_cupy()
+    stream = extras["stream"]
+    # A foreign stream is wrapped inside the arrays' device (on_device): the
+    # full path. The current stream or a CuPy stream can take the plan.
+    key = plans.signature(spec, arrays, options, cupy.ndarray)
+    if key is not None and (stream is None or isinstance(stream, cupy.cuda.Stream)):
+        if stream is None:
+            result = plans.replay(key, arrays, cupy)
+        else:
+            with stream:
+                result = plans.replay(key, arrays, cupy)
+        if result is not plans.MISS:
+            return result
+    with on_device(spec.operand_names, arrays, stream) as (cupy, device_id, placed):
+        backend = CupyBackend(cupy, device_id)
+        result = spec.run(backend, placed, **options)
+        if key is not None and not backend.host_work and len(backend.launched) == 1:
+            ((launch, kernel),) = backend.launched
+            plan = plans.make_plan(spec, placed, launch, kernel, device_id, result)
+            if plan is not None:
+                plans.remember(key, plan)
+        return result
 
 
 BINDING = Binding(

@@ -1,0 +1,154 @@
+"""Launch plans: a GPU call that repeats a signature goes straight to its launch.
+
+A signature is everything an op's checks and launch depend on but the
+addresses: per operand its type, dtype, shape, strides, device and whether
+its address is 16-byte aligned, plus the op's options. The first call of a
+signature runs the op in full; if it made exactly one launch and nothing
+else on the host (no copy, no allocation: ``validate=False`` with every
+output and ``pool_row_offsets=`` given), its launch becomes the plan: the
+kernel, the geometry, which argument is which operand, the constants, the
+results. A later call with the same signature passes the same checks by
+construction, so it only redoes what depends on the addresses: the overlap
+rule (a byte-range test that sends any possible overlap back to the full
+path, which decides and names the arguments) and the argument tuple.
+
+The fast path is written to make few Python calls (tests/test_host_path.py
+counts them): one function, loops, no helpers.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..ops.spec import Launch, OpSpec
+
+MISS = object()  # replay() found no plan, or a possible overlap: run the full path
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One signature's launch, with the addresses left out."""
+
+    function: Any  # the loaded kernel, on the signature's device
+    device_id: int
+    grid: tuple[int]
+    block: tuple[int]
+    slots: tuple[int, ...]  # per kernel argument: the operand it passes, or -1 for a constant
+    constants: tuple[Any, ...]  # per kernel argument: the constant, or None where an operand goes
+    results: tuple[int, ...]  # the operands the call returns, in order
+    single: bool  # one result, returned bare
+    extents: tuple[tuple[int, int], ...]  # per operand: bytes it spans from its data pointer, (0, 0) if none
+    written: tuple[int, ...]  # the operands the kernel writes
+
+
+_plans: dict[tuple[Any, ...], LaunchPlan] = {}
+_plans_lock = threading.Lock()
+# Signatures vary with batch size and lengths; past this many the cache starts
+# over rather than grow without bound (a plan costs one full call to remake).
+MAX_PLANS = 4096
+
+
+def signature(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], ndarray: type) -> tuple[Any, ...] | None:
+    """The key of a call's plan, or None when some operand is not a CuPy array (DLPack inputs take the full path)."""
+    key: list[Any] = [spec.name, *options.values()]
+    for array in arrays:
+        if array is None:
+            key.append(None)
+        elif type(array) is ndarray:
+            key.append((array.dtype, array.shape, array.strides, array.data.ptr & 15, array.device.id))
+        else:
+            return None
+    return tuple(key)
+
+
+def extent(array: Any) -> tuple[int, int]:
+    """Bytes ``array`` spans around its data pointer, (low, high); (0, 0) when it holds no element."""
+    if array is None or 0 in array.shape:
+        return (0, 0)
+    low = sum(min(0, (n - 1) * s) for n, s in zip(array.shape, array.strides, strict=True))
+    high = sum(max(0, (n - 1) * s) for n, s in zip(array.shape, array.strides, strict=True)) + array.itemsize
+    return (low, high)
+
+
+def make_plan(
+    spec: OpSpec, arrays: tuple[Any, ...], launch: Launch, function: Any, device_id: int, result: Any
+) -> LaunchPlan | None:
+    """The plan of a full call that made exactly ``launch``, or None when the call cannot be replayed.
+
+    Every array argument of the launch must be one of the call's operands and
+    every result one of them too; anything else (an array the op made) would
+    have to be made again.
+    """
+    slots, constants = [], []
+    for argument in launch.arguments:
+        owner = next((i for i, array in enumerate(arrays) if array is not None and argument is array), -1)
+        if owner < 0 and hasattr(argument, "shape") and getattr(argument, "ndim", 0) > 0:
+            return None
+        slots.append(owner)
+        constants.append(None if owner >= 0 else argument)
+    returned = result if isinstance(result, tuple) else (result,)
+    results = [next((i for i, array in enumerate(arrays) if r is array), -1) for r in returned]
+    if -1 in results:
+        return None
+    written = tuple(i for i, operand in enumerate(spec.operands) if operand.written and arrays[i] is not None)
+    return LaunchPlan(
+        function=function,
+        device_id=device_id,
+        grid=(launch.geometry.grid,),
+        block=(launch.geometry.block,),
+        slots=tuple(slots),
+        constants=tuple(constants),
+        results=tuple(results),
+        single=not isinstance(result, tuple),
+        extents=tuple(extent(a) for a in arrays),
+        written=written,
+    )
+
+
+def remember(key: tuple[Any, ...], plan: LaunchPlan) -> None:
+    with _plans_lock:
+        if len(_plans) >= MAX_PLANS:
+            _plans.clear()
+        _plans[key] = plan
+
+
+def forget_all() -> None:
+    """Drop every plan (tests; a plan holds a loaded kernel)."""
+    with _plans_lock:
+        _plans.clear()
+
+
+def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any) -> Any:
+    """Launch the plan of ``key`` with this call's arrays and return its results, or MISS.
+
+    MISS when there is no plan, or when an output's bytes may meet another
+    operand's: the full path then applies the overlap rule exactly.
+    """
+    plan = _plans.get(key)
+    if plan is None:
+        return MISS
+    extents = plan.extents
+    for w in plan.written:
+        w_low, w_high = extents[w]
+        if w_high == w_low:
+            continue
+        w_base = arrays[w].data.ptr
+        for i in range(len(arrays)):
+            other = arrays[i]
+            if i == w or other is None or extents[i][1] == extents[i][0]:
+                continue
+            base = other.data.ptr
+            if w_base + w_low < base + extents[i][1] and base + extents[i][0] < w_base + w_high:
+                return MISS
+    arguments = list(plan.constants)
+    slots = plan.slots
+    for position in range(len(slots)):
+        if slots[position] >= 0:
+            arguments[position] = arrays[slots[position]]
+    with cupy.cuda.Device(plan.device_id):
+        plan.function(plan.grid, plan.block, tuple(arguments))
+    if plan.single:
+        return arrays[plan.results[0]]
+    return tuple([arrays[i] for i in plan.results])

@@ -1,0 +1,182 @@
+"""The GPU path's host cost: a repeated signature goes straight to its launch plan.
+
+Run through tests/cupy_double/ (CuPy over NumPy, kernels on the emulator), so
+what is measured is the package's own Python: calls are counted with
+sys.setprofile, never timed. The plan must give what the full path gives,
+and must not skip a check a kernel's memory safety relies on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DOUBLE = ROOT / "tests" / "cupy_double"
+
+_SETUP = textwrap.dedent(
+    """
+    import dataclasses, sys
+    import numpy as np, cupy
+    import kpool_cupy
+    from kpool_cupy import emulate
+    from kpool_cupy.backends import cupy_plans
+    from kpool_cupy.dtypes import BFLOAT16
+
+    rng = np.random.default_rng(0)
+    lengths, cached = [9, 1, 12, 4], [3, 2, 0, 7]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    cache = np.asarray(cached, np.int32)
+    pools = kpool_cupy.pool_row_offsets(offsets, cache, 4)
+
+    def batch(seed):
+        r = np.random.default_rng(seed)
+        k = r.standard_normal((sum(lengths), 128)).astype(BFLOAT16)
+        gate = (3 * r.standard_normal((sum(lengths), 128))).astype(BFLOAT16)
+        ape = r.standard_normal((4, 128)).astype(np.float32)
+        return k, gate, ape
+
+    def on_device(*arrays):
+        return [cupy.asarray(a) for a in arrays]
+
+    def hot_call(k, gate, ape, out):
+        return kpool_cupy.kpool_compress(
+            k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools, out=out, validate=False
+        )
+
+    d_offsets, d_cache, d_pools = on_device(offsets, cache, pools)
+    """
+)
+
+
+def _run(body: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DOUBLE), str(ROOT)])}
+    script = _SETUP + textwrap.dedent(body)
+    command = [sys.executable, "-c", script]
+    return subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_a_hot_compress_makes_at_most_25_python_calls_in_the_package():
+    done = _run(
+        """
+        k, gate, ape = on_device(*batch(1))
+        out = cupy.zeros((int(pools[-1]), 128), BFLOAT16)
+        hot_call(k, gate, ape, out)  # the first call of the signature makes its plan
+        assert len(cupy_plans._plans) == 1
+        # The launch stubbed: only the package's own Python is left to count.
+        (key, plan), = cupy_plans._plans.items()
+        cupy_plans._plans[key] = dataclasses.replace(plan, function=lambda *args: None)
+
+        package = kpool_cupy.__path__[0]
+        calls = []
+        def profile(frame, event, arg):
+            name = frame.f_code.co_filename
+            if event == "call" and (name.startswith(package) or name.startswith("<kpool_cupy ")):
+                calls.append(f"{name.rsplit('/', 1)[-1]}:{frame.f_code.co_name}")
+        sys.setprofile(profile)
+        hot_call(k, gate, ape, out)
+        sys.setprofile(None)
+        print("calls", len(calls), calls)
+        assert len(calls) <= 25, calls
+
+        # Control: the same counter sees the full path's calls (a different
+        # signature: out one row longer).
+        longer = cupy.zeros((int(pools[-1]) + 1, 128), BFLOAT16)
+        full = []
+        def profile_full(frame, event, arg):
+            if event == "call" and frame.f_code.co_filename.startswith(package):
+                full.append(frame.f_code.co_name)
+        sys.setprofile(profile_full)
+        hot_call(k, gate, ape, longer)
+        sys.setprofile(None)
+        print("full path calls", len(full))
+        assert len(full) > 60, len(full)
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "calls" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_plan_gives_the_full_paths_bits_with_new_data_at_new_addresses():
+    done = _run(
+        """
+        for seed in (1, 2, 3):
+            host = batch(seed)
+            want = emulate.kpool_compress(*host, offsets, cache)
+            k, gate, ape = on_device(*host)
+            out = cupy.zeros(want.shape, BFLOAT16)
+            got = hot_call(k, gate, ape, out)
+            assert got is out
+            assert np.asarray(got).tobytes() == want.tobytes(), seed
+        # One plan served all three calls: same signature, new addresses.
+        assert len(cupy_plans._plans) == 1, cupy_plans._plans.keys()
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_plan_keeps_the_overlap_rule_and_a_new_alignment_is_a_new_signature():
+    done = _run(
+        """
+        k, gate, ape = on_device(*batch(1))
+        n = int(pools[-1])
+        hot_call(k, gate, ape, cupy.zeros((n, 128), BFLOAT16))
+        # Same signature (dtype, shape, strides, alignment, device) but `out`
+        # is k's own memory: the plan must not launch, the full path refuses.
+        aliased = k[:n]
+        try:
+            hot_call(k, gate, ape, aliased)
+        except ValueError as error:
+            assert "out" in str(error) and "k" in str(error), error
+        else:
+            raise AssertionError("an out= inside k was accepted")
+        # A view 2 bytes off alignment has the same shape and strides: its
+        # own signature (no 16-byte access), and the right bits.
+        holder = cupy.zeros((n * 128 + 8,), BFLOAT16)
+        shifted = holder[1 : 1 + n * 128].reshape(n, 128)
+        got = hot_call(k, gate, ape, shifted)
+        want = emulate.kpool_compress(*batch(1), offsets, cache)
+        assert np.asarray(got).tobytes() == want.tobytes()
+        assert len(cupy_plans._plans) == 2, len(cupy_plans._plans)
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_call_that_copies_or_allocates_is_never_planned():
+    done = _run(
+        """
+        k, gate, ape = on_device(*batch(1))
+        n = int(pools[-1])
+        # validate=True copies the offsets to the host and checks them: every
+        # call, or a bad offsets array on the second call would pass.
+        kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                  out=cupy.zeros((n, 128), BFLOAT16))
+        kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache)  # allocates out
+        assert len(cupy_plans._plans) == 0, cupy_plans._plans.keys()
+        bad = cupy.asarray(np.array([0, 9, 10, 22, 99], np.int32))
+        try:
+            kpool_cupy.kpool_compress(k, gate, ape, bad, d_cache, pool_row_offsets=d_pools,
+                                      out=cupy.zeros((n, 128), BFLOAT16))
+        except ValueError as error:
+            assert "input_row_offsets" in str(error), error
+        else:
+            raise AssertionError("validate=True let bad offsets through")
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
