@@ -11,26 +11,48 @@
 
 namespace kp {
 
+// The request that probably owns `pool`: its share of the pools scaled to
+// the batch, right when every request completes as many pools (prefill of
+// equal prompts, decode of one pool each). float32 with a correctly rounded
+// reciprocal: a few instructions (a double or 64-bit integer division costs
+// dozens), and the reference computes the same bits. 0 <= pool <
+// total_pools, so the product is in [0, batch] and the clamp keeps it in
+// [0, batch).
+__device__ __forceinline__ long long guess_request(long long pool, long long total_pools, long long batch) {
+    const float share = static_cast<float>(pool) * static_cast<float>(batch);
+    const float scaled = share * kp_rcp_rn(static_cast<float>(total_pools));
+    const long long guess = static_cast<long long>(scaled);
+    return guess < batch - 1 ? guess : batch - 1;
+}
+
 // Finds the first token row of `pool` and whether the pool may be written.
 //
-// The pool's request is the last b with pool_row_offsets[b] <= pool. Its
-// members are kpool consecutive rows starting after the `align` leading
-// tokens that complete a pool opened by the cached prefix. Every value read
-// here may be garbage when the caller skipped validation, so each step is
-// checked before it is used to form an address: a pool whose members are not
-// all inside its request's rows and [0, total_tokens) is not written at all.
+// The pool's request is guess_request's when pool_row_offsets confirm it
+// (its offsets bracket the pool), else the last b with
+// pool_row_offsets[b] <= pool by binary search: on sorted offsets the same
+// request, found in one round trip of loads for the common shapes, since the
+// guess's five index reads are issued together. Its members are kpool
+// consecutive rows starting after the `align` leading tokens that complete a
+// pool opened by the cached prefix. Every value read here may be garbage when
+// the caller skipped validation, so each step is checked before it is used
+// to form an address: a pool whose members are not all inside its request's
+// rows and [0, total_tokens) is not written at all.
 template <int KPOOL, typename IO, typename IC, typename IP>
-__device__ __forceinline__ bool locate_pool(long long pool, const IO* input_row_offsets, const IC* cache_lengths,
-                                            const IP* pool_row_offsets, long long batch, long long total_tokens,
-                                            long long* first_row) {
-    const long long request = find_request(pool_row_offsets, batch, pool);
-    // The request's five index reads do not depend on each other: issued
-    // together, they cost one round trip after the search.
-    const long long pool_begin = load_index(pool_row_offsets, request);
-    const long long pool_end = load_index(pool_row_offsets, request + 1);
+__device__ __forceinline__ bool locate_pool(long long pool, long long total_pools, const IO* input_row_offsets,
+                                            const IC* cache_lengths, const IP* pool_row_offsets, long long batch,
+                                            long long total_tokens, long long* first_row) {
+    long long request = guess_request(pool, total_pools, batch);
+    long long pool_begin = load_index(pool_row_offsets, request);
+    long long pool_end = load_index(pool_row_offsets, request + 1);
     long long row_begin, row_end, cached;
-    const bool rows_ok =
+    bool rows_ok =
         request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
+    if (pool < pool_begin || pool >= pool_end) {  // a wrong guess: search
+        request = find_request(pool_row_offsets, batch, pool);
+        pool_begin = load_index(pool_row_offsets, request);
+        pool_end = load_index(pool_row_offsets, request + 1);
+        rows_ok = request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
+    }
     // pool_begin >= 0 keeps pool - pool_begin from overflowing below.
     if (pool_begin < 0 || pool < pool_begin || pool >= pool_end || !rows_ok) return false;
 
@@ -77,8 +99,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (pool >= total_pools || pool >= pooled_rows) return;
 
     long long first_row;
-    if (!kp::locate_pool<KPOOL>(pool, input_row_offsets, cache_lengths, pool_row_offsets, batch, total_tokens,
-                                &first_row))
+    if (!kp::locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
+                                total_tokens, &first_row))
         return;
 
     // Members of a located pool all exist, so nothing below is masked.

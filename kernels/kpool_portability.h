@@ -37,6 +37,8 @@ __device__ __forceinline__ float kp_rcp(float x) {
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+// 1 / x correctly rounded: reproducible on the host, for index arithmetic.
+__device__ __forceinline__ float kp_rcp_rn(float x) { return __frcp_rn(x); }
 
 #else  // host compiler: the emulator
 
@@ -95,6 +97,7 @@ inline float kp_nudge_ulps(float value, unsigned int input_bits, int ulps) {
 inline float kp_exp2(float x) {
     return kp_nudge_ulps(std::exp2(x), kp_float_to_bits(x), KP_APPROX_WORST_ULPS);
 }
+inline float kp_rcp_rn(float x) { return 1.0f / x; }
 inline float kp_rcp(float x) { return kp_nudge_ulps(1.0f / x, kp_float_to_bits(x), KP_APPROX_WORST_ULPS / 2); }
 
 // A GPU faults on a misaligned 16-byte access; memcpy would not, so the

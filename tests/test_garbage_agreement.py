@@ -101,3 +101,23 @@ def test_the_reference_searches_unsorted_offsets_as_the_kernel_does():
         naive = np.clip(np.searchsorted(offsets[:batch], items, side="right") - 1, 0, batch - 1)
         differs_from_searchsorted += int((naive != want).any())
     assert differs_from_searchsorted > 0  # the cases above do tell the two apart
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_a_confirmed_guess_picks_the_request_where_the_search_would_not(module):
+    # Unsorted pool_row_offsets [0, 5, 1, 2, 8] (batch 4, kpool 4): pool 1's
+    # guess, floor(1 * 4 / 8) = 0, is bracketed by offsets 0 and 5, so the
+    # kernel takes request 0 (rows 0-7, its second pool: rows 4-7); the
+    # binary search alone would have stopped at request 2 (rows 8-11).
+    # Both backends must make the kernel's choice.
+    rng = np.random.default_rng(5)
+    k = rng.standard_normal((16, 8)).astype(np.float32)
+    gate = rng.standard_normal((16, 8)).astype(np.float32)
+    ape = rng.standard_normal((4, 8)).astype(np.float32)
+    offsets = np.array([0, 8, 8, 12, 16], np.int32)
+    cache = np.zeros(4, np.int32)
+    pools = np.array([0, 5, 1, 2, 8], np.int32)
+    out = np.zeros((8, 8), np.float32)
+    module.kpool_compress(k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
+    rows_4_to_7 = module.kpool_compress(k[4:8], gate[4:8], ape, np.array([0, 4], np.int32), np.zeros(1, np.int32))
+    np.testing.assert_array_equal(out[1], rows_4_to_7[0])

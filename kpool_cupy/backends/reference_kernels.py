@@ -39,6 +39,19 @@ def find_request(offsets: np.ndarray, batch: int, items: np.ndarray) -> np.ndarr
     return lo
 
 
+def guess_request(pools: np.ndarray, total_pools: int, batch: int) -> np.ndarray:
+    """``kp::guess_request``: each pool's share of ``total_pools`` scaled to the batch, in float32 as the kernel.
+
+    Each step rounds like the kernel's (conversions to nearest, the product,
+    a correctly rounded reciprocal, the product), so the guess is the same.
+    """
+    if total_pools <= 0:  # the kernel never guesses then: every pool is past the total
+        return np.zeros(pools.shape, np.int64)
+    share = pools.astype(np.float32) * np.float32(batch)
+    scaled = share * (np.float32(1) / np.float32(total_pools))
+    return np.minimum(np.trunc(scaled).astype(np.int64), batch - 1)
+
+
 def request_rows(offsets: np.ndarray, cached: np.ndarray, request: np.ndarray, total_tokens: int):
     """``kp::request_rows`` for many requests: row begin and end, cached length, and whether they are usable."""
     begin, end, length = offsets[request], offsets[request + 1], cached[request]
@@ -48,7 +61,7 @@ def request_rows(offsets: np.ndarray, cached: np.ndarray, request: np.ndarray, t
 def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any):
     """First member row of each pool in [0, count) and whether it may be written.
 
-    The same search and the same checks as ``kp::locate_pool`` in
+    The same guess, search and checks as ``kp::locate_pool`` in
     kernels/kpool_compress.cu, so garbage offsets with ``validate=False`` index
     nothing outside ``k`` here either. ``call`` needs ``batch``,
     ``total_tokens`` and ``kpool``.
@@ -59,7 +72,11 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     cached = np.asarray(cache_lengths).astype(np.int64)
     if call.batch == 0:
         return pool, np.zeros(count, dtype=bool)
-    request = find_request(pools, call.batch, pool)
+    # The guess where its offsets bracket the pool, else the search.
+    total = int(pools[call.batch])
+    guess = guess_request(np.minimum(pool, max(total - 1, 0)), total, call.batch)
+    hit = (pools[guess] <= pool) & (pool < pools[guess + 1])
+    request = np.where(hit, guess, find_request(pools, call.batch, pool))
     begin, end = pools[request], pools[request + 1]
     ok = (begin >= 0) & (pool >= begin) & (pool < end) & (pool < pools[call.batch])
     row_begin, row_end, length, usable = request_rows(offsets, cached, request, call.total_tokens)
