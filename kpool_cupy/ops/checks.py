@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, MAX_KPOOL, dtype_name
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, MAX_KPOOL, dtype_name, element_dtype
 from ..kernel.codes import data_pointer
 from .spec import Operand
 
@@ -128,20 +128,32 @@ def check_batch_index(input_row_offsets: Any, cache_lengths: Any) -> int:
     return batch
 
 
-def output_dtypes(k_dtype: np.dtype) -> tuple[np.dtype, ...]:
-    """The dtypes a pooled output may have: k's, or float32 (one rounding either way)."""
-    return (k_dtype,) if k_dtype == FLOAT32 else (k_dtype, FLOAT32)
+# The dtypes a pooled output may have, whatever k's: one rounding from the
+# float32 result either way.
+OUTPUT_DTYPES = tuple(ELEMENT_CTYPES)
 
 
-def check_out(out: Any, k_dtype: np.dtype, head_dim: int, rows: str) -> np.ndarray:
-    """An output of token-row shape ``[rows, head_dim]``; returns the dtype written."""
+def check_out_dtype(out_dtype: Any, out: Any, k_dtype: np.dtype) -> np.dtype:
+    """The dtype an op writes: ``out_dtype`` when given (``out`` must then have it), else out's, else k's."""
+    if out_dtype is None:
+        return np.dtype(out.dtype) if out is not None else np.dtype(k_dtype)
+    try:
+        wanted = element_dtype(out_dtype)
+    except TypeError:
+        raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", repr(out_dtype)) from None
+    if out is not None and np.dtype(out.dtype) != wanted:
+        raise dtype_fail("out", f"dtype {dtype_name(wanted)} (out_dtype)", dtype_name(np.dtype(out.dtype)))
+    return wanted
+
+
+def check_out(out: Any, head_dim: int, rows: str) -> None:
+    """An output of token-row shape ``[rows, head_dim]`` in any of OUTPUT_DTYPES."""
     if out is None:
-        return np.dtype(k_dtype)
-    check_rows("out", out, output_dtypes(k_dtype))
+        return
+    check_rows("out", out, OUTPUT_DTYPES)
     if out.shape[1] != head_dim:
         raise fail("out", f"shape [{rows}, {head_dim}]", f"shape {tuple(out.shape)}")
     check_writable_rows("out", out)
-    return np.dtype(out.dtype)
 
 
 def check_rows_and_cache(total_tokens: int, input_row_offsets: np.ndarray, cache_lengths: np.ndarray) -> None:

@@ -25,10 +25,11 @@ from .checks import (
     check_keys,
     check_no_overlap,
     check_out,
+    check_out_dtype,
     check_rows_and_cache,
     fail,
 )
-from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
+from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, OUT_DTYPE, TOKEN_GATE, TOKEN_K
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
 
 
@@ -46,7 +47,14 @@ class CompressCall:
 
 
 def check_compress_args(
-    k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any, out: Any
+    k: Any,
+    gate: Any,
+    ape: Any,
+    input_row_offsets: Any,
+    cache_lengths: Any,
+    pool_row_offsets: Any,
+    out: Any,
+    out_dtype: Any = None,
 ) -> CompressCall:
     """Check everything about a call that needs no array contents."""
     head_dim = check_keys(k, gate)
@@ -54,7 +62,7 @@ def check_compress_args(
     batch = check_batch_index(input_row_offsets, cache_lengths)
     if pool_row_offsets is not None:
         check_index("pool_row_offsets", pool_row_offsets, batch + 1)
-    out_dtype = check_out(out, np.dtype(k.dtype), head_dim, ">= total_pools")
+    check_out(out, head_dim, ">= total_pools")
     return CompressCall(
         head_dim=head_dim,
         kpool=kpool,
@@ -62,7 +70,7 @@ def check_compress_args(
         total_tokens=int(k.shape[0]),
         k_dtype=np.dtype(k.dtype),
         gate_dtype=np.dtype(gate.dtype),
-        out_dtype=out_dtype,
+        out_dtype=check_out_dtype(out_dtype, out, np.dtype(k.dtype)),
     )
 
 
@@ -130,10 +138,10 @@ def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) ->
     return Launch("kpool_compress", COMPRESS_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> Any:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> Any:
     """Validate, find the pool row offsets, size the output, cover the pools, launch."""
     k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
-    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out)
+    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, out_dtype)
     check_no_overlap(PARAMETERS, arrays)
     total_pools: int | None
     if validate:
@@ -193,8 +201,8 @@ input_row_offsets, cache_lengths
 pool_row_offsets
     Optional ``[batch + 1]``; must equal :func:`kpool_cupy.pool_row_offsets`.
 out
-    Optional ``[>= total_pools, head_dim]`` in the dtype of ``k`` or
-    float32; rows past ``total_pools`` are not written.
+    Optional ``[>= total_pools, head_dim]``, bfloat16, float16 or float32
+    whatever k's dtype; rows past ``total_pools`` are not written.
 validate
     Check offset contents (one device-to-host copy). With ``out``,
     ``pool_row_offsets`` and ``validate=False`` the call neither syncs nor
@@ -202,6 +210,9 @@ validate
     inputs; CuPy syncs on the stream a ``__cuda_array_interface__``
     names). Unvalidated garbage never makes the kernel touch memory
     outside its arrays.
+out_dtype
+    bfloat16, float16 or float32 (a name or a dtype): the dtype of the new
+    output, or the one ``out`` must have; default out's dtype, else k's.
 stream
     A ``cupy.cuda.Stream``, a raw handle, or anything with
     ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
@@ -210,7 +221,7 @@ Returns
 -------
 cupy.ndarray
     ``out`` (as a CuPy view), or a new ``[total_pools, head_dim]`` array in
-    the dtype of ``k``.
+    ``out_dtype`` (default the dtype of ``k``).
 """
 
 EMULATE_DOC = """Pool each complete k-pool of a ragged batch by running the CUDA kernel on the CPU.
@@ -236,8 +247,18 @@ accumulate
 """
 
 POOL_ROW_OFFSETS = Operand("pool_row_offsets", "[batch + 1] int32, uint32 or int64", optional=True)
-OUT = Operand("out", "[>= total_pools, head_dim] k's dtype or float32", optional=True, written=True)
-PARAMETERS = (TOKEN_K, TOKEN_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, POOL_ROW_OFFSETS, OUT, VALIDATE)
+OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", optional=True, written=True)
+PARAMETERS = (
+    TOKEN_K,
+    TOKEN_GATE,
+    APE,
+    INPUT_ROW_OFFSETS,
+    CACHE_LENGTHS,
+    POOL_ROW_OFFSETS,
+    OUT,
+    VALIDATE,
+    OUT_DTYPE,
+)
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
 SPEC = OpSpec("kpool_compress", PARAMETERS, ("pooled",), run, DOCS, output_shapes, {"reference": (ACCUMULATE,)})

@@ -7,11 +7,13 @@ from typing import Any
 import numpy as np
 
 from ..kernel import codes
-from .spec import Operand
+from .spec import Operand, Option
 
 TOKEN_K = Operand("k", "[total_tokens, head_dim] bfloat16, float16 or float32; last dim contiguous")
 TOKEN_GATE = Operand("gate", "like k; any of the three element dtypes")
 RING_GATE = Operand("gate", "like k, in k's dtype")
+# The dtype of the pooled output, when neither out= nor k's dtype is wanted.
+OUT_DTYPE = Option("out_dtype", "Any", None)
 APE = Operand("ape", "float32 [kpool, head_dim]")
 INPUT_ROW_OFFSETS = Operand("input_row_offsets", "[batch + 1] int32, uint32 or int64")
 CACHE_LENGTHS = Operand("cache_lengths", "[batch] int32, uint32 or int64")

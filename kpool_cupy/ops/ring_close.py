@@ -11,11 +11,21 @@ from ..dtypes import INT32, INT32_MAX
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
-from .checks import check_ape, check_batch_index, check_keys, check_no_overlap, check_out, check_rows_and_cache, fail
+from .checks import (
+    check_ape,
+    check_batch_index,
+    check_keys,
+    check_no_overlap,
+    check_out,
+    check_out_dtype,
+    check_rows_and_cache,
+    fail,
+)
 from .operands import (
     APE,
     CACHE_LENGTHS,
     INPUT_ROW_OFFSETS,
+    OUT_DTYPE,
     RING_GATE,
     RING_READ,
     SLOT_IDX,
@@ -42,19 +52,20 @@ class RingCloseCall:
 
 def check_ring_close_args(
     tail: Any, k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, out: Any,
-    closed: Any,
+    closed: Any, out_dtype: Any = None,
 ) -> RingCloseCall:  # fmt: skip
     head_dim = check_keys(k, gate, same_dtype=True)
     kpool = check_ape(ape, head_dim)
     batch = check_batch_index(input_row_offsets, cache_lengths)
     max_slots, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=False)
     check_slots(slot_idx, batch)
-    out_dtype = check_out(out, np.dtype(k.dtype), head_dim, ">= batch")
+    check_out(out, head_dim, ">= batch")
     if out is not None and out.shape[0] < batch:
         raise fail("out", f"at least {batch} rows (one per request)", f"{out.shape[0]} rows")
     if closed is not None:
         check_closed(closed, (batch,), exact=False)
-    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype), out_dtype)
+    written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
+    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype), written)
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:
@@ -96,10 +107,10 @@ def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
     return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[Any, Any]:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> tuple[Any, Any]:
     """Validate, check slots and pool ids when asked, allocate zeroed outputs, launch."""
     tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed = arrays
-    call = check_ring_close_args(tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed)
+    call = check_ring_close_args(tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed, out_dtype)
     check_no_overlap(PARAMETERS, arrays)
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
@@ -133,14 +144,26 @@ one kpool_compress builds over the whole sequence.
 Returns
 -------
 (pooled, closed)
-    pooled ``[batch, head_dim]`` (k's dtype or float32 ``out``), closed
+    pooled ``[batch, head_dim]`` (``out_dtype``, else out's or k's dtype), closed
     ``[batch]`` int32: the pool id, or -1 where nothing closed (that
     pooled row is left alone).
 """
 
-OUT = Operand("out", "[>= batch, head_dim] k's dtype or float32", optional=True, written=True)
+OUT = Operand("out", "[>= batch, head_dim] bfloat16, float16 or float32", optional=True, written=True)
 CLOSED = Operand("closed", "[>= batch] int32", optional=True, written=True)
-PARAMETERS = (RING_READ, TOKEN_K, RING_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, OUT, CLOSED, VALIDATE)
+PARAMETERS = (
+    RING_READ,
+    TOKEN_K,
+    RING_GATE,
+    APE,
+    INPUT_ROW_OFFSETS,
+    CACHE_LENGTHS,
+    SLOT_IDX,
+    OUT,
+    CLOSED,
+    VALIDATE,
+    OUT_DTYPE,
+)
 EMULATE_DOC = """Close each request's pending pool, running the CUDA kernel on the CPU.
 
 Same contract as :func:`kpool_cupy.kpool_ring_close`."""

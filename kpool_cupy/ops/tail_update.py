@@ -13,16 +13,17 @@ from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import (
     MAX_HEAD_DIM,
+    OUTPUT_DTYPES,
     check_ape,
     check_contiguous,
     check_no_overlap,
+    check_out_dtype,
     check_writable,
     dtype_fail,
     fail,
-    output_dtypes,
     require_array,
 )
-from .operands import APE, RING, RING_GATE, SLOT_IDX
+from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
 
@@ -56,11 +57,11 @@ def _check_step_tokens(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> N
         raise fail(name, f"strides that are multiples of {array.dtype.itemsize} bytes", f"strides {array.strides}")
 
 
-def _check_out(out: Any, k_dtype: np.dtype, shape: tuple[int, int, int]) -> np.dtype:
-    """``out`` ``[requests, pools_per_request, head_dim]``, k's dtype or float32; returns the dtype written."""
+def _check_out(out: Any, shape: tuple[int, int, int]) -> None:
+    """``out`` ``[requests, pools_per_request, head_dim]``, bfloat16, float16 or float32, C-contiguous."""
     if out is None:
-        return k_dtype
-    allowed = output_dtypes(k_dtype)
+        return
+    allowed = OUTPUT_DTYPES
     require_array("out", out)
     if out.dtype not in allowed:
         raise dtype_fail("out", "dtype " + " or ".join(dtype_name(d) for d in allowed), dtype_name(out.dtype))
@@ -68,11 +69,10 @@ def _check_out(out: Any, k_dtype: np.dtype, shape: tuple[int, int, int]) -> np.d
         raise fail("out", f"shape [{', '.join(map(str, shape))}]", f"shape {tuple(out.shape)}")
     check_contiguous("out", out)
     check_writable("out", out)
-    return np.dtype(out.dtype)
 
 
 def check_tail_update_args(
-    tail: Any, k: Any, gate: Any, ape: Any, positions: Any, slot_idx: Any, out: Any, closed: Any
+    tail: Any, k: Any, gate: Any, ape: Any, positions: Any, slot_idx: Any, out: Any, closed: Any, out_dtype: Any = None
 ) -> TailUpdateCall:
     _check_step_tokens("k", k, tuple(ELEMENT_CTYPES))
     requests, next_n, head_dim = (int(d) for d in k.shape)
@@ -93,10 +93,11 @@ def check_tail_update_args(
     check_contiguous("positions", positions)
     check_slots(slot_idx, requests)
     pools = -(-next_n // kpool)
-    out_dtype = _check_out(out, np.dtype(k.dtype), (requests, pools, head_dim))
+    _check_out(out, (requests, pools, head_dim))
     if closed is not None:
         check_closed(closed, (requests, pools), exact=True)
-    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, np.dtype(k.dtype), out_dtype)
+    written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
+    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, np.dtype(k.dtype), written)
 
 
 def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
@@ -163,10 +164,10 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
     return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> tuple[Any, Any]:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> tuple[Any, Any]:
     """Validate, check positions and slots when asked, allocate zeroed outputs, launch."""
     tail, k, gate, ape, positions, slot_idx, out, closed = arrays
-    call = check_tail_update_args(tail, k, gate, ape, positions, slot_idx, out, closed)
+    call = check_tail_update_args(tail, k, gate, ape, positions, slot_idx, out, closed, out_dtype)
     check_no_overlap(PARAMETERS, arrays)
     if validate:
         slots, flat = backend.host_copies([slot_idx, positions.reshape(-1)])
@@ -194,16 +195,17 @@ walked in order; every real token is stashed at ring position
 Returns
 -------
 (pooled, closed)
-    pooled ``[R, ceil(next_n / kpool), head_dim]`` and closed
+    pooled ``[R, ceil(next_n / kpool), head_dim]`` (``out_dtype``, else
+    out's or k's dtype) and closed
     ``[R, ceil(next_n / kpool)]`` int32: the pool ids closed, in order,
     padded with -1 (those pooled rows are left alone).
 """
 
 STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last dim contiguous")
 POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 for padding")
-OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] k's dtype or float32", optional=True, written=True)
+OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] bfloat16, float16 or float32", optional=True, written=True)
 CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True)
-PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE)
+PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE, OUT_DTYPE)
 EMULATE_DOC = (
     "The decode step, running the CUDA kernel on the CPU; same contract as :func:`kpool_cupy.kpool_tail_update`."
 )
