@@ -321,13 +321,14 @@ struct PoolChannel {
 
 // How many members pool8 loads, per thread, before it uses any. A pool
 // whose keys, gate scores and ape rows fit kWholePoolBytes comes in one
-// chunk, one memory round trip: up to 8 members of 16-bit keys and gate
-// scores (64 bytes each with their ape row), 5 of float32 (96 bytes). A larger
-// pool streams in chunks of kStreamBytes (4 or 2 members, at least 128 bytes
-// of keys and gate scores in flight), which leaves room in the 128 registers
-// kMaxThreadsPerBlock allows for the loop; tests/test_ptx.py checks that no
-// shipped variant spills.
-enum : int { kWholePoolBytes = 512, kStreamBytes = 256 };
+// chunk, one memory round trip: up to 7 members of 16-bit keys and gate
+// scores (64 bytes each with their ape row), 4 of float32 (96 bytes). A
+// larger pool streams in chunks of kStreamBytes (4 or 2 members, at least 128
+// bytes of keys and gate scores in flight). Both leave room in the 128
+// registers kMaxThreadsPerBlock allows (at 512 bytes, 5 float32 members spill
+// in tail update); tests/test_ptx.py checks that no shipped variant spills,
+// and kpool_cupy/kernel/geometry.py mirrors the two sizes.
+enum : int { kWholePoolBytes = 448, kStreamBytes = 256 };
 
 template <int KPOOL, typename KT, typename GT>
 __host__ __device__ constexpr int chunk_members() {

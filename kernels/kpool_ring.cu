@@ -3,11 +3,16 @@
 //     pooled[c] = sum_m softmax_m(gate[member m, c] + ape[m, c]) * k[member m, c]
 //
 // A pool whose members arrive over several calls keeps them in a per-request
-// ring: tail [max_slots, 2, KPOOL, HEAD_DIM] in the dtype of k, index 0 keys,
-// 1 gate scores; the token at absolute position pos lives at ring position
-// pos % KPOOL of slot slot_idx[r]. The ring holds raw values, and every pool is
-// reduced by kp::PoolChannel with members in pool order, so a pool closed from
-// the ring equals, bit for bit, the same pool built by kpool_compress.
+// ring: tail [max_slots, 2, ring, HEAD_DIM] in the dtype of k, index 0 keys,
+// 1 gate scores, ring >= KPOOL rows, at any slot, half and row strides (in
+// elements; a padded cache's view) with the last dim contiguous. The token at
+// absolute position pos lives at ring row pos % ring of slot slot_idx[r], so
+// pool q's members are rows (q * KPOOL + m) % ring. A ring longer than a pool
+// keeps a decode step's drafts from overwriting the open pool (speculative
+// decoding; kpool_tail_update's docstring gives the bound). The ring holds
+// raw values, and every pool is reduced by kp::PoolChannel with members in
+// pool order, so a pool closed from the ring equals, bit for bit, the same
+// pool built by kpool_compress.
 //
 // Geometry is kpool_compress's: a group of HEAD_DIM / 8 threads per request,
 // several per block, each thread owning 8 channels. A thread reads back only
@@ -16,16 +21,39 @@
 
 namespace kp {
 
-// Element offset of (slot, which, position, channel 0) in a contiguous ring.
-template <int HEAD_DIM, int KPOOL>
-__device__ __forceinline__ long long ring_offset(long long slot, int which, long long position) {
-    return ((slot * 2 + which) * KPOOL + position) * HEAD_DIM;
+// A ring's rows and strides, in elements.
+struct RingLayout {
+    long long rows, slot_stride, half_stride, row_stride;
+};
+
+// Element offset of (slot, which, row, channel 0): which 0 keys, 1 gate scores.
+__device__ __forceinline__ long long ring_offset(const RingLayout& ring, long long slot, int which, long long row) {
+    return slot * ring.slot_stride + which * ring.half_stride + row * ring.row_stride;
+}
+
+// The ring row of a position >= 0: position % rows with 32-bit divisions
+// only (rows <= 65536, the launcher checks). A 64-bit division by a run-time
+// divisor is a subroutine call on the GPU, and the registers saved around it
+// spill in the decode kernel.
+__device__ __forceinline__ long long ring_row_of(const RingLayout& ring, long long position) {
+    const unsigned int rows = static_cast<unsigned int>(ring.rows);
+    const unsigned long long p = static_cast<unsigned long long>(position);
+    const unsigned int high = static_cast<unsigned int>(p >> 32) % rows;
+    const unsigned int low = static_cast<unsigned int>(p) % rows;
+    const unsigned int two_32 = (0xffffffffu % rows + 1u) % rows;  // 2^32 % rows
+    return static_cast<long long>(((high * two_32) % rows + low) % rows);  // high * two_32 < 2^32
+}
+
+// The ring row after `row` (rows wrap).
+__device__ __forceinline__ long long next_row(const RingLayout& ring, long long row) {
+    return row + 1 == ring.rows ? 0 : row + 1;
 }
 
 }  // namespace kp
 
 // Closes each request's pending pool c / KPOOL when the call completes it:
-// ring positions [0, c % KPOOL) then the call's first KPOOL - c % KPOOL tokens.
+// the ring rows of positions [c - c % KPOOL, c), then the call's first
+// KPOOL - c % KPOOL tokens.
 // closed[b] is the pool id, or -1 and pooled row b is left alone. Reads the
 // ring, never writes it.
 //
@@ -36,7 +64,8 @@ __device__ __forceinline__ long long ring_offset(long long slot, int which, long
 // slot_idx.
 template <typename T, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_ring_close(const T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
+    kpool_ring_close(const T* __restrict__ tail, long long max_slots, long long ring_rows, long long slot_stride,
+                     long long half_stride, long long row_stride, const T* __restrict__ k,
                      long long k_row_stride, const T* __restrict__ gate, long long gate_row_stride,
                      const float* __restrict__ ape, long long ape_row_stride,
                      const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
@@ -58,18 +87,23 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (lead) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
     if (!closes) return;
 
-    const T* keys_ring = tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, 0) + channel;
-    const T* gates_ring = tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, 0) + channel;
+    const kp::RingLayout ring{ring_rows, slot_stride, half_stride, row_stride};
+    const T* keys_ring = tail + kp::ring_offset(ring, slot, 0, 0) + channel;
+    const T* gates_ring = tail + kp::ring_offset(ring, slot, 1, 0) + channel;
+    const long long first_row = kp::ring_row_of(ring, cached - phase);  // pool c / KPOOL's first member
     float result[kp::kChannelsPerThread];
     kp::pool8<KPOOL, T, T, kp::vector_bits(VECTOR, kp::kVectorK | kp::kVectorTail),
               kp::vector_bits(VECTOR, kp::kVectorGate | kp::kVectorTail), kp::vector_bits(VECTOR, kp::kVectorApe)>(
         [&](int m, const T** key_row, const T** gate_row) {
             // Cached members from the ring, the rest from this call's rows:
             // row_begin + m - phase < row_end, checked above.
+            // m < KPOOL <= ring rows, so one wrap at most.
             const bool cached_member = m < phase;
+            const long long ring_row = first_row + m < ring.rows ? first_row + m : first_row + m - ring.rows;
             const long long row = row_begin + m - phase;
-            *key_row = cached_member ? keys_ring + m * HEAD_DIM : k + row * k_row_stride + channel;
-            *gate_row = cached_member ? gates_ring + m * HEAD_DIM : gate + row * gate_row_stride + channel;
+            *key_row = cached_member ? keys_ring + ring_row * ring.row_stride : k + row * k_row_stride + channel;
+            *gate_row =
+                cached_member ? gates_ring + ring_row * ring.row_stride : gate + row * gate_row_stride + channel;
         },
         ape + channel, ape_row_stride, result);
     kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + request * pooled_row_stride + channel, result);
@@ -77,13 +111,14 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 
 // Stashes each request's trailing tokens, positions
 // [max(floor((c + n) / KPOOL) * KPOOL, c), c + n), into ring position
-// pos % KPOOL of its slot: the start of the pool the next call completes.
+// pos % ring of its slot: the start of the pool the next call completes.
 // At most KPOOL - 1 tokens per request.
 //
 // VECTOR: kp::VectorAccess bits of k, gate and tail. IO, IC, IS as ring close.
 template <typename T, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_seed_tail(T* __restrict__ tail, long long max_slots, const T* __restrict__ k, long long k_row_stride,
+    kpool_seed_tail(T* __restrict__ tail, long long max_slots, long long ring_rows, long long slot_stride,
+                    long long half_stride, long long row_stride, const T* __restrict__ k, long long k_row_stride,
                     const T* __restrict__ gate, long long gate_row_stride, const IO* __restrict__ input_row_offsets,
                     const IC* __restrict__ cache_lengths, const IS* __restrict__ slot_idx, long long batch,
                     long long total_tokens) {
@@ -102,22 +137,22 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     const long long start = pool_start > cached ? pool_start : cached;
 
     constexpr bool kTailVector = kp::vector_bits(VECTOR, kp::kVectorTail);
+    const kp::RingLayout ring{ring_rows, slot_stride, half_stride, row_stride};
+    long long ring_row = kp::ring_row_of(ring, start);
     for (long long position = start; position < end; ++position) {  // fewer than KPOOL iterations
         const long long row = row_begin + (position - cached);
-        const long long ring_position = position % KPOOL;
         kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorK)>(
-            tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, ring_position) + channel,
-            k + row * k_row_stride + channel);
+            tail + kp::ring_offset(ring, slot, 0, ring_row) + channel, k + row * k_row_stride + channel);
         kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorGate)>(
-            tail + kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, ring_position) + channel,
-            gate + row * gate_row_stride + channel);
+            tail + kp::ring_offset(ring, slot, 1, ring_row) + channel, gate + row * gate_row_stride + channel);
+        ring_row = kp::next_row(ring, ring_row);
     }
 }
 
 // The decode step: k, gate [requests, next_n, HEAD_DIM], positions
 // [requests, next_n] (negative = padding). Walks each request's tokens in
-// order, stashes every real token in the ring, and closes pool pos / KPOOL
-// whenever pos % KPOOL == KPOOL - 1, from ring positions 0 .. KPOOL - 1.
+// order, stashes every real token at ring row pos % ring, and closes pool
+// pos / KPOOL whenever pos % KPOOL == KPOOL - 1, from its members' rows.
 // pooled [requests, pools_per_request, HEAD_DIM] and closed
 // [requests, pools_per_request] list the pools closed, in order; closed is
 // padded with -1 and the matching pooled rows are left alone. A padding
@@ -127,7 +162,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // the element types of positions and slot_idx.
 template <typename T, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IPOS, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_tail_update(T* __restrict__ tail, long long max_slots, const T* __restrict__ k,
+    kpool_tail_update(T* __restrict__ tail, long long max_slots, long long ring_rows, long long slot_stride,
+                      long long half_stride, long long row_stride, const T* __restrict__ k,
                       long long k_request_stride, long long k_token_stride, const T* __restrict__ gate,
                       long long gate_request_stride, long long gate_token_stride, const float* __restrict__ ape,
                       long long ape_row_stride, const IPOS* __restrict__ positions,
@@ -142,27 +178,39 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     const long long slot = kp::load_index(slot_idx, request);
     const bool slot_ok = slot >= 0 && slot < max_slots;
     constexpr bool kTailVector = kp::vector_bits(VECTOR, kp::kVectorTail);
-    T* const keys_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 0, 0) : 0) + channel;
-    T* const gates_ring = tail + (slot_ok ? kp::ring_offset<HEAD_DIM, KPOOL>(slot, 1, 0) : 0) + channel;
+    const kp::RingLayout ring{ring_rows, slot_stride, half_stride, row_stride};
+    // The slot's key rows; its gate rows are half_stride further. One
+    // pointer and a 32-bit offset (a slot spans fewer than 2^31 elements,
+    // the launcher checks) keep registers free for the pool's loads.
+    T* const keys_ring = tail + (slot_ok ? kp::ring_offset(ring, slot, 0, 0) : 0) + channel;
+    const int half = static_cast<int>(half_stride);
     int written = 0;
     for (int t = 0; t < next_n && slot_ok; ++t) {
         const long long position = kp::load_index(positions, request * next_n + t);
         if (position < 0) continue;  // padding: the ring stays byte-identical
-        const int ring_position = static_cast<int>(position % KPOOL);
+        const long long ring_row = kp::ring_row_of(ring, position);
+        T* const key_slot_row = keys_ring + static_cast<int>(ring_row) * static_cast<int>(ring.row_stride);
         kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorK)>(
-            keys_ring + ring_position * HEAD_DIM, k + request * k_request_stride + t * k_token_stride + channel);
+            key_slot_row, k + request * k_request_stride + t * k_token_stride + channel);
         kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorGate)>(
-            gates_ring + ring_position * HEAD_DIM,
-            gate + request * gate_request_stride + t * gate_token_stride + channel);
-        if (ring_position != KPOOL - 1 || written >= pools_per_request) continue;
+            key_slot_row + half, gate + request * gate_request_stride + t * gate_token_stride + channel);
+        if (position % KPOOL != KPOOL - 1 || written >= pools_per_request) continue;
 
-        // Ring positions 0 .. KPOOL - 1 of these 8 channels were written by
-        // this thread, in this call or an earlier one.
+        // The pool's members, positions position - KPOOL + 1 .. position, sit
+        // at ring rows from first_row on (one wrap at most: KPOOL <= ring
+        // rows); this thread wrote their 8 channels, in this call or earlier.
+        const long long first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + ring.rows;
+        // Member m at first_row + m, less the ring's length past its end.
+        const int row_stride = static_cast<int>(ring.row_stride);
+        const T* const first_key = keys_ring + static_cast<int>(first_row) * row_stride;
+        const int unwrapped = static_cast<int>(ring.rows - first_row);
+        const int wrap = static_cast<int>(ring.rows) * row_stride;
         float result[kp::kChannelsPerThread];
         kp::pool8<KPOOL, T, T, kTailVector, kTailVector, kp::vector_bits(VECTOR, kp::kVectorApe)>(
             [&](int m, const T** key_row, const T** gate_row) {
-                *key_row = keys_ring + m * HEAD_DIM;
-                *gate_row = gates_ring + m * HEAD_DIM;
+                const int step = m * row_stride - (m < unwrapped ? 0 : wrap);
+                *key_row = first_key + step;
+                *gate_row = first_key + step + half;
             },
             ape + channel, ape_row_stride, result);
         const long long row = request * pools_per_request + written;

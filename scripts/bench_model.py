@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT))
 
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
+from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
 from kpool_cupy.kernel.names import COMPRESS_SOURCE, compress_kernel_name  # noqa: E402
 from kpool_cupy.tools.sass import summarize_sass  # noqa: E402
 
@@ -48,8 +49,8 @@ def row(shape: BenchShape) -> str:
     dtype = element_dtype(shape.dtype)
     summary = summarize_sass(COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, shape.head_dim, shape.kpool))
     member_bytes = 8 * (2 * dtype.itemsize + 4)
-    whole = shape.kpool * member_bytes <= 512
-    chunk = shape.kpool if whole else max(1, 256 // member_bytes)
+    chunk = chunk_members(shape.kpool, member_bytes)
+    whole = chunk == shape.kpool
     # Straight-line code runs once per thread. A streamed pool's loop takes
     # the whole chunks after the first; its body is in the static count once.
     iterations = 0 if whole else max(0, (shape.kpool - chunk) // chunk - 1)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kpool_cupy.kernel import codes
-from kpool_cupy.kernel.geometry import flat_geometry, group_geometry
+from kpool_cupy.kernel.geometry import STREAM_BYTES, WHOLE_POOL_BYTES, flat_geometry, group_geometry
 from kpool_cupy.kernel.names import INDEX_ARRAYS, instantiation
 from kpool_cupy.kernel.sources import kernels_dir
 from kpool_cupy.ops.checks import MAX_HEAD_DIM
@@ -31,6 +31,12 @@ def test_python_mirror_equals_the_header():
     assert {key.removeprefix("kVector").upper(): value for key, value in header.items()} == {
         member.name: int(member.value) for member in codes.VectorAccess
     }
+
+
+def test_the_prefetch_sizes_are_the_headers():
+    text = (kernels_dir() / "kpool_common.cuh").read_text()
+    (whole, stream) = re.findall(r"kWholePoolBytes = (\d+), kStreamBytes = (\d+)", text)[0]
+    assert (int(whole), int(stream)) == (WHOLE_POOL_BYTES, STREAM_BYTES)
 
 
 def test_the_block_size_limit_is_the_launch_bound():

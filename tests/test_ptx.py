@@ -11,6 +11,7 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compile_ptx needs C
 from model import BF16, F16, F32
 
 from kpool_cupy import compile_ptx
+from kpool_cupy.kernel.geometry import chunk_members
 from kpool_cupy.kernel.names import EXPAND_SOURCE, RING_SOURCE, expand_kernel_name, ring_kernel_name
 from kpool_cupy.tools.nvrtc import kernel_ptxas_report, ptxas_report
 
@@ -26,11 +27,11 @@ def test_ptx_uses_128_bit_loads_and_stores(head_dim, kpool, dtype):
     loads = len(VECTOR_LOAD.findall(ptx))
     # Per member: one vector for k and gate each when 2-byte, two when float32,
     # plus two for the float32 ape row; the scalar fallback adds none of these.
-    # A pool that fits one prefetch chunk (512 bytes a thread) is unrolled
-    # whole; a larger one streams in chunks of 256 bytes, one unrolled twice.
+    # A pool that fits one prefetch chunk is unrolled whole; a larger one
+    # streams in chunks (kpool_cupy/kernel/geometry.py).
     per_member = (2 if dtype != "float32" else 4) + 2
     member_bytes = 8 * (2 * (2 if dtype != "float32" else 4) + 4)
-    members = kpool if kpool * member_bytes <= 512 else 256 // member_bytes
+    members = chunk_members(kpool, member_bytes)
     assert loads >= members * per_member, loads
     assert VECTOR_STORE.search(ptx), "the pooled row is not stored with 128-bit stores"
 

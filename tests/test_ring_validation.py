@@ -64,9 +64,17 @@ def _closed_over_out(a):
 
 MUTATIONS = {
     "tail-dtype": lambda a: a.update(tail=a["tail"].astype(np.float32)),
-    "tail-shape": lambda a: a.update(tail=np.zeros((3, 2, 5, 16), BF16)),
+    "tail-shape": lambda a: a.update(tail=np.zeros((3, 2, 3, 16), BF16)),
+    "tail-ring-too-long": lambda a: a.update(tail=np.zeros((1, 2, 65537, 16), BF16)),
     "tail-rank": lambda a: a.update(tail=a["tail"][0]),
-    "tail-noncontiguous": lambda a: a.update(tail=np.zeros((6, 2, 4, 16), BF16)[::2]),
+    "tail-slot-span": lambda a: a.update(
+        tail=np.lib.stride_tricks.as_strided(a["tail"], (3, 2, 4, 16), (256, 128, 2**31, 2), writeable=False)
+    ),
+    "tail-last-dim": lambda a: a.update(tail=np.zeros((3, 2, 4, 32), BF16)[..., ::2]),
+    "tail-self-overlap": lambda a: a.update(
+        tail=np.lib.stride_tricks.as_strided(np.zeros((3, 2, 1, 16), BF16), (3, 2, 4, 16), (128, 64, 0, 2))
+    ),
+    "seed-kpool-above-ring": lambda a: a.update(kpool=5),
     "tail-read-only": _read_only_tail,
     "gate-dtype-differs": lambda a: a.update(gate=a["gate"].astype(np.float32)),
     "slot-dtype": lambda a: a.update(slot_idx=a["slot_idx"].astype(np.float32)),
@@ -153,8 +161,8 @@ def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
 
     args = good(function)
     MUTATIONS[row_id](args)
-    if row_id in ("tail-noncontiguous", "tail-read-only", "closed-read-only", "positions-noncontiguous",
-                  "pool-ids-noncontiguous"):  # fmt: skip
+    if row_id in ("tail-last-dim", "tail-self-overlap", "tail-slot-span", "tail-read-only", "closed-read-only",
+                  "positions-noncontiguous", "pool-ids-noncontiguous"):  # fmt: skip
         pytest.skip("CuPy copies a strided host array contiguous and has no read-only arrays")
     if row_id in ("ring-out-shares-closed", "seed-tail-over-k", "step-out-in-ring"):
         pytest.skip("copies share nothing: tests/test_overlap.py makes the shared views on the device")

@@ -161,8 +161,12 @@ def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     members = np.arange(kpool)
     from_ring = members[None] < phase[chosen][:, None]  # [closing, kpool]
     rows = np.where(from_ring, 0, begin[chosen][:, None] + members - phase[chosen][:, None])
-    keys = np.where(from_ring[..., None], tail[slots[chosen], 0], k[rows])
-    gates = np.where(from_ring[..., None], tail[slots[chosen], 1], gate[rows])
+    # Member m of pool c // kpool sits at ring row (c - c % kpool + m) % ring.
+    ring_rows = (cached[chosen] - phase[chosen])[:, None] % tail.shape[2]
+    ring_rows = (ring_rows + members) % tail.shape[2]
+    slot = slots[chosen][:, None]
+    keys = np.where(from_ring[..., None], tail[slot, 0, ring_rows], k[rows])
+    gates = np.where(from_ring[..., None], tail[slot, 1, ring_rows], gate[rows])
     with np.errstate(over="ignore"):
         out[chosen] = pool_members(keys, gates, ape, accumulate).astype(out.dtype)
 
@@ -179,7 +183,7 @@ def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
         position = start + step
         active = np.flatnonzero(usable & (position < last))
         rows = begin[active] + position[active] - cached[active]
-        ring = position[active] % call.kpool
+        ring = position[active] % tail.shape[2]
         tail[slots[active], 0, ring] = k[rows]
         tail[slots[active], 1, ring] = gate[rows]
 
@@ -197,12 +201,17 @@ def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
     for t in range(call.next_n):  # a step's tokens, in order
         position = positions[:, t].astype(np.int64)
         real = np.flatnonzero(slot_ok & (position >= 0))  # padding touches nothing
-        ring = position[real] % call.kpool
+        ring = position[real] % tail.shape[2]
         tail[slots[real], 0, ring] = k[real, t]
         tail[slots[real], 1, ring] = gate[real, t]
-        closing = real[(ring == call.kpool - 1) & (written[real] < call.pools_per_request)]
+        closes = position[real] % call.kpool == call.kpool - 1
+        closing = real[closes & (written[real] < call.pools_per_request)]
         if closing.size:
-            pooled = pool_members(tail[slots[closing], 0], tail[slots[closing], 1], ape, accumulate)
+            # Members of pool pos // kpool: rows (pos - kpool + 1 + m) % ring.
+            first = position[closing] - (call.kpool - 1)
+            member_rows = (first[:, None] + np.arange(call.kpool)) % tail.shape[2]
+            slot = slots[closing][:, None]
+            pooled = pool_members(tail[slot, 0, member_rows], tail[slot, 1, member_rows], ape, accumulate)
             with np.errstate(over="ignore"):
                 out[closing, written[closing]] = pooled.astype(out.dtype)
             closed[closing, written[closing]] = position[closing] // call.kpool

@@ -10,6 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CHANNELS_PER_THREAD = 8  # kp::kChannelsPerThread in kernels/kpool_common.cuh
+# kp::kWholePoolBytes and kp::kStreamBytes: a thread loads a whole pool at
+# once up to the first, else chunks of the second (tests/test_kernel_codes.py
+# compares them with the header).
+WHOLE_POOL_BYTES, STREAM_BYTES = 448, 256
 TARGET_THREADS_PER_BLOCK = 256
 
 
@@ -36,3 +40,10 @@ def flat_geometry(elements: int) -> LaunchGeometry:
     """One thread per element, in blocks of TARGET_THREADS_PER_BLOCK (expand top-k)."""
     grid = -(-elements // TARGET_THREADS_PER_BLOCK)
     return LaunchGeometry(grid=grid, block=TARGET_THREADS_PER_BLOCK, items=grid * TARGET_THREADS_PER_BLOCK)
+
+
+def chunk_members(kpool: int, member_bytes: int) -> int:
+    """Members pool8 loads before it uses any (``kp::chunk_members``): the whole pool, or a stream chunk."""
+    if kpool * member_bytes <= WHOLE_POOL_BYTES:
+        return kpool
+    return max(1, STREAM_BYTES // member_bytes)

@@ -18,13 +18,24 @@ APE = Operand("ape", "float32 [kpool, head_dim]")
 INPUT_ROW_OFFSETS = Operand("input_row_offsets", "[batch + 1] int32, uint32 or int64")
 CACHE_LENGTHS = Operand("cache_lengths", "[batch] int32, uint32 or int64")
 SLOT_IDX = Operand("slot_idx", "[requests] int32, uint32 or int64: each request's ring")
-RING = Operand("tail", "[max_slots, 2, kpool, head_dim] in k's dtype, C-contiguous", written=True)
-RING_READ = Operand("tail", "[max_slots, 2, kpool, head_dim] in k's dtype, C-contiguous (read only)")
+RING = Operand(
+    "tail", "[max_slots, 2, ring >= kpool, head_dim] in k's dtype, any strides, last dim contiguous", written=True
+)
+RING_READ = Operand(
+    "tail", "[max_slots, 2, ring >= kpool, head_dim] in k's dtype, any strides, last dim contiguous (read only)"
+)
+
+
+def ring(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
+    """A ring kernel's first arguments: the ring, its slots, its rows, and its slot, half and row strides."""
+    tail = operands["tail"]
+    strides = (codes.stride(tail, axis) for axis in range(3))
+    return (tail, np.int64(max_slots), np.int64(tail.shape[2]), *strides)
 
 
 def ring_and_tokens(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
-    """The arguments ring close and seed tail open with: the ring, its slot count, k and gate rows."""
-    return (operands["tail"], np.int64(max_slots), *codes.rows(operands["k"]), *codes.rows(operands["gate"]))
+    """The arguments ring close and seed tail open with: the ring (`ring`), then k and gate rows."""
+    return (*ring(operands, max_slots), *codes.rows(operands["k"]), *codes.rows(operands["gate"]))
 
 
 def requests(operands: dict[str, Any], batch: int, total_tokens: int) -> tuple[Any, ...]:

@@ -57,7 +57,7 @@ def check_ring_close_args(
     head_dim = check_keys(k, gate, same_dtype=True)
     kpool = check_ape(ape, head_dim)
     batch = check_batch_index(input_row_offsets, cache_lengths)
-    max_slots, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=False)
+    max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=False)
     check_slots(slot_idx, batch)
     check_out(out, head_dim, ">= batch")
     if out is not None and out.shape[0] < batch:
@@ -136,9 +136,10 @@ GPU_DOC = """Close each request's pending pool from its ring and this call's fir
 
 For a request whose cached prefix ends mid-pool (``c % kpool != 0``) and
 whose call brings at least ``kpool - c % kpool`` tokens. ``tail`` is
-``[max_slots, 2, kpool, head_dim]`` in the dtype of k (0 keys, 1 gate
-scores), request b's ring is slot ``slot_idx[b]``; it is read, never
-written. The ring holds raw values, so the pool equals, bit for bit, the
+``[max_slots, 2, ring, head_dim]`` in the dtype of k (0 keys, 1 gate
+scores; ``ring >= kpool`` rows, position ``pos`` at row ``pos % ring``; any
+slot, half and row strides, last dim contiguous), request b's ring is slot
+``slot_idx[b]``; it is read, never written. The ring holds raw values, so the pool equals, bit for bit, the
 one kpool_compress builds over the whole sequence.
 
 Returns

@@ -10,6 +10,7 @@ import numpy as np
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import RING_SOURCE, ring_kernel_name
+from ..pool_offsets import check_kpool
 from .checks import check_batch_index, check_keys, check_no_overlap, check_rows_and_cache
 from .operands import (
     CACHE_LENGTHS,
@@ -22,7 +23,7 @@ from .operands import (
     ring_and_tokens,
 )
 from .ring_checks import check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, OpSpec
+from .spec import VALIDATE, Backend, Launch, OpSpec, Option
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,13 @@ class SeedTailCall:
 
 
 def check_seed_tail_args(
-    tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any
+    tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, kpool: Any = None
 ) -> SeedTailCall:
     head_dim = check_keys(k, gate, same_dtype=True)
     batch = check_batch_index(input_row_offsets, cache_lengths)
-    max_slots, kpool = check_tail(tail, np.dtype(k.dtype), None, head_dim, writes=True)
+    if kpool is not None:
+        check_kpool(kpool)
+    max_slots, _, kpool = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
     check_slots(slot_idx, batch)
     return SeedTailCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype))
 
@@ -67,10 +70,10 @@ def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
     return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> None:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, kpool: Any) -> None:
     """Validate, check that every request that writes the ring has a slot of its own, launch."""
     tail, k, gate, input_row_offsets, cache_lengths, slot_idx = arrays
-    call = check_seed_tail_args(tail, k, gate, input_row_offsets, cache_lengths, slot_idx)
+    call = check_seed_tail_args(tail, k, gate, input_row_offsets, cache_lengths, slot_idx, kpool)
     check_no_overlap(PARAMETERS, arrays)
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
@@ -86,12 +89,19 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool) -> None:
 GPU_DOC = """Stash each request's trailing tokens into its ring, in place.
 
 Positions ``[max(floor((c + n) / kpool) * kpool, c), c + n)`` go to ring
-position ``pos % kpool`` of slot ``slot_idx[b]``: the start of the pool a
-later call completes. A prefill chunk calls ring close, then compress, then
-seed tail. With ``validate=True`` each slot must belong to one request.
+row ``pos % ring`` of slot ``slot_idx[b]``: the start of the pool a later
+call completes. A prefill chunk calls ring close, then compress, then seed
+tail. ``tail`` is ``[max_slots, 2, ring, head_dim]`` in the dtype of k, any
+slot, half and row strides with the last dim contiguous; ``kpool`` defaults
+to its ``ring`` rows, and a ring longer than the pool (speculative decoding,
+see :func:`kpool_cupy.kpool_tail_update`) needs ``kpool=`` (the other ring
+ops take it from ``ape``). With ``validate=True`` each slot must belong to
+one request.
 """
 
-PARAMETERS = (RING, TOKEN_K, RING_GATE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, VALIDATE)
+# A ring may be longer than a pool; seed tail has no ape to tell kpool by.
+SEED_KPOOL = Option("kpool", "int | None", None)
+PARAMETERS = (RING, TOKEN_K, RING_GATE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, VALIDATE, SEED_KPOOL)
 EMULATE_DOC = """Stash each request's trailing tokens into its ring, running the CUDA kernel on the CPU.
 
 Same contract as :func:`kpool_cupy.kpool_seed_tail`."""

@@ -23,7 +23,7 @@ from .checks import (
     fail,
     require_array,
 )
-from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX
+from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX, ring
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
 
@@ -82,7 +82,7 @@ def check_tail_update_args(
     if tuple(gate.shape) != tuple(k.shape):
         raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
     kpool = check_ape(ape, head_dim)
-    max_slots, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
+    max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
     require_array("positions", positions)
     if positions.dtype not in INDEX_DTYPES:
         raise dtype_fail("positions", "dtype int32, uint32 or int64", positions.dtype)
@@ -134,8 +134,7 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
     """The launch of ``kpool_tail_update``, arguments in kernels/kpool_ring.cu's order."""
     o = operands
     arguments = (
-        o["tail"],
-        np.int64(call.max_slots),
+        *ring(o, call.max_slots),
         o["k"],
         codes.stride(o["k"], 0),
         codes.stride(o["k"], 1),
@@ -188,9 +187,29 @@ GPU_DOC = """The decode step: stash each token in its request's ring, close ever
 
 ``k``, ``gate`` ``[R, next_n, head_dim]`` (k's dtype), ``positions``
 ``[R, next_n]`` (int32, uint32 or int64) with -1 for padding. Each request's tokens are
-walked in order; every real token is stashed at ring position
-``pos % kpool``, and pool ``pos // kpool`` closes from the ring when
+walked in order; every real token is stashed at ring row ``pos % ring``
+(``tail`` ``[max_slots, 2, ring, head_dim]``, ``ring >= kpool``, any slot,
+half and row strides, last dim contiguous), and pool ``pos // kpool``
+closes from its members' rows ``(q * kpool + m) % ring`` when
 ``pos % kpool == kpool - 1``. A padded entry leaves the ring byte-identical.
+
+Speculative decoding: with ``ring >= kpool + next_n - 1``, a schedule of
+steps in which any suffix of a step's tokens may be rejected, and the next
+step restarts at the first rejected position, closes every pool whose
+closing token was accepted with the bits one ``kpool_compress`` over the
+accepted sequence gives (discard the pools closed by rejected tokens). No
+state but the ring is kept. Proof: a pool closed at an accepted position
+``p`` has members ``p - kpool + 1 .. p``, all accepted. Each was written
+when it was last stashed, and a later write to its row came from a position
+``d`` with ``d ≡ a (mod ring)``, ``d > a``. Within a step positions only
+grow, so such a ``d`` before ``p`` in the walk is below ``p``, hence within
+``kpool - 1`` of ``a``: not a multiple of ``ring`` away. A ``d`` from an
+earlier step that was rejected is at least the restart position ``r`` and
+at most ``r + next_n - 1``, while ``a >= r - kpool + 1`` for a member of the
+pool open at the restart (members below ``r`` were accepted) or ``a >= r``
+(stashed again after it): so ``0 < d - a <= kpool + next_n - 2 < ring``, never
+a multiple of ``ring``. Every member row therefore holds the accepted token,
+and the pool is reduced in member order as compress reduces it.
 
 Returns
 -------

@@ -1,0 +1,121 @@
+"""Speculative decoding on a ring longer than a pool: rejected drafts never corrupt a pool.
+
+A decode step brings next_n tokens; any suffix of them may be rejected and
+the next step restarts at the first rejected position. kpool_tail_update's
+docstring proves that with ring >= kpool + next_n - 1 rows every pool closed
+by an accepted token has the bits one kpool_compress over the accepted
+sequence gives. These schedules check it, after a chunked prefill, on
+contiguous and padded rings, on both CPU backends, and check that one row
+fewer breaks it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from model import BF16
+
+from kpool_cupy import emulate, reference
+
+HEAD_DIM = 16
+
+
+def _ring(max_slots: int, rows: int, padded: bool, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """A ring, contiguous or a view into a padded buffer (slots, halves and rows padded); and its buffer."""
+    if not padded:
+        buffer = rng.standard_normal((max_slots, 2, rows, HEAD_DIM)).astype(BF16)
+        return buffer, buffer
+    buffer = rng.standard_normal((max_slots + 1, 3, rows + 3, HEAD_DIM + 8)).astype(BF16)
+    return buffer[1:, ::2, 2 : rows + 2, :HEAD_DIM], buffer
+
+
+def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3):
+    """Prefill in two chunks, then decode steps with random rejections; returns (pools got, pools wanted)."""
+    rng = np.random.default_rng(seed)
+    total = 6 * kpool + 4 * next_n + 7  # each request's accepted sequence, longer than any schedule needs
+    keys = rng.standard_normal((requests, total, HEAD_DIM)).astype(BF16)
+    gates = (3 * rng.standard_normal((requests, total, HEAD_DIM))).astype(BF16)
+    ape = rng.standard_normal((kpool, HEAD_DIM)).astype(np.float32)
+    tail, buffer = _ring(requests + 1, rows, padded, rng)
+    outside = buffer.copy()
+    view_mask = np.zeros(buffer.shape, bool)
+    if padded:
+        view_mask[1:, ::2, 2 : rows + 2, :HEAD_DIM] = True
+    else:
+        view_mask[...] = True
+    slots = rng.permutation(requests + 1)[:requests].astype(np.int32)  # slots need not follow requests
+    got: dict[tuple[int, int], bytes] = {}
+
+    # Chunked prefill, each request on its own: ring close, compress, seed tail.
+    lengths = rng.integers(1, 2 * kpool + 2, size=(requests, 2))
+    position = np.zeros(requests, np.int64)
+    for b in range(requests):
+        for chunk in lengths[b]:
+            start, end = int(position[b]), int(position[b] + chunk)
+            k, gate = keys[b, start:end], gates[b, start:end]
+            offsets, cache, slot = np.array([0, chunk], np.int32), np.array([start], np.int32), slots[b : b + 1]
+            pooled, closed = module.kpool_ring_close(tail, k, gate, ape, offsets, cache, slot)
+            if closed[0] >= 0:
+                got[(b, int(closed[0]))] = pooled[0].tobytes()
+            compressed = module.kpool_compress(k, gate, ape, offsets, cache)
+            first = -(-start // kpool)
+            for i in range(compressed.shape[0]):
+                got[(b, first + i)] = compressed[i].tobytes()
+            module.kpool_seed_tail(tail, k, gate, offsets, cache, slot, kpool=kpool)
+            position[b] = end
+
+    # Decode: each step drafts next_n tokens, a random number are accepted.
+    for _ in range(6):
+        positions = position[:, None] + np.arange(next_n)
+        accepted = rng.integers(0, next_n + 1, size=requests)
+        step_k = rng.standard_normal((requests, next_n, HEAD_DIM)).astype(BF16)  # drafts: garbage
+        step_gate = (3 * rng.standard_normal((requests, next_n, HEAD_DIM))).astype(BF16)
+        for b in range(requests):
+            n = int(accepted[b])
+            step_k[b, :n] = keys[b, position[b] : position[b] + n]
+            step_gate[b, :n] = gates[b, position[b] : position[b] + n]
+        pooled, closed = module.kpool_tail_update(tail, step_k, step_gate, ape, positions.astype(np.int32), slots)
+        for b in range(requests):
+            for j, pool in enumerate(closed[b]):
+                if pool >= 0 and pool * kpool + kpool - 1 < position[b] + accepted[b]:  # closed by an accepted token
+                    got[(b, int(pool))] = pooled[b, j].tobytes()
+        position += accepted
+
+    # Nothing outside the ring's view was touched.
+    assert np.array_equal(buffer[~view_mask].view(np.uint16), outside[~view_mask].view(np.uint16))
+
+    wanted = {}
+    for b in range(requests):
+        n = int(position[b])
+        one_call = module.kpool_compress(
+            keys[b, :n], gates[b, :n], ape, np.array([0, n], np.int32), np.zeros(1, np.int32)
+        )
+        for pool in range(one_call.shape[0]):
+            wanted[(b, pool)] = one_call[pool].tobytes()
+    return got, wanted
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+@pytest.mark.parametrize(("kpool", "next_n"), [(1, 1), (1, 4), (2, 3), (4, 1), (4, 4), (4, 8), (8, 2), (16, 5)])
+@pytest.mark.parametrize("padded", [False, True], ids=["contiguous", "padded"])
+def test_every_accepted_pool_is_the_one_call_pool_on_a_ring_at_the_bound_and_longer(module, kpool, next_n, padded):
+    bound = kpool + next_n - 1
+    for rows in sorted({bound, max(bound, 2 * kpool), max(bound, 16)}):
+        for seed in range(3):
+            got, wanted = _run_schedule(module, kpool, next_n, rows, padded=padded, seed=seed)
+            assert set(got) <= set(wanted), sorted(set(got) - set(wanted))
+            # Every pool the accepted sequence completes came out of some call.
+            assert set(got) == set(wanted), sorted(set(wanted) - set(got))
+            bad = [key for key in wanted if got[key] != wanted[key]]
+            assert not bad, (rows, seed, bad[:5])
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_one_row_below_the_bound_a_rejected_draft_corrupts_a_pool(module):
+    # kpool 4, next_n 4: the bound is 7 rows. At 6, some schedule lets a
+    # rejected draft overwrite a member of the pool open at the restart.
+    corrupted = 0
+    for seed in range(12):
+        got, wanted = _run_schedule(module, 4, 4, 6, padded=False, seed=seed)
+        corrupted += sum(got.get(key) != value for key, value in wanted.items())
+    assert corrupted > 0
