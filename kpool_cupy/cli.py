@@ -222,7 +222,11 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: 
     "--json", "json_file", type=click.Path(dir_okay=False), callback=_output_file, help="Write all numbers here."
 )
 @click.option(
-    "--plot", "plot_file", type=click.Path(dir_okay=False), callback=_plot_file, help="Draw bandwidth here (PNG)."
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False),
+    callback=_plot_file,
+    help="Draw each shape's fractions of the copy and ratios to kpool-cupy here (PNG).",
 )
 @click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
 @click.option(
@@ -231,8 +235,22 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: 
 @click.option(
     "--skip", multiple=True, callback=_skip, help="Implementation to leave out (repeatable), e.g. torch-compile."
 )
-def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...]) -> None:
-    """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one)."""
+@click.option(
+    "--decode-side/--no-decode-side",
+    default=True,
+    show_default=True,
+    help="Also time the tail update and expand top-k against their composites.",
+)
+def bench(
+    json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...], decode_side: bool
+) -> None:
+    """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one).
+
+    Device times come from replaying a CUDA graph of one round of calls where
+    the calls can be captured, else from events around the Python loop; the
+    JSON says which for every implementation. Host time per call is reported
+    next to a bare CuPy launch of the same kernel.
+    """
     from .backends.cupy import gpu_status
 
     usable, why = gpu_status()
@@ -256,7 +274,7 @@ def bench(json_file: str | None, plot_file: str | None, quick: bool, samples: in
             with open(json_file, "w") as handle:
                 json.dump({"environment": env, **partial}, handle, indent=1)
 
-    results = {"environment": env, **run_sweep(sweep(quick), chosen, samples, progress, quick, write)}
+    results = {"environment": env, **run_sweep(sweep(quick), chosen, samples, progress, quick, write, decode_side)}
     results["complete"] = True
     for line in table(results):
         click.echo(line)

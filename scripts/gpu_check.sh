@@ -2,80 +2,161 @@
 # Everything a lent GPU machine should run in one call, with nothing to install
 # there: that machine has no network but has CuPy (CUDA 13), NumPy, ml_dtypes,
 # click, pytest, torch and matplotlib. The package runs from this checkout
-# through PYTHONPATH. Logs and results go to $OUT (or ./gpu-results); a summary
-# table is printed last. Exit status: non-zero if any step failed.
+# through PYTHONPATH. Exit status: non-zero if any step failed.
 #
-# The per-step limits add up to 5 minutes, the budget of one call, so a slow
-# step is cut off instead of starving the rest. The full benchmark sweep
-# leaves torch.compile out (it compiles per shape); the quick sweep after it
-# includes it and is the first thing to lose when time is short.
+#     scripts/gpu_check.sh            the real run, results under $OUT (or ./gpu-results)
+#     scripts/gpu_check.sh --smoke    the same steps with the quick benchmark and fewer
+#                                     garbage calls: how tests/test_gpu_check_script.py runs
+#                                     it on the CPU through tests/cupy_double
+#
+# What comes back is at most 5 files in $OUT, whatever happens:
+#   summary.txt          environment, every step's exit status, limit, seconds and last
+#                        line, the check verdicts, memcheck's summary, the benchmark table
+#   bench.json           the full sweep (rewritten after every shape), bench.png its plot
+#   bench-compile.json   the quick sweep with torch.compile, cold
+#   logs.tar.gz          every step's whole log
+# summary.txt and logs.tar.gz are rewritten after every step, so a run cut
+# short keeps what it did.
+#
+# Step limits, in seconds. With the 2 s that `timeout` may wait after TERM
+# before KILL, per step, they add up to 297 s: the 5-minute budget of one call
+# holds, a cold torch.compile included (it has its own step, and the full
+# sweep leaves it out).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+smoke=0
+if [[ ${1:-} == --smoke ]]; then
+    smoke=1
+elif [[ $# -gt 0 ]]; then
+    echo "usage: scripts/gpu_check.sh [--smoke]" >&2
+    exit 2
+fi
 out="${OUT:-$root/gpu-results}"
 mkdir -p "$out"
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 py="${PYTHON:-python3}"
 export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
-declare -A status
 
-{
-    echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed 's/^/gpu: /'
-    "$py" - <<'PY' 2>&1
+steps=(environment pytest-gpu check memcheck bench bench-compile)
+declare -A limit=(
+    [environment]=10     # nvidia-smi and versions; torch's read from its metadata, not imported
+    [pytest-gpu]=65      # the gpu-marked tests: NVRTC compiles dozens of kernel variants, cold
+    [check]=20           # kpool-cupy check on bfloat16, float16 and float32
+    [memcheck]=50        # compute-sanitizer over tests/run_memcheck.py
+    [bench]=75           # the full sweep without torch.compile
+    [bench-compile]=65   # the quick sweep's three shapes with torch.compile, from a cold start
+)
+kill_after=2
+declare -A status seconds
+if (( smoke )); then
+    bench_args=(--quick --samples 1)
+    compile_samples=1
+    garbage_count=8
+else
+    bench_args=(--samples 10 --skip torch-compile)  # a sample replays a whole round: up to tens of thousands of calls
+    compile_samples=10
+    garbage_count=40
+fi
+
+summary() {  # the whole summary.txt, from what is done so far
+    echo "kpool-cupy GPU check$( (( smoke )) && echo ' (smoke run)'), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo
+    cat "$logs/environment.log" 2>/dev/null
+    echo
+    printf '%-15s %5s %6s %8s  %s\n' step exit limit seconds "last line"
+    local name total=0
+    for name in "${steps[@]}"; do
+        total=$((total + limit[$name] + kill_after))
+        local last=""
+        [[ -f $logs/$name.log ]] && last="$(tail -n 1 "$logs/$name.log" | tr -d '\r' | cut -c1-100)"
+        printf '%-15s %5s %6s %8s  %s\n' "$name" "${status[$name]:-not run}" "${limit[$name]}" \
+            "${seconds[$name]:--}" "$last"
+    done
+    echo "limits with kill-after: $total s (exit 124 or 137: the step was cut off at its limit)"
+    echo
+    echo "== check"
+    grep '^{"backend"' "$logs/check.log" 2>/dev/null | sed -E \
+        's/^.*"dtype": "([^"]*)", "head_dim": ([0-9]+), "kpool": ([0-9]+), "seed": [0-9]+, "ok": ([a-z]+).*$/\1, head_dim \2, kpool \3: ok \4/'
+    echo "== memcheck"
+    grep -E "ERROR SUMMARY|garbage calls per op|strided|check cases|never called" "$logs/memcheck.log" 2>/dev/null
+    echo "== bench"
+    awk '/^shape +implementation/{p=1} p' "$logs/bench.log" 2>/dev/null
+    echo "== bench-compile"
+    awk '/^shape +implementation/{p=1} p' "$logs/bench-compile.log" 2>/dev/null
+}
+
+pack() {  # summary.txt and logs.tar.gz, rewritten after every step
+    summary > "$out/summary.txt"
+    tar -czf "$out/logs.tar.gz.tmp" -C "$logs" . && mv "$out/logs.tar.gz.tmp" "$out/logs.tar.gz"
+}
+
+run() {  # run NAME COMMAND...: the step's log in $logs, under its limit; then pack
+    local name=$1 began=$SECONDS
+    shift
+    timeout --kill-after="$kill_after" "${limit[$name]}" "$@" > "$logs/$name.log" 2>&1
+    status[$name]=$?
+    seconds[$name]=$((SECONDS - began))
+    pack
+}
+
+run environment bash -c '
+    nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader 2>&1 | sed "s/^/gpu: /"
+    "$1" - <<"PY"
+import importlib.metadata as metadata
 import cupy, numpy, ml_dtypes
 print("cupy:", cupy.__version__, "| CUDA runtime:", cupy.cuda.runtime.runtimeGetVersion(),
       "| driver:", cupy.cuda.runtime.driverGetVersion(), "| numpy:", numpy.__version__, "| ml_dtypes:", ml_dtypes.__version__)
-try:
-    import torch
-    print("torch:", torch.__version__, "cuda", torch.version.cuda)
-except ImportError:
-    print("torch: not installed")
+for name in ("torch", "triton", "matplotlib"):
+    try:
+        print(f"{name}:", metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(f"{name}: not installed")
 PY
-} > "$out/environment.txt"
-cat "$out/environment.txt"
+' environment "$py"
+cat "$logs/environment.log"
 
-run() {  # run NAME TIMEOUT COMMAND...: log to $out/NAME.log, remember the exit status
-    local name=$1 limit=$2
-    shift 2
-    timeout "$limit" "$@" > "$out/$name.log" 2>&1
-    status[$name]=$?
-}
-
-run pytest-gpu 75 "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests --ignore=tests/test_properties.py  # no hypothesis there
+run pytest-gpu "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests --ignore=tests/test_properties.py  # no hypothesis there
 # All skipped means no device was usable: that is a failure here, not a pass.
-if [[ ${status[pytest-gpu]} == 0 ]] && ! grep -q " passed" "$out/pytest-gpu.log"; then
+if [[ ${status[pytest-gpu]} == 0 ]] && ! grep -q " passed" "$logs/pytest-gpu.log"; then
     status[pytest-gpu]=5
+    pack
 fi
-for dtype in bfloat16 float16 float32; do
-    # stdout alone is the JSON report; anything CuPy says goes to the log.
-    timeout 20 "$py" -m kpool_cupy check --backend cupy --dtype "$dtype" --json \
-        > "$out/check-$dtype.json" 2> "$out/check-$dtype.log"
-    status[check-$dtype]=$?
-    head -c 300 "$out/check-$dtype.json" >> "$out/check-$dtype.log"
-done
-if command -v compute-sanitizer > /dev/null; then
-    run memcheck 35 compute-sanitizer --tool memcheck --error-exitcode 3 \
-        "$py" -m kpool_cupy check --backend cupy --kpool 4
-    # Garbage offsets with validate=False (tests/garbage.py): any access
-    # outside the arrays is a memcheck error.
-    run memcheck-garbage 35 compute-sanitizer --tool memcheck --error-exitcode 3 \
-        "$py" tests/run_garbage.py --backend cupy --count 60
-else
-    for name in memcheck memcheck-garbage; do
-        echo "compute-sanitizer not found on PATH" > "$out/$name.log"
-        status[$name]=127
+
+# stdout of each check is its JSON report, one line, in the log with what CuPy says.
+run check bash -c '
+    passed=0
+    for dtype in bfloat16 float16 float32; do
+        "$1" -m kpool_cupy check --backend cupy --dtype "$dtype" --json && passed=$((passed + 1))
     done
+    echo "checks passed: $passed of 3"
+    [[ $passed == 3 ]]
+' check "$py"
+
+if command -v compute-sanitizer > /dev/null; then
+    # CuPy's pool off, strided views made on the device, garbage offsets for
+    # every op with validate=False: any access outside an array is an error.
+    run memcheck compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check no \
+        "$py" tests/run_memcheck.py --count "$garbage_count"
+else
+    echo "compute-sanitizer not found on PATH" > "$logs/memcheck.log"
+    status[memcheck]=127
+    seconds[memcheck]=0
+    pack
 fi
-run bench 75 "$py" -m kpool_cupy bench --samples 20 --skip torch-compile --json "$out/bench.json" --plot "$out/bench.png"
-run bench-compile 20 "$py" -m kpool_cupy bench --quick --samples 10 --json "$out/bench-quick.json"
+
+run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --json "$out/bench.json" --plot "$out/bench.png"
+# torch.compile cold, on the quick shapes, against this package alone (the
+# other alternatives were measured above).
+run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --no-decode-side \
+    --skip upstream-geometry --skip cupy-composite --skip torch-eager --skip triton --json "$out/bench-compile.json"
 
 echo
-echo "step                 exit  last line"
+awk '/^step +exit/{p=1} /^$/{if (p) exit} p' "$out/summary.txt"
 failed=0
-for name in pytest-gpu check-bfloat16 check-float16 check-float32 memcheck memcheck-garbage bench bench-compile; do
-    code=${status[$name]:-?}
-    [[ $code == 0 ]] || failed=1
-    printf '%-20s %5s  %s\n' "$name" "$code" "$(tail -n 1 "$out/$name.log" | cut -c1-100)"
+for name in "${steps[@]}"; do
+    [[ ${status[$name]:-} == 0 ]] || failed=1
 done
 exit $failed

@@ -18,7 +18,15 @@ from kpool_cupy.bench.impls import composite_pool
 from kpool_cupy.bench.inputs import first_member_rows
 from kpool_cupy.bench.report import plot, table
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep
-from kpool_cupy.bench.stats import bandwidth_gbps, fraction_of, input_sets, summarize_times
+from kpool_cupy.bench.stats import (
+    MAX_ROTATION_BYTES,
+    MAX_SETS,
+    bandwidth_gbps,
+    fraction_of,
+    ratios_to,
+    rotation,
+    summarize_times,
+)
 from kpool_cupy.cli import main
 from kpool_cupy.kernel.names import BASELINE_SOURCE, baseline_kernel_name
 
@@ -52,10 +60,52 @@ def test_statistics():
         bandwidth_gbps(1, 0.0)
 
 
-def test_input_sets_span_three_l2_sizes_within_budget():
-    assert input_sets(10 * 2**20, 50 * 2**20, 2**34) == 15
-    assert input_sets(2**30, 50 * 2**20, 2**34) == 2  # never fewer than two
-    assert input_sets(2**20, 50 * 2**20, 8 * 2**20) == 8  # the memory budget caps it
+MIB = 2**20
+
+
+def test_rotation_spans_three_l2_sizes():
+    # 10 MiB per call against a 50 MiB L2: 15 sets, exactly 3x.
+    plan = rotation(10 * MIB, 12 * MIB, 50 * MIB)
+    assert plan == {"sets": 15, "bytes_per_set": 10 * MIB, "bytes": 150 * MIB, "l2_bytes": 50 * MIB,
+                    "over_l2": 3.0, "capped": None}  # fmt: skip
+    # Not a divisor: rounded up, so never below 3x.
+    uneven = rotation(7 * MIB, 7 * MIB, 50 * MIB)
+    assert uneven["sets"] == 22 and uneven["over_l2"] >= 3
+    # The old cap of 64 sets left a 1.125 MiB decode call at 1.4x the L2; now 134 sets.
+    decode = rotation(1152 * 1024, 1152 * 1024, 50 * MIB)
+    assert decode["sets"] == 134 and decode["over_l2"] >= 3 and decode["capped"] is None
+
+
+def test_rotation_never_below_two_sets():
+    plan = rotation(2**30, 2**30, 50 * MIB)
+    assert plan["sets"] == 2 and plan["over_l2"] > 3 and plan["capped"] is None
+
+
+def test_rotation_caps_memory_and_set_count_and_says_which():
+    # 300 MiB occupied per set: 4 GiB holds 13 of the 15 sets wanted.
+    by_memory = rotation(10 * MIB, 300 * MIB, 50 * MIB)
+    assert by_memory["sets"] == MAX_ROTATION_BYTES // (300 * MIB) == 13
+    assert by_memory["capped"] == "memory" and by_memory["over_l2"] < 3
+    tiny = rotation(100, 100, 50 * MIB)  # would want 1.6 million sets
+    assert tiny["sets"] == MAX_SETS and tiny["capped"] == "sets"
+    with pytest.raises(ValueError, match="l2_bytes"):
+        rotation(1, 1, 0)
+
+
+def test_ratios_to_kpool_cupy():
+    implementations = {
+        "kpool-cupy": {"median_ms": 2.0},
+        "slower": {"median_ms": 5.0},
+        "triton": {"skipped": "triton is not importable"},
+        "broken": {"failed": "RuntimeError: no"},
+    }
+    ratios_to(implementations)
+    assert implementations["kpool-cupy"]["time_over_kpool_cupy"] == 1.0
+    assert implementations["slower"]["time_over_kpool_cupy"] == 2.5
+    assert "time_over_kpool_cupy" not in implementations["triton"] | implementations["broken"]
+    alone = {"other": {"median_ms": 1.0}}  # kpool-cupy not measured: no ratio rather than a wrong one
+    ratios_to(alone)
+    assert alone == {"other": {"median_ms": 1.0}}
 
 
 def test_first_member_rows_match_the_reference_mapping():
@@ -104,14 +154,38 @@ def _synthetic_results():
             {
                 "name": name,
                 "bytes": nbytes,
-                "copy": {**entry, "gbps": 100.0},
+                "rotation": {
+                    "sets": 150,
+                    "bytes_per_set": nbytes,
+                    "bytes": 150 * nbytes,
+                    "l2_bytes": 50 * MIB,
+                    "over_l2": 3.1,
+                    "capped": None if name == "b" else "sets",
+                },
+                "copy": {**entry, "timing": "graph", "gbps": 100.0},
                 "implementations": {
-                    "kpool-cupy": {**entry, "gbps": 90.0, "fraction_of_copy": 0.9},
+                    "kpool-cupy": {
+                        **entry,
+                        "timing": "graph",
+                        "gbps": 90.0,
+                        "fraction_of_copy": 0.9,
+                        "time_over_kpool_cupy": 1.0,
+                    },
+                    "torch-eager": {
+                        **entry,
+                        "median_ms": 0.03,
+                        "timing": "events-around-python",
+                        "gbps": 30.0,
+                        "fraction_of_copy": 0.3,
+                        "time_over_kpool_cupy": 3.0,
+                    },
                     "triton": {"skipped": "triton is not importable"},
                 },
             }
         )
-    host = {"shape": "a", "call_us_validate_on": 50.0, "call_us_validate_off": 20.0, "graph_replay_us": 3.0}
+    host = {"shape": "a", "calls_per_sample": 200, "call_us_validate_on": 50.0, "call_us_validate_off": 20.0,
+            "bare_launch_us": 6.5, "overhead_over_bare_us": 13.5, "bare_launch_matches": True,
+            "graph_replay_us": 3.0}  # fmt: skip
     return {"environment": {"gpu": "none (synthetic)", "date": "2026-12-02"}, "shapes": shapes, "host": host}
 
 
@@ -121,11 +195,53 @@ def test_table_lists_every_implementation_and_skips_with_reasons():
     assert "validate on 50.0 us" in lines
 
 
+def test_table_shows_method_fraction_ratio_rotation_and_the_bare_launch():
+    lines = table(_synthetic_results())
+    eager = next(line for line in lines if "torch-eager" in line)
+    # The method, the fraction of the copy, and the ratio marked: it was timed another way than kpool-cupy.
+    assert eager.split()[1:] == ["events", "30.00", "30", "0.30", "3.00", "*"]
+    ours = next(line for line in lines if "kpool-cupy" in line and "graph" in line)
+    assert ours.split()[-2:] == ["0.90", "1.00"]
+    assert any("*: timed by another method" in line for line in lines)
+    assert any("150 input sets" in line and "3.1 x L2" in line and "capped by sets" in line for line in lines)
+    text = "\n".join(lines)
+    assert "bare CuPy launch of the same kernel and arguments 6.5 us (same bits); the package adds 13.5 us" in text
+
+
+def test_table_marks_nothing_when_every_method_is_the_same():
+    results = _synthetic_results()
+    for shape in results["shapes"]:
+        shape["implementations"]["torch-eager"]["timing"] = "graph"
+    assert not any("*" in line for line in table(results))
+
+
 def test_plot_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     path = tmp_path / "bench.png"
     plot(_synthetic_results(), str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_draws_fractions_and_ratios_per_shape(tmp_path, monkeypatch):
+    # Two panels, one bar per measured implementation and shape: the fraction
+    # of the copy above, the time over kpool-cupy's below; events hatched.
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    plot(_synthetic_results(), str(tmp_path / "bench.png"))
+    (figure,) = figures
+    top, bottom = figure.axes
+    heights = sorted(round(p.get_height(), 3) for p in top.patches)
+    assert heights == [0.3, 0.3, 0.9, 0.9]
+    assert sorted(round(p.get_height(), 3) for p in bottom.patches) == [1.0, 1.0, 3.0, 3.0]
+    assert sum(bool(p.get_hatch()) for p in top.patches) == 2  # torch-eager's two, timed by events
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["a", "b"]
+    plt.close(figure)
 
 
 @pytest.mark.skipif(gpu_status()[0], reason="this machine has a GPU, so bench runs")

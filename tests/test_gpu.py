@@ -112,54 +112,113 @@ def test_gpu_mixed_gate_dtype_and_float32_out(dtype, gate_dtype):
     assert_close_to_model(cupy.asnumpy(out), want, F32)
 
 
-@pytest.mark.parametrize("kind", ["cupy-stream", "raw-handle", "protocol"])
-def test_gpu_explicit_streams(kind):
+def _no_sync_call(batch, out, stream):
+    """The call that neither syncs nor allocates (out=, pool_row_offsets=, validate=False), on ``stream``."""
     import cupy
 
     import kpool_cupy
 
+    k, gate, ape, offsets, cache = _device(batch)
+    pools = kpool_cupy.pool_row_offsets(offsets, cache, 4)
+
+    def call():
+        return kpool_cupy.kpool_compress(
+            k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False, stream=stream
+        )
+
+    cupy.cuda.Device().synchronize()
+    return call
+
+
+SENTINEL = -7.0  # a pooled value is a weighted mean of standard-normal k: never -7 in these batches
+
+
+@pytest.mark.parametrize("first", [True, False], ids=["first-call", "planned-call"])
+@pytest.mark.parametrize("kind", ["cupy-stream", "raw-handle", "protocol"])
+def test_gpu_explicit_streams(kind, first):
+    # The call must land on the stream it is given, on the full path (a
+    # signature's first call) and on its launch plan. The stream is held shut
+    # by a host function waiting on a gate; while it is shut, everything else
+    # is drained: the stream current during the call (the wrong place the
+    # call could launch) and the null stream. `out` must still hold its
+    # sentinel, read through a third stream, and the stream must still be
+    # busy (else the check would prove nothing); once the gate opens and the
+    # stream finishes, `out` holds the result. A launch on any stream but the
+    # given one has run by the time `out` is read.
+    import threading
+
+    import cupy
+
+    from kpool_cupy.backends import cupy_plans
+
     batch = make_batch(*standard_lengths(4), seed=14)
+    want = batch.model()
     stream = cupy.cuda.Stream(non_blocking=True)
+    current = cupy.cuda.Stream(non_blocking=True)
+    observer = cupy.cuda.Stream(non_blocking=True)
 
     class Protocol:
         def __cuda_stream__(self):
             return (0, stream.ptr)
 
     given = {"cupy-stream": stream, "raw-handle": stream.ptr, "protocol": Protocol()}[kind]
-    with stream:
-        args = _device(batch)
-    got = kpool_cupy.kpool_compress(*args, stream=given)
+    out = cupy.full((want.shape[0], 128), SENTINEL, dtype=BF16)
+    call = _no_sync_call(batch, out, given)
+    call()  # compiles and loads the kernel (no module load behind the gate); a CuPy stream's call makes a plan
     stream.synchronize()
-    assert_close_to_model(cupy.asnumpy(got), batch.model(), BF16)
+    if first:
+        cupy_plans.forget_all()  # the gated call takes the full path (foreign streams always do)
+    out[...] = SENTINEL
+    cupy.cuda.Device().synchronize()
+    gate = threading.Event()
+    stream.launch_host_func(lambda _: gate.wait(60), None)  # 60 s: a bound, never reached when the test passes
+    try:
+        with current:
+            got = call()
+        current.synchronize()
+        cupy.cuda.Stream.null.synchronize()
+        assert not stream.done, "the gate did not hold the stream: nothing below would be shown"
+        seen = out.get(stream=observer)
+        ran = np.flatnonzero(seen.astype(np.float32).ravel() != SENTINEL)
+        assert ran.size == 0, f"out was written before its stream ran: first element {ran[:1]}"
+    finally:
+        gate.set()
+    stream.synchronize()
+    assert got is out or got.data.ptr == out.data.ptr
+    assert_close_to_model(out.get(stream=stream), want, BF16)
 
 
 def test_gpu_fast_path_captures_in_a_graph_without_allocating():
     # out=, pool_row_offsets= and validate=False: no sync (capture would fail)
-    # and no allocation (the pool's used bytes stay put), replayable.
+    # and no allocation (the pool's used bytes stay put). The capture must
+    # record the launch, not run it: after the capture the whole device is
+    # drained and `out` must still hold its sentinel (a launch made eagerly,
+    # on this stream or any other, has written it by then). Replays must
+    # write it: cleared on the capturing stream, replayed there, compared.
     import cupy
 
-    import kpool_cupy
-
     batch = make_batch(*standard_lengths(4), seed=15)
-    k, gate, ape, offsets, cache = _device(batch)
-    pools = kpool_cupy.pool_row_offsets(offsets, cache, 4)
     want = batch.model()
-    out = cupy.zeros((want.shape[0], 128), dtype=BF16)
+    out = cupy.full((want.shape[0], 128), SENTINEL, dtype=BF16)
     stream = cupy.cuda.Stream(non_blocking=True)
-
-    def call():
-        kpool_cupy.kpool_compress(
-            k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False, stream=stream
-        )
-
-    call()  # compile and load outside the capture
+    call = _no_sync_call(batch, out, stream)
+    call()  # the signature's first call runs the full path (compile, load, plan) outside the capture
     stream.synchronize()
-    out[...] = 0
+    out[...] = SENTINEL
+    cupy.cuda.Device().synchronize()
     used = cupy.get_default_memory_pool().used_bytes()
     stream.begin_capture()
-    call()
-    graph = stream.end_capture()
+    try:
+        call()
+    finally:
+        graph = stream.end_capture()
     assert cupy.get_default_memory_pool().used_bytes() == used
-    graph.launch(stream)
-    stream.synchronize()
-    assert_close_to_model(cupy.asnumpy(out), want, BF16)
+    cupy.cuda.Device().synchronize()
+    host = cupy.asnumpy(out).astype(np.float32)
+    assert np.all(host == SENTINEL), f"the captured call ran eagerly: {np.count_nonzero(host != SENTINEL)} written"
+    for _ in range(2):  # each replay writes out again
+        with stream:
+            out[...] = 0
+        graph.launch(stream)
+        stream.synchronize()
+        assert_close_to_model(cupy.asnumpy(out), want, BF16)

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DOUBLE = ROOT / "tests" / "cupy_double"
 
 
-def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DOUBLE), str(ROOT)])}
+def _run(*args: str, timeout: int = 300, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(DOUBLE), str(ROOT)])}
     return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
@@ -56,13 +56,99 @@ def test_bench_runs_end_to_end_on_the_double(tmp_path):
         # The upstream-geometry kernel pools with the same helper: the same bits.
         assert implementations["upstream-geometry"]["max_abs_diff_vs_kpool_cupy"] == 0.0
     assert {r["name"].split()[0] for r in results["lifecycle"]} == {"tail-update", "expand-topk"}
-    assert results["host"]["graph_replay_us"] > 0
     assert results["complete"] is True
     for record in [*results["shapes"], *results["lifecycle"]]:
         # Issue 10: a copy of N bytes reads N and writes N; the roof moves the
         # kernel's bytes, so it copies half of them.
         copy = record["copy"]
         assert copy["bytes_moved"] == 2 * copy["bytes_copied"] and abs(copy["bytes_moved"] - record["bytes"]) <= 1
+        # Three L2 sizes of rotation for every shape, the double's L2 read from its device attributes.
+        rotated = record["rotation"]
+        assert rotated["over_l2"] >= 3 and rotated["capped"] is None, (record["name"], rotated)
+        assert rotated["l2_bytes"] == 2**20 and rotated["l2_source"] == "device attribute L2CacheSize"
+        assert rotated["sets"] == record["input_sets"] and rotated["bytes"] == rotated["sets"] * record["bytes"]
+        # kpool-cupy and the copy replay a captured round: the capture saw no sync and no array operation.
+        assert copy["timing"] == "graph"
+        implementations = record["implementations"]
+        assert implementations["kpool-cupy"]["timing"] == "graph", implementations["kpool-cupy"]
+        assert implementations["kpool-cupy"]["time_over_kpool_cupy"] == 1.0
+        # The composite cannot be captured on the double (it runs NumPy at once): its method is recorded, with why.
+        composite = implementations["cupy-composite"]
+        assert composite["timing"] == "events-around-python" and "capture failed" in composite["timing_note"]
+        for entry in implementations.values():
+            if "median_ms" in entry:
+                assert entry["timing"] in ("graph", "events-around-python")
+                assert entry["time_over_kpool_cupy"] == entry["median_ms"] / implementations["kpool-cupy"]["median_ms"]
+                assert entry["fraction_of_copy"] > 0
+    for shape in results["shapes"]:
+        assert shape["implementations"]["upstream-geometry"]["timing"] == "graph"
+    host = results["host"]
+    assert host["shape"] == "decode-512x4"
+    assert host["call_us_validate_on"] > 0 and host["call_us_validate_off"] > 0 and host["graph_replay_us"] > 0
+    # The bare launch is built from the package's plan and writes the package's bits.
+    assert host["bare_launch_matches"] is True and host["bare_launch_us"] > 0
+    assert host["overhead_over_bare_us"] == host["call_us_validate_off"] - host["bare_launch_us"]
+    assert "x kpool" in done.stdout and "rotation: 2 input sets" in done.stdout
+    assert "bare CuPy launch of the same kernel and arguments" in done.stdout
+
+
+# A pytest plugin for the runs below: the GPU path ignores every stream= it is
+# given, as a package that launched on the current stream would.
+_IGNORE_STREAM = """
+def pytest_configure(config):
+    import kpool_cupy
+
+    call = kpool_cupy.kpool_compress.__globals__["__call"]
+
+    def ignoring(spec, arrays, options, extras):
+        return call(spec, arrays, options, {**extras, "stream": None})
+
+    kpool_cupy.kpool_compress.__globals__["__call"] = ignoring
+"""
+
+# The double's capture runs what it records as well, as a capture that launched eagerly would.
+_EAGER_CAPTURE = """
+def pytest_configure(config):
+    from cupy import cuda
+
+    enqueue = cuda._enqueue
+
+    def eager(stream, work, name=None):
+        fate = enqueue(stream, work, name)
+        if fate == "captured":
+            cuda._run(work)
+        return fate
+
+    cuda._enqueue = eager
+"""
+
+
+def _stream_and_graph_tests(tmp_path: Path, plugin: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "broken_on_purpose.py").write_text(plugin)
+    return _run(
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "broken_on_purpose", "tests/test_gpu.py",
+        "-k", "explicit_streams or graph", path=(tmp_path,),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_the_stream_and_graph_tests_fail_when_the_call_ignores_its_stream(tmp_path):
+    # The tests of tests/test_gpu.py must be able to fail on the double: with
+    # the stream ignored, every explicit-stream case (3 kinds x full path and
+    # plan) and the graph capture fail, each for the reason it checks.
+    done = _stream_and_graph_tests(tmp_path, _IGNORE_STREAM)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "7 failed" in done.stdout and " passed" not in done.stdout, done.stdout[-3000:]
+    assert done.stdout.count("out was written before its stream ran") >= 6
+    assert "the captured call ran eagerly" in done.stdout
+
+
+@pytest.mark.slow
+def test_the_graph_test_fails_when_the_capture_runs_eagerly(tmp_path):
+    done = _stream_and_graph_tests(tmp_path, _EAGER_CAPTURE)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "1 failed, 6 passed" in done.stdout, done.stdout[-3000:]
+    assert "the captured call ran eagerly" in done.stdout
 
 
 _BROKEN_ALTERNATIVE = """

@@ -8,6 +8,10 @@ half the 1455 static instructions the kernel had before the rework.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -17,6 +21,7 @@ from kpool_cupy.kernel.names import COMPRESS_SOURCE, RING_SOURCE, compress_kerne
 from kpool_cupy.tools import sass
 
 pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,3 +84,16 @@ def test_larger_pools_keep_at_least_128_bytes_of_keys_and_gates_in_flight(dtype,
     streamed = STREAM_BYTES // member_bytes
     assert summary.vector_loads_before_first_exp >= min(chunk_members(kpool, member_bytes), streamed) * per_member
     assert summary.spill_stores == summary.spill_loads == 0, summary
+
+
+def test_the_benchmark_model_in_the_docs_is_current():
+    # docs/benchmarks.md's prediction table is scripts/bench_model.py's
+    # output for today's kernel; a kernel change that moves the SASS counts
+    # must update it.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_model.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

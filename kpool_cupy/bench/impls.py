@@ -161,6 +161,17 @@ def triton_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
     return run
 
 
+_TORCH_STREAM = "launches on torch's current stream, which a CuPy graph capture does not record"
+
+# Implementations timed with events around their Python loop, and why; every
+# other one is captured in a CUDA graph on CuPy's current stream (its calls go
+# there: kernel launches, CuPy array operations).
+CAPTURE_REFUSALS: dict[str, str] = {
+    "torch-eager": _TORCH_STREAM,
+    "torch-compile": _TORCH_STREAM,
+    "triton": _TORCH_STREAM,
+}
+
 IMPLEMENTATIONS: dict[str, Callable[[BenchShape, list[InputSet]], Runner | str]] = {
     "kpool-cupy": kpool_cupy_kernel,
     "upstream-geometry": upstream_geometry_kernel,

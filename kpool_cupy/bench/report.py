@@ -23,32 +23,81 @@ def environment() -> dict[str, Any]:
     }
 
 
+BASE = "kpool-cupy"
+_SHORT = {"graph": "graph", "events-around-python": "events"}
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
+
+
 def table(results: dict[str, Any]) -> list[str]:
-    """One line per shape and implementation: median time, bandwidth, fraction of the copy roof."""
-    lines = [f"{'shape':<28}{'implementation':<20}{'median us':>11}{'GB/s':>9}{'of copy':>9}"]
+    """Per shape: the rotation, the copy roof, and per implementation its timing method, median time,
+    bandwidth, fraction of the copy and time over kpool-cupy's; then the host cost."""
+    lines = [
+        f"{'shape':<28}{'implementation':<20}{'timing':<8}{'median us':>11}{'GB/s':>9}{'of copy':>9}{'x kpool':>9}"
+    ]
+    mixed = False
     for shape in [*results["shapes"], *results.get("lifecycle", [])]:
         copy = shape["copy"]
-        lines.append(f"{shape['name']:<28}{'(d2d copy)':<20}{copy['median_ms'] * 1e3:>11.2f}{copy['gbps']:>9.0f}")
-        for name, entry in shape["implementations"].items():
+        lines.append(
+            f"{shape['name']:<28}{'(d2d copy)':<20}{_SHORT.get(copy.get('timing'), '?'):<8}"
+            f"{copy['median_ms'] * 1e3:>11.2f}{copy['gbps']:>9.0f}"
+        )
+        rotated = shape.get("rotation")
+        if rotated:
+            capped = f", capped by {rotated['capped']}" if rotated.get("capped") else ""
+            lines.append(
+                f"{'':<28}rotation: {rotated['sets']} input sets, {_mib(rotated['bytes'])} = "
+                f"{rotated['over_l2']:.1f} x L2 ({_mib(rotated['l2_bytes'])}){capped}"
+            )
+        implementations = shape["implementations"]
+        base = implementations.get(BASE, {}).get("timing")
+        for name, entry in implementations.items():
             if "skipped" in entry or "failed" in entry:
                 why = f"skipped: {entry['skipped']}" if "skipped" in entry else f"FAILED: {entry['failed']}"
                 lines.append(f"{'':<28}{name:<20}  {why}")
-            else:
-                lines.append(
-                    f"{'':<28}{name:<20}{entry['median_ms'] * 1e3:>11.2f}{entry['gbps']:>9.0f}"
-                    f"{entry['fraction_of_copy']:>9.2f}"
-                )
+                continue
+            ratio = entry.get("time_over_kpool_cupy")
+            mark = ""
+            if base is not None and entry.get("timing") != base:
+                mark, mixed = " *", True
+            ratio_text = f"{ratio:>9.2f}{mark}" if ratio is not None else ""
+            lines.append(
+                f"{'':<28}{name:<20}{_SHORT.get(entry.get('timing'), '?'):<8}{entry['median_ms'] * 1e3:>11.2f}"
+                f"{entry['gbps']:>9.0f}{entry['fraction_of_copy']:>9.2f}{ratio_text}"
+            )
+    lines.append(
+        "timing: graph = replay of a CUDA graph of one round of calls; events = CUDA events around the Python loop "
+        "(host time shows where it exceeds the device's)."
+    )
+    lines.append("x kpool: median time over kpool-cupy's in the same shape (above 1: slower).")
+    if mixed:
+        lines.append("*: timed by another method than kpool-cupy; the ratio compares the two methods too.")
     host = results.get("host")
     if host:
         lines.append(
-            f"host cost per call ({host['shape']}): validate on {host['call_us_validate_on']:.1f} us, "
-            f"off {host['call_us_validate_off']:.1f} us; CUDA-graph replay {host['graph_replay_us']:.2f} us"
+            f"host per call ({host['shape']}, median of loops of {host.get('calls_per_sample', '?')} calls): "
+            f"validate on {host['call_us_validate_on']:.1f} us, off {host['call_us_validate_off']:.1f} us"
         )
+        if "bare_launch_us" in host:
+            same = "same bits" if host.get("bare_launch_matches") else "DIFFERENT bits"
+            lines.append(
+                f"  bare CuPy launch of the same kernel and arguments {host['bare_launch_us']:.1f} us ({same}); "
+                f"the package adds {host['overhead_over_bare_us']:.1f} us"
+            )
+        else:
+            lines.append(f"  bare CuPy launch: {host.get('bare_launch', 'not measured')}")
+        lines.append(f"  device time of one CUDA-graph replay of the call: {host['graph_replay_us']:.2f} us")
     return lines
 
 
 def plot(results: dict[str, Any], path: str) -> None:
-    """Bandwidth against bytes moved, one line per implementation, the copy as the roof."""
+    """Per shape: every implementation's fraction of the copy roof, and its time over kpool-cupy's.
+
+    Shapes run along the x axis in order of bytes moved; hatched bars were
+    timed with events around Python, plain ones by graph replay.
+    """
     try:
         import matplotlib
 
@@ -57,23 +106,31 @@ def plot(results: dict[str, Any], path: str) -> None:
     except ImportError as error:
         raise RuntimeError("--plot needs matplotlib: pip install 'kpool-cupy[plot]'") from error
     shapes = sorted(results["shapes"], key=lambda s: s["bytes"])
-    figure, axes = plt.subplots(figsize=(8, 5))
-    axes.plot([s["bytes"] for s in shapes], [s["copy"]["gbps"] for s in shapes], "k--", label="d2d copy (roof)")
-    names = dict.fromkeys(n for s in shapes for n in s["implementations"])
-    for name in names:
-        points = [
-            (s["bytes"], s["implementations"][name]["gbps"])
-            for s in shapes
-            if "gbps" in s["implementations"].get(name, {})
-        ]
-        if points:
-            axes.plot(*zip(*points, strict=True), marker="o", label=name)
-    axes.set_xscale("log")
-    axes.set_xlabel("minimum bytes moved per call")
-    axes.set_ylabel("achieved bandwidth (GB/s)")
+    names = list(dict.fromkeys(n for s in shapes for n, e in s["implementations"].items() if "median_ms" in e))
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 1.2 * len(shapes) + 3), 8), sharex=True)
+    width = 0.8 / max(len(names), 1)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for n, name in enumerate(names):
+        for s_index, shape in enumerate(shapes):
+            entry = shape["implementations"].get(name, {})
+            if "median_ms" not in entry:
+                continue
+            x = s_index - 0.4 + width * (n + 0.5)
+            hatch = "//" if entry.get("timing") == "events-around-python" else None
+            style = {"color": colors[n % len(colors)], "hatch": hatch, "label": name if s_index == 0 else None}
+            top.bar(x, entry["fraction_of_copy"], width, **style)
+            if "time_over_kpool_cupy" in entry:
+                bottom.bar(x, entry["time_over_kpool_cupy"], width, **{**style, "label": None})
+    top.axhline(1.0, color="k", linestyle="--", linewidth=1)
+    top.set_ylabel("fraction of d2d copy bandwidth")
     env = results.get("environment", {})
-    axes.set_title(f"kpool_compress, {env.get('gpu', '?')}, {env.get('date', '')[:10]}")
-    axes.legend()
+    top.set_title(f"kpool_compress, {env.get('gpu', '?')}, {env.get('date', '')[:10]} (hatched: events around Python)")
+    top.legend(fontsize="small", ncol=2)
+    bottom.axhline(1.0, color="k", linewidth=1)
+    bottom.set_yscale("log")
+    bottom.set_ylabel("median time / kpool-cupy's")
+    bottom.set_xticks(range(len(shapes)))
+    bottom.set_xticklabels([s["name"] for s in shapes], rotation=30, ha="right", fontsize="small")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)

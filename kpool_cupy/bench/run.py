@@ -1,4 +1,4 @@
-"""The benchmark sweep: every shape, every implementation, the copy roof, host cost and graph replay."""
+"""The benchmark sweep: host cost, every shape and implementation against the copy roof, the decode side."""
 
 from __future__ import annotations
 
@@ -7,12 +7,22 @@ from typing import Any
 
 import numpy as np
 
-from .impls import IMPLEMENTATIONS
+from ..dtypes import element_dtype
+from .impls import CAPTURE_REFUSALS, IMPLEMENTATIONS
 from .inputs import make_input_sets
 from .lifecycle import run_lifecycle
-from .shapes import BenchShape, minimum_bytes
-from .stats import MEMORY_BUDGET, bandwidth_gbps, fraction_of, input_sets, summarize_times
-from .timing import copy_roof, device_times, graph_replay_milliseconds, host_call_microseconds
+from .shapes import BenchShape, minimum_bytes, sweep
+from .stats import ratios_to, rotation
+from .timing import (
+    HOST_CALLS,
+    HOST_REPEATS,
+    copy_roof,
+    describe,
+    graph_replay_milliseconds,
+    host_call_microseconds,
+    l2_bytes,
+    timed_entry,
+)
 
 
 def _max_abs_diff(got: Any, want: Any) -> float:
@@ -24,18 +34,24 @@ def _max_abs_diff(got: Any, want: Any) -> float:
     return float(cupy.abs(got.astype(cupy.float32) - want.astype(cupy.float32)).max())
 
 
+def shape_rotation(shape: BenchShape) -> dict[str, Any]:
+    """The input sets of ``shape`` (stats.rotation: a round touches three L2 sizes) and the L2 size's source."""
+    itemsize = element_dtype(shape.dtype).itemsize
+    # k and gate whole, out, and the index arrays: what one set occupies.
+    allocated = (2 * shape.tokens + shape.pools) * shape.head_dim * itemsize + 32 * (shape.requests + 1)
+    l2, source = l2_bytes()
+    return {**rotation(minimum_bytes(shape), allocated, l2), "l2_source": source}
+
+
 def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int) -> dict[str, Any]:
     import cupy
 
     nbytes = minimum_bytes(shape)
-    l2 = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["l2CacheSize"]
-    itemsize = 2 if shape.dtype != "float32" else 4
-    per_set = shape.tokens * shape.head_dim * 2 * itemsize + nbytes
-    count = input_sets(per_set, l2, MEMORY_BUDGET)
+    rotated = shape_rotation(shape)
+    count = rotated["sets"]
     sets = make_input_sets(shape, count)
 
     copy = copy_roof(nbytes, count, samples)
-    copy_gbps = copy["gbps"]
     record: dict[str, Any] = {
         "name": shape.name,
         "kind": shape.kind,
@@ -47,6 +63,7 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
         "pools": shape.pools,
         "bytes": nbytes,
         "input_sets": count,
+        "rotation": rotated,
         "copy": copy,
         "implementations": {},
     }
@@ -60,34 +77,91 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
             output = runner(0)
             if name == "kpool-cupy":
                 reference = cupy.array(output, copy=True)
-            times = summarize_times(device_times(runner, count, samples=samples))
+            entry = timed_entry(runner, count, samples, nbytes, copy["gbps"], CAPTURE_REFUSALS.get(name))
         except Exception as error:  # one broken alternative is recorded; the sweep goes on
-            record["implementations"][name] = {"failed": f"{type(error).__name__}: {str(error)[:200]}"}
+            record["implementations"][name] = {"failed": describe(error)}
             continue
-        gbps = bandwidth_gbps(nbytes, times["median_ms"])
-        entry = {**times, "gbps": gbps, "fraction_of_copy": fraction_of(gbps, copy_gbps)}
         if reference is not None and name != "kpool-cupy":
             entry["max_abs_diff_vs_kpool_cupy"] = _max_abs_diff(output, reference)
         record["implementations"][name] = entry
+    ratios_to(record["implementations"])
     return record
 
 
-def host_costs(shape: BenchShape) -> dict[str, float]:
-    """Python-side cost of one kpool_compress call, validate on and off, and a CUDA-graph replay."""
+def plan_launch(spec: Any, operands: dict[str, Any], options: dict[str, Any]) -> Callable[[], None] | str:
+    """The launch kpool_cupy's plan makes for this call, as a bare CuPy launch, or why there is none.
+
+    The plan (kpool_cupy.backends.cupy_plans) was made by an earlier call with
+    the same signature; calling ``plan.function(plan.grid, plan.block, args)``
+    directly is the floor CuPy itself sets for this launch.
+    """
+    import cupy
+
+    from ..backends import cupy_plans
+
+    arrays = tuple(operands.get(operand.name) for operand in spec.operands)
+    values = {option.name: options.get(option.name, option.default) for option in spec.options}
+    plan = cupy_plans._plans.get(cupy_plans.signature(spec, arrays, values, cupy.ndarray))
+    if plan is None:
+        return "no launch plan for this call's signature"
+    pairs = zip(plan.slots, plan.constants, strict=True)
+    args = tuple(arrays[slot] if slot >= 0 else constant for slot, constant in pairs)
+
+    def launch() -> None:
+        plan.function(plan.grid, plan.block, args)
+
+    return launch
+
+
+def host_costs(shape: BenchShape, repeats: int = HOST_REPEATS) -> dict[str, Any]:
+    """Host time of one kpool_compress call, validate on and off, against the bare CuPy launch it makes.
+
+    Also the device time of one replay of a CUDA graph that captured the call.
+    """
+    import cupy
+
     from kpool_cupy import kpool_compress
 
+    from ..ops import COMPRESS
+
     (s,) = make_input_sets(shape, 1)
-    args = (s.k, s.gate, s.ape, s.input_row_offsets, s.cache_lengths)
-
-    def fast(stream: Any = None) -> Any:
-        return kpool_compress(*args, pool_row_offsets=s.pool_row_offsets, out=s.out, validate=False, stream=stream)
-
-    return {
-        "shape": shape.name,
-        "call_us_validate_on": host_call_microseconds(lambda: kpool_compress(*args, out=s.out, validate=True)),
-        "call_us_validate_off": host_call_microseconds(fast),
-        "graph_replay_us": graph_replay_milliseconds(fast) * 1e3,
+    operands = {
+        "k": s.k,
+        "gate": s.gate,
+        "ape": s.ape,
+        "input_row_offsets": s.input_row_offsets,
+        "cache_lengths": s.cache_lengths,
+        "pool_row_offsets": s.pool_row_offsets,
+        "out": s.out,
     }
+    checked = {name: value for name, value in operands.items() if name != "pool_row_offsets"}
+
+    def hot() -> Any:
+        return kpool_compress(**operands, validate=False)
+
+    def validated() -> Any:
+        return kpool_compress(**checked, validate=True)
+
+    hot()  # the signature's first call runs the full path and makes the plan
+    want = cupy.asnumpy(s.out)
+    record: dict[str, Any] = {
+        "shape": shape.name,
+        "calls_per_sample": HOST_CALLS,
+        "call_us_validate_on": host_call_microseconds(validated, repeats=repeats),
+        "call_us_validate_off": host_call_microseconds(hot, repeats=repeats),
+    }
+    bare = plan_launch(COMPRESS, operands, {"validate": False})
+    if isinstance(bare, str):
+        record["bare_launch"] = bare
+    else:
+        s.out.fill(0)
+        bare()
+        # The bare launch is the package's launch only if it writes the same bits.
+        record["bare_launch_matches"] = bool(np.array_equal(cupy.asnumpy(s.out).view(np.uint8), want.view(np.uint8)))
+        record["bare_launch_us"] = host_call_microseconds(bare, repeats=repeats)
+        record["overhead_over_bare_us"] = record["call_us_validate_off"] - record["bare_launch_us"]
+    record["graph_replay_us"] = graph_replay_milliseconds(hot) * 1e3
+    return record
 
 
 def run_sweep(
@@ -97,16 +171,23 @@ def run_sweep(
     progress: Callable[[Iterable[BenchShape]], Any],
     quick: bool = False,
     checkpoint: Callable[[dict[str, Any]], None] = lambda partial: None,
+    decode_side: bool = True,
 ) -> dict[str, Any]:
-    """Every shape, then the decode side and the host cost; ``checkpoint`` gets the shapes done so far after each."""
-    records = []
+    """Host cost, every shape, then the decode side; ``checkpoint`` gets what is done after each step.
+
+    The host cost is taken on the sweep's smallest decode shape, whatever
+    ``shapes`` holds: its calls are short, so the host's time is what shows.
+    """
+    results: dict[str, Any] = {"numpy": np.__version__, "complete": False}
+    results["host"] = host_costs(sweep()[0], repeats=min(samples, HOST_REPEATS))
+    results["shapes"] = []
+    checkpoint(results)
     with progress(shapes) as bar:
         for shape in bar:
-            records.append(bench_shape(shape, implementations, samples))
-            checkpoint({"shapes": records, "complete": False})
-    return {
-        "shapes": records,
-        "lifecycle": run_lifecycle(quick, samples),
-        "host": host_costs(shapes[0]),
-        "numpy": np.__version__,
-    }
+            results["shapes"].append(bench_shape(shape, implementations, samples))
+            checkpoint(results)
+    results["lifecycle"] = []
+    for record in run_lifecycle(quick, samples) if decode_side else ():
+        results["lifecycle"].append(record)
+        checkpoint(results)
+    return results

@@ -1,36 +1,157 @@
-"""Device and host timing with CUDA events (GPU only)."""
+"""Device and host timing (GPU only).
+
+Device time comes from replaying a CUDA graph that captured one round of
+calls, one per input set, so no Python runs inside the timed span. A call
+that cannot be captured (it syncs, or launches on a stream the capture does
+not see) is timed with events around its Python loop instead, and every
+result says which: ``"timing": "graph"`` or ``"events-around-python"``.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
 
-from .stats import bandwidth_gbps, summarize_times
+import numpy as np
+
+from .stats import ASSUMED_L2_BYTES, bandwidth_gbps, fraction_of, summarize_times
+
+GRAPH = "graph"
+EVENTS = "events-around-python"
+WARMUP_REPLAYS = 2
+EVENT_WINDOW = 512  # calls per events sample at most; the rotation carries on from one sample to the next
+WARMUP_CALLS = 10  # uncaptured calls before the events samples, at least (compiles, autotuning, caches)
+HOST_CALLS = 200  # per host-cost sample: far below CUDA's launch queue (about 1024), so no call waits for the device
+HOST_REPEATS = 5
 
 
-def device_times(run: Callable[[int], Any], sets: int, warmup: int = 5, samples: int = 30) -> list[float]:
-    """Per-call device milliseconds: each sample times one call on every input set in turn.
+def describe(error: BaseException) -> str:
+    """``Type: first line of the message``, at most 200 characters: how the JSON names an error."""
+    lines = str(error).splitlines()
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:200]
 
-    Rotating through the sets keeps a call from finding its inputs in L2;
-    timing a round of calls between one pair of events keeps microsecond
-    kernels above the events' resolution.
-    """
+
+def l2_bytes() -> tuple[int, str]:
+    """The current device's L2 size in bytes and where it came from; an H200's 50 MiB when the device does not say."""
     import cupy
 
-    start, end = cupy.cuda.Event(), cupy.cuda.Event()
-    for i in range(warmup * sets):
-        run(i % sets)
-    cupy.cuda.get_current_stream().synchronize()
-    times = []
-    for _ in range(samples):
-        start.record()
+    device = cupy.cuda.Device()
+    with contextlib.suppress(Exception):  # CuPy raises its own CUDA error types; the next source is tried
+        size = int(device.attributes["L2CacheSize"])
+        if size > 0:
+            return size, "device attribute L2CacheSize"
+    with contextlib.suppress(Exception):
+        size = int(cupy.cuda.runtime.getDeviceProperties(device.id)["l2CacheSize"])
+        if size > 0:
+            return size, "device properties l2CacheSize"
+    return ASSUMED_L2_BYTES, "assumed: 50 MiB (H200)"
+
+
+def capture_round(run: Callable[[int], Any], sets: int, stream: Any) -> Any:
+    """A CUDA graph of ``run(0) .. run(sets - 1)`` captured on ``stream``.
+
+    Each call is made once on ``stream`` first, outside the capture: the first
+    call of a signature compiles, loads and (for kpool_cupy) makes its launch
+    plan, none of which may happen inside a capture.
+    """
+    with stream:
         for i in range(sets):
             run(i)
-        end.record()
+    stream.synchronize()
+    stream.begin_capture()
+    try:
+        with stream:
+            for i in range(sets):
+                run(i)
+    except BaseException:
+        # The capture is broken; ending it frees the stream. The error that
+        # broke it is the one raised.
+        with contextlib.suppress(Exception):
+            stream.end_capture()
+        raise
+    return stream.end_capture()
+
+
+def graph_times(run: Callable[[int], Any], sets: int, samples: int) -> list[float]:
+    """Per-call device milliseconds: each sample is one replay of the captured round, divided by its calls."""
+    import cupy
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    graph = capture_round(run, sets, stream)
+    for _ in range(WARMUP_REPLAYS):
+        graph.launch(stream)
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(samples):
+        start.record(stream)
+        graph.launch(stream)
+        end.record(stream)
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end) / sets)
     return times
+
+
+def event_times(run: Callable[[int], Any], sets: int, samples: int) -> list[float]:
+    """Per-call device milliseconds from events around a Python loop of calls on the current stream.
+
+    Each sample times up to ``EVENT_WINDOW`` calls; the calls go on through
+    the input sets in turn from one sample to the next, so every call still
+    finds its set a whole rotation after its last use.
+    """
+    import cupy
+
+    window = min(sets, EVENT_WINDOW)
+    position = 0
+
+    def calls(count: int) -> None:
+        nonlocal position
+        for _ in range(count):
+            run(position % sets)
+            position += 1
+
+    stream = cupy.cuda.get_current_stream()
+    calls(max(window, WARMUP_CALLS))
+    stream.synchronize()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(samples):
+        start.record(stream)
+        calls(window)
+        end.record(stream)
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / window)
+    return times
+
+
+def device_times(
+    run: Callable[[int], Any], sets: int, samples: int, refusal: str | None = None
+) -> tuple[list[float], str, str | None]:
+    """Per-call device milliseconds of ``run`` over ``sets`` input sets, the method, and why not a graph if not.
+
+    A graph when ``refusal`` is None and the capture works; otherwise events
+    around the Python loop, with ``refusal`` or the capture's error as the note.
+    """
+    if refusal is None:
+        try:
+            return graph_times(run, sets, samples), GRAPH, None
+        except Exception as error:  # any failure to capture is recorded, and the events time the loop instead
+            refusal = f"capture failed: {describe(error)}"
+    return event_times(run, sets, samples), EVENTS, refusal
+
+
+def timed_entry(
+    run: Callable[[int], Any], sets: int, samples: int, nbytes: int, copy_gbps: float, refusal: str | None = None
+) -> dict[str, Any]:
+    """One implementation's JSON entry: time statistics, method, bandwidth and fraction of the copy roof."""
+    times, method, note = device_times(run, sets, samples, refusal)
+    entry: dict[str, Any] = {**summarize_times(times), "timing": method}
+    if note is not None:
+        entry["timing_note"] = note
+    entry["gbps"] = bandwidth_gbps(nbytes, entry["median_ms"])
+    entry["fraction_of_copy"] = fraction_of(entry["gbps"], copy_gbps)
+    return entry
 
 
 def copy_roof(nbytes: int, sets: int, samples: int) -> dict[str, Any]:
@@ -41,47 +162,62 @@ def copy_roof(nbytes: int, sets: int, samples: int) -> dict[str, Any]:
     traffic copies ``nbytes / 2``.
     """
     copied = max(nbytes // 2, 1)
-    times = summarize_times(device_times(copy_runner(copied, sets), sets, samples=samples))
+    times, method, note = device_times(copy_runner(copied, sets), sets, samples)
     moved = 2 * copied
-    return {**times, "bytes_copied": copied, "bytes_moved": moved, "gbps": bandwidth_gbps(moved, times["median_ms"])}
+    entry: dict[str, Any] = {**summarize_times(times), "timing": method}
+    if note is not None:
+        entry["timing_note"] = note
+    return {**entry, "bytes_copied": copied, "bytes_moved": moved, "gbps": bandwidth_gbps(moved, entry["median_ms"])}
 
 
 def copy_runner(nbytes: int, sets: int) -> Callable[[int], Any]:
-    """A device-to-device copy of ``nbytes``, rotating over ``sets`` source/target pairs: the roof."""
+    """A device-to-device copy of ``nbytes``, rotating over ``sets`` source/target pairs: the roof.
+
+    The pairs are slices of two buffers, 256-byte aligned like separate
+    allocations, so tens of thousands of small pairs cost two allocations.
+    """
     import cupy
 
-    pairs = [(cupy.empty(nbytes, dtype=cupy.uint8), cupy.empty(nbytes, dtype=cupy.uint8)) for _ in range(sets)]
+    stride = -(-nbytes // 256) * 256
+    source = cupy.zeros(stride * sets, dtype=cupy.uint8)
+    target = cupy.empty(stride * sets, dtype=cupy.uint8)
+    pairs = [(target.data + i * stride, source.data + i * stride) for i in range(sets)]
 
     def run(i: int) -> None:
-        source, target = pairs[i]
-        target.data.copy_from_device_async(source.data, nbytes)
+        to, origin = pairs[i]
+        to.copy_from_device_async(origin, nbytes)
 
     return run
 
 
-def host_call_microseconds(call: Callable[[], Any], calls: int = 200) -> float:
-    """Wall time of ``calls`` back-to-back calls from Python, per call, device drained after."""
+def host_call_microseconds(call: Callable[[], Any], calls: int = HOST_CALLS, repeats: int = HOST_REPEATS) -> float:
+    """Host wall time of one call from Python, in microseconds: the median over ``repeats`` loops of ``calls``.
+
+    The device is drained before each loop and not inside it: a loop this
+    short never fills CUDA's launch queue, so no call waits for the device and
+    the time is the host's own.
+    """
     import cupy
 
+    stream = cupy.cuda.get_current_stream()
     call()
-    cupy.cuda.get_current_stream().synchronize()
-    began = time.perf_counter()
-    for _ in range(calls):
-        call()
-    cupy.cuda.get_current_stream().synchronize()
-    return (time.perf_counter() - began) / calls * 1e6
+    per_call = []
+    for _ in range(repeats):
+        stream.synchronize()
+        began = time.perf_counter()
+        for _ in range(calls):
+            call()
+        per_call.append((time.perf_counter() - began) / calls * 1e6)
+    stream.synchronize()
+    return float(np.median(per_call))
 
 
-def graph_replay_milliseconds(call: Callable[[Any], Any], replays: int = 200) -> float:
-    """Device time of one replay of a CUDA graph that captured ``call(stream)``, per replay."""
+def graph_replay_milliseconds(call: Callable[[], Any], replays: int = 200) -> float:
+    """Device time of one replay of a CUDA graph that captured one ``call()``, per replay."""
     import cupy
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    call(stream)  # compile and load outside the capture
-    stream.synchronize()
-    stream.begin_capture()
-    call(stream)
-    graph = stream.end_capture()
+    graph = capture_round(lambda i: call(), 1, stream)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     graph.launch(stream)
     start.record(stream)

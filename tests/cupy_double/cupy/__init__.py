@@ -2,6 +2,9 @@
 
 Test double only (see ../README.md): arrays are NumPy arrays of a subclass
 that answers ``.data.ptr`` and ``.device.id``; "device" time is wall time.
+Kernel launches and copies go to streams (``cuda``: queued on a non-default
+stream, recorded while it captures); array operations run at once, after the
+current stream's queued work.
 """
 
 from __future__ import annotations
@@ -10,23 +13,60 @@ import ctypes
 
 import numpy as np
 
-from . import cuda, random  # noqa: F401
+from . import cuda, lib, random  # noqa: F401
 
 __version__ = "0.0+numpy-double"
 
 float32, int32, int64, uint8 = np.float32, np.int32, np.int64, np.uint8
 
+_allocated = 0  # bytes of every array the double made; never decreases
+
+
+def _count(array: np.ndarray) -> None:
+    global _allocated
+    _allocated += array.nbytes
+
 
 class _Pointer:
-    def __init__(self, array: np.ndarray) -> None:
-        self._array = array
+    def __init__(self, array: np.ndarray, offset: int = 0) -> None:
+        self._array = array  # keeps the memory alive while the pointer is
+        self._offset = offset
 
     @property
     def ptr(self) -> int:
-        return int(np.ndarray.__array_interface__.__get__(self._array)["data"][0])
+        return int(np.ndarray.__array_interface__.__get__(self._array)["data"][0]) + self._offset
+
+    def __add__(self, offset: int) -> _Pointer:
+        return _Pointer(self._array, self._offset + int(offset))
 
     def copy_from_device_async(self, source: _Pointer, size: int, stream=None) -> None:
-        ctypes.memmove(self.ptr, source.ptr, size)
+        target, origin = self.ptr, source.ptr
+
+        def copy(keep=(self._array, source._array)) -> None:  # the arrays live until the copy ran
+            ctypes.memmove(target, origin, size)
+
+        cuda._enqueue(stream, copy)
+
+
+def _plain(value):
+    """``value`` with double arrays seen as plain NumPy arrays (lists and tuples followed)."""
+    if isinstance(value, ndarray):
+        return value.view(np.ndarray)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value
+
+
+def _reads_memory(array: np.ndarray, key) -> bool:
+    """Whether ``array[key]`` reads elements (a gather or a scalar) rather than making a view."""
+    key = key if isinstance(key, tuple) else (key,)
+    integers = 0
+    for k in key:
+        if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            integers += 1
+        elif not (isinstance(k, slice) or k is Ellipsis or k is None):
+            return True  # an index array, a list or a mask: a gather
+    return integers >= array.ndim
 
 
 class ndarray(np.ndarray):
@@ -38,30 +78,98 @@ class ndarray(np.ndarray):
     def device(self) -> cuda.Device:  # type: ignore[override]
         return cuda.Device(0)
 
-    def get(self, stream=None) -> np.ndarray:
-        return np.array(self, copy=True).view(np.ndarray)
+    def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
+        cuda._wait_for(stream)
+        return np.array(self.view(np.ndarray), copy=True, order=order)
+
+    # Array operations run on the current stream, after its queued work.
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        cuda._before_array_op()
+        out = kwargs.get("out")
+        if out is not None:
+            kwargs["out"] = _plain(out)
+        result = getattr(ufunc, method)(*_plain(inputs), **kwargs)
+        if out is not None:
+            return out[0] if len(out) == 1 else out
+        if isinstance(result, tuple):
+            return tuple(_wrap(r) if isinstance(r, np.ndarray) else r for r in result)
+        return _wrap(result) if isinstance(result, np.ndarray) else result
+
+    def __array_function__(self, func, types, args, kwargs):
+        cuda._before_array_op()
+        return super().__array_function__(func, types, args, kwargs)
+
+    def __getitem__(self, key):
+        if _reads_memory(self, key):
+            cuda._before_array_op()
+        return super().__getitem__(key)
+
+    def __setitem__(self, key, value) -> None:
+        cuda._before_array_op()
+        super().__setitem__(key, value)
+
+    def fill(self, value) -> None:
+        cuda._before_array_op()
+        super().fill(value)
+
+    def astype(self, dtype, *args, **kwargs):
+        cuda._before_array_op()
+        return _wrap(self.view(np.ndarray).astype(dtype, *args, **kwargs))
+
+    def copy(self, order="C"):
+        cuda._before_array_op()
+        return _wrap(self.view(np.ndarray).copy(order=order))
+
+    def item(self, *args):
+        cuda._before_array_op()
+        return super().item(*args)
+
+    def tolist(self):
+        cuda._before_array_op()
+        return super().tolist()
+
+    def __int__(self) -> int:
+        cuda._before_array_op()
+        return int(self.view(np.ndarray))
+
+    def __float__(self) -> float:
+        cuda._before_array_op()
+        return float(self.view(np.ndarray))
+
+    def __bool__(self) -> bool:
+        cuda._before_array_op()
+        return bool(self.view(np.ndarray))
+
+    def __index__(self) -> int:
+        cuda._before_array_op()
+        return self.view(np.ndarray).__index__()
 
 
-def _wrap(array) -> ndarray:
-    return np.asarray(array).view(ndarray)
+def _wrap(array, new: bool = True) -> ndarray:
+    array = np.asarray(array)
+    if new:
+        _count(array)
+    return array.view(ndarray)
 
 
 def asarray(array, dtype=None) -> ndarray:
-    if isinstance(array, ndarray) and dtype is None:
+    if isinstance(array, ndarray) and (dtype is None or np.dtype(dtype) == array.dtype):
         return array
-    return _wrap(np.asarray(array, dtype=dtype))
+    return _wrap(np.array(_plain(array), dtype=dtype, copy=True))
 
 
 def array(array, dtype=None, copy=True) -> ndarray:
-    return _wrap(np.array(array, dtype=dtype, copy=copy))
+    return _wrap(np.array(_plain(array), dtype=dtype, copy=copy))
 
 
-def asnumpy(array) -> np.ndarray:
-    return np.array(array, copy=True).view(np.ndarray)
+def asnumpy(array, stream=None) -> np.ndarray:
+    if isinstance(array, ndarray):
+        return array.get(stream=stream)
+    return np.array(array, copy=True)
 
 
 def from_dlpack(array) -> ndarray:
-    return array if isinstance(array, ndarray) else _wrap(np.from_dlpack(array))
+    return array if isinstance(array, ndarray) else _wrap(np.from_dlpack(array), new=False)
 
 
 def empty(shape, dtype=np.float64) -> ndarray:
@@ -81,27 +189,35 @@ def arange(*args, **kwargs) -> ndarray:
 
 
 def concatenate(arrays, axis=0) -> ndarray:
-    return _wrap(np.concatenate([np.asarray(a) for a in arrays], axis=axis))
+    cuda._before_array_op()
+    return _wrap(np.concatenate([_plain(a) for a in arrays], axis=axis))
 
 
 def ascontiguousarray(array) -> ndarray:
-    return _wrap(np.ascontiguousarray(array))
+    cuda._before_array_op()
+    return _wrap(np.ascontiguousarray(_plain(array)))
 
 
 def where(condition, x, y) -> ndarray:
-    return _wrap(np.where(condition, x, y))
+    cuda._before_array_op()
+    return _wrap(np.where(_plain(condition), _plain(x), _plain(y)))
+
+
+def _elementwise(function, *args) -> ndarray:
+    cuda._before_array_op()
+    return _wrap(function(*_plain(args)))
 
 
 def exp(x) -> ndarray:
-    return _wrap(np.exp(x))
+    return _elementwise(np.exp, x)
 
 
 def abs(x) -> ndarray:
-    return _wrap(np.abs(x))
+    return _elementwise(np.abs, x)
 
 
 def maximum(x, y) -> ndarray:
-    return _wrap(np.maximum(x, y))
+    return _elementwise(np.maximum, x, y)
 
 
 def cumsum(x, out=None):
@@ -110,7 +226,11 @@ def cumsum(x, out=None):
 
 class _MemoryPool:
     def used_bytes(self) -> int:
-        return 0
+        """Bytes of every array the double ever made: stricter than CuPy's pool, where a freed block returns."""
+        return _allocated
+
+    def free_all_blocks(self) -> None:
+        pass
 
 
 def get_default_memory_pool() -> _MemoryPool:
@@ -126,12 +246,14 @@ class RawModule:
     def get_function(self, name: str):
         code = self.code
 
-        def launch(grid, block, args, shared_mem=0) -> None:
+        def launch(grid, block, args, shared_mem=0, stream=None) -> None:
             from kpool_cupy.emulator.launch import launch_code
 
-            def run() -> None:
-                launch_code(code, name, int(grid[0]), int(block[0]), args)
+            arguments = tuple(args)
 
-            cuda._launch(run)
+            def run() -> None:
+                launch_code(code, name, int(grid[0]), int(block[0]), arguments)
+
+            cuda._enqueue(stream, run, name)
 
         return launch

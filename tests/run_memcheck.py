@@ -1,0 +1,120 @@
+"""What compute-sanitizer runs in scripts/gpu_check.sh: every GPU op, CuPy's memory pool off.
+
+    compute-sanitizer --tool memcheck --error-exitcode 3 python tests/run_memcheck.py --count 40
+
+With the pool off (``cupy.cuda.set_allocator(None)``) every array is its own
+allocation, so an access past an array's end leaves the allocation; in
+CuPy's pool, sizes round up to 512 bytes and a small overrun lands in memory
+the pool owns, where memcheck sees nothing.
+
+1. Valid calls: the ``kpool-cupy check`` cases (bfloat16, head_dim 128,
+   kpool 4) against the reference, and one compress whose k and gate are
+   column blocks of one fused ``[tokens, 3 * head_dim]`` device buffer
+   (strided rows), against the float64 model.
+2. Garbage (tests/garbage.py) with ``validate=False`` for compress and the
+   four lifecycle ops. A host array that is a view of a larger buffer (every
+   other row) becomes the same view of a device copy of that buffer, made on
+   the device: ``cupy.asarray`` would copy the view contiguous and hide the
+   stride.
+
+Prints the calls per op and the strided views made; exits 1 when a valid
+call is wrong or an op was never called. Memory errors are the sanitizer's
+to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from garbage import garbage_cases, ring_garbage_cases
+from model import BF16, assert_close_to_model, make_batch, standard_lengths
+
+OPS = ("compress", "ring_close", "seed_tail", "tail_update", "expand_topk")
+
+
+def device_copy(value, cupy, views: Counter):
+    """``value`` on the device; a view of a larger host buffer stays that view, of the buffer's device copy."""
+    if not isinstance(value, np.ndarray):
+        return value
+    base = value
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if base is value or base.dtype != value.dtype or not base.flags.c_contiguous:
+        return cupy.asarray(value)
+    start, remainder = divmod(value.ctypes.data - base.ctypes.data, value.itemsize)
+    if remainder:
+        return cupy.asarray(value)
+    flat = cupy.asarray(base).reshape(-1)[start:]
+    view = cupy.lib.stride_tricks.as_strided(flat, shape=value.shape, strides=value.strides)
+    if view.strides != value.strides:
+        raise AssertionError(f"device view strides {view.strides}, host {value.strides}")
+    views["strided device views"] += 1
+    return view
+
+
+def valid_calls(cupy, kpool_cupy) -> bool:
+    """The check cases and a strided compress; True when every result is right."""
+    from kpool_cupy.tools.self_check import run_check
+
+    results = run_check("cupy", BF16, 128, 4, seed=0)
+    ok = bool(results) and all(r.ok for r in results)
+    print(f"check cases: {len(results)}, all right: {ok}", flush=True)
+    batch = make_batch(*standard_lengths(4), seed=21)
+    tokens = batch.k.shape[0]
+    fused = cupy.zeros((tokens, 3 * 128), dtype=BF16)
+    fused[:, :128] = cupy.asarray(batch.k)
+    fused[:, 256:] = cupy.asarray(batch.gate)
+    k, gate = fused[:, :128], fused[:, 256:]  # row stride 3 * 128 elements, made on the device
+    got = kpool_cupy.kpool_compress(
+        k, gate, cupy.asarray(batch.ape), cupy.asarray(batch.input_row_offsets), cupy.asarray(batch.cache_lengths)
+    )
+    assert_close_to_model(cupy.asnumpy(got), batch.model(), BF16)
+    print(f"strided compress: k and gate rows {k.strides[0]} bytes apart, right", flush=True)
+    return ok
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--count", type=int, default=40, help="garbage calls per family (compress, lifecycle)")
+    parser.add_argument("--seed", type=int, default=0)
+    options = parser.parse_args()
+
+    import cupy
+
+    cupy.cuda.set_allocator(None)  # before the first allocation: no pool rounding sizes up
+    import kpool_cupy
+
+    ok = valid_calls(cupy, kpool_cupy)
+    calls: Counter = Counter()
+    views: Counter = Counter()
+
+    def run(function: str, case: dict) -> None:
+        arguments = {name: device_copy(value, cupy, views) for name, value in case.items()}
+        getattr(kpool_cupy, f"kpool_{function}")(**arguments, validate=False)
+        cupy.cuda.get_current_stream().synchronize()  # an error is then the call's own
+        calls[function] += 1
+
+    for case in garbage_cases(options.seed, options.count):
+        run("compress", case)
+    print(f"garbage compress calls: {calls['compress']}", flush=True)
+    for function, case in ring_garbage_cases(options.seed, options.count):
+        run(function, case)
+    print("garbage calls per op:", ", ".join(f"{op} {calls[op]}" for op in OPS), flush=True)
+    print(f"strided device views: {views['strided device views']}", flush=True)
+    missing = [op for op in OPS if calls[op] == 0]
+    if missing:
+        print(f"never called: {', '.join(missing)} (raise --count)", flush=True)
+    print("memcheck driver done", flush=True)
+    return 0 if ok and not missing else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
