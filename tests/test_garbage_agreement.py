@@ -121,3 +121,16 @@ def test_a_confirmed_guess_picks_the_request_where_the_search_would_not(module):
     module.kpool_compress(k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
     rows_4_to_7 = module.kpool_compress(k[4:8], gate[4:8], ape, np.array([0, 4], np.int32), np.zeros(1, np.int32))
     np.testing.assert_array_equal(out[1], rows_4_to_7[0])
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_seed_tail_at_the_int64_limit_writes_nothing(module):
+    # An empty request whose cache length is 2^63 - 1 (validate=False): the
+    # kernel's loop runs no position; the reference must not wrap into one.
+    tail = np.full((2, 2, 4, 8), 7, np.float32)
+    k = np.ones((2, 8), np.float32)
+    module.kpool_seed_tail(
+        tail, k, k, np.array([0, 0, 2], np.int64), np.array([2**63 - 1, 0], np.int64), np.array([0, 1], np.int32),
+        validate=False,
+    )  # fmt: skip
+    assert (tail[0] == 7).all()

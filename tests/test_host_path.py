@@ -180,3 +180,30 @@ def test_a_call_that_copies_or_allocates_is_never_planned():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ok" in done.stdout
+
+
+@pytest.mark.slow
+def test_one_array_passed_as_two_operands_makes_no_plan_that_confuses_them():
+    # A first call with k passed as gate too must not leave a plan that later
+    # passes k where the gate goes (the hostile review's plan_alias case).
+    done = _run(
+        """
+        k, gate, ape = on_device(*batch(1))
+        n = int(pools[-1])
+        hot_call(k, k, ape, cupy.zeros((n, 128), BFLOAT16))
+        got = hot_call(k, gate, ape, cupy.zeros((n, 128), BFLOAT16))
+        want = emulate.kpool_compress(*batch(1), offsets, cache)
+        assert np.asarray(got).tobytes() == want.tobytes()
+        # An option no plan can be keyed by still gets the package's error.
+        try:
+            kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                      out=cupy.zeros((n, 128), BFLOAT16), validate=False, out_dtype=["float32"])
+        except TypeError as error:
+            assert str(error).startswith("Invalid out_dtype"), error
+        else:
+            raise AssertionError("a list out_dtype was accepted")
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout

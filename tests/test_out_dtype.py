@@ -71,3 +71,10 @@ def test_out_dtype_and_a_different_out_are_refused_naming_both():
         emulate.kpool_compress(*batch.args(), out=np.zeros((pools, 128), F32), out_dtype="float16")
     with pytest.raises(TypeError, match="Invalid out_dtype: expected one of bfloat16, float16, float32"):
         reference.kpool_compress(*batch.args(), out_dtype="int8")
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_a_scalar_is_not_a_dtype(module):
+    batch = make_batch(*standard_lengths(4), seed=2)
+    with pytest.raises(TypeError, match="Invalid out_dtype"):
+        module.kpool_compress(*batch.args(), out_dtype=np.float16(1.0))

@@ -60,7 +60,12 @@ def signature(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], nd
             key.append((array.dtype, array.shape, array.strides, array.data.ptr & 15, array.device.id))
         else:
             return None
-    return tuple(key)
+    signed = tuple(key)
+    try:
+        hash(signed)
+    except TypeError:  # an option no plan could be keyed by: the full path checks it and names it
+        return None
+    return signed
 
 
 def extent(array: Any) -> tuple[int, int]:
@@ -79,8 +84,12 @@ def make_plan(
 
     Every array argument of the launch must be one of the call's operands and
     every result one of them too; anything else (an array the op made) would
-    have to be made again.
+    have to be made again. One array passed as two operands makes no plan:
+    the plan could not tell which operand an argument stands for.
     """
+    given = [id(array) for array in arrays if array is not None]
+    if len(set(given)) != len(given):
+        return None
     slots, constants = [], []
     for argument in launch.arguments:
         owner = next((i for i, array in enumerate(arrays) if array is not None and argument is array), -1)

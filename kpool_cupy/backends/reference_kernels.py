@@ -180,8 +180,9 @@ def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
     last = cached + np.where(usable, end - begin, 0)
     start = np.maximum(last // call.kpool * call.kpool, cached)
     for step in range(call.kpool - 1):  # at most kpool - 1 trailing tokens per request
+        # step < last - start, not start + step < last: near 2^63 the sum wraps.
+        active = np.flatnonzero(usable & (step < last - start))
         position = start + step
-        active = np.flatnonzero(usable & (position < last))
         rows = begin[active] + position[active] - cached[active]
         ring = position[active] % tail.shape[2]
         tail[slots[active], 0, ring] = k[rows]

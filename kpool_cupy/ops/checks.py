@@ -137,6 +137,8 @@ def check_out_dtype(out_dtype: Any, out: Any, k_dtype: np.dtype) -> np.dtype:
     """The dtype an op writes: ``out_dtype`` when given (``out`` must then have it), else out's, else k's."""
     if out_dtype is None:
         return np.dtype(out.dtype) if out is not None else np.dtype(k_dtype)
+    if not isinstance(out_dtype, (str, np.dtype, type)):  # a value such as np.float16(1.0) is not a dtype
+        raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", repr(out_dtype))
     try:
         wanted = element_dtype(out_dtype)
     except TypeError:

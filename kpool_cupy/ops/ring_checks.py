@@ -57,11 +57,14 @@ def check_tail(tail: Any, dtype: np.dtype, kpool: int | None, head_dim: int, *, 
         raise fail("tail", f"a contiguous last dim (stride {itemsize} bytes)", f"stride {tail.strides[3]} bytes")
     if tail.size and any(s % itemsize for s in tail.strides):
         raise fail("tail", f"strides that are multiples of {itemsize} bytes", f"strides {tail.strides}")
-    # The decode kernel addresses rows within a slot with 32-bit offsets.
+    # The decode kernel addresses rows within a slot with 32-bit offsets,
+    # the ring's whole length (rows * row stride, its wrap) among them.
     half, row = abs(tail.strides[1]) // itemsize, abs(tail.strides[2]) // itemsize
-    span = (rows - 1) * row + half + head_dim
+    span = rows * row + half + head_dim
     if tail.size and span >= 2**31:
-        raise fail("tail", "a slot spanning fewer than 2^31 elements (its rows and halves)", f"{span} elements")
+        raise fail(
+            "tail", "a slot spanning fewer than 2^31 elements (rows x row stride, halves, head_dim)", f"{span} elements"
+        )
     if writes:
         check_writable("tail", tail)
         check_no_internal_overlap("tail", tail)
