@@ -78,7 +78,12 @@ def _call_record(spec, arrays, options):
         "kpool_seed_tail": lambda: seed_tail.check_seed_tail_args(*arrays),
         "kpool_tail_update": lambda: tail_update.check_tail_update_args(*arrays),
         "kpool_expand_topk": lambda: expand_topk.check_expand_args(
-            *arrays, options["kpool"], options["always_select_tail"]
+            *arrays[:3],
+            options["kpool"],
+            options["always_select_tail"],
+            arrays[3],
+            options["block_size"],
+            options["compact"],
         ),
     }
     return checks[spec.name]()

@@ -220,7 +220,7 @@ def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
 
 
 def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_expand_topk``: every element of positions, as its kernel thread computes it."""
+    """``kpool_expand_topk``: every element of positions as ``kp::expanded`` computes it, then compacted if asked."""
     call, o = launch.call, launch.operands
     pool_ids, positions = o["pool_ids"], o["positions"]
     pool_topk, kpool, batch = call.pool_topk, call.kpool, call.batch
@@ -228,25 +228,39 @@ def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     ids = pool_ids.astype(np.int64)
     fits = (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)  # the last position included
     first = np.where(fits, ids * kpool, -1)[..., None]
-    expanded = np.where(first >= 0, first + np.arange(kpool), -1).reshape(tokens, pool_topk * kpool)
-    positions[:, : pool_topk * kpool] = expanded
-    extra = positions.shape[1] - pool_topk * kpool
-    if extra == 0:
-        return
-    if batch == 0:
-        positions[:, pool_topk * kpool :] = -1
-        return
-    offsets = np.asarray(o["input_row_offsets"]).astype(np.int64)
-    cached = np.asarray(o["cache_lengths"]).astype(np.int64)
-    token = np.arange(tokens)
-    begin, end, c, known = request_rows(offsets, cached, find_request(offsets, batch, token), tokens)
-    known &= (begin <= token) & (token < end) & (c < 2**62)  # the token inside its request
-    visible = np.where(known, c + token - begin + 1, 0)
-    count = visible % kpool
-    column = np.arange(extra)
-    tail_positions = np.where(column < count[:, None], (visible - count)[:, None] + column, -1)
-    tail_positions = np.where(known[:, None] & (tail_positions <= INT32_MAX), tail_positions, -1)
-    positions[:, pool_topk * kpool :] = tail_positions
+    values = np.full((tokens, call.width), -1, np.int64)
+    values[:, : pool_topk * kpool] = np.where(first >= 0, first + np.arange(kpool), -1).reshape(tokens, -1)
+    # The token's request, where its rows hold the token (the tail and the block table need it).
+    request = np.full(tokens, -1, np.int64)
+    if batch > 0:
+        offsets = np.asarray(o["input_row_offsets"]).astype(np.int64)
+        cached = np.asarray(o["cache_lengths"]).astype(np.int64)
+        token = np.arange(tokens)
+        candidate = find_request(offsets, batch, token)
+        begin, end, c, known = request_rows(offsets, cached, candidate, tokens)
+        known &= (begin <= token) & (token < end) & (c < 2**62)  # the token inside its request
+        request = np.where(known, candidate, -1)
+        extra = call.width - pool_topk * kpool
+        if extra:
+            visible = np.where(known, c + token - begin + 1, 0)
+            count = visible % kpool
+            column = np.arange(extra)
+            tail = np.where(column < count[:, None], (visible - count)[:, None] + column, -1)
+            values[:, pool_topk * kpool :] = np.where(known[:, None], tail, -1)
+    values = np.where(values <= INT32_MAX, values, -1)
+    if o.get("block_table") is not None:
+        size, table = call.block_size, o["block_table"]
+        block = np.where(values >= 0, values // size, 0)
+        inside = (values >= 0) & (request[:, None] >= 0) & (block < call.max_blocks)
+        entry = np.where(inside, table[np.maximum(request, 0)[:, None], np.minimum(block, call.max_blocks - 1)], -1)
+        entry = entry.astype(np.int64)
+        slot_fits = (entry >= 0) & (entry <= (INT32_MAX - (size - 1)) // size)
+        values = np.where(slot_fits, entry * size + values % size, -1)
+    if call.compact:
+        order = np.argsort(values < 0, axis=1, kind="stable")  # valid entries first, in column order
+        values = np.take_along_axis(values, order, axis=1)
+        o["counts"][:] = (values >= 0).sum(axis=1)
+    positions[...] = values
 
 
 # The NumPy kernel of each kernel template, by the name a Launch carries.

@@ -94,7 +94,9 @@ def ring_kernel_name(
     return instantiation(kernel, *types, head_dim, kpool, mask, *_indexes(kernel, index_dtypes))
 
 
-def expand_kernel_name(kpool: int, index_dtypes: tuple[np.dtype, ...] | None = None) -> str:
-    """``kpool_expand_topk<KPOOL, IPID, IO, IC>``; index dtypes default to int32."""
+def expand_kernel_name(
+    kpool: int, index_dtypes: tuple[np.dtype, ...] | None = None, paged: bool = False, compact: bool = False
+) -> str:
+    """``kpool_expand_topk<KPOOL, IPID, IO, IC, PAGED, COMPACT>``; index dtypes default to int32."""
     kernel = "kpool_expand_topk"
-    return instantiation(kernel, kpool, *_indexes(kernel, index_dtypes))
+    return instantiation(kernel, kpool, *_indexes(kernel, index_dtypes), int(paged), int(compact))

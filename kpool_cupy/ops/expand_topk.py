@@ -26,10 +26,45 @@ class ExpandCall:
     total_tokens: int
     pool_topk: int
     width: int  # columns of positions: pool_topk * kpool, plus kpool - 1 with always_select_tail
+    max_blocks: int  # columns of block_table; 0 without one
+    block_size: int  # 0 without a block table
+    compact: bool
+
+
+# A page of a paged KV cache holds at most this many tokens; real engines use
+# 16 to 256, and slot arithmetic stays far from int32's edge.
+MAX_BLOCK_SIZE = 1 << 20
+
+
+def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
+    """block_table int32 ``[batch, max_blocks]`` C-contiguous with a block_size, or neither; (max_blocks, size)."""
+    if (block_table is None) != (block_size is None):
+        given, missing = ("block_table", "block_size") if block_table is not None else ("block_size", "block_table")
+        raise fail(missing, f"given with {given}", "None")
+    if block_table is None:
+        return 0, 0
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise dtype_fail("block_size", "an integer", type(block_size).__name__)
+    if not 1 <= int(block_size) <= MAX_BLOCK_SIZE:
+        raise fail("block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]", int(block_size))
+    require_array("block_table", block_table)
+    if block_table.dtype != INT32:
+        raise dtype_fail("block_table", "dtype int32", block_table.dtype)
+    if block_table.ndim != 2 or block_table.shape[0] != batch:
+        raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", f"shape {block_table.shape}")
+    check_contiguous("block_table", block_table)
+    return int(block_table.shape[1]), int(block_size)
 
 
 def check_expand_args(
-    pool_ids: Any, input_row_offsets: Any, cache_lengths: Any, kpool: Any, always_select_tail: bool
+    pool_ids: Any,
+    input_row_offsets: Any,
+    cache_lengths: Any,
+    kpool: Any,
+    always_select_tail: bool,
+    block_table: Any = None,
+    block_size: Any = None,
+    compact: bool = False,
 ) -> ExpandCall:
     check_kpool(kpool)
     require_array("pool_ids", pool_ids)
@@ -42,16 +77,21 @@ def check_expand_args(
     kpool = int(kpool)
     pool_topk = int(pool_ids.shape[1])
     width = pool_topk * kpool + (kpool - 1 if always_select_tail else 0)
-    return ExpandCall(kpool, batch, int(pool_ids.shape[0]), pool_topk, width)
+    max_blocks, size = _check_block_table(block_table, block_size, batch)
+    return ExpandCall(kpool, batch, int(pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(compact))
 
 
 def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:
-    return {"positions": ((call.total_tokens, call.width), INT32)}
+    shapes = {"positions": ((call.total_tokens, call.width), INT32)}
+    if call.compact:
+        shapes["counts"] = ((call.total_tokens,), INT32)
+    return shapes
 
 
 def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_expand_topk``, arguments in kernels/kpool_expand.cu's order."""
     o = operands
+    paged = o.get("block_table") is not None
     arguments = (
         o["pool_ids"],
         np.int64(call.pool_topk),
@@ -59,28 +99,72 @@ def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
         o["cache_lengths"],
         np.int64(call.batch),
         np.int64(call.total_tokens),
+        o["block_table"] if paged else o["positions"],  # any int32 array where no table is read
+        np.int64(call.max_blocks),
+        np.int64(max(call.block_size, 1)),
         o["positions"],
         np.int64(call.width),
+        o["counts"] if call.compact else o["positions"],  # written only when compacting
     )
-    geometry = flat_geometry(call.total_tokens * call.width)
-    name = expand_kernel_name(call.kpool, codes.index_dtypes(o["pool_ids"], o["input_row_offsets"], o["cache_lengths"]))
+    # One thread per element, or per token row when compacting.
+    geometry = flat_geometry(call.total_tokens if call.compact else call.total_tokens * call.width)
+    indexes = codes.index_dtypes(o["pool_ids"], o["input_row_offsets"], o["cache_lengths"])
+    name = expand_kernel_name(call.kpool, indexes, paged, call.compact)
     return Launch("kpool_expand_topk", EXPAND_SOURCE, name, geometry, arguments, call, o)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, kpool: int, always_select_tail: bool, validate: bool) -> Any:
-    """Validate, check offsets when asked, allocate the positions, launch."""
-    pool_ids, input_row_offsets, cache_lengths = arrays
-    call = check_expand_args(pool_ids, input_row_offsets, cache_lengths, kpool, always_select_tail)
+def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
+    """Every selected position (and tail position) of a token inside its request's block table (host arrays)."""
+    tokens = np.arange(call.total_tokens)
+    request = np.searchsorted(offsets, tokens, side="right") - 1
+    last = np.where(ids >= 0, ids.astype(np.int64) * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
+    if call.width > call.pool_topk * call.kpool:  # the tail: visible - 1 at most
+        visible = lengths[request] + tokens - offsets[request]
+        last = np.maximum(last, np.where(visible % call.kpool > 0, visible, -1))
+    bad = last // call.block_size >= call.max_blocks
+    if bad.any():
+        t = int(np.argmax(bad))
+        raise fail(
+            "block_table",
+            f"a block for every selected position (position {int(last[t])} of token {t}, request "
+            f"{int(request[t])}, is in block {int(last[t]) // call.block_size})",
+            f"{call.max_blocks} blocks a request",
+        )
+
+
+def run(
+    backend: Backend,
+    arrays: tuple[Any, ...],
+    *,
+    kpool: int,
+    always_select_tail: bool,
+    validate: bool,
+    block_size: Any,
+    compact: bool,
+) -> Any:
+    """Validate, check offsets (and the block table's reach) when asked, allocate the outputs, launch."""
+    pool_ids, input_row_offsets, cache_lengths, block_table = arrays
+    call = check_expand_args(
+        pool_ids, input_row_offsets, cache_lengths, kpool, always_select_tail, block_table, block_size, compact
+    )
     if validate:
-        offsets, lengths = backend.host_copies([input_row_offsets, cache_lengths])
-        check_rows_and_cache(call.total_tokens, offsets, lengths)
+        copies = [input_row_offsets, cache_lengths] + ([pool_ids.reshape(-1)] if block_table is not None else [])
+        host = backend.host_copies(copies)
+        check_rows_and_cache(call.total_tokens, host[0], host[1])
+        if block_table is not None:
+            check_blocks_cover(call, host[2].reshape(call.total_tokens, call.pool_topk), host[0], host[1])
     # Every element is written, so no zero fill (ring close and tail update
     # zero theirs: the rows of pools that did not close are left alone).
-    positions = backend.empty(*output_shapes(call)["positions"])
+    shapes = output_shapes(call)
+    positions = backend.empty(*shapes["positions"])
+    counts = backend.empty(*shapes["counts"]) if call.compact else None
     if positions.size:
         operands = {"pool_ids": pool_ids, "input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths}
-        backend.launch(expand_launch(call, {**operands, "positions": positions}))
-    return positions
+        operands |= {"block_table": block_table, "positions": positions, "counts": counts}
+        backend.launch(expand_launch(call, operands))
+    elif counts is not None and counts.size:
+        counts[...] = 0
+    return (positions, counts) if call.compact else positions
 
 
 GPU_DOC = """Selected pool ids ``[total_tokens, pool_topk]`` to token positions, int32.
@@ -93,15 +177,37 @@ does an id whose positions would not fit int32). With
 trailing positions no complete pool covers yet: with ``visible =
 cache_len + local_index + 1``, column ``i < visible % kpool`` holds
 ``visible - visible % kpool + i``, the rest -1.
+
+With ``block_table`` (int32 ``[batch, max_blocks]``) and ``block_size``,
+each position ``p`` of a token of request ``b`` becomes its cache slot
+``block_table[b, p // block_size] * block_size + p % block_size``; -1 stays
+-1, and so does a position whose block is past the table (with
+``validate=True`` that is a ``ValueError``) or whose entry is negative. With
+``compact=True`` each row's valid entries are packed to the left in column
+order, -1 after, and the call returns ``(positions, counts)``, ``counts``
+int32 ``[total_tokens]``.
 """
 
 POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
 KPOOL = Option("kpool", "int")  # keyword-only and required: the ids alone do not say it
 ALWAYS_SELECT_TAIL = Option("always_select_tail", "bool", False)
-PARAMETERS = (POOL_IDS, INPUT_ROW_OFFSETS, CACHE_LENGTHS, KPOOL, ALWAYS_SELECT_TAIL, VALIDATE)
+BLOCK_TABLE = Operand("block_table", "[batch, max_blocks] int32: each request's cache pages", optional=True)
+BLOCK_SIZE = Option("block_size", "int | None", None)
+COMPACT = Option("compact", "bool", False)
+PARAMETERS = (
+    POOL_IDS,
+    INPUT_ROW_OFFSETS,
+    CACHE_LENGTHS,
+    KPOOL,
+    ALWAYS_SELECT_TAIL,
+    VALIDATE,
+    BLOCK_TABLE,
+    BLOCK_SIZE,
+    COMPACT,
+)
 EMULATE_DOC = """Selected pool ids to token positions, running the CUDA kernel on the CPU.
 
 Same contract as :func:`kpool_cupy.kpool_expand_topk`."""
 REFERENCE_DOC = "Selected pool ids to token positions (NumPy); same contract as :func:`kpool_cupy.kpool_expand_topk`."
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS, output_shapes)
+SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS, output_shapes)  # and counts, compacting
