@@ -29,12 +29,14 @@ def _ring(max_slots: int, rows: int, padded: bool, rng: np.random.Generator) -> 
     return buffer[1:, ::2, 2 : rows + 2, :HEAD_DIM], buffer
 
 
-def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3):
-    """Prefill in two chunks, then decode steps with random rejections; returns (pools got, pools wanted)."""
+def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3, generations=1):
+    """Chunked prefill, then decode steps with random rejections; returns (pools got, pools wanted).
+
+    With generations > 1 every request ends and a new one takes its slot,
+    the ring left as the last one left it (slot reuse).
+    """
     rng = np.random.default_rng(seed)
     total = 6 * kpool + 4 * next_n + 7  # each request's accepted sequence, longer than any schedule needs
-    keys = rng.standard_normal((requests, total, HEAD_DIM)).astype(BF16)
-    gates = (3 * rng.standard_normal((requests, total, HEAD_DIM))).astype(BF16)
     ape = rng.standard_normal((kpool, HEAD_DIM)).astype(np.float32)
     tail, buffer = _ring(requests + 1, rows, padded, rng)
     outside = buffer.copy()
@@ -44,54 +46,56 @@ def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3):
     else:
         view_mask[...] = True
     slots = rng.permutation(requests + 1)[:requests].astype(np.int32)  # slots need not follow requests
-    got: dict[tuple[int, int], bytes] = {}
+    got: dict[tuple[int, int, int], bytes] = {}
+    wanted: dict[tuple[int, int, int], bytes] = {}
+    for generation in range(generations):
+        keys = rng.standard_normal((requests, total, HEAD_DIM)).astype(BF16)
+        gates = (3 * rng.standard_normal((requests, total, HEAD_DIM))).astype(BF16)
 
-    # Chunked prefill, each request on its own: ring close, compress, seed tail.
-    lengths = rng.integers(1, 2 * kpool + 2, size=(requests, 2))
-    position = np.zeros(requests, np.int64)
-    for b in range(requests):
-        for chunk in lengths[b]:
-            start, end = int(position[b]), int(position[b] + chunk)
-            k, gate = keys[b, start:end], gates[b, start:end]
-            offsets, cache, slot = np.array([0, chunk], np.int32), np.array([start], np.int32), slots[b : b + 1]
-            pooled, closed = module.kpool_ring_close(tail, k, gate, ape, offsets, cache, slot)
-            if closed[0] >= 0:
-                got[(b, int(closed[0]))] = pooled[0].tobytes()
-            compressed = module.kpool_compress(k, gate, ape, offsets, cache)
-            first = -(-start // kpool)
-            for i in range(compressed.shape[0]):
-                got[(b, first + i)] = compressed[i].tobytes()
-            module.kpool_seed_tail(tail, k, gate, offsets, cache, slot, kpool=kpool)
-            position[b] = end
+        # Chunked prefill, each request on its own: ring close, compress, seed tail.
+        lengths = rng.integers(1, 2 * kpool + 2, size=(requests, 2))
+        position = np.zeros(requests, np.int64)
+        for b in range(requests):
+            for chunk in lengths[b]:
+                start, end = int(position[b]), int(position[b] + chunk)
+                k, gate = keys[b, start:end], gates[b, start:end]
+                offsets, cache, slot = np.array([0, chunk], np.int32), np.array([start], np.int32), slots[b : b + 1]
+                pooled, closed = module.kpool_ring_close(tail, k, gate, ape, offsets, cache, slot)
+                if closed[0] >= 0:
+                    got[(generation, b, int(closed[0]))] = pooled[0].tobytes()
+                compressed = module.kpool_compress(k, gate, ape, offsets, cache)
+                first = -(-start // kpool)
+                for i in range(compressed.shape[0]):
+                    got[(generation, b, first + i)] = compressed[i].tobytes()
+                module.kpool_seed_tail(tail, k, gate, offsets, cache, slot, kpool=kpool)
+                position[b] = end
 
-    # Decode: each step drafts next_n tokens, a random number are accepted.
-    for _ in range(6):
-        positions = position[:, None] + np.arange(next_n)
-        accepted = rng.integers(0, next_n + 1, size=requests)
-        step_k = rng.standard_normal((requests, next_n, HEAD_DIM)).astype(BF16)  # drafts: garbage
-        step_gate = (3 * rng.standard_normal((requests, next_n, HEAD_DIM))).astype(BF16)
+        # Decode: each step drafts next_n tokens, a random number are accepted.
+        for _ in range(6):
+            positions = position[:, None] + np.arange(next_n)
+            accepted = rng.integers(0, next_n + 1, size=requests)
+            step_k = rng.standard_normal((requests, next_n, HEAD_DIM)).astype(BF16)  # drafts: garbage
+            step_gate = (3 * rng.standard_normal((requests, next_n, HEAD_DIM))).astype(BF16)
+            for b in range(requests):
+                n = int(accepted[b])
+                step_k[b, :n] = keys[b, position[b] : position[b] + n]
+                step_gate[b, :n] = gates[b, position[b] : position[b] + n]
+            pooled, closed = module.kpool_tail_update(tail, step_k, step_gate, ape, positions.astype(np.int32), slots)
+            for b in range(requests):
+                for j, pool in enumerate(closed[b]):
+                    if pool >= 0 and pool * kpool + kpool - 1 < position[b] + accepted[b]:  # an accepted close
+                        got[(generation, b, int(pool))] = pooled[b, j].tobytes()
+            position += accepted
+
         for b in range(requests):
-            n = int(accepted[b])
-            step_k[b, :n] = keys[b, position[b] : position[b] + n]
-            step_gate[b, :n] = gates[b, position[b] : position[b] + n]
-        pooled, closed = module.kpool_tail_update(tail, step_k, step_gate, ape, positions.astype(np.int32), slots)
-        for b in range(requests):
-            for j, pool in enumerate(closed[b]):
-                if pool >= 0 and pool * kpool + kpool - 1 < position[b] + accepted[b]:  # closed by an accepted token
-                    got[(b, int(pool))] = pooled[b, j].tobytes()
-        position += accepted
+            n = int(position[b])
+            offsets, cache = np.array([0, n], np.int32), np.zeros(1, np.int32)
+            one_call = module.kpool_compress(keys[b, :n], gates[b, :n], ape, offsets, cache)
+            for pool in range(one_call.shape[0]):
+                wanted[(generation, b, pool)] = one_call[pool].tobytes()
 
     # Nothing outside the ring's view was touched.
     assert np.array_equal(buffer[~view_mask].view(np.uint16), outside[~view_mask].view(np.uint16))
-
-    wanted = {}
-    for b in range(requests):
-        n = int(position[b])
-        one_call = module.kpool_compress(
-            keys[b, :n], gates[b, :n], ape, np.array([0, n], np.int32), np.zeros(1, np.int32)
-        )
-        for pool in range(one_call.shape[0]):
-            wanted[(b, pool)] = one_call[pool].tobytes()
     return got, wanted
 
 
@@ -108,6 +112,15 @@ def test_every_accepted_pool_is_the_one_call_pool_on_a_ring_at_the_bound_and_lon
             assert set(got) == set(wanted), sorted(set(wanted) - set(got))
             bad = [key for key in wanted if got[key] != wanted[key]]
             assert not bad, (rows, seed, bad[:5])
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_a_slot_reused_by_a_new_request_starts_clean(module):
+    # Each request ends and a new one takes its slot, the ring as left: the
+    # new sequences' pools come out as one compress each.
+    for kpool, next_n in ((4, 3), (3, 5)):
+        got, wanted = _run_schedule(module, kpool, next_n, kpool + next_n - 1, padded=True, seed=9, generations=3)
+        assert set(got) == set(wanted) and all(got[key] == wanted[key] for key in wanted)
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
