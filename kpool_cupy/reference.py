@@ -6,8 +6,8 @@
 
 The softmax is per channel, not per member. The arithmetic is float32 like
 the kernel's (or float64 with ``accumulate="float64"``), rounded once to the
-output dtype; it takes the softmax over the whole pool in one pass where the
-kernel goes chunk by chunk with exp2 and a reciprocal, so the two agree to
+output dtype; it takes the kernel's chunks and per-chunk passes, with exp and
+a division where the kernel uses exp2 and a reciprocal, so the two agree to
 rounding (the bound of tools/accuracy.py), not bit for bit.
 """
 

@@ -121,3 +121,27 @@ def test_keys_up_to_flt_max_over_kpool_stay_finite_and_above_may_overflow(backen
     if kpool > 1:  # one member is the key itself: no sum to overflow
         above = np.full((kpool, 8), 2 * limit, np.float32)
         assert np.isinf(module.kpool_compress(above, gate, ape, offsets, cache)).all()
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16], ids=["f32", "bf16"])
+def test_overflow_and_infinite_keys_give_the_same_class_on_both_backends(dtype):
+    # Past the finite range the answer is +-inf or NaN; the reference takes
+    # the kernel's chunks, so it gives the kernel's. Float32 pools of 5 and 7
+    # members come in chunks of 2 (bf16: whole): two chunks overflowing to
+    # +inf and -inf give NaN, and an infinite key weighted e^-50 within its
+    # chunk (e^-110 against the pool's maximum) keeps its infinity.
+    rows, cached = np.array([0, 5], np.int32), np.array([0], np.int32)
+    huge = np.array([3e38, 3e38, -3e38, -3e38, 0.0])[:, None] * np.ones((5, 8))
+    cases = [(huge, np.zeros((5, 8)), rows, cached)]
+    keys = np.ones((7, 8))
+    keys[0] = np.inf
+    gate = np.zeros((7, 8))
+    gate[0], gate[6] = -50.0, 60.0
+    cases.append((keys, gate, np.array([0, 7], np.int32), cached))
+    for k, g, r, c in cases:
+        ape = np.zeros((k.shape[0], 8), np.float32)
+        k, g = k.astype(dtype), g.astype(dtype)
+        got = emulate.kpool_compress(k, g, ape, r, c, out_dtype="float32")
+        want = reference.kpool_compress(k, g, ape, r, c, out_dtype="float32")
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_array_equal(np.isinf(got) * np.sign(got), np.isinf(want) * np.sign(want))

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import INT32_MAX
+from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
 from ..ops.spec import Launch
 
 FLOAT32 = np.float32  # the kernels' arithmetic
@@ -97,27 +98,56 @@ def flush_subnormals(values: np.ndarray) -> np.ndarray:
     return np.where(np.abs(values) < FLOAT32_TINY, np.copysign(values.dtype.type(0), values), values)
 
 
+def _chunks(kpool: int, chunk: int) -> list[tuple[int, int]]:
+    """``kp::for_each_chunk``'s member ranges: the first chunk, whole ones, then a partial last."""
+    first = min(kpool, chunk)
+    ranges = [(0, first)]
+    start = first
+    while start + chunk <= kpool:
+        ranges.append((start, start + chunk))
+        start += chunk
+    if start < kpool:
+        ranges.append((start, kpool))
+    return ranges
+
+
 def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]) -> np.ndarray:
     """Pooled keys ``[pools, head_dim]`` from members ``[pools, kpool, head_dim]``, unrounded.
 
     The one pooling function of the reference: every kernel here calls it, so
-    the reference agrees with itself bit for bit. Subnormal inputs, weights
-    and results are flushed to zero like the device's arithmetic.
+    the reference agrees with itself bit for bit. It takes the kernel's chunks
+    (``kp::chunk_members``, from k's and gate's dtypes) and, per chunk, its
+    two passes: the chunk's maximum (NaN skipped, like fmaxf), the weights
+    and their member-order sums, a rescale when a chunk raises the maximum.
+    So overflowing or infinite keys give what the kernel gives. Subnormal
+    inputs, weights and results are flushed to zero like the device's.
     """
     acc = accumulate
+    kpool = keys.shape[1]
+    member_bytes = CHANNELS_PER_THREAD * (keys.dtype.itemsize + gates.dtype.itemsize + 4)  # ape is float32
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
         keys, gates, ape = (flush_subnormals(a.astype(acc)) for a in (keys, gates, ape))
         logits = flush_subnormals(gates + ape[None])
-        peak = logits.max(axis=1, keepdims=True)
-        # A logit equal to the maximum weighs exactly 1 (so all -inf gives the
-        # members' mean, like the kernel's PoolChannel), the rest exp(l - max).
-        weights = flush_subnormals(np.where(logits == peak, acc(1), np.exp(logits - peak)))
-        weighted = weights * keys
-        # Summed member after member, as the kernel does (NumPy's reduction
-        # along an inner axis starts from +0 and would lose a sum's -0).
-        weight_sum, key_sum = weights[:, 0], weighted[:, 0]
-        for m in range(1, keys.shape[1]):
-            weight_sum, key_sum = weight_sum + weights[:, m], key_sum + weighted[:, m]
+        peak = weight_sum = key_sum = None
+        for start, stop in _chunks(kpool, chunk_members(kpool, member_bytes)):
+            part = logits[:, start:stop]
+            chunk_peak = np.fmax.reduce(part, axis=1)
+            new_peak = chunk_peak if peak is None else np.fmax(peak, chunk_peak)
+            # A logit equal to the maximum weighs exactly 1 (so all -inf gives
+            # the members' mean, like the kernel's PoolChannel), the rest exp(l - max).
+            weights = flush_subnormals(np.where(part == new_peak[:, None], acc(1), np.exp(part - new_peak[:, None])))
+            weighted = weights * keys[:, start:stop]
+            # Summed member after member, as the kernel does (NumPy's reduction
+            # along an inner axis starts from +0 and would lose a sum's -0).
+            chunk_weights, chunk_keys = weights[:, 0], weighted[:, 0]
+            for m in range(1, stop - start):
+                chunk_weights, chunk_keys = chunk_weights + weights[:, m], chunk_keys + weighted[:, m]
+            if peak is None:
+                weight_sum, key_sum = chunk_weights, chunk_keys
+            else:
+                scale = flush_subnormals(np.where(peak == new_peak, acc(1), np.exp(peak - new_peak)))
+                weight_sum, key_sum = weight_sum * scale + chunk_weights, key_sum * scale + chunk_keys
+            peak = new_peak
         return flush_subnormals(key_sum / weight_sum)
 
 
