@@ -112,3 +112,17 @@ def test_garbage_with_a_block_table_lands_the_same_on_both_backends():
         got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
         for a, b in zip(got, want, strict=True):
             np.testing.assert_array_equal(a, b, err_msg=f"case {case}")
+
+
+@pytest.mark.parametrize("module", BACKENDS, ids=IDS)
+def test_a_tail_that_a_complete_pool_covers_needs_no_block(module):
+    # Cache 3 and one token: 4 visible positions, one complete pool, so the
+    # tail columns are all -1 and need no page; one page of 2 slots serves.
+    args = (np.array([[-1]], np.int32), np.array([0, 1], np.int32), np.array([3], np.int32))
+    table = np.array([[5]], np.int32)
+    got = module.kpool_expand_topk(*args, kpool=4, always_select_tail=True, block_table=table, block_size=2)
+    assert (got == -1).all()
+    # Cache 4: visible 5, the tail holds position 4, in block 2: past the table.
+    args = (args[0], args[1], np.array([4], np.int32))
+    with pytest.raises(ValueError, match="Invalid block_table"):
+        module.kpool_expand_topk(*args, kpool=4, always_select_tail=True, block_table=table, block_size=2)

@@ -118,9 +118,9 @@ def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, l
     tokens = np.arange(call.total_tokens)
     request = np.searchsorted(offsets, tokens, side="right") - 1
     last = np.where(ids >= 0, ids.astype(np.int64) * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
-    if call.width > call.pool_topk * call.kpool:  # the tail: visible - 1 at most
-        visible = lengths[request] + tokens - offsets[request]
-        last = np.maximum(last, np.where(visible % call.kpool > 0, visible, -1))
+    if call.width > call.pool_topk * call.kpool:  # the tail: visible - 1 at most, none when visible % kpool == 0
+        visible = lengths[request] + tokens - offsets[request] + 1
+        last = np.maximum(last, np.where(visible % call.kpool > 0, visible - 1, -1))
     bad = last // call.block_size >= call.max_blocks
     if bad.any():
         t = int(np.argmax(bad))
