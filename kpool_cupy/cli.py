@@ -161,7 +161,7 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option(
     "--sass",
     is_flag=True,
-    help="Report the machine code instead: CUDA 13's ptxas and nvdisasm (pip install 'kpool-cupy[sass]').",
+    help="Report the machine code instead: CUDA 13's ptxas (on PATH) and nvdisasm (pip install 'kpool-cupy[sass]').",
 )
 @click.option(
     "--out",

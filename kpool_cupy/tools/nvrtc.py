@@ -105,6 +105,11 @@ def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: st
 def kernel_ptxas_report(source: str, name: str, arch: str = "sm_90") -> PtxasReport:
     """Registers, spills and stack of any kernel instantiation of kernels/``source`` for ``arch``."""
     _, log = _compile_kernel(source, name, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
+    return parse_ptxas_log(log)
+
+
+def parse_ptxas_log(log: str) -> PtxasReport:
+    """Registers, spills and stack frame from what ``ptxas -v`` prints (inside NVRTC or on its own)."""
     numbers = {}
     for key, pattern in (
         ("registers", r"Used (\d+) registers"),

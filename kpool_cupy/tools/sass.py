@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..dtypes import element_dtype
 from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
-from .nvrtc import _arch_number, check_variant, kernel_ptx
+from .nvrtc import _arch_number, check_variant, kernel_ptx, parse_ptxas_log
 
 # The wheel that carries each tool, as nvidia/cu13/bin/<tool> under site-packages.
 WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -190,20 +190,6 @@ def _run(command: list[str], name: str) -> subprocess.CompletedProcess[str]:
     return done
 
 
-def _ptxas_numbers(log: str) -> dict[str, int]:
-    numbers = {}
-    for key, pattern in (
-        ("registers", r"Used (\d+) registers"),
-        ("spill_stores", r"(\d+) bytes spill stores"),
-        ("spill_loads", r"(\d+) bytes spill loads"),
-    ):
-        found = re.search(pattern, log)
-        if found is None:
-            raise RuntimeError(f"ptxas -v printed no {key!r}:\n{log}")
-        numbers[key] = int(found.group(1))
-    return numbers
-
-
 def summarize_sass(source: str, name: str, arch: str = "sm_90") -> SassSummary:
     """Registers and spills (ptxas -v) and the static counts of `parse_sass` for kernel ``name`` of kernels/``source``.
 
@@ -219,7 +205,9 @@ def summarize_sass(source: str, name: str, arch: str = "sm_90") -> SassSummary:
         ptx_file.write_text(ptx)
         assembled = _run([ptxas, f"-arch={sm}", "-v", str(ptx_file), "-o", str(cubin)], name)
         sass = _run([nvdisasm, "-c", str(cubin)], name).stdout
-    return SassSummary(**_ptxas_numbers(assembled.stdout + assembled.stderr), **asdict(parse_sass(sass)), sass=sass)
+    report = parse_ptxas_log(assembled.stdout + assembled.stderr)
+    registers = {"registers": report.registers, "spill_stores": report.spill_stores, "spill_loads": report.spill_loads}
+    return SassSummary(**registers, **asdict(parse_sass(sass)), sass=sass)
 
 
 def summarize_compress_sass(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> SassSummary:
