@@ -25,6 +25,7 @@ def environment() -> dict[str, Any]:
 
 BASE = "kpool-cupy"
 _SHORT = {"graph": "graph", "events-around-python": "events"}
+NAME = 32  # the name column: the longest record name ("tail-update decode-512x4-ring8") and a margin
 
 
 def _mib(nbytes: float) -> str:
@@ -35,20 +36,20 @@ def table(results: dict[str, Any]) -> list[str]:
     """Per shape: the rotation, the copy roof, and per implementation its timing method, median time,
     bandwidth, fraction of the copy and time over kpool-cupy's; then the host cost."""
     lines = [
-        f"{'shape':<28}{'implementation':<20}{'timing':<8}{'median us':>11}{'GB/s':>9}{'of copy':>9}{'x kpool':>9}"
+        f"{'shape':<{NAME}}{'implementation':<20}{'timing':<8}{'median us':>11}{'GB/s':>9}{'of copy':>9}{'x kpool':>9}"
     ]
     mixed = False
     for shape in [*results["shapes"], *results.get("lifecycle", [])]:
         copy = shape["copy"]
         lines.append(
-            f"{shape['name']:<28}{'(d2d copy)':<20}{_SHORT.get(copy.get('timing'), '?'):<8}"
+            f"{shape['name']:<{NAME}}{'(d2d copy)':<20}{_SHORT.get(copy.get('timing'), '?'):<8}"
             f"{copy['median_ms'] * 1e3:>11.2f}{copy['gbps']:>9.0f}"
         )
         rotated = shape.get("rotation")
         if rotated:
             capped = f", capped by {rotated['capped']}" if rotated.get("capped") else ""
             lines.append(
-                f"{'':<28}rotation: {rotated['sets']} input sets, {_mib(rotated['bytes'])} = "
+                f"{'':<{NAME}}rotation: {rotated['sets']} input sets, {_mib(rotated['bytes'])} = "
                 f"{rotated['over_l2']:.1f} x L2 ({_mib(rotated['l2_bytes'])}){capped}"
             )
         implementations = shape["implementations"]
@@ -56,7 +57,7 @@ def table(results: dict[str, Any]) -> list[str]:
         for name, entry in implementations.items():
             if "skipped" in entry or "failed" in entry:
                 why = f"skipped: {entry['skipped']}" if "skipped" in entry else f"FAILED: {entry['failed']}"
-                lines.append(f"{'':<28}{name:<20}  {why}")
+                lines.append(f"{'':<{NAME}}{name:<20}  {why}")
                 continue
             ratio = entry.get("time_over_kpool_cupy")
             mark = ""
@@ -64,7 +65,7 @@ def table(results: dict[str, Any]) -> list[str]:
                 mark, mixed = " *", True
             ratio_text = f"{ratio:>9.2f}{mark}" if ratio is not None else ""
             lines.append(
-                f"{'':<28}{name:<20}{_SHORT.get(entry.get('timing'), '?'):<8}{entry['median_ms'] * 1e3:>11.2f}"
+                f"{'':<{NAME}}{name:<20}{_SHORT.get(entry.get('timing'), '?'):<8}{entry['median_ms'] * 1e3:>11.2f}"
                 f"{entry['gbps']:>9.0f}{entry['fraction_of_copy']:>9.2f}{ratio_text}"
             )
     lines.append(
