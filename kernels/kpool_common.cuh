@@ -33,13 +33,29 @@ enum : int { kChannelsPerThread = 8 };
 // such block resident per SM it caps registers at 128 per thread (65536 /
 // 512); tests/test_ptx.py checks no shipped variant spills under it.
 enum : int { kMaxThreadsPerBlock = 512 };
+// The most threads a block of request or pool groups has at HEAD_DIM
+// (kpool_cupy/kernel/geometry.py: groups up to 256 threads, or one group of
+// HEAD_DIM / 8): a tighter launch bound where a kernel needs more than 128
+// registers.
+__host__ __device__ constexpr int group_block_bound(int head_dim) {
+    return head_dim / kChannelsPerThread > 256 ? head_dim / kChannelsPerThread : 256;
+}
 
 // VectorAccess: bits of a kernel's VECTOR template argument, one per operand
 // whose rows the launcher found 16-byte aligned (base address and every
 // stepped stride). Mirrored in kpool_cupy/kernel/codes.py (a test reads this
 // header and compares). The access path is chosen at compile time: a kernel
 // built for aligned operands carries no element-by-element code for them.
-enum VectorAccess : int { kVectorK = 1, kVectorGate = 2, kVectorApe = 4, kVectorOut = 8, kVectorTail = 16 };
+// kVectorTail is a ring's keys, kVectorGateRing its gate scores: one bit each,
+// since a split ring's two halves are separate arrays.
+enum VectorAccess : int {
+    kVectorK = 1,
+    kVectorGate = 2,
+    kVectorApe = 4,
+    kVectorOut = 8,
+    kVectorTail = 16,
+    kVectorGateRing = 32
+};
 
 // Whether every bit of `wanted` is in the VECTOR template argument `mask`.
 __host__ __device__ constexpr bool vector_bits(int mask, int wanted) { return (mask & wanted) == wanted; }

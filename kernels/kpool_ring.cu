@@ -3,16 +3,21 @@
 //     pooled[c] = sum_m softmax_m(gate[member m, c] + ape[m, c]) * k[member m, c]
 //
 // A pool whose members arrive over several calls keeps them in a per-request
-// ring: tail [max_slots, 2, ring, HEAD_DIM] in the dtype of k, index 0 keys,
-// 1 gate scores, ring >= KPOOL rows, at any slot, half and row strides (in
-// elements; a padded cache's view) with the last dim contiguous. The token at
-// absolute position pos lives at ring row pos % ring of slot slot_idx[r], so
-// pool q's members are rows (q * KPOOL + m) % ring. A ring longer than a pool
-// keeps a decode step's drafts from overwriting the open pool (speculative
-// decoding; kpool_tail_update's docstring gives the bound). The ring holds
-// raw values, and every pool is reduced by kp::PoolChannel with members in
-// pool order, so a pool closed from the ring equals, bit for bit, the same
-// pool built by kpool_compress.
+// ring of ring >= KPOOL rows: keys in the dtype of k, gate scores in the
+// dtype of gate. The launcher passes either form of the caller's ring the
+// same way, as a key ring and a gate ring, each [max_slots, ring, HEAD_DIM]
+// at its own slot and row strides (in elements; a padded cache's view), the
+// last dim contiguous: one array [max_slots, 2, ring, HEAD_DIM] (index 0
+// keys, 1 gate scores) is passed twice, its gate ring gate_offset (the half
+// stride) elements on; a pair (key_ring, gate_ring) is passed as it is, with
+// gate_offset 0. The token at absolute position pos lives at ring row
+// pos % ring of slot slot_idx[r], so pool q's members are rows
+// (q * KPOOL + m) % ring. A ring longer than a pool keeps a decode step's
+// drafts from overwriting the open pool (speculative decoding;
+// kpool_tail_update's docstring gives the bound). The ring holds raw values,
+// and every pool is reduced by kp::PoolChannel with members in pool order, so
+// a pool closed from the ring equals, bit for bit, the same pool built by
+// kpool_compress.
 //
 // Geometry is kpool_compress's: a group of HEAD_DIM / 8 threads per request,
 // several per block, each thread owning 8 channels. A thread reads back only
@@ -21,15 +26,11 @@
 
 namespace kp {
 
-// A ring's rows and strides, in elements.
+// A ring's rows, and the slot and row strides of its keys and gate scores,
+// in elements.
 struct RingLayout {
-    long long rows, slot_stride, half_stride, row_stride;
+    long long rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride;
 };
-
-// Element offset of (slot, which, row, channel 0): which 0 keys, 1 gate scores.
-__device__ __forceinline__ long long ring_offset(const RingLayout& ring, long long slot, int which, long long row) {
-    return slot * ring.slot_stride + which * ring.half_stride + row * ring.row_stride;
-}
 
 // The ring row of a position >= 0: position % rows with 32-bit divisions
 // only (rows <= 65536, the launcher checks). A 64-bit division by a run-time
@@ -57,16 +58,19 @@ __device__ __forceinline__ long long next_row(const RingLayout& ring, long long 
 // closed[b] is the pool id, or -1 and pooled row b is left alone. Reads the
 // ring, never writes it.
 //
-// VECTOR: kp::VectorAccess bits of k, gate, ape, pooled and tail. A member
-// comes from the ring or from k and gate, so its keys take the 16-byte path
-// when both tail and k allow it, its gate scores when tail and gate do.
-// IO, IC, IS: the element types of input_row_offsets, cache_lengths and
-// slot_idx.
-template <typename T, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
+// T, G: the element types of k and gate (and of the key and gate rings).
+// VECTOR: kp::VectorAccess bits of k, gate, ape, pooled and the two rings. A
+// member comes from the ring or from k and gate, so its keys take the 16-byte
+// path when both the key ring and k allow it, its gate scores when the gate
+// ring and gate do. IO, IC, IS: the element types of input_row_offsets,
+// cache_lengths and slot_idx.
+template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC,
+          typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_ring_close(const T* __restrict__ tail, long long max_slots, long long ring_rows, long long slot_stride,
-                     long long half_stride, long long row_stride, const T* __restrict__ k,
-                     long long k_row_stride, const T* __restrict__ gate, long long gate_row_stride,
+    kpool_ring_close(const T* __restrict__ key_ring, const G* __restrict__ gate_ring, long long gate_offset,
+                     long long max_slots, long long ring_rows, long long key_slot_stride, long long key_row_stride,
+                     long long gate_slot_stride, long long gate_row_stride, const T* __restrict__ k,
+                     long long k_row_stride, const G* __restrict__ gate, long long gate_row_stride_tokens,
                      const float* __restrict__ ape, long long ape_row_stride,
                      const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
                      const IS* __restrict__ slot_idx, long long batch, long long total_tokens,
@@ -87,23 +91,23 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (lead) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
     if (!closes) return;
 
-    const kp::RingLayout ring{ring_rows, slot_stride, half_stride, row_stride};
-    const T* keys_ring = tail + kp::ring_offset(ring, slot, 0, 0) + channel;
-    const T* gates_ring = tail + kp::ring_offset(ring, slot, 1, 0) + channel;
+    const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
+    const T* keys_ring = key_ring + slot * ring.key_slot_stride + channel;
+    const G* gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
     const long long first_row = kp::ring_row_of(ring, cached - phase);  // pool c / KPOOL's first member
     float result[kp::kChannelsPerThread];
-    kp::pool8<KPOOL, T, T, kp::vector_bits(VECTOR, kp::kVectorK | kp::kVectorTail),
-              kp::vector_bits(VECTOR, kp::kVectorGate | kp::kVectorTail), kp::vector_bits(VECTOR, kp::kVectorApe)>(
-        [&](int m, const T** key_row, const T** gate_row) {
+    kp::pool8<KPOOL, T, G, kp::vector_bits(VECTOR, kp::kVectorK | kp::kVectorTail),
+              kp::vector_bits(VECTOR, kp::kVectorGate | kp::kVectorGateRing), kp::vector_bits(VECTOR, kp::kVectorApe)>(
+        [&](int m, const T** key_row, const G** gate_row) {
             // Cached members from the ring, the rest from this call's rows:
             // row_begin + m - phase < row_end, checked above.
             // m < KPOOL <= ring rows, so one wrap at most.
             const bool cached_member = m < phase;
             const long long ring_row = first_row + m < ring.rows ? first_row + m : first_row + m - ring.rows;
             const long long row = row_begin + m - phase;
-            *key_row = cached_member ? keys_ring + ring_row * ring.row_stride : k + row * k_row_stride + channel;
-            *gate_row =
-                cached_member ? gates_ring + ring_row * ring.row_stride : gate + row * gate_row_stride + channel;
+            *key_row = cached_member ? keys_ring + ring_row * ring.key_row_stride : k + row * k_row_stride + channel;
+            *gate_row = cached_member ? gates_ring + ring_row * ring.gate_row_stride
+                                      : gate + row * gate_row_stride_tokens + channel;
         },
         ape + channel, ape_row_stride, result);
     kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + request * pooled_row_stride + channel, result);
@@ -114,14 +118,16 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // pos % ring of its slot: the start of the pool the next call completes.
 // At most KPOOL - 1 tokens per request.
 //
-// VECTOR: kp::VectorAccess bits of k, gate and tail. IO, IC, IS as ring close.
-template <typename T, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
+// VECTOR: kp::VectorAccess bits of k, gate and the two rings. T, G, IO, IC,
+// IS as ring close.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_seed_tail(T* __restrict__ tail, long long max_slots, long long ring_rows, long long slot_stride,
-                    long long half_stride, long long row_stride, const T* __restrict__ k, long long k_row_stride,
-                    const T* __restrict__ gate, long long gate_row_stride, const IO* __restrict__ input_row_offsets,
-                    const IC* __restrict__ cache_lengths, const IS* __restrict__ slot_idx, long long batch,
-                    long long total_tokens) {
+    kpool_seed_tail(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset, long long max_slots,
+                    long long ring_rows, long long key_slot_stride, long long key_row_stride,
+                    long long gate_slot_stride, long long gate_row_stride, const T* __restrict__ k,
+                    long long k_row_stride, const G* __restrict__ gate, long long gate_row_stride_tokens,
+                    const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
+                    const IS* __restrict__ slot_idx, long long batch, long long total_tokens) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     long long request;
     int channel;
@@ -136,15 +142,16 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     const long long pool_start = (end / KPOOL) * KPOOL;
     const long long start = pool_start > cached ? pool_start : cached;
 
-    constexpr bool kTailVector = kp::vector_bits(VECTOR, kp::kVectorTail);
-    const kp::RingLayout ring{ring_rows, slot_stride, half_stride, row_stride};
+    const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
+    T* const keys_ring = key_ring + slot * ring.key_slot_stride + channel;
+    G* const gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
     long long ring_row = kp::ring_row_of(ring, start);
     for (long long position = start; position < end; ++position) {  // fewer than KPOOL iterations
         const long long row = row_begin + (position - cached);
-        kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorK)>(
-            tail + kp::ring_offset(ring, slot, 0, ring_row) + channel, k + row * k_row_stride + channel);
-        kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorGate)>(
-            tail + kp::ring_offset(ring, slot, 1, ring_row) + channel, gate + row * gate_row_stride + channel);
+        kp::copy8<kp::vector_bits(VECTOR, kp::kVectorTail), kp::vector_bits(VECTOR, kp::kVectorK)>(
+            keys_ring + ring_row * ring.key_row_stride, k + row * k_row_stride + channel);
+        kp::copy8<kp::vector_bits(VECTOR, kp::kVectorGateRing), kp::vector_bits(VECTOR, kp::kVectorGate)>(
+            gates_ring + ring_row * ring.gate_row_stride, gate + row * gate_row_stride_tokens + channel);
         ring_row = kp::next_row(ring, ring_row);
     }
 }
@@ -158,18 +165,25 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // padded with -1 and the matching pooled rows are left alone. A padding
 // token touches nothing.
 //
-// VECTOR: kp::VectorAccess bits of k, gate, ape, pooled and tail. IPOS, IS:
-// the element types of positions and slot_idx.
-template <typename T, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IPOS, typename IS>
-__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_tail_update(T* __restrict__ tail, long long max_slots, long long ring_rows, long long slot_stride,
-                      long long half_stride, long long row_stride, const T* __restrict__ k,
-                      long long k_request_stride, long long k_token_stride, const T* __restrict__ gate,
+// VECTOR: kp::VectorAccess bits of k, gate, ape, pooled and the two rings.
+// T, G as ring close. SPLIT: the rings are two arrays (a pair); without it
+// they are one array, the gate ring gate_offset elements after the key ring
+// at the same row stride, and the kernel addresses both from one pointer
+// (two would cost the registers that keep the pool's loads from spilling).
+// IPOS, IS: the element types of positions and slot_idx.
+template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, typename IPOS,
+          typename IS>
+__global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
+    kpool_tail_update(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset,
+                      long long max_slots, long long ring_rows, long long key_slot_stride, long long key_row_stride,
+                      long long gate_slot_stride, long long gate_row_stride, const T* __restrict__ k,
+                      long long k_request_stride, long long k_token_stride, const G* __restrict__ gate,
                       long long gate_request_stride, long long gate_token_stride, const float* __restrict__ ape,
                       long long ape_row_stride, const IPOS* __restrict__ positions,
                       const IS* __restrict__ slot_idx, long long requests, int next_n, OT* __restrict__ pooled,
                       int* __restrict__ closed, int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
+    static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
@@ -177,40 +191,51 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 
     const long long slot = kp::load_index(slot_idx, request);
     const bool slot_ok = slot >= 0 && slot < max_slots;
-    constexpr bool kTailVector = kp::vector_bits(VECTOR, kp::kVectorTail);
-    const kp::RingLayout ring{ring_rows, slot_stride, half_stride, row_stride};
-    // The slot's key rows; its gate rows are half_stride further. One
-    // pointer and a 32-bit offset (a slot spans fewer than 2^31 elements,
-    // the launcher checks) keep registers free for the pool's loads.
-    T* const keys_ring = tail + (slot_ok ? kp::ring_offset(ring, slot, 0, 0) : 0) + channel;
-    const int half = static_cast<int>(half_stride);
+    constexpr bool kKeyRingVector = kp::vector_bits(VECTOR, kp::kVectorTail);
+    constexpr bool kGateRingVector = kp::vector_bits(VECTOR, kp::kVectorGateRing);
+    // The slot's key and gate rows, addressed by 32-bit offsets within the
+    // slot (a slot spans fewer than 2^31 elements, the launcher checks): it
+    // keeps registers free for the pool's loads.
+    T* const keys_ring = key_ring + (slot_ok ? slot * key_slot_stride : 0) + channel;
+    G* const gates_ring = SPLIT ? gate_ring + (slot_ok ? slot * gate_slot_stride : 0) + channel : nullptr;
+    const int half = static_cast<int>(gate_offset);  // one array: the gate row half elements after the key row
+    const int rows = static_cast<int>(ring_rows);
+    const int key_row = static_cast<int>(key_row_stride);
+    const int gate_row = static_cast<int>(gate_row_stride);
+    // The gate row beside a key row: in the gate ring (SPLIT), else half
+    // elements on from the key row's address.
+    const auto gate_beside = [&](T* key_row_address, int row_offset) -> G* {
+        if constexpr (SPLIT) return gates_ring + row_offset * gate_row;
+        return reinterpret_cast<G*>(key_row_address) + half;
+    };
     int written = 0;
     for (int t = 0; t < next_n && slot_ok; ++t) {
         const long long position = kp::load_index(positions, request * next_n + t);
         if (position < 0) continue;  // padding: the ring stays byte-identical
-        const long long ring_row = kp::ring_row_of(ring, position);
-        T* const key_slot_row = keys_ring + static_cast<int>(ring_row) * static_cast<int>(ring.row_stride);
-        kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorK)>(
+        const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
+        const int ring_row = static_cast<int>(kp::ring_row_of(ring, position));
+        T* const key_slot_row = keys_ring + ring_row * key_row;
+        kp::copy8<kKeyRingVector, kp::vector_bits(VECTOR, kp::kVectorK)>(
             key_slot_row, k + request * k_request_stride + t * k_token_stride + channel);
-        kp::copy8<kTailVector, kp::vector_bits(VECTOR, kp::kVectorGate)>(
-            key_slot_row + half, gate + request * gate_request_stride + t * gate_token_stride + channel);
+        kp::copy8<kGateRingVector, kp::vector_bits(VECTOR, kp::kVectorGate)>(
+            gate_beside(key_slot_row, ring_row),
+            gate + request * gate_request_stride + t * gate_token_stride + channel);
         if (position % KPOOL != KPOOL - 1 || written >= pools_per_request) continue;
 
         // The pool's members, positions position - KPOOL + 1 .. position, sit
         // at ring rows from first_row on (one wrap at most: KPOOL <= ring
         // rows); this thread wrote their 8 channels, in this call or earlier.
-        const long long first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + ring.rows;
-        // Member m at first_row + m, less the ring's length past its end.
-        const int row_stride = static_cast<int>(ring.row_stride);
-        const T* const first_key = keys_ring + static_cast<int>(first_row) * row_stride;
-        const int unwrapped = static_cast<int>(ring.rows - first_row);
-        const int wrap = static_cast<int>(ring.rows) * row_stride;
+        const int first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + rows;
+        T* const first_key = keys_ring + first_row * key_row;
+        const int unwrapped = rows - first_row;  // members before the ring's end
         float result[kp::kChannelsPerThread];
-        kp::pool8<KPOOL, T, T, kTailVector, kTailVector, kp::vector_bits(VECTOR, kp::kVectorApe)>(
-            [&](int m, const T** key_row, const T** gate_row) {
-                const int step = m * row_stride - (m < unwrapped ? 0 : wrap);
-                *key_row = first_key + step;
-                *gate_row = first_key + step + half;
+        kp::pool8<KPOOL, T, G, kKeyRingVector, kGateRingVector, kp::vector_bits(VECTOR, kp::kVectorApe)>(
+            [&](int m, const T** key_member, const G** gate_member) {
+                // Member m at first_row + m, less the ring's length past its end.
+                const int member_row = m < unwrapped ? m : m - rows;
+                T* const key_address = first_key + member_row * key_row;
+                *key_member = key_address;
+                *gate_member = gate_beside(key_address, first_row + member_row);
             },
             ape + channel, ape_row_stride, result);
         const long long row = request * pools_per_request + written;

@@ -207,3 +207,54 @@ def test_one_array_passed_as_two_operands_makes_no_plan_that_confuses_them():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ok" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_decode_step_on_a_split_ring_takes_a_plan_that_keeps_both_rings_apart():
+    # SGLang's layout: bf16 keys, float32 gate scores, as a pair of arrays.
+    # The plan sees the pair as two operands: it must hand each ring to its
+    # own kernel argument and still refuse a gate ring over the key ring.
+    done = _run(
+        """
+        def step(seed):
+            r = np.random.default_rng(seed)
+            k = r.standard_normal((3, 2, 128)).astype(BFLOAT16)
+            gate = (3 * r.standard_normal((3, 2, 128))).astype(np.float32)
+            return k, gate
+
+        ape = batch(0)[2]
+        rings = lambda: (np.zeros((4, 8, 128), BFLOAT16), np.zeros((4, 8, 128), np.float32))
+        positions = np.array([[2, 3], [6, 7], [10, 11]], np.int32)
+        slots = np.array([3, 0, 2], np.int32)
+        host_rings = rings()
+        keys, gates = (cupy.asarray(a) for a in rings())
+        d_ape, d_positions, d_slots = on_device(ape, positions, slots)
+        for seed in (1, 2, 3):
+            k, gate = step(seed)
+            want, want_closed = emulate.kpool_tail_update(host_rings, k, gate, ape, positions, slots)
+            out, closed = cupy.zeros((3, 1, 128), BFLOAT16), cupy.zeros((3, 1), np.int32)
+            d_k, d_gate = on_device(k, gate)
+            kpool_cupy.kpool_tail_update((keys, gates), d_k, d_gate, d_ape, d_positions, d_slots,
+                                         out=out, closed=closed, validate=False)
+            assert np.asarray(out).tobytes() == want.tobytes(), seed
+            assert np.asarray(closed).tolist() == want_closed.tolist()
+            assert np.asarray(keys).tobytes() == host_rings[0].tobytes()
+            assert np.asarray(gates).tobytes() == host_rings[1].tobytes()
+        assert len(cupy_plans._plans) == 1, len(cupy_plans._plans)
+        # Same signature (shapes, strides, alignment), the key ring now the
+        # gate ring's first bytes: the plan must not launch, the full path refuses.
+        holder = cupy.zeros((4, 8, 128), np.float32)
+        over = holder.view(BFLOAT16).reshape(-1)[: 4 * 8 * 128].reshape(4, 8, 128)
+        assert over.strides == keys.strides
+        try:
+            kpool_cupy.kpool_tail_update((over, holder), d_k, d_gate, d_ape, d_positions, d_slots,
+                                         out=out, closed=closed, validate=False)
+        except ValueError as error:
+            assert str(error).startswith("Invalid tail[0]: expected memory that tail[1]"), error
+        else:
+            raise AssertionError("overlapping rings were accepted")
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from kpool_cupy.kernel import codes
-from kpool_cupy.kernel.geometry import STREAM_BYTES, WHOLE_POOL_BYTES, flat_geometry, group_geometry
+from kpool_cupy.kernel.geometry import (
+    STREAM_BYTES,
+    TARGET_THREADS_PER_BLOCK,
+    WHOLE_POOL_BYTES,
+    flat_geometry,
+    group_block_bound,
+    group_geometry,
+)
 from kpool_cupy.kernel.names import INDEX_ARRAYS, instantiation
 from kpool_cupy.kernel.sources import kernels_dir
 from kpool_cupy.ops.checks import MAX_HEAD_DIM
@@ -28,15 +35,26 @@ def _header_enums() -> dict[str, dict[str, int]]:
 
 def test_python_mirror_equals_the_header():
     header = _header_enums()["VectorAccess"]
-    assert {key.removeprefix("kVector").upper(): value for key, value in header.items()} == {
-        member.name: int(member.value) for member in codes.VectorAccess
-    }
+    spelled = {re.sub(r"(?<!^)(?=[A-Z])", "_", key.removeprefix("kVector")).upper(): v for key, v in header.items()}
+    assert spelled == {member.name: int(member.value) for member in codes.VectorAccess}
 
 
 def test_the_prefetch_sizes_are_the_headers():
     text = (kernels_dir() / "kpool_common.cuh").read_text()
     (whole, stream) = re.findall(r"kWholePoolBytes = (\d+), kStreamBytes = (\d+)", text)[0]
     assert (int(whole), int(stream)) == (WHOLE_POOL_BYTES, STREAM_BYTES)
+
+
+def test_the_split_ring_launch_bound_holds_every_block_group_geometry_makes():
+    # Tail update on a split ring is built with __launch_bounds__(group_block_bound(HEAD_DIM)):
+    # a bigger block would fail to launch, so the header's rule and the geometry must agree.
+    text = (kernels_dir() / "kpool_common.cuh").read_text()
+    (floor,) = re.findall(r"kChannelsPerThread : (\d+);", text)
+    assert int(floor) == TARGET_THREADS_PER_BLOCK
+    for head_dim in range(8, MAX_HEAD_DIM + 1, 8):
+        for groups in (1, 3, 10_000):
+            assert group_geometry(head_dim, groups).block <= group_block_bound(head_dim), (head_dim, groups)
+    assert group_block_bound(128) == 256 and group_block_bound(MAX_HEAD_DIM) == MAX_HEAD_DIM // 8
 
 
 def test_the_block_size_limit_is_the_launch_bound():

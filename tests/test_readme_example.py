@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -22,3 +23,19 @@ def test_worked_example(backend):
     namespace: dict = {}
     exec(compile(code, str(README), "exec"), namespace)  # the example's own asserts check the pools
     assert len(namespace["pools"]) == 23 // 4
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+def test_the_example_runs_the_same_on_a_split_ring_with_float32_gate_scores(backend):
+    # The README says swapping in a pair (key_ring, gate_ring) and float32 gates runs the same.
+    code = example().replace("kp = kpool_cupy.emulate", f"kp = kpool_cupy.{backend}")
+    split = "tail = (np.zeros((8, kpool, head_dim), ml_dtypes.bfloat16), np.zeros((8, kpool, head_dim), np.float32))"
+    code = code.replace("tail = np.zeros((8, 2, kpool, head_dim), ml_dtypes.bfloat16)", split)
+    gates = "gates = rng.standard_normal((length, head_dim)).astype(ml_dtypes.bfloat16)"
+    code = code.replace(gates, "gates = rng.standard_normal((length, head_dim)).astype(np.float32)")
+    code = code.replace("g = np.zeros_like(k)", "g = np.zeros((1, 2, head_dim), np.float32)")
+    assert split in code and "astype(np.float32)" in code and "np.zeros((1, 2, head_dim), np.float32)" in code
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)
+    assert len(namespace["pools"]) == 23 // 4
+    assert namespace["tail"][1].dtype == np.float32 and namespace["tail"][1].any()  # the gate ring was written

@@ -12,7 +12,7 @@ from model import BF16
 from kpool_cupy import emulate, reference
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
-ROW = re.compile(r"^\| ([a-z0-9-]+) \| (\w+) \| (\w+) \| .* \| (ValueError|TypeError) \|$")
+ROW = re.compile(r"^\| ([a-z0-9-]+) \| (\w+) \| ([\w\[\]]+) \| .* \| (ValueError|TypeError) \|$")
 ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
 
 
@@ -62,6 +62,28 @@ def _closed_over_out(a):
     a.update(out=out, closed=out.reshape(-1).view(np.int32)[:2])
 
 
+def _split(a, gate_dtype=None, rows: int = 4):
+    """The call's ring as a pair (key_ring, gate_ring), the gate ring (and gate) in ``gate_dtype``."""
+    if gate_dtype is not None:
+        a["gate"] = a["gate"].astype(gate_dtype)
+    slots, head_dim = a["tail"].shape[0], a["tail"].shape[-1]
+    a["tail"] = (np.zeros((slots, rows, head_dim), BF16), np.zeros((slots, rows, head_dim), a["gate"].dtype))
+
+
+def _split_then(change):
+    def mutate(a):
+        _split(a, np.float32)
+        keys, gates = a["tail"]
+        a["tail"] = change(keys, gates)
+
+    return mutate
+
+
+def _read_only(array):
+    array.flags.writeable = False
+    return array
+
+
 MUTATIONS = {
     "tail-dtype": lambda a: a.update(tail=a["tail"].astype(np.float32)),
     "tail-shape": lambda a: a.update(tail=np.zeros((3, 2, 3, 16), BF16)),
@@ -75,6 +97,21 @@ MUTATIONS = {
         tail=np.lib.stride_tricks.as_strided(np.zeros((3, 2, 1, 16), BF16), (3, 2, 4, 16), (128, 64, 0, 2))
     ),
     "seed-kpool-above-ring": lambda a: a.update(kpool=5),
+    "split-pair-length": lambda a: a.update(tail=(a["tail"][:, 0], a["tail"][:, 1], a["tail"][:, 1])),
+    "split-key-dtype": _split_then(lambda keys, gates: (keys.astype(np.float32), gates)),
+    "split-gate-dtype": _split_then(lambda keys, gates: (keys, gates.astype(BF16))),
+    "split-rank": _split_then(lambda keys, gates: (keys[:, None], gates)),
+    "split-shapes-differ": _split_then(lambda keys, gates: (keys, gates[:2])),
+    "split-ring-too-short": _split_then(lambda keys, gates: (keys[:, :3], gates[:, :3])),
+    "split-gate-last-dim": _split_then(lambda keys, gates: (keys, np.zeros((3, 4, 32), np.float32)[..., ::2])),
+    "split-gate-read-only": _split_then(lambda keys, gates: (keys, _read_only(gates))),
+    "split-rings-overlap": _split_then(lambda keys, gates: (gates.view(BF16)[..., :16], gates)),
+    "split-key-slot-span": _split_then(
+        lambda keys, gates: (
+            np.lib.stride_tricks.as_strided(keys, (3, 4, 16), (128, 2**31, 2), writeable=False),
+            gates,
+        )
+    ),
     "tail-read-only": _read_only_tail,
     "gate-dtype-differs": lambda a: a.update(gate=a["gate"].astype(np.float32)),
     "slot-dtype": lambda a: a.update(slot_idx=a["slot_idx"].astype(np.float32)),
@@ -153,7 +190,7 @@ def test_good_calls_pass(module):
 def test_bad_call_names_the_argument(module, row_id, function, argument, error):
     args = good(function)
     MUTATIONS[row_id](args)
-    with pytest.raises(ERRORS[error], match=rf"^Invalid {argument}: expected .+, got .+"):
+    with pytest.raises(ERRORS[error], match=rf"^Invalid {re.escape(argument)}: expected .+, got .+"):
         _call(module, function, args)
 
 
@@ -171,6 +208,14 @@ def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
         pytest.skip("CuPy copies a strided host array contiguous and has no read-only arrays")
     if row_id in ("ring-out-shares-closed", "seed-tail-over-k", "step-out-in-ring"):
         pytest.skip("copies share nothing: tests/test_overlap.py makes the shared views on the device")
-    device = {name: cupy.asarray(v) if isinstance(v, np.ndarray) else v for name, v in args.items()}
-    with pytest.raises(ERRORS[error], match=rf"^Invalid {argument}: expected .+, got .+"):
+    if row_id in ("split-gate-last-dim", "split-gate-read-only", "split-key-slot-span", "split-rings-overlap"):
+        pytest.skip("CuPy copies a strided host array contiguous, has no read-only arrays, and copies share nothing")
+
+    def on_device(value):
+        if isinstance(value, tuple):
+            return tuple(on_device(v) for v in value)
+        return cupy.asarray(value) if isinstance(value, np.ndarray) else value
+
+    device = {name: on_device(v) for name, v in args.items()}
+    with pytest.raises(ERRORS[error], match=rf"^Invalid {re.escape(argument)}: expected .+, got .+"):
         _call(kpool_cupy, function, device)

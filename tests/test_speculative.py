@@ -4,9 +4,9 @@ A decode step brings next_n tokens; any suffix of them may be rejected and
 the next step restarts at the first rejected position. kpool_tail_update's
 docstring proves that with ring >= kpool + next_n - 1 rows every pool closed
 by an accepted token has the bits one kpool_compress over the accepted
-sequence gives. These schedules check it, after a chunked prefill, on
-contiguous and padded rings, on both CPU backends, and check that one row
-fewer breaks it.
+sequence gives. These schedules check it, after a chunked prefill, on every
+ring form (one array or a split pair with float32 gate scores, contiguous
+or padded), on both CPU backends, and check that one row fewer breaks it.
 """
 
 from __future__ import annotations
@@ -20,37 +20,61 @@ from kpool_cupy import emulate, reference
 HEAD_DIM = 16
 
 
-def _ring(max_slots: int, rows: int, padded: bool, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """A ring, contiguous or a view into a padded buffer (slots, halves and rows padded); and its buffer."""
+# A ring's forms: one array or a pair (key_ring, gate_ring) with float32 gate
+# scores beside bf16 keys (SGLang's layout), each contiguous or a view into a
+# padded buffer.
+FORMS = ("single", "single-padded", "split", "split-padded")
+
+
+def _array(shape: tuple[int, ...], dtype, padded: bool, rng: np.random.Generator, place=lambda a: a):
+    """An array of ``shape``, contiguous or a view padded on every dim (the middle ones stepped by 2 where
+    there are two); its buffer and the view's mask in it. Rows are padded by 4 elements per byte of the
+    dtype, so a split ring's two arrays step by different strides."""
     if not padded:
-        buffer = rng.standard_normal((max_slots, 2, rows, HEAD_DIM)).astype(BF16)
-        return buffer, buffer
-    buffer = rng.standard_normal((max_slots + 1, 3, rows + 3, HEAD_DIM + 8)).astype(BF16)
-    return buffer[1:, ::2, 2 : rows + 2, :HEAD_DIM], buffer
+        buffer = place(rng.standard_normal(shape).astype(dtype))
+        return buffer, buffer, np.ones(shape, bool)
+    *outer, rows, head_dim = shape
+    row = head_dim + 4 * np.dtype(dtype).itemsize
+    buffer = rng.standard_normal((outer[0] + 1, *(2 * n - 1 for n in outer[1:]), rows + 3, row))
+    buffer = place(buffer.astype(dtype))
+    index = (slice(1, None), *(slice(None, None, 2) for _ in outer[1:]), slice(2, rows + 2), slice(None, head_dim))
+    mask = np.zeros(buffer.shape, bool)
+    mask[index] = True
+    return buffer[index], buffer, mask
 
 
-def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3, generations=1):
+def _ring(max_slots: int, rows: int, form: str, rng: np.random.Generator, place):
+    """A ring of ``form`` (its arrays made by ``place`` from host ones), its gate dtype, and (buffer, mask of
+    the ring in it) per array."""
+    padded = form.endswith("padded")
+    if form.startswith("split"):
+        keys, key_buffer, key_mask = _array((max_slots, rows, HEAD_DIM), BF16, padded, rng, place)
+        gates, gate_buffer, gate_mask = _array((max_slots, rows, HEAD_DIM), np.float32, padded, rng, place)
+        return (keys, gates), np.dtype(np.float32), [(key_buffer, key_mask), (gate_buffer, gate_mask)]
+    tail, buffer, mask = _array((max_slots, 2, rows, HEAD_DIM), BF16, padded, rng, place)
+    return tail, BF16, [(buffer, mask)]
+
+
+def _run_schedule(
+    module, kpool, next_n, rows, *, form, seed, requests=3, generations=1, place=lambda a: a, host=lambda a: a
+):
     """Chunked prefill, then decode steps with random rejections; returns (pools got, pools wanted).
 
     With generations > 1 every request ends and a new one takes its slot,
-    the ring left as the last one left it (slot reuse).
+    the ring left as the last one left it (slot reuse). ``place`` puts the
+    ring's buffers where ``module`` computes, ``host`` brings one back.
     """
     rng = np.random.default_rng(seed)
     total = 6 * kpool + 4 * next_n + 7  # each request's accepted sequence, longer than any schedule needs
     ape = rng.standard_normal((kpool, HEAD_DIM)).astype(np.float32)
-    tail, buffer = _ring(requests + 1, rows, padded, rng)
-    outside = buffer.copy()
-    view_mask = np.zeros(buffer.shape, bool)
-    if padded:
-        view_mask[1:, ::2, 2 : rows + 2, :HEAD_DIM] = True
-    else:
-        view_mask[...] = True
+    tail, gate_dtype, buffers = _ring(requests + 1, rows, form, rng, place)
+    outside = [host(buffer).copy() for buffer, _ in buffers]
     slots = rng.permutation(requests + 1)[:requests].astype(np.int32)  # slots need not follow requests
     got: dict[tuple[int, int, int], bytes] = {}
     wanted: dict[tuple[int, int, int], bytes] = {}
     for generation in range(generations):
         keys = rng.standard_normal((requests, total, HEAD_DIM)).astype(BF16)
-        gates = (3 * rng.standard_normal((requests, total, HEAD_DIM))).astype(BF16)
+        gates = (3 * rng.standard_normal((requests, total, HEAD_DIM))).astype(gate_dtype)
 
         # Chunked prefill, each request on its own: ring close, compress, seed tail.
         lengths = rng.integers(1, 2 * kpool + 2, size=(requests, 2))
@@ -75,7 +99,7 @@ def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3, gene
             positions = position[:, None] + np.arange(next_n)
             accepted = rng.integers(0, next_n + 1, size=requests)
             step_k = rng.standard_normal((requests, next_n, HEAD_DIM)).astype(BF16)  # drafts: garbage
-            step_gate = (3 * rng.standard_normal((requests, next_n, HEAD_DIM))).astype(BF16)
+            step_gate = (3 * rng.standard_normal((requests, next_n, HEAD_DIM))).astype(gate_dtype)
             for b in range(requests):
                 n = int(accepted[b])
                 step_k[b, :n] = keys[b, position[b] : position[b] + n]
@@ -94,19 +118,20 @@ def _run_schedule(module, kpool, next_n, rows, *, padded, seed, requests=3, gene
             for pool in range(one_call.shape[0]):
                 wanted[(generation, b, pool)] = one_call[pool].tobytes()
 
-    # Nothing outside the ring's view was touched.
-    assert np.array_equal(buffer[~view_mask].view(np.uint16), outside[~view_mask].view(np.uint16))
+    # Nothing outside the ring's views was touched.
+    for (buffer, mask), before in zip(buffers, outside, strict=True):
+        assert host(buffer)[~mask].tobytes() == before[~mask].tobytes()
     return got, wanted
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
 @pytest.mark.parametrize(("kpool", "next_n"), [(1, 1), (1, 4), (2, 3), (4, 1), (4, 4), (4, 8), (8, 2), (16, 5)])
-@pytest.mark.parametrize("padded", [False, True], ids=["contiguous", "padded"])
-def test_every_accepted_pool_is_the_one_call_pool_on_a_ring_at_the_bound_and_longer(module, kpool, next_n, padded):
+@pytest.mark.parametrize("form", FORMS)
+def test_every_accepted_pool_is_the_one_call_pool_on_a_ring_at_the_bound_and_longer(module, kpool, next_n, form):
     bound = kpool + next_n - 1
     for rows in sorted({bound, max(bound, 2 * kpool), max(bound, 16)}):
         for seed in range(3):
-            got, wanted = _run_schedule(module, kpool, next_n, rows, padded=padded, seed=seed)
+            got, wanted = _run_schedule(module, kpool, next_n, rows, form=form, seed=seed)
             assert set(got) <= set(wanted), sorted(set(got) - set(wanted))
             # Every pool the accepted sequence completes came out of some call.
             assert set(got) == set(wanted), sorted(set(wanted) - set(got))
@@ -118,8 +143,8 @@ def test_every_accepted_pool_is_the_one_call_pool_on_a_ring_at_the_bound_and_lon
 def test_a_slot_reused_by_a_new_request_starts_clean(module):
     # Each request ends and a new one takes its slot, the ring as left: the
     # new sequences' pools come out as one compress each.
-    for kpool, next_n in ((4, 3), (3, 5)):
-        got, wanted = _run_schedule(module, kpool, next_n, kpool + next_n - 1, padded=True, seed=9, generations=3)
+    for (kpool, next_n), form in zip(((4, 3), (3, 5)), ("single-padded", "split-padded"), strict=True):
+        got, wanted = _run_schedule(module, kpool, next_n, kpool + next_n - 1, form=form, seed=9, generations=3)
         assert set(got) == set(wanted) and all(got[key] == wanted[key] for key in wanted)
 
 
@@ -129,6 +154,22 @@ def test_one_row_below_the_bound_a_rejected_draft_corrupts_a_pool(module):
     # rejected draft overwrite a member of the pool open at the restart.
     corrupted = 0
     for seed in range(12):
-        got, wanted = _run_schedule(module, 4, 4, 6, padded=False, seed=seed)
+        got, wanted = _run_schedule(module, 4, 4, 6, form="single", seed=seed)
         corrupted += sum(got.get(key) != value for key, value in wanted.items())
     assert corrupted > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", FORMS)
+def test_gpu_every_accepted_pool_is_the_one_call_pool(form):
+    # The GPU path with the ring on the device (padded views made there) and
+    # every other array sent over per call.
+    import cupy
+    from test_gpu_lifecycle import CupyBackend
+
+    for kpool, next_n in ((4, 4), (3, 5)):
+        rows = max(kpool + next_n - 1, 2 * kpool)
+        got, wanted = _run_schedule(
+            CupyBackend(), kpool, next_n, rows, form=form, seed=5, place=cupy.asarray, host=cupy.asnumpy
+        )
+        assert set(got) == set(wanted) and all(got[key] == wanted[key] for key in wanted), (kpool, next_n)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
 from ..ops.binding import Binding
-from ..ops.spec import Launch, OpSpec, Option
+from ..ops.spec import Launch, OpSpec, Option, gather, spread
 from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
 
@@ -79,23 +79,26 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     """A GPU call: its signature's plan when there is one (cupy_plans), the full path otherwise."""
     cupy = import_cupy()
     stream = extras["stream"]
+    # Plans and placement see one array per entry: a split ring's two arrays
+    # are two entries.
+    flat = spread(spec.operands, arrays)
     # A foreign stream is wrapped inside the arrays' device (on_device): the
     # full path. The current stream or a CuPy stream can take the plan.
-    key = plans.signature(spec, arrays, options, cupy.ndarray)
+    key = plans.signature(spec, flat.arrays, options, cupy.ndarray)
     if key is not None and (stream is None or isinstance(stream, cupy.cuda.Stream)):
         if stream is None:
-            result = plans.replay(key, arrays, cupy)
+            result = plans.replay(key, flat.arrays, cupy)
         else:
             with stream:
-                result = plans.replay(key, arrays, cupy)
+                result = plans.replay(key, flat.arrays, cupy)
         if result is not plans.MISS:
             return result
-    with on_device(spec.operand_names, arrays, stream) as (cupy, device_id, placed):
+    with on_device(flat.names, flat.arrays, stream) as (cupy, device_id, placed):
         backend = CupyBackend(cupy, device_id)
-        result = spec.run(backend, placed, **options)
+        result = spec.run(backend, gather(spec.operands, arrays, placed), **options)
         if key is not None and not backend.host_work and len(backend.launched) == 1:
             ((launch, kernel),) = backend.launched
-            plan = plans.make_plan(spec, placed, launch, kernel, device_id, result)
+            plan = plans.make_plan(placed, flat.written, launch, kernel, device_id, result)
             if plan is not None:
                 plans.remember(key, plan)
         return result

@@ -78,14 +78,16 @@ def extent(array: Any) -> tuple[int, int]:
 
 
 def make_plan(
-    spec: OpSpec, arrays: tuple[Any, ...], launch: Launch, function: Any, device_id: int, result: Any
+    arrays: tuple[Any, ...], writes: tuple[bool, ...], launch: Launch, function: Any, device_id: int, result: Any
 ) -> LaunchPlan | None:
     """The plan of a full call that made exactly ``launch``, or None when the call cannot be replayed.
 
-    Every array argument of the launch must be one of the call's operands and
-    every result one of them too; anything else (an array the op made) would
-    have to be made again. One array passed as two operands makes no plan:
-    the plan could not tell which operand an argument stands for.
+    ``arrays`` are the call's arrays one by one (a split ring's two are two,
+    ``ops.spec.spread``), ``writes`` whether the op writes each. Every array
+    argument of the launch must be one of them and every result one of them
+    too; anything else (an array the op made) would have to be made again.
+    One array passed as two operands makes no plan: the plan could not tell
+    which operand an argument stands for.
     """
     given = [id(array) for array in arrays if array is not None]
     if len(set(given)) != len(given):
@@ -101,7 +103,7 @@ def make_plan(
     results = [next((i for i, array in enumerate(arrays) if r is array), -1) for r in returned]
     if -1 in results:
         return None
-    written = tuple(i for i, operand in enumerate(spec.operands) if operand.written and arrays[i] is not None)
+    written = tuple(i for i, writes_it in enumerate(writes) if writes_it and arrays[i] is not None)
     return LaunchPlan(
         function=function,
         device_id=device_id,

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..arrays import check_array_kind
 from ..ops.binding import Binding
-from ..ops.spec import Backend, OpSpec
+from ..ops.spec import Backend, OpSpec, spread
 
 
 class HostMemory:
@@ -47,7 +47,8 @@ def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Bin
 
     def call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
         chosen = backend(extras)  # checks the backend's own options first
-        check_host_arrays(name, spec.operand_names, arrays)
+        placed = spread(spec.operands, arrays)  # a split ring's two arrays are checked one by one
+        check_host_arrays(name, placed.names, placed.arrays)
         return spec.run(chosen, arrays, **options)
 
     return Binding(name, f"kpool_cupy.{name}", "np.ndarray", "np.ndarray | None", (), call)

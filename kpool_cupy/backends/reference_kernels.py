@@ -19,6 +19,7 @@ import numpy as np
 
 from ..dtypes import INT32_MAX
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
+from ..ops.operands import ring_arrays
 from ..ops.spec import Launch
 
 FLOAT32 = np.float32  # the kernels' arithmetic
@@ -181,7 +182,8 @@ def _requests(call: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: A
 def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
     call, o = launch.call, launch.operands
-    tail, k, gate, ape, out, closed = (o[name] for name in ("tail", "k", "gate", "ape", "out", "closed"))
+    k, gate, ape, out, closed = (o[name] for name in ("k", "gate", "ape", "out", "closed"))
+    key_ring, gate_ring = ring_arrays(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
     kpool = call.kpool
     phase = np.where(usable, cached, 0) % kpool
@@ -192,11 +194,11 @@ def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     from_ring = members[None] < phase[chosen][:, None]  # [closing, kpool]
     rows = np.where(from_ring, 0, begin[chosen][:, None] + members - phase[chosen][:, None])
     # Member m of pool c // kpool sits at ring row (c - c % kpool + m) % ring.
-    ring_rows = (cached[chosen] - phase[chosen])[:, None] % tail.shape[2]
-    ring_rows = (ring_rows + members) % tail.shape[2]
+    ring_rows = (cached[chosen] - phase[chosen])[:, None] % key_ring.shape[1]
+    ring_rows = (ring_rows + members) % key_ring.shape[1]
     slot = slots[chosen][:, None]
-    keys = np.where(from_ring[..., None], tail[slot, 0, ring_rows], k[rows])
-    gates = np.where(from_ring[..., None], tail[slot, 1, ring_rows], gate[rows])
+    keys = np.where(from_ring[..., None], key_ring[slot, ring_rows], k[rows])
+    gates = np.where(from_ring[..., None], gate_ring[slot, ring_rows], gate[rows])
     with np.errstate(over="ignore"):
         out[chosen] = pool_members(keys, gates, ape, accumulate).astype(out.dtype)
 
@@ -204,7 +206,8 @@ def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
 def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_seed_tail``: each request's trailing tokens into its ring."""
     call, o = launch.call, launch.operands
-    tail, k, gate = o["tail"], o["k"], o["gate"]
+    k, gate = o["k"], o["gate"]
+    key_ring, gate_ring = ring_arrays(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
     usable &= cached <= np.iinfo(np.int64).max - (end - begin)  # c + n must not wrap
     last = cached + np.where(usable, end - begin, 0)
@@ -214,17 +217,16 @@ def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
         active = np.flatnonzero(usable & (step < last - start))
         position = start + step
         rows = begin[active] + position[active] - cached[active]
-        ring = position[active] % tail.shape[2]
-        tail[slots[active], 0, ring] = k[rows]
-        tail[slots[active], 1, ring] = gate[rows]
+        ring = position[active] % key_ring.shape[1]
+        key_ring[slots[active], ring] = k[rows]
+        gate_ring[slots[active], ring] = gate[rows]
 
 
 def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_tail_update``: each request's step tokens in order, into its ring, closing pools."""
     call, o = launch.call, launch.operands
-    tail, k, gate, ape, positions, out, closed = (
-        o[name] for name in ("tail", "k", "gate", "ape", "positions", "out", "closed")
-    )
+    k, gate, ape, positions, out, closed = (o[name] for name in ("k", "gate", "ape", "positions", "out", "closed"))
+    key_ring, gate_ring = ring_arrays(o["tail"])
     slots = np.asarray(o["slot_idx"]).astype(np.int64)
     slot_ok = (slots >= 0) & (slots < call.max_slots)
     written = np.zeros(call.requests, dtype=np.int64)
@@ -232,17 +234,17 @@ def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
     for t in range(call.next_n):  # a step's tokens, in order
         position = positions[:, t].astype(np.int64)
         real = np.flatnonzero(slot_ok & (position >= 0))  # padding touches nothing
-        ring = position[real] % tail.shape[2]
-        tail[slots[real], 0, ring] = k[real, t]
-        tail[slots[real], 1, ring] = gate[real, t]
+        ring = position[real] % key_ring.shape[1]
+        key_ring[slots[real], ring] = k[real, t]
+        gate_ring[slots[real], ring] = gate[real, t]
         closes = position[real] % call.kpool == call.kpool - 1
         closing = real[closes & (written[real] < call.pools_per_request)]
         if closing.size:
             # Members of pool pos // kpool: rows (pos - kpool + 1 + m) % ring.
             first = position[closing] - (call.kpool - 1)
-            member_rows = (first[:, None] + np.arange(call.kpool)) % tail.shape[2]
+            member_rows = (first[:, None] + np.arange(call.kpool)) % key_ring.shape[1]
             slot = slots[closing][:, None]
-            pooled = pool_members(tail[slot, 0, member_rows], tail[slot, 1, member_rows], ape, accumulate)
+            pooled = pool_members(key_ring[slot, member_rows], gate_ring[slot, member_rows], ape, accumulate)
             with np.errstate(over="ignore"):
                 out[closing, written[closing]] = pooled.astype(out.dtype)
             closed[closing, written[closing]] = position[closing] // call.kpool

@@ -22,7 +22,8 @@ class VectorAccess(enum.IntFlag):
     GATE = 2
     APE = 4
     OUT = 8
-    TAIL = 16
+    TAIL = 16  # a ring's keys
+    GATE_RING = 32  # a ring's gate scores
 
 
 def data_pointer(array: Any) -> int:
@@ -44,7 +45,8 @@ def allows_vector_access(array: Any) -> bool:
 
 
 def vector_mask(**operands: Any) -> int:
-    """The VECTOR template argument: the bit of each named operand (k, gate, ape, out, tail) that allows it."""
+    """The VECTOR template argument: the bit of each named operand (k, gate, ape, out, tail, gate_ring) that
+    allows it."""
     bits = 0
     for name, array in operands.items():
         if array is not None and allows_vector_access(array):

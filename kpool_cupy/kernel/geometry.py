@@ -14,7 +14,13 @@ CHANNELS_PER_THREAD = 8  # kp::kChannelsPerThread in kernels/kpool_common.cuh
 # once up to the first, else chunks of the second (tests/test_kernel_codes.py
 # compares them with the header).
 WHOLE_POOL_BYTES, STREAM_BYTES = 448, 256
-TARGET_THREADS_PER_BLOCK = 256
+TARGET_THREADS_PER_BLOCK = 256  # kp::group_block_bound's floor: a block of groups never has more
+
+
+def group_block_bound(head_dim: int) -> int:
+    """The most threads ``group_geometry`` puts in a block at ``head_dim`` (``kp::group_block_bound``): the
+    launch bound of a kernel that needs more than 128 registers a thread (tail update on a split ring)."""
+    return max(TARGET_THREADS_PER_BLOCK, head_dim // CHANNELS_PER_THREAD)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,12 @@ from .codes import VectorAccess
 
 # The VECTOR argument of a kernel whose every operand allows 16-byte access,
 # and the index dtypes a name defaults to: the variants tools and tests look at.
+_RINGS = VectorAccess.TAIL | VectorAccess.GATE_RING
 ALIGNED = {
     "kpool_compress": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT,
-    "kpool_ring_close": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT | VectorAccess.TAIL,
-    "kpool_seed_tail": VectorAccess.K | VectorAccess.GATE | VectorAccess.TAIL,
-    "kpool_tail_update": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT | VectorAccess.TAIL,
+    "kpool_ring_close": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT | _RINGS,
+    "kpool_seed_tail": VectorAccess.K | VectorAccess.GATE | _RINGS,
+    "kpool_tail_update": VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT | _RINGS,
 }
 INDEX_ARRAYS = {
     "kpool_compress": 3,  # input_row_offsets, cache_lengths, pool_row_offsets
@@ -84,14 +85,21 @@ def ring_kernel_name(
     kpool: int,
     vector: int | None = None,
     index_dtypes: tuple[np.dtype, ...] | None = None,
+    *,
+    gate_dtype: np.dtype | None = None,
+    split: bool = False,
 ) -> str:
-    """``kpool_ring_close<T, OT, HEAD_DIM, KPOOL, VECTOR, ...index types>`` and its siblings.
+    """``kpool_ring_close<T, G, OT, HEAD_DIM, KPOOL, VECTOR, ...index types>`` and its siblings.
 
-    Seed tail has no output type. Defaults as :func:`compress_kernel_name`.
+    Seed tail has no output type; tail update takes ``SPLIT`` (the ring is a
+    pair of arrays) after VECTOR. ``gate_dtype`` (G: gate's and the gate
+    ring's) defaults to ``dtype``; the rest as :func:`compress_kernel_name`.
     """
-    types = (np.dtype(dtype),) if out_dtype is None else (np.dtype(dtype), np.dtype(out_dtype))
+    gate = np.dtype(dtype if gate_dtype is None else gate_dtype)
+    types = (np.dtype(dtype), gate) if out_dtype is None else (np.dtype(dtype), gate, np.dtype(out_dtype))
     mask = ALIGNED[kernel] if vector is None else vector
-    return instantiation(kernel, *types, head_dim, kpool, mask, *_indexes(kernel, index_dtypes))
+    layout = (int(split),) if kernel == "kpool_tail_update" else ()
+    return instantiation(kernel, *types, head_dim, kpool, mask, *layout, *_indexes(kernel, index_dtypes))
 
 
 def expand_kernel_name(

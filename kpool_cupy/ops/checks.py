@@ -13,7 +13,7 @@ import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, MAX_KPOOL, dtype_name, element_dtype
 from ..kernel.codes import data_pointer
-from .spec import Operand
+from .spec import Operand, spread
 
 # A group of head_dim / 8 threads serves one pool; at 4096 that is one
 # 512-thread block, which leaves each thread the 128 registers the kernels use
@@ -229,15 +229,13 @@ def check_no_overlap(parameters: tuple[Any, ...], arrays: tuple[Any, ...]) -> No
     A kernel that writes memory it also reads gives results that depend on
     thread order, and the backends would disagree.
     """
-    operands = [p for p in parameters if isinstance(p, Operand)]
-    present = [(p, a) for p, a in zip(operands, arrays, strict=True) if a is not None]
-    for i, (written, w) in enumerate(present):
-        if not written.written:
+    flat = spread(tuple(p for p in parameters if isinstance(p, Operand)), arrays)  # a split ring is two arrays
+    present = [(n, w, a) for n, w, a in zip(flat.names, flat.written, flat.arrays, strict=True) if a is not None]
+    for i, (name, writes, w) in enumerate(present):
+        if not writes:
             continue
-        for j, (other, o) in enumerate(present):
-            if i == j or (other.written and j < i):
+        for j, (other, other_writes, o) in enumerate(present):
+            if i == j or (other_writes and j < i):
                 continue  # two outputs are compared once
             if shares_memory(w, o):
-                raise fail(
-                    written.name, f"memory that {other.name} does not use", f"an array sharing bytes with {other.name}"
-                )
+                raise fail(name, f"memory that {other} does not use", f"an array sharing bytes with {other}")

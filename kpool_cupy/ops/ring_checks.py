@@ -8,6 +8,7 @@ import numpy as np
 
 from ..dtypes import INT32, dtype_name
 from .checks import check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
+from .spec import is_pair
 
 # The most rows a ring may have: far above kpool + next_n - 1 for any real
 # speculative decoder, and small enough that row arithmetic stays far from
@@ -34,41 +35,85 @@ def check_no_internal_overlap(name: str, array: Any) -> None:
         span += stride * (size - 1)
 
 
-def check_tail(tail: Any, dtype: np.dtype, kpool: int | None, head_dim: int, *, writes: bool) -> tuple[int, int, int]:
-    """The ring ``[max_slots, 2, ring, head_dim]`` in the dtype of k, ``kpool <= ring <= MAX_RING`` rows.
-
-    Any slot, half and row strides (whole elements), the last dim contiguous:
-    a view into a padded cache works as it is. Returns (max_slots, ring rows,
-    kpool); kpool None means the ring's rows.
-    """
-    require_array("tail", tail)
-    if np.dtype(tail.dtype) != dtype:
-        raise dtype_fail(
-            "tail", f"dtype {dtype_name(dtype)} like k (the ring stores raw values)", dtype_name(tail.dtype)
-        )
-    expected = f"shape [max_slots, 2, ring, {head_dim}]"
-    if tail.ndim != 4 or tail.shape[1] != 2 or tail.shape[3] != head_dim or not 1 <= tail.shape[2] <= MAX_RING:
-        raise fail("tail", expected + f", 1 <= ring <= {MAX_RING}", f"shape {tuple(tail.shape)}")
-    rows = int(tail.shape[2])
-    if kpool is not None and rows < kpool:
-        raise fail("tail", f"at least kpool = {kpool} ring rows (tail.shape[2])", f"{rows} rows")
-    itemsize = tail.dtype.itemsize
-    if tail.size and head_dim > 1 and tail.strides[3] != itemsize:
-        raise fail("tail", f"a contiguous last dim (stride {itemsize} bytes)", f"stride {tail.strides[3]} bytes")
-    if tail.size and any(s % itemsize for s in tail.strides):
-        raise fail("tail", f"strides that are multiples of {itemsize} bytes", f"strides {tail.strides}")
+def _check_layout(name: str, array: Any, rows: int, span: int) -> None:
+    """Last dim contiguous, strides in whole elements, a slot spanning fewer than 2^31 elements."""
+    itemsize = array.dtype.itemsize
+    if array.size and array.shape[-1] > 1 and array.strides[-1] != itemsize:
+        raise fail(name, f"a contiguous last dim (stride {itemsize} bytes)", f"stride {array.strides[-1]} bytes")
+    if array.size and any(s % itemsize for s in array.strides):
+        raise fail(name, f"strides that are multiples of {itemsize} bytes", f"strides {array.strides}")
     # The decode kernel addresses rows within a slot with 32-bit offsets,
     # the ring's whole length (rows * row stride, its wrap) among them.
-    half, row = abs(tail.strides[1]) // itemsize, abs(tail.strides[2]) // itemsize
-    span = rows * row + half + head_dim
-    if tail.size and span >= 2**31:
+    if array.size and span >= 2**31:
         raise fail(
-            "tail", "a slot spanning fewer than 2^31 elements (rows x row stride, halves, head_dim)", f"{span} elements"
+            name, "a slot spanning fewer than 2^31 elements (rows x row stride, halves, head_dim)", f"{span} elements"
         )
+
+
+def _check_ring_array(name: str, array: Any, dtype: np.dtype, what: str, head_dim: int, *, writes: bool) -> int:
+    """One array of a split ring, ``[max_slots, ring, head_dim]`` in ``dtype``; returns its ring rows."""
+    require_array(name, array)
+    if np.dtype(array.dtype) != dtype:
+        raise dtype_fail(name, f"dtype {dtype_name(dtype)} like {what}", dtype_name(array.dtype))
+    if array.ndim != 3 or array.shape[2] != head_dim or not 1 <= array.shape[1] <= MAX_RING:
+        raise fail(name, f"shape [max_slots, ring, {head_dim}], 1 <= ring <= {MAX_RING}", f"shape {tuple(array.shape)}")
+    rows = int(array.shape[1])
+    _check_layout(name, array, rows, rows * abs(array.strides[1]) // array.dtype.itemsize + head_dim)
     if writes:
-        check_writable("tail", tail)
-        check_no_internal_overlap("tail", tail)
-    return int(tail.shape[0]), rows, rows if kpool is None else kpool
+        check_writable(name, array)
+        check_no_internal_overlap(name, array)
+    return rows
+
+
+def check_tail(
+    tail: Any, dtype: np.dtype, gate_dtype: np.dtype, kpool: int | None, head_dim: int, *, writes: bool
+) -> tuple[int, int, int]:
+    """The ring: one array ``[max_slots, 2, ring, head_dim]`` in k's dtype (gate's must be the same), or a
+    pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]`` in k's and gate's dtypes.
+
+    ``kpool <= ring <= MAX_RING`` rows, any slot, half and row strides (whole
+    elements), the last dim contiguous: a view into a padded cache works as
+    it is. Returns (max_slots, ring rows, kpool); kpool None means the ring's
+    rows.
+    """
+    if is_pair(tail):
+        if len(tail) != 2:
+            raise TypeError(
+                f"Invalid tail: expected an array or a pair (key_ring, gate_ring), got a {type(tail).__name__} "
+                f"of {len(tail)}"
+            )
+        keys, gates = tail
+        rows = _check_ring_array("tail[0]", keys, dtype, "k (the key ring)", head_dim, writes=writes)
+        _check_ring_array("tail[1]", gates, gate_dtype, "gate (the gate ring)", head_dim, writes=writes)
+        if tuple(gates.shape) != tuple(keys.shape):
+            raise fail("tail[1]", f"shape {tuple(keys.shape)} like the key ring", f"shape {tuple(gates.shape)}")
+        slots = int(keys.shape[0])
+    else:
+        require_array("tail", tail)
+        if np.dtype(tail.dtype) != dtype:
+            raise dtype_fail(
+                "tail", f"dtype {dtype_name(dtype)} like k (the ring stores raw values)", dtype_name(tail.dtype)
+            )
+        expected = f"shape [max_slots, 2, ring, {head_dim}], 1 <= ring <= {MAX_RING}"
+        if tail.ndim != 4 or tail.shape[1] != 2 or tail.shape[3] != head_dim or not 1 <= tail.shape[2] <= MAX_RING:
+            raise fail("tail", expected + " (or a pair (key_ring, gate_ring))", f"shape {tuple(tail.shape)}")
+        if gate_dtype != dtype:
+            raise dtype_fail(
+                "gate",
+                f"dtype {dtype_name(dtype)} like k (one ring array holds keys and gate scores in k's dtype; "
+                "a pair tail=(key_ring, gate_ring) keeps gate scores in gate's)",
+                dtype_name(gate_dtype),
+            )
+        rows = int(tail.shape[2])
+        half, row = (abs(tail.strides[axis]) // tail.dtype.itemsize for axis in (1, 2))
+        _check_layout("tail", tail, rows, rows * row + half + head_dim)
+        if writes:
+            check_writable("tail", tail)
+            check_no_internal_overlap("tail", tail)
+        slots = int(tail.shape[0])
+    if kpool is not None and rows < kpool:
+        raise fail("tail", f"at least kpool = {kpool} ring rows", f"{rows} rows")
+    return slots, rows, rows if kpool is None else kpool
 
 
 def check_slots(slot_idx: Any, requests: int) -> None:

@@ -32,6 +32,7 @@ from .operands import (
     TOKEN_K,
     requests,
     ring_and_tokens,
+    ring_vector,
 )
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
@@ -47,6 +48,7 @@ class RingCloseCall:
     total_tokens: int
     max_slots: int
     dtype: np.dtype
+    gate_dtype: np.dtype
     out_dtype: np.dtype
 
 
@@ -54,10 +56,10 @@ def check_ring_close_args(
     tail: Any, k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, out: Any,
     closed: Any, out_dtype: Any = None,
 ) -> RingCloseCall:  # fmt: skip
-    head_dim = check_keys(k, gate, same_dtype=True)
+    head_dim = check_keys(k, gate)
     kpool = check_ape(ape, head_dim)
     batch = check_batch_index(input_row_offsets, cache_lengths)
-    max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=False)
+    max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), np.dtype(gate.dtype), kpool, head_dim, writes=False)
     check_slots(slot_idx, batch)
     check_out(out, head_dim, ">= batch")
     if out is not None and out.shape[0] < batch:
@@ -65,7 +67,8 @@ def check_ring_close_args(
     if closed is not None:
         check_closed(closed, (batch,), exact=False)
     written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
-    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype), written)
+    dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
+    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, *dtypes, written)
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:
@@ -100,8 +103,9 @@ def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
         call.out_dtype,
         call.head_dim,
         call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], **ring_vector(o)),
         codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
+        gate_dtype=call.gate_dtype,
     )
     geometry = group_geometry(call.head_dim, call.batch)
     return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
@@ -137,9 +141,11 @@ GPU_DOC = """Close each request's pending pool from its ring and this call's fir
 For a request whose cached prefix ends mid-pool (``c % kpool != 0``) and
 whose call brings at least ``kpool - c % kpool`` tokens. ``tail`` is
 ``[max_slots, 2, ring, head_dim]`` in the dtype of k (0 keys, 1 gate
-scores; ``ring >= kpool`` rows, position ``pos`` at row ``pos % ring``; any
-slot, half and row strides, last dim contiguous), request b's ring is slot
-``slot_idx[b]``; it is read, never written. The ring holds raw values, so the pool equals, bit for bit, the
+scores), or a pair ``(key_ring, gate_ring)`` of ``[max_slots, ring,
+head_dim]`` arrays in k's and gate's dtypes; ``ring >= kpool`` rows,
+position ``pos`` at row ``pos % ring``; any slot, half and row strides, last
+dim contiguous. Request b's ring is slot ``slot_idx[b]``; it is read, never
+written. The ring holds raw values, so the pool equals, bit for bit, the
 one kpool_compress builds over the whole sequence.
 
 Returns

@@ -21,6 +21,7 @@ from .operands import (
     TOKEN_K,
     requests,
     ring_and_tokens,
+    ring_vector,
 )
 from .ring_checks import check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, OpSpec, Option
@@ -36,18 +37,20 @@ class SeedTailCall:
     total_tokens: int
     max_slots: int
     dtype: np.dtype
+    gate_dtype: np.dtype
 
 
 def check_seed_tail_args(
     tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, kpool: Any = None
 ) -> SeedTailCall:
-    head_dim = check_keys(k, gate, same_dtype=True)
+    head_dim = check_keys(k, gate)
     batch = check_batch_index(input_row_offsets, cache_lengths)
     if kpool is not None:
         check_kpool(kpool)
-    max_slots, _, kpool = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
+    dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
+    max_slots, _, kpool = check_tail(tail, *dtypes, kpool, head_dim, writes=True)
     check_slots(slot_idx, batch)
-    return SeedTailCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, np.dtype(k.dtype))
+    return SeedTailCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, *dtypes)
 
 
 def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
@@ -63,8 +66,9 @@ def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
         None,
         call.head_dim,
         call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], tail=o["tail"]),
+        codes.vector_mask(k=o["k"], gate=o["gate"], **ring_vector(o)),
         codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
+        gate_dtype=call.gate_dtype,
     )
     geometry = group_geometry(call.head_dim, call.batch)
     return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands)
@@ -91,8 +95,10 @@ GPU_DOC = """Stash each request's trailing tokens into its ring, in place.
 Positions ``[max(floor((c + n) / kpool) * kpool, c), c + n)`` go to ring
 row ``pos % ring`` of slot ``slot_idx[b]``: the start of the pool a later
 call completes. A prefill chunk calls ring close, then compress, then seed
-tail. ``tail`` is ``[max_slots, 2, ring, head_dim]`` in the dtype of k, any
-slot, half and row strides with the last dim contiguous; ``kpool`` defaults
+tail. ``tail`` is ``[max_slots, 2, ring, head_dim]`` in the dtype of k, or a
+pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]`` arrays in
+k's and gate's dtypes, any slot, half and row strides with the last dim
+contiguous; ``kpool`` defaults
 to its ``ring`` rows, and a ring longer than the pool (speculative decoding,
 see :func:`kpool_cupy.kpool_tail_update`) needs ``kpool=`` (the other ring
 ops take it from ``ape``). With ``validate=True`` each slot must belong to

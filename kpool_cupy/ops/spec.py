@@ -26,13 +26,16 @@ class Operand:
 
     ``rule`` is its dtype and shape rule in one line, for documentation and
     generated schemas. An optional operand is keyword-only and defaults to
-    None; ``written`` says the op writes into it (an ``out=``, a ring).
+    None; ``written`` says the op writes into it (an ``out=``, a ring);
+    ``pair`` that it may also be given as a pair of arrays (a split ring:
+    ``(key_ring, gate_ring)``).
     """
 
     name: str
     rule: str
     optional: bool = False
     written: bool = False
+    pair: bool = False
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required
@@ -48,6 +51,56 @@ class Option:
 
 
 Parameter = Operand | Option
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A call's operands one array each, as a backend places them: a pair is two entries."""
+
+    names: tuple[str, ...]  # "tail[0]", "tail[1]" for the two arrays of a pair
+    arrays: tuple[Any, ...]
+    written: tuple[bool, ...]
+
+
+def is_pair(value: Any) -> bool:
+    """Whether an operand's value is a pair of arrays rather than one array (tuple or list; arrays have shape)."""
+    return isinstance(value, (tuple, list)) and not hasattr(value, "shape")
+
+
+def spread(operands: tuple[Operand, ...], arrays: tuple[Any, ...]) -> Spread:
+    """The arrays of a call one by one, a pair given for a ``pair`` operand as two; a TypeError naming the
+    operand for a tuple of the wrong length."""
+    names, flat, written = [], [], []
+    for operand, value in zip(operands, arrays, strict=True):
+        if operand.pair and is_pair(value):
+            if len(value) != 2:
+                raise TypeError(
+                    f"Invalid {operand.name}: expected an array or a pair (key_ring, gate_ring), "
+                    f"got a {type(value).__name__} of {len(value)}"
+                )
+            names += [f"{operand.name}[0]", f"{operand.name}[1]"]
+            flat += list(value)
+            written += [operand.written] * 2
+        else:
+            names.append(operand.name)
+            flat.append(value)
+            written.append(operand.written)
+    return Spread(tuple(names), tuple(flat), tuple(written))
+
+
+def gather(operands: tuple[Operand, ...], given: tuple[Any, ...], flat: tuple[Any, ...]) -> tuple[Any, ...]:
+    """``spread``'s arrays back in operand order (a pair as a tuple), where ``given`` was the call's."""
+    arrays, i = [], 0
+    for operand, value in zip(operands, given, strict=True):
+        if operand.pair and is_pair(value):
+            arrays.append((flat[i], flat[i + 1]))
+            i += 2
+        else:
+            arrays.append(flat[i])
+            i += 1
+    return tuple(arrays)
+
+
 OutputShape = tuple[tuple[int, ...], np.dtype]
 
 VALIDATE = Option("validate", "bool", True)

@@ -23,9 +23,9 @@ from .checks import (
     fail,
     require_array,
 )
-from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX, ring
+from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX, ring, ring_vector
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, is_pair
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class TailUpdateCall:
     pools_per_request: int  # ceil(next_n / kpool): the most pools one step can close
     max_slots: int
     dtype: np.dtype
+    gate_dtype: np.dtype
     out_dtype: np.dtype
 
 
@@ -78,11 +79,12 @@ def check_tail_update_args(
     requests, next_n, head_dim = (int(d) for d in k.shape)
     if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
         raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
-    _check_step_tokens("gate", gate, (np.dtype(k.dtype),))
+    _check_step_tokens("gate", gate, tuple(ELEMENT_CTYPES))
     if tuple(gate.shape) != tuple(k.shape):
         raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
     kpool = check_ape(ape, head_dim)
-    max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), kpool, head_dim, writes=True)
+    dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
+    max_slots, _, _ = check_tail(tail, *dtypes, kpool, head_dim, writes=True)
     require_array("positions", positions)
     if positions.dtype not in INDEX_DTYPES:
         raise dtype_fail("positions", "dtype int32, uint32 or int64", positions.dtype)
@@ -97,7 +99,7 @@ def check_tail_update_args(
     if closed is not None:
         check_closed(closed, (requests, pools), exact=True)
     written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
-    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, np.dtype(k.dtype), written)
+    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, *dtypes, written)
 
 
 def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
@@ -156,8 +158,10 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
         call.out_dtype,
         call.head_dim,
         call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], tail=o["tail"]),
+        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], **ring_vector(o)),
         codes.index_dtypes(o["positions"], o["slot_idx"]),
+        gate_dtype=call.gate_dtype,
+        split=is_pair(o["tail"]),
     )
     geometry = group_geometry(call.head_dim, call.requests)
     return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
@@ -185,11 +189,13 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype:
 
 GPU_DOC = """The decode step: stash each token in its request's ring, close every pool it completes.
 
-``k``, ``gate`` ``[R, next_n, head_dim]`` (k's dtype), ``positions``
-``[R, next_n]`` (int32, uint32 or int64) with -1 for padding. Each request's tokens are
+``k``, ``gate`` ``[R, next_n, head_dim]``, ``positions`` ``[R, next_n]``
+(int32, uint32 or int64) with -1 for padding. Each request's tokens are
 walked in order; every real token is stashed at ring row ``pos % ring``
-(``tail`` ``[max_slots, 2, ring, head_dim]``, ``ring >= kpool``, any slot,
-half and row strides, last dim contiguous), and pool ``pos // kpool``
+(``tail`` ``[max_slots, 2, ring, head_dim]`` in k's dtype, gate in it too,
+or a pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]`` in
+k's and gate's dtypes; ``ring >= kpool``, any slot, half and row strides,
+last dim contiguous), and pool ``pos // kpool``
 closes from its members' rows ``(q * kpool + m) % ring`` when
 ``pos % kpool == kpool - 1``. A padded entry leaves the ring byte-identical.
 
