@@ -69,7 +69,11 @@ def ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
 
     kpool 3, head_dim 16, bfloat16 or float32 (each variant is a compile); the
     garbage is in the indices, with optional out/closed, empty decode steps and
-    token rows that are strided views of a larger buffer.
+    token rows that are strided views of a larger buffer. ``count`` cases take
+    the four functions in turn; then ``count // 2`` expand calls with a block
+    table or compacting or both (:func:`expand_garbage_cases`), from a stream
+    of their own, so the first ``count`` cases are the same with or without
+    them.
     """
     rng = np.random.default_rng(seed)
     kpool, head_dim = 3, 16
@@ -114,3 +118,78 @@ def ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
             pool_ids = _values(rng, tokens * 5, (np.int32, np.int64)[int(rng.integers(0, 2))], 50).reshape(tokens, 5)
             yield function, {"pool_ids": pool_ids, "input_row_offsets": offsets, "cache_lengths": cache,
                              "kpool": kpool, "always_select_tail": bool(rng.integers(0, 2))}  # fmt: skip
+    for case in expand_garbage_cases(seed, count // 2):
+        yield "expand_topk", case
+
+
+# (pool_ids, input_row_offsets, cache_lengths) for the block table and compact
+# modes: each index type once in each place. Three variants a mode rather than
+# all 27 (each is a compile); the ring cases above try every offsets type
+# against every cache type, and the table lookup does not depend on them.
+_EXPAND_TYPES = ((np.int32, np.uint32, np.int64), (np.uint32, np.int64, np.int32), (np.int64, np.int32, np.uint32))
+MAX_BLOCK_SIZE = 1 << 20  # kpool_cupy.ops.expand_topk.MAX_BLOCK_SIZE: a larger one is a ValueError, validated or not
+
+
+def _block_size(rng: np.random.Generator) -> int:
+    """Any size the API takes with validate=False: 1, 2, kpool, up to 16, random, the largest two."""
+    sizes = (1, 2, 3, int(rng.integers(1, 17)), int(rng.integers(1, MAX_BLOCK_SIZE + 1)), MAX_BLOCK_SIZE - 1)
+    return (*sizes, MAX_BLOCK_SIZE)[int(rng.integers(0, len(sizes) + 1))]
+
+
+def _block_table(rng: np.random.Generator, batch: int, block_size: int) -> np.ndarray:
+    """int32 ``[batch, max_blocks]``: 0 columns, fewer than the positions need, or plenty; entries of any value.
+
+    Near-valid pool ids reach position 3 * 52 = 156 and cache lengths near 64
+    reach about 100, so ``156 // block_size + 1`` columns cover what a sane
+    call selects. Entries: plausible pages, negative, INT32_MIN/MAX, random
+    int32, and the edge of the slot check, ``(INT32_MAX - (block_size - 1)) //
+    block_size`` and one more, whose slot is past int32. (No entry times a
+    block size overflows int64: |entry| <= 2^31 and block_size <= 2^20.)
+    """
+    needed = 156 // block_size + 1
+    max_blocks = (0, 1, int(rng.integers(1, needed + 1)), needed, needed + int(rng.integers(1, 4)))[
+        int(rng.integers(0, 5))
+    ]
+    max_blocks = min(max_blocks, 64)  # a small block size needs 157 columns; fewer keep the past-the-table case
+    entries = _values(rng, batch * max_blocks, np.int32, 1000)
+    edge = (2**31 - 1 - (block_size - 1)) // block_size
+    at_edge = rng.random(entries.size) < 0.2
+    entries[at_edge] = (edge + rng.integers(0, 2, entries.size).astype(np.int64))[at_edge].clip(None, 2**31 - 1)
+    return entries.reshape(batch, max_blocks)
+
+
+def expand_garbage_cases(seed: int, count: int) -> Iterator[dict]:
+    """Garbage block tables and block sizes for expand top-k, on top of garbage ids, offsets and lengths.
+
+    Cases take three modes in turn: a block table, a block table and compact,
+    compact alone (the ring cases above cover neither). kpool 3 as there;
+    always_select_tail at random. Whatever lands in the outputs is fine;
+    nothing outside the arrays may be touched, and no garbage value may make
+    the call raise.
+    """
+    rng = np.random.default_rng([seed, 11])
+    kpool = 3
+    for i in range(count):
+        paged, compact = ((True, False), (True, True), (False, True))[i % 3]
+        ids_type, offsets_type, cache_type = _EXPAND_TYPES[int(rng.integers(0, len(_EXPAND_TYPES)))]
+        tokens, batch, pool_topk = int(rng.integers(0, 30)), int(rng.integers(0, 5)), int(rng.integers(0, 6))
+        offsets = _values(rng, batch + 1, offsets_type, tokens)
+        cache = _values(rng, batch, cache_type, 64)  # near-valid lengths put tail positions in the table
+        if rng.random() < 0.3:  # sorted but overshooting
+            offsets = np.sort(offsets)
+        elif rng.random() < 0.5:  # requests that hold their tokens, so the garbage table is read
+            offsets = np.sort(rng.integers(0, tokens + 1, batch + 1))
+            offsets[0], offsets[-1] = 0, tokens
+            offsets, cache = offsets.astype(offsets_type), rng.integers(0, 64, batch).astype(cache_type)
+        case = {
+            "pool_ids": _values(rng, tokens * pool_topk, ids_type, 50).reshape(tokens, pool_topk),
+            "input_row_offsets": offsets,
+            "cache_lengths": cache,
+            "kpool": kpool,
+            "always_select_tail": bool(rng.integers(0, 2)),
+            "compact": compact,
+        }
+        if paged:
+            block_size = _block_size(rng)
+            case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
+        yield case

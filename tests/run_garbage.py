@@ -3,9 +3,10 @@
     python tests/run_garbage.py --backend emulate --count 300   (under LD_PRELOAD=libasan)
     compute-sanitizer --tool memcheck python tests/run_garbage.py --backend cupy --count 200
 
-Runs --count compress calls and --count lifecycle calls (ring close, seed
-tail, tail update, expand) and prints how many ran. Any access outside the
-arrays is the sanitizer's to report.
+Runs --count compress calls, --count lifecycle calls (ring close, seed tail,
+tail update, expand) and --count // 2 expand calls with a garbage block table
+or compacting (tests/garbage.py, ``ring_garbage_cases``), and prints how many
+ran. Any access outside the arrays is the sanitizer's to report.
 """
 
 from __future__ import annotations

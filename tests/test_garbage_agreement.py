@@ -12,12 +12,13 @@ import copy
 
 import numpy as np
 import pytest
-from garbage import garbage_cases, ring_garbage_cases
+from garbage import expand_garbage_cases, garbage_cases, ring_garbage_cases
 from model import TOLERANCES
 
 from kpool_cupy import emulate, reference
 
 CASES = 120  # per family: every variant of tests/garbage.py, in seconds
+IDS = ["emulate", "reference"]
 
 
 def _run(module, function: str, case: dict):
@@ -42,7 +43,16 @@ def _assert_same(got, want, where: str) -> None:
     np.testing.assert_allclose(got64, want64, atol=2 * atol, rtol=2 * rtol, err_msg=where)
 
 
+def _empty_table(case: dict) -> bool:
+    """A block table with no rows (batch 0) or no columns: the reference raises IndexError there (see below)."""
+    return case.get("block_table") is not None and 0 in case["block_table"].shape
+
+
 def _compare(function: str, case: dict, label: str) -> None:
+    if _empty_table(case):  # the emulator alone: it must not raise, and gives -1 everywhere
+        result = _run(emulate, function, case)[0]
+        assert ((result[0] if isinstance(result, tuple) else result) == -1).all(), label
+        return
     got, got_written = _run(emulate, function, case)
     want, want_written = _run(reference, function, case)
     got_results = got if isinstance(got, tuple) else (got,) if got is not None else ()
@@ -71,6 +81,69 @@ def test_compress_garbage_lands_in_the_same_rows(chunk):
 def test_lifecycle_garbage_lands_in_the_same_places(chunk):
     for i, (function, case) in enumerate(ring_garbage_cases(seed=chunk, count=CASES // 4)):
         _compare(function, case, f"seed {chunk} case {i} {function}")
+
+
+def _packed(full: np.ndarray) -> np.ndarray:
+    """Each row's non-negative entries moved left in column order, -1 after: compact=True by its docstring."""
+    order = np.argsort(full < 0, axis=1, kind="stable")
+    return np.take_along_axis(full, order, axis=1)
+
+
+def _assert_slots_follow_the_table(plain: np.ndarray, paged: np.ndarray, table: np.ndarray, size: int, label: str):
+    """What the docstring defines whatever request garbage offsets pick: a position past the table, or -1, gives -1;
+    a slot is some request's entry for the position's block, times block_size, plus the position's place in it."""
+    block = np.where(plain >= 0, plain // size, -1)
+    undefined = (paged >= 0) & ((plain < 0) | (block >= table.shape[1]))
+    assert not undefined.any(), f"{label}: a slot for position {plain[undefined][0]}, -1 or past the table"
+    t, c = np.nonzero(paged >= 0)
+    slot, position = paged[t, c].astype(np.int64), plain[t, c].astype(np.int64)
+    assert (slot % size == position % size).all(), f"{label}: slot offsets in the block differ"
+    from_table = (table[:, block[t, c]].astype(np.int64) == (slot // size)[None, :]).any(axis=0)
+    assert from_table.all(), f"{label}: slot {slot[~from_table][0]} is no entry of its block's column"
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_expand_garbage_block_tables_land_in_the_same_places(chunk):
+    # Garbage tables (0 columns, too few, INT32 extremes, entries whose slot
+    # is just past int32) and block sizes from 1 to 2^20, paged, compacting
+    # or both, over garbage ids, offsets and lengths. The reference must
+    # write what the kernel writes; and since which request garbage offsets
+    # pick is the kernel's business, the kernel is also held to what the
+    # docstring defines whatever the request: -1 past the table, slots from
+    # the table, compact = the full row packed left.
+    for i, case in enumerate(expand_garbage_cases(seed=chunk, count=CASES)):
+        label = f"seed {chunk} case {i}"
+        _compare("expand_topk", case, label)
+        full = emulate.kpool_expand_topk(**(case | {"compact": False}), validate=False)
+        if case["compact"]:
+            positions, counts = emulate.kpool_expand_topk(**case, validate=False)
+            np.testing.assert_array_equal(positions, _packed(full), err_msg=label)
+            np.testing.assert_array_equal(counts, (full >= 0).sum(axis=1), err_msg=label)
+        if case.get("block_table") is not None:
+            unpaged = {name: value for name, value in case.items() if name not in ("block_table", "block_size")}
+            plain = emulate.kpool_expand_topk(**(unpaged | {"compact": False}), validate=False)
+            _assert_slots_follow_the_table(plain, full, case["block_table"], case["block_size"], label)
+
+
+_NO_TABLE_READ = pytest.mark.xfail(
+    raises=IndexError, strict=True, reason="reference_kernels.expand_topk indexes the table before masking"
+)
+
+
+@pytest.mark.parametrize("module", [emulate, pytest.param(reference, marks=_NO_TABLE_READ)], ids=IDS)
+@pytest.mark.parametrize("batch, max_blocks", [(1, 0), (0, 2)], ids=["no-columns", "no-rows"])
+def test_a_table_without_rows_or_columns_gives_minus_one(module, batch, max_blocks):
+    # No columns: every position is past the table (validate=True takes such
+    # a table too, when no id is selected and no tail needs a page). No rows:
+    # batch 0 with two tokens, reachable with validate=False only. Nothing
+    # to read, all -1; the reference's NumPy gather raises IndexError.
+    ids = np.array([[-1], [0]], np.int32)
+    offsets = np.array([0, 2] if batch else [2], np.int32)
+    table = np.zeros((batch, max_blocks), np.int32)
+    got = module.kpool_expand_topk(
+        ids, offsets, np.zeros(batch, np.int32), kpool=3, block_table=table, block_size=4, validate=False
+    )
+    assert (got == -1).all()
 
 
 def _kernel_find_request(offsets: np.ndarray, batch: int, item: int) -> int:
