@@ -283,7 +283,10 @@ def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
         size, table = call.block_size, o["block_table"]
         block = np.where(values >= 0, values // size, 0)
         inside = (values >= 0) & (request[:, None] >= 0) & (block < call.max_blocks)
-        entry = np.where(inside, table[np.maximum(request, 0)[:, None], np.minimum(block, call.max_blocks - 1)], -1)
+        if table.size:  # clamped indices only where inside; an empty table has no entry to clamp to
+            entry = np.where(inside, table[np.maximum(request, 0)[:, None], np.minimum(block, call.max_blocks - 1)], -1)
+        else:
+            entry = np.full(values.shape, -1)
         entry = entry.astype(np.int64)
         slot_fits = (entry >= 0) & (entry <= (INT32_MAX - (size - 1)) // size)
         values = np.where(slot_fits, entry * size + values % size, -1)
