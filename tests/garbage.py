@@ -73,7 +73,8 @@ def ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
     the four functions in turn; then ``count // 2`` expand calls with a block
     table or compacting or both (:func:`expand_garbage_cases`), from a stream
     of their own, so the first ``count`` cases are the same with or without
-    them.
+    them; then ``count // 4`` calls on split rings
+    (:func:`split_ring_garbage_cases`), from another.
     """
     rng = np.random.default_rng(seed)
     kpool, head_dim = 3, 16
@@ -120,6 +121,56 @@ def ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
                              "kpool": kpool, "always_select_tail": bool(rng.integers(0, 2))}  # fmt: skip
     for case in expand_garbage_cases(seed, count // 2):
         yield "expand_topk", case
+    yield from split_ring_garbage_cases(seed, count // 4)
+
+
+def split_ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """Ring close, seed tail and tail update on split rings ``(key_ring, gate_ring)`` with garbage indices.
+
+    bfloat16 keys beside float32 gate scores or the other way round, rings of
+    kpool to kpool + 4 rows, each array contiguous or a view into a buffer
+    padded on every dim (its own strides). The index dtypes are fixed (int32
+    offsets, int64 lengths, int32 slots and positions): the ring cases above
+    try them all, and each variant here is a compile.
+    """
+    rng = np.random.default_rng([seed, 2])  # a stream of its own: the cases above stay as they were
+    kpool, head_dim = 3, 16
+    ape = rng.standard_normal((kpool, head_dim)).astype(np.float32)
+    bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
+
+    def ring(max_slots: int, rows: int, dtype: np.dtype) -> np.ndarray:
+        if rng.random() < 0.5:
+            return rng.standard_normal((max_slots, rows, head_dim)).astype(dtype)
+        pad = int(rng.integers(1, 4))
+        wide = rng.standard_normal((max_slots + 1, rows + pad, head_dim + 8 * pad)).astype(dtype)
+        return wide[1:, pad:, :head_dim]
+
+    for i in range(count):
+        key_dtype, gate_dtype = ((bf16, f32), (f32, bf16))[int(rng.integers(0, 2))]
+        tokens, batch, max_slots = int(rng.integers(0, 30)), int(rng.integers(0, 5)), int(rng.integers(0, 4))
+        rows = kpool + int(rng.integers(0, 5))
+        tail = (ring(max_slots, rows, key_dtype), ring(max_slots, rows, gate_dtype))
+        offsets = _values(rng, batch + 1, np.int32, tokens)
+        cache = _values(rng, batch, np.int64, 2**32)
+        slots = _values(rng, batch, np.int32, max_slots)
+        function = ("ring_close", "seed_tail", "tail_update")[i % 3]
+        if function == "tail_update":
+            next_n = int(rng.integers(0, 5))
+            step_k = rng.standard_normal((batch, next_n, head_dim)).astype(key_dtype)
+            step_gate = rng.standard_normal((batch, next_n, head_dim)).astype(gate_dtype)
+            positions = _values(rng, batch * next_n, np.int32, 40).reshape(batch, next_n)
+            yield function, {"tail": tail, "k": step_k, "gate": step_gate, "ape": ape, "positions": positions,
+                             "slot_idx": slots}  # fmt: skip
+            continue
+        k = rng.standard_normal((tokens, head_dim)).astype(key_dtype)
+        gate = rng.standard_normal((tokens, head_dim)).astype(gate_dtype)
+        case = {"tail": tail, "k": k, "gate": gate, "input_row_offsets": offsets, "cache_lengths": cache,
+                "slot_idx": slots}  # fmt: skip
+        if function == "ring_close":
+            case["ape"] = ape
+        else:
+            case["kpool"] = kpool
+        yield function, case
 
 
 # (pool_ids, input_row_offsets, cache_lengths) for the block table and compact

@@ -4,8 +4,9 @@
     compute-sanitizer --tool memcheck python tests/run_garbage.py --backend cupy --count 200
 
 Runs --count compress calls, --count lifecycle calls (ring close, seed tail,
-tail update, expand) and --count // 2 expand calls with a garbage block table
-or compacting (tests/garbage.py, ``ring_garbage_cases``), and prints how many
+tail update, expand), --count // 2 expand calls with a garbage block table
+or compacting and --count // 4 lifecycle calls on split rings
+(tests/garbage.py, ``ring_garbage_cases``), and prints how many
 ran. Any access outside the arrays is the sanitizer's to report.
 """
 
@@ -35,6 +36,8 @@ def main() -> int:
         import kpool_cupy as module
 
         def convert(value):
+            if isinstance(value, tuple):  # a split ring
+                return tuple(convert(v) for v in value)
             return cupy.asarray(value) if isinstance(value, np.ndarray) else value
 
         def finish():

@@ -41,7 +41,10 @@ OPS = ("compress", "ring_close", "seed_tail", "tail_update", "expand_topk")
 
 
 def device_copy(value, cupy, views: Counter):
-    """``value`` on the device; a view of a larger host buffer stays that view, of the buffer's device copy."""
+    """``value`` on the device; a view of a larger host buffer stays that view, of the buffer's device copy.
+    A split ring's pair goes over array by array."""
+    if isinstance(value, tuple):
+        return tuple(device_copy(v, cupy, views) for v in value)
     if not isinstance(value, np.ndarray):
         return value
     base = value

@@ -51,8 +51,10 @@ def _compare(function: str, case: dict, label: str) -> None:
     for i, (a, b) in enumerate(zip(got_results, want_results, strict=True)):
         _assert_same(a, b, f"{label} result {i}")
     for name in got_written:
-        if name == "tail":  # the ring holds raw copies: byte for byte, whatever the dtype
-            assert got_written[name].tobytes() == want_written[name].tobytes(), f"{label} tail"
+        if name == "tail":  # the ring holds raw copies: byte for byte, whatever the dtype (a pair: each ring)
+            rings = [r if isinstance(r, tuple) else (r,) for r in (got_written[name], want_written[name])]
+            for a, b in zip(*rings, strict=True):
+                assert a.tobytes() == b.tobytes(), f"{label} tail"
         else:
             _assert_same(got_written[name], want_written[name], f"{label} {name}")
 
@@ -68,10 +70,27 @@ def test_compress_garbage_lands_in_the_same_rows(chunk):
     assert compared >= CASES // 16  # about 70% of the cases pass a zeroed out
 
 
+def _shared_slot(function: str, case: dict) -> bool:
+    """Two requests on one ring slot of a call that writes the ring: their writes race (validate=True refuses
+    it), so the backends may differ there by contract."""
+    if function not in ("seed_tail", "tail_update"):
+        return False
+    tail = case["tail"]
+    max_slots = (tail[0] if isinstance(tail, tuple) else tail).shape[0]
+    slots = case["slot_idx"].astype(np.int64)
+    inside = slots[(slots >= 0) & (slots < max_slots)]
+    return np.unique(inside).size != inside.size
+
+
 @pytest.mark.parametrize("chunk", range(4))
 def test_lifecycle_garbage_lands_in_the_same_places(chunk):
+    compared = 0
     for i, (function, case) in enumerate(ring_garbage_cases(seed=chunk, count=CASES // 4)):
+        if _shared_slot(function, case):
+            continue
         _compare(function, case, f"seed {chunk} case {i} {function}")
+        compared += 1
+    assert compared >= CASES // 4  # most cases: a shared slot takes two writers among few slots
 
 
 def _packed(full: np.ndarray) -> np.ndarray:
