@@ -222,3 +222,30 @@ def test_gpu_fast_path_captures_in_a_graph_without_allocating():
         graph.launch(stream)
         stream.synchronize()
         assert_close_to_model(cupy.asnumpy(out), want, BF16)
+
+
+def test_gpu_a_stream_of_another_device_is_refused_by_name():
+    # torch.cuda.current_stream() taken while another device is current: a
+    # stream object that says its device. Refused before any launch, with
+    # what to pass instead; the same object naming the arrays' device runs.
+    import types
+
+    import cupy
+
+    import kpool_cupy
+
+    batch = make_batch(*standard_lengths(4), seed=15)
+    own = cupy.cuda.Stream(non_blocking=True)
+    arrays = _device(batch)
+
+    def torch_like(index: int):
+        return types.SimpleNamespace(cuda_stream=own.ptr, device=types.SimpleNamespace(index=index))
+
+    here = arrays[0].device.id
+    other = 3 if here != 3 else 2
+    refused = rf"^Invalid stream: expected a stream of device {here} like k .*device {other}$"
+    with pytest.raises(ValueError, match=refused):
+        kpool_cupy.kpool_compress(*arrays, stream=torch_like(other))
+    got = kpool_cupy.kpool_compress(*arrays, stream=torch_like(here))
+    own.synchronize()
+    assert_close_to_model(cupy.asnumpy(got), batch.model(), batch.k.dtype)

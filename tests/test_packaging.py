@@ -65,6 +65,10 @@ def test_wheel_carries_the_kernels(tmp_path):
         assert any(r.startswith(f"cupy-cuda{major}x") for r in wanted), wanted
         (toolkit,) = [r for r in wanted if r.startswith("cuda-toolkit[")]
         assert "cudart" in toolkit and "nvrtc" in toolkit and f"<{major + 1}" in toolkit, toolkit
+    # torch is an extra, never a base requirement, and its module ships.
+    torch_requires = [r for r in requires if r.startswith("torch")]
+    assert torch_requires and all("extra ==" in r and "torch" in r.split("extra ==")[1] for r in torch_requires)
+    assert "kpool_cupy/torch/__init__.py" in names and "kpool_cupy/torch/schema.py" in names
     # Installed from the wheel (unpacked away from the checkout), the package
     # finds its kernels inside itself.
     site = tmp_path / "site"
@@ -105,3 +109,10 @@ def test_import_and_cpu_backends_work_without_cupy(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert "clear: True" in done.stdout
+
+
+def test_importing_the_package_imports_no_torch():
+    # kpool_cupy.torch is imported only when asked: the base package never pays for torch.
+    script = "import sys, kpool_cupy, kpool_cupy.emulate, kpool_cupy.reference; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.stdout.strip() == "False", done.stderr

@@ -106,6 +106,16 @@ def _external_stream(stream: Any) -> Any:
     )
 
 
+def stream_device(stream: Any) -> int | None:
+    """The device a stream object says it belongs to (torch's ``.device``, CuPy's ``.device_id``), or None
+    when it does not say (a raw handle, a bare ``__cuda_stream__``)."""
+    index = getattr(getattr(stream, "device", None), "index", None)
+    if isinstance(index, int):
+        return index
+    device_id = getattr(stream, "device_id", None)
+    return device_id if isinstance(device_id, int) and device_id >= 0 else None
+
+
 def resolve_stream(stream: Any) -> Any:
     """A CuPy stream for a CuPy stream, a raw handle, ``__cuda_stream__`` or ``.cuda_stream``."""
     cupy = import_cupy()
@@ -134,6 +144,14 @@ def on_device(
         check_device_array(name, array)
     first = names[0]
     device_id = device_of(given[0])
+    on = stream_device(stream) if stream is not None else None
+    if on is not None and on != device_id:
+        # A stream belongs to one device; launching there with another's arrays
+        # fails later with an invalid-handle error that names nothing.
+        raise ValueError(
+            f"Invalid stream: expected a stream of device {device_id} like {first} "
+            f"(torch: torch.cuda.current_stream({first}.device), or kpool_cupy.torch), got one of device {on}"
+        )
     with cupy.cuda.Device(device_id), resolve_stream(stream):
         arrays = tuple([as_device_array(name, array) for name, array in zip(names, given, strict=True)])
         for name, array in zip(names, arrays, strict=True):

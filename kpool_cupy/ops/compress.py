@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,7 +165,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype:
         total_pools = None
         if out is None:
             claimed = int(backend.host_copies([pools[-1:]])[0][0])
-            total_pools = min(max(claimed, 0), call.total_tokens // call.kpool)
+            total_pools = min(max(claimed, 0), most_pools(call))
     if out is None:
         out = backend.empty(*output_shapes(call, total_pools or 0)["out"])
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(out.shape[0]))
@@ -261,4 +262,25 @@ PARAMETERS = (
 )
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
-SPEC = OpSpec("kpool_compress", PARAMETERS, ("pooled",), run, DOCS, output_shapes, {"reference": (ACCUMULATE,)})
+
+
+def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> CompressCall:
+    return check_compress_args(*arrays, options["out_dtype"])
+
+
+def most_pools(call: CompressCall) -> int:
+    """The most pools a call can build: every pool takes kpool of its tokens."""
+    return call.total_tokens // call.kpool
+
+
+SPEC = OpSpec(
+    "kpool_compress",
+    PARAMETERS,
+    ("pooled",),
+    run,
+    DOCS,
+    output_shapes,
+    describe,
+    extras={"reference": (ACCUMULATE,)},
+    dynamic_sizes={"total_pools": most_pools},
+)

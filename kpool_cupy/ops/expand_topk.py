@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,4 +211,16 @@ EMULATE_DOC = """Selected pool ids to token positions, running the CUDA kernel o
 Same contract as :func:`kpool_cupy.kpool_expand_topk`."""
 REFERENCE_DOC = "Selected pool ids to token positions (NumPy); same contract as :func:`kpool_cupy.kpool_expand_topk`."
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS, output_shapes)  # and counts, compacting
+
+
+def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> ExpandCall:
+    pool_ids, input_row_offsets, cache_lengths, block_table = arrays
+    o = options
+    return check_expand_args(
+        pool_ids, input_row_offsets, cache_lengths, o["kpool"], o["always_select_tail"], block_table,
+        o["block_size"], o["compact"],
+    )  # fmt: skip
+
+
+# One result, or (positions, counts) when compacting.
+SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS, output_shapes, describe)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -179,4 +180,10 @@ REFERENCE_DOC = """Close each request's pending pool from its ring and the call'
 
 Same contract as :func:`kpool_cupy.kpool_ring_close`."""
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes)
+
+
+def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> RingCloseCall:
+    return check_ring_close_args(*arrays, options["out_dtype"])
+
+
+SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes, describe)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,4 +117,10 @@ REFERENCE_DOC = """Stash each request's trailing tokens into its ring (NumPy).
 
 Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), run, DOCS, lambda call: {})  # it writes only the ring
+
+
+def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> SeedTailCall:
+    return check_seed_tail_args(*arrays, options["kpool"])
+
+
+SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), run, DOCS, lambda call: {}, describe)  # it writes only the ring

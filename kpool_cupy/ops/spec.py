@@ -154,8 +154,13 @@ class OpSpec:
     public docstring of each binding ("cupy", "emulate", "reference").
     ``outputs(call, **sizes)`` gives the shape and dtype of each output the op
     allocates when the caller passes none, from the call record alone (and
-    compress's data-dependent ``total_pools``). ``extras`` are the options
-    only one binding takes (the reference's ``accumulate``).
+    compress's data-dependent ``total_pools``). ``describe(arrays, options)``
+    runs the op's argument checks alone (metadata only: no values, no
+    overlap) and returns the call record ``outputs`` takes: what a framework
+    that traces shapes (torch's fake tensors) needs. ``extras`` are the
+    options only one binding takes (the reference's ``accumulate``).
+    ``dynamic_sizes`` names the sizes ``outputs`` takes that only the data
+    decides, each with its upper bound from the call record.
     """
 
     name: str
@@ -164,7 +169,9 @@ class OpSpec:
     run: Callable[..., Any]
     docs: Mapping[str, str]
     outputs: Callable[..., dict[str, OutputShape]]
+    describe: Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
     extras: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)
+    dynamic_sizes: Mapping[str, Callable[[Any], int]] = field(default_factory=dict)
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -236,4 +237,10 @@ EMULATE_DOC = (
 )
 REFERENCE_DOC = "The decode step (NumPy); same contract as :func:`kpool_cupy.kpool_tail_update`."
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
-SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes)
+
+
+def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> TailUpdateCall:
+    return check_tail_update_args(*arrays, options["out_dtype"])
+
+
+SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes, describe)

@@ -1,0 +1,39 @@
+"""PyTorch custom ops: every op as ``torch.ops.kpool.<name>``, on CPU and CUDA tensors, under torch.compile.
+
+``import kpool_cupy.torch`` registers, once per process:
+
+- ``torch.ops.kpool.compress``, ``ring_close``, ``seed_tail``,
+  ``tail_update``, ``expand_topk`` (schemas written from the op specs: the
+  function's positional arguments, then its keyword-only ones; a ring as a
+  list ``[tail]`` or ``[key_ring, gate_ring]``), each with an ``.out``
+  overload that takes ``out``/``closed`` and writes them;
+- ``torch.ops.kpool.pool_row_offsets``.
+
+CPU tensors run the NumPy reference on their own memory (bfloat16
+included); CUDA tensors run the kernels on torch's current stream of their
+device, zero copy. Fake (meta) tensors get the output shapes from the op's
+own argument checks, compress's pool count as an unbacked size, so
+``torch.compile(fullgraph=True)`` traces a plain call. The ops have no
+gradient: asking for one raises.
+
+The functions below take what the package's functions take, as tensors,
+and give the same errors for the same bad call.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401  (the package's own module is kpool_cupy.torch)
+except ImportError as error:  # pragma: no cover - depends on the environment
+    raise ImportError("kpool_cupy.torch needs PyTorch: pip install 'kpool-cupy[torch]'") from error
+
+from ..ops import OPS as _OPS
+from .registry import register as _register
+from .wrappers import bind_all as _bind_all
+
+_register()
+
+# In the order of ops.OPS, as the other public modules bind them.
+kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = _bind_all(_OPS)
+
+__all__ = ["kpool_compress", "kpool_expand_topk", "kpool_ring_close", "kpool_seed_tail", "kpool_tail_update"]

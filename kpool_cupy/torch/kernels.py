@@ -1,0 +1,161 @@
+"""The implementations behind each torch overload, written once for every op.
+
+- CPU: the NumPy reference (``kpool_cupy.reference``) on the tensors' own
+  memory, so an op equals the reference bit for bit and writes in place.
+- CUDA: the GPU path (``kpool_cupy``) on torch's current stream of the
+  tensors' device: the tensors are read through DLPack inside that stream
+  (no host sync), so a call with ``out`` and ``pool_row_offsets`` captures
+  in ``torch.cuda.graph``.
+- fake: output shapes from the op's own argument checks (``OpSpec.describe``
+  on metadata-only arrays), compress's pool count an unbacked size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..ops.spec import OpSpec
+from .schema import Overload, output_keys
+from .tensors import from_cupy, from_numpy, metadata, numpy_dtype, to_cupy, to_numpy, torch_dtype
+
+
+def _gather(overload: Overload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The overload's arguments by name, options at their defaults where the dispatcher left them out."""
+    positional = [o.name for o in overload.operands if not o.optional]
+    given = dict(zip(positional, args, strict=True)) | kwargs
+    for option in overload.options:
+        given.setdefault(option.name, option.default)
+    return given
+
+
+def _check_devices(given: dict[str, Any], operands: tuple[str, ...]) -> torch.device:
+    """The device of the first tensor; a ValueError naming any other tensor elsewhere."""
+    tensors = [(name, t) for name in operands for t in _tensors(given.get(name))]
+    first_name, first = tensors[0]
+    for name, tensor in tensors[1:]:
+        if tensor.device != first.device:
+            raise ValueError(
+                f"Invalid {name}: expected a tensor on {first.device} like {first_name}, got one on {tensor.device}"
+            )
+    return first.device
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _arguments(
+    spec: OpSpec, given: dict[str, Any], convert: Callable[[str, torch.Tensor], Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The package function's arrays (in operand order, a ring list as one array or a pair) and options."""
+    arrays = []
+    for operand in spec.operands:
+        value = given.get(operand.name)
+        if isinstance(value, (list, tuple)):
+            rings = tuple(convert(operand.name, t) for t in value)
+            arrays.append(rings[0] if len(rings) == 1 else rings)
+        else:
+            arrays.append(None if value is None else convert(operand.name, value))
+    options = {o.name: given[o.name] for o in spec.options}
+    if options.get("out_dtype") is not None:
+        options["out_dtype"] = numpy_dtype(options["out_dtype"])
+    return tuple(arrays), options
+
+
+def _results(spec: OpSpec, overload: Overload, result: Any, wrap: Callable[[Any], torch.Tensor], device: Any) -> Any:
+    """The package function's result as the overload's: tensors, and expand's counts always there."""
+    if not overload.results:
+        return None
+    listed = list(result) if isinstance(result, tuple) else [result]
+    while len(listed) < len(overload.results):  # expand without compact: no counts
+        listed.append(None)
+    tensors = [wrap(r) if r is not None else torch.empty(0, dtype=torch.int32, device=device) for r in listed]
+    return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+
+def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
+    from .. import reference
+
+    function = getattr(reference, spec.name)
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        given = _gather(overload, args, kwargs)
+        _check_devices(given, tuple(o.name for o in overload.operands))
+        arrays, options = _arguments(spec, given, to_numpy)
+        named = dict(zip(spec.operand_names, arrays, strict=True))
+        result = function(**named, **options)
+        return _results(spec, overload, result, from_numpy, "cpu")
+
+    return kernel
+
+
+@contextlib.contextmanager
+def _torch_stream(device: torch.device) -> Iterator[Any]:
+    """CuPy's current stream set to torch's current stream of ``device``, on that device."""
+    import cupy
+
+    stream = torch.cuda.current_stream(device)
+    with cupy.cuda.Device(device.index):
+        external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
+        with external:
+            yield external
+
+
+def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        import kpool_cupy
+
+        given = _gather(overload, args, kwargs)
+        device = _check_devices(given, tuple(o.name for o in overload.operands))
+        with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
+            arrays, options = _arguments(spec, given, lambda name, t: to_cupy(t))
+            named = dict(zip(spec.operand_names, arrays, strict=True))
+            result = getattr(kpool_cupy, spec.name)(**named, **options)
+            return _results(spec, overload, result, from_cupy, device)
+
+    return kernel
+
+
+def output_shapes(spec: OpSpec, given: dict[str, Any], sizes: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
+    """The op's output shapes and dtypes from its argument checks on metadata alone."""
+    arrays, options = _arguments(spec, given, metadata)
+    call = spec.describe(arrays, options)
+    return spec.outputs(call, **sizes(call))
+
+
+def _unbacked_sizes(spec: OpSpec) -> Callable[[Any], dict[str, Any]]:
+    """The op's data-dependent sizes as unbacked symbolic sizes, bounded as the spec says."""
+
+    def sizes(call: Any) -> dict[str, Any]:
+        made = {}
+        for name, bound in spec.dynamic_sizes.items():
+            most = bound(call)
+            made[name] = torch.library.get_ctx().new_dynamic_size(min=0, max=most) if most > 0 else 0
+        return made
+
+    return sizes
+
+
+def fake_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        given = _gather(overload, args, kwargs)
+        device = _check_devices(given, tuple(o.name for o in overload.operands))
+        shapes = output_shapes(spec, given, _unbacked_sizes(spec))
+        if not overload.results:
+            return None
+        made = {
+            name: torch.empty(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
+            for name, (shape, dtype) in shapes.items()
+        }
+        keys = output_keys(spec, overload.results)
+        tensors = [made.get(key, torch.empty(0, dtype=torch.int32, device=device)) for key in keys]
+        return tensors[0] if len(tensors) == 1 else tuple(tensors)
+
+    return kernel

@@ -1,0 +1,96 @@
+"""Torch tensors as the package's arrays and back, without copies.
+
+bfloat16 goes through an int16 view both ways: NumPy takes no bfloat16
+tensor (``.numpy()`` refuses it, and its DLPack import refuses kDLBfloat) and
+torch takes no ml_dtypes array. A tensor that requires grad (an
+``nn.Parameter`` ape) is read through ``.detach()``: the ops only read it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..dtypes import BFLOAT16
+
+# Every torch dtype NumPy has, spelled out: a dtype conversion through a
+# zero-size tensor would make a fake tensor under torch.compile's tracing.
+_NUMPY_DTYPES = {
+    torch.bool: np.dtype(np.bool_),
+    torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.uint16: np.dtype(np.uint16),
+    torch.int32: np.dtype(np.int32),
+    torch.uint32: np.dtype(np.uint32),
+    torch.int64: np.dtype(np.int64),
+    torch.uint64: np.dtype(np.uint64),
+    torch.float16: np.dtype(np.float16),
+    torch.bfloat16: BFLOAT16,
+    torch.float32: np.dtype(np.float32),
+    torch.float64: np.dtype(np.float64),
+    torch.complex64: np.dtype(np.complex64),
+    torch.complex128: np.dtype(np.complex128),
+}
+_TORCH_DTYPES = {numpy: dtype for dtype, numpy in _NUMPY_DTYPES.items()}
+
+
+def numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    """The NumPy dtype of a torch dtype (bfloat16 as ml_dtypes'); a TypeError for one NumPy lacks."""
+    if dtype not in _NUMPY_DTYPES:
+        raise TypeError(f"no NumPy dtype for {dtype}")
+    return _NUMPY_DTYPES[dtype]
+
+
+def torch_dtype(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype of a NumPy dtype."""
+    return _TORCH_DTYPES[np.dtype(dtype)]
+
+
+def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a NumPy array (same bytes, same strides)."""
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(BFLOAT16)
+    try:
+        return tensor.numpy()
+    except TypeError:
+        raise TypeError(f"Invalid {name}: expected a dtype the kernels read, got {tensor.dtype}") from None
+
+
+def from_numpy(array: np.ndarray) -> torch.Tensor:
+    """A NumPy array's memory as a CPU tensor."""
+    if array.dtype == BFLOAT16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def to_cupy(tensor: torch.Tensor) -> Any:
+    """A CUDA tensor's memory as a CuPy array (DLPack, on CuPy's current stream: call it inside torch's)."""
+    import cupy
+
+    tensor = tensor.detach()
+    if tensor.dtype == torch.bfloat16:
+        return cupy.from_dlpack(tensor.view(torch.int16)).view(BFLOAT16)
+    return cupy.from_dlpack(tensor)
+
+
+def from_cupy(array: Any) -> torch.Tensor:
+    """A CuPy array's memory as a CUDA tensor."""
+    if array.dtype == BFLOAT16:
+        return torch.from_dlpack(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(array)
+
+
+def metadata(name: str, tensor: torch.Tensor) -> np.ndarray:
+    """A NumPy array with the tensor's shape, dtype and strides over one element: for checks that read no
+    element (fake tensors have none). Never read or write it."""
+    try:
+        dtype = numpy_dtype(tensor.dtype)
+    except TypeError:
+        raise TypeError(f"Invalid {name}: expected a dtype the kernels read, got {tensor.dtype}") from None
+    strides = tuple(int(s) * dtype.itemsize for s in tensor.stride())
+    shape = tuple(int(n) for n in tensor.shape)
+    return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides)

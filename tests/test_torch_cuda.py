@@ -1,0 +1,107 @@
+"""kpool_cupy.torch on CUDA tensors: the CuPy path's bits, torch's stream, graph capture, a second device.
+
+Needs torch with CUDA and a device (skipped otherwise, and on the CuPy
+double: it has no torch CUDA).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from model import BF16
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA device"),
+]
+
+HEAD_DIM, KPOOL = 128, 4
+
+
+def _batch(seed: int, device: str = "cuda"):
+    from kpool_cupy.torch.tensors import from_numpy
+
+    rng = np.random.default_rng(seed)
+    lengths, cached = [9, 1, 12, 4], [3, 2, 0, 7]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    k = rng.standard_normal((sum(lengths), HEAD_DIM)).astype(BF16)
+    gate = (3 * rng.standard_normal((sum(lengths), HEAD_DIM))).astype(BF16)
+    ape = rng.standard_normal((KPOOL, HEAD_DIM)).astype(np.float32)
+    host = (k, gate, ape, offsets, np.asarray(cached, np.int32))
+    return host, tuple(from_numpy(a).to(device) for a in host)
+
+
+def test_cuda_ops_equal_the_cupy_path_bit_for_bit():
+    import cupy
+
+    import kpool_cupy
+    import kpool_cupy.torch as kt
+
+    host, tensors = _batch(1)
+    want = cupy.asnumpy(kpool_cupy.kpool_compress(*(cupy.asarray(a) for a in host)))
+    got = kt.kpool_compress(*tensors)
+    assert got.device.type == "cuda"
+    assert got.cpu().view(torch.int16).numpy().tobytes() == want.view(np.int16).tobytes()
+    ids = torch.randint(-1, 8, (tensors[0].shape[0], 4), dtype=torch.int32, device="cuda")
+    want_ids = cupy.asnumpy(
+        kpool_cupy.kpool_expand_topk(cupy.asarray(ids.cpu().numpy()), cupy.asarray(host[3]), cupy.asarray(host[4]),
+                                     kpool=KPOOL)
+    )  # fmt: skip
+    assert np.array_equal(kt.kpool_expand_topk(ids, tensors[3], tensors[4], kpool=KPOOL).cpu().numpy(), want_ids)
+
+
+def test_a_captured_call_replays_with_new_inputs_written_in_place():
+    import kpool_cupy.torch as kt
+
+    _, (k, gate, ape, offsets, cache) = _batch(2)
+    pools = torch.ops.kpool.pool_row_offsets(offsets, cache, KPOOL)
+    out = torch.empty((int(pools[-1]), HEAD_DIM), dtype=torch.bfloat16, device="cuda")
+
+    def call():
+        kt.kpool_compress(k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()  # compiles and loads outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    _, (k2, gate2, _, _, _) = _batch(3)
+    k.copy_(k2)
+    gate.copy_(gate2)
+    graph.replay()
+    torch.cuda.synchronize()
+    want = kt.kpool_compress(k2, gate2, ape, offsets, cache)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
+def test_work_is_ordered_on_a_non_default_torch_stream():
+    import kpool_cupy.torch as kt
+
+    _, (k, gate, ape, offsets, cache) = _batch(4)
+    want = kt.kpool_compress(k, gate, ape, offsets, cache)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        busy = torch.randn(4096, 4096, device="cuda")
+        for _ in range(8):
+            busy = busy @ busy  # keeps the stream busy while k changes on it
+        k2 = k.clone()
+        got = kt.kpool_compress(k2, gate, ape, offsets, cache)
+    stream.synchronize()
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
+def test_tensors_on_a_second_device_run_there():
+    import kpool_cupy.torch as kt
+
+    _, tensors = _batch(5, device="cuda:1")
+    with torch.cuda.device(0):
+        got = kt.kpool_compress(*tensors)
+    assert got.device == torch.device("cuda:1")
+    _, on_first = _batch(5, device="cuda:0")
+    assert torch.equal(got.cpu().view(torch.int16), kt.kpool_compress(*on_first).cpu().view(torch.int16))

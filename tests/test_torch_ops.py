@@ -1,0 +1,269 @@
+"""kpool_cupy.torch on CPU tensors: schemas, opcheck, the reference's bits, in-place rings, errors, compile.
+
+CPU torch runs everywhere the suite does (scripts/_venv.sh installs it);
+the CUDA half is in tests/test_torch_cuda.py, marked gpu.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+
+import numpy as np
+import pytest
+from model import BF16, F32
+
+torch = pytest.importorskip("torch")
+
+import kpool_cupy.torch as kt  # noqa: E402  (after the skip)
+from kpool_cupy import reference  # noqa: E402
+from kpool_cupy.ops import OPS  # noqa: E402
+from kpool_cupy.torch.schema import given_outputs, overloads  # noqa: E402
+from kpool_cupy.torch.tensors import from_numpy, to_numpy  # noqa: E402
+
+HEAD_DIM, KPOOL = 16, 4
+
+
+def _tensor(value):
+    if isinstance(value, tuple):
+        return tuple(_tensor(v) for v in value)
+    return from_numpy(value.copy()) if isinstance(value, np.ndarray) else value
+
+
+def _array(value):
+    if isinstance(value, tuple):
+        return tuple(_array(v) for v in value)
+    return to_numpy("value", value) if isinstance(value, torch.Tensor) else value
+
+
+def calls(dtype=BF16, split=False):
+    """A valid call of each op (NumPy arguments): two requests on slots 2 and 0, a ring of 6 rows."""
+    rng = np.random.default_rng(0)
+    gate_dtype = F32 if split else dtype
+    k = rng.standard_normal((11, HEAD_DIM)).astype(dtype)
+    gate = (3 * rng.standard_normal((11, HEAD_DIM))).astype(gate_dtype)
+    ape = rng.standard_normal((KPOOL, HEAD_DIM)).astype(np.float32)
+    offsets, cache = np.array([0, 5, 11], np.int32), np.array([2, 7], np.int32)
+    if split:
+        tail = (
+            rng.standard_normal((3, 6, HEAD_DIM)).astype(dtype),
+            rng.standard_normal((3, 6, HEAD_DIM)).astype(gate_dtype),
+        )
+    else:
+        tail = rng.standard_normal((3, 2, 6, HEAD_DIM)).astype(dtype)
+    slots = np.array([2, 0], np.int32)
+    step_k = rng.standard_normal((2, 3, HEAD_DIM)).astype(dtype)
+    step_gate = rng.standard_normal((2, 3, HEAD_DIM)).astype(gate_dtype)
+    positions = np.array([[5, 6, 7], [9, 10, -1]], np.int32)
+    pool_ids = rng.integers(-1, 5, (11, 3)).astype(np.int32)
+    return {
+        "kpool_compress": ((k, gate, ape, offsets, cache), {}),
+        "kpool_ring_close": ((tail, k, gate, ape, offsets, cache, slots), {}),
+        "kpool_seed_tail": ((tail, k, gate, offsets, cache, slots), {"kpool": KPOOL}),
+        "kpool_tail_update": ((tail, step_k, step_gate, ape, positions, slots), {}),
+        "kpool_expand_topk": ((pool_ids, offsets, cache), {"kpool": KPOOL, "always_select_tail": True}),
+    }
+
+
+def _same(got, want):
+    """Bit for bit, through every tuple; a tensor against an array."""
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            _same(g, w)
+        return
+    if want is None:
+        assert got is None
+        return
+    got = _array(got)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert got.tobytes() == want.tobytes()
+
+
+def test_every_op_and_pool_row_offsets_is_registered_with_the_functions_parameters():
+    for spec in OPS:
+        function_parameters = inspect.signature(getattr(kt, spec.name)).parameters
+        for overload in overloads(spec):
+            op = getattr(getattr(torch.ops.kpool, spec.name.removeprefix("kpool_")), overload.name or "default")
+            schema = op._schema
+            positional = [a.name for a in schema.arguments if not a.kwarg_only]
+            wanted = [n for n, p in function_parameters.items() if p.kind is p.POSITIONAL_OR_KEYWORD]
+            assert positional == wanted, (spec.name, overload.name)
+            keyword = {a.name for a in schema.arguments if a.kwarg_only}
+            assert keyword <= {n for n, p in function_parameters.items() if p.kind is p.KEYWORD_ONLY}
+            mutable = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
+            written = {o.name for o in spec.operands if o.written and o.name in {a.name for a in schema.arguments}}
+            assert mutable == written, (spec.name, overload.name)
+    assert torch.ops.kpool.pool_row_offsets.default._schema.arguments[2].name == "kpool"
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-ring", "split-ring"])
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+@pytest.mark.parametrize("name", [spec.name for spec in OPS])
+def test_each_op_equals_the_reference_bit_for_bit_and_writes_its_ring_in_place(name, dtype, split):
+    args, kwargs = calls(dtype, split)[name]
+    host = copy.deepcopy(args)
+    want = getattr(reference, name)(*host, **kwargs)
+    tensors = tuple(_tensor(a) for a in args)
+    got = getattr(kt, name)(*tensors, **kwargs)
+    _same(got, want)
+    # A ring the op writes: the tensor's own memory holds what the reference wrote.
+    if name in ("kpool_seed_tail", "kpool_tail_update"):
+        _same(tensors[0], host[0])
+        assert _array(tensors[0]) is not host[0]
+
+
+def test_out_variants_write_the_given_tensors_and_allocate_the_missing_one():
+    args, _ = calls(BF16)["kpool_tail_update"]
+    host = copy.deepcopy(args)
+    want_pooled, want_closed = reference.kpool_tail_update(*host)
+    out = torch.zeros((2, 1, HEAD_DIM), dtype=torch.bfloat16)
+    tensors = tuple(_tensor(a) for a in args)
+    pooled, closed = kt.kpool_tail_update(*tensors, out=out)  # closed allocated, zeroed, then written
+    assert pooled is out
+    _same(pooled, want_pooled)
+    _same(closed, want_closed)
+    args, _ = calls(BF16)["kpool_compress"]
+    want = reference.kpool_compress(*args)
+    out = torch.zeros((want.shape[0], HEAD_DIM), dtype=torch.float32)
+    got = kt.kpool_compress(*map(_tensor, args), out=out)
+    assert got is out
+    _same(got, reference.kpool_compress(*args, out_dtype="float32"))
+
+
+def test_a_parameter_ape_is_read_and_a_gradient_request_names_the_op():
+    args, _ = calls(BF16)["kpool_compress"]
+    tensors = [_tensor(a) for a in args]
+    tensors[2] = torch.nn.Parameter(tensors[2])
+    pooled = kt.kpool_compress(*tensors)
+    _same(pooled.detach(), reference.kpool_compress(*args))
+    assert pooled.requires_grad
+    with pytest.raises(RuntimeError, match="kpool::compress is not differentiable"):
+        pooled.float().sum().backward()
+    with torch.no_grad():
+        assert not kt.kpool_compress(*tensors).requires_grad
+
+
+def test_out_dtype_takes_a_torch_dtype_or_a_name():
+    args, _ = calls(BF16)["kpool_compress"]
+    want = reference.kpool_compress(*args, out_dtype="float16")
+    for out_dtype in (torch.float16, "float16", np.float16):
+        _same(kt.kpool_compress(*map(_tensor, args), out_dtype=out_dtype), want)
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate"),
+    [
+        ("kpool_compress", lambda a: a.__setitem__(1, a[1].astype(np.float64))),  # gate float64
+        ("kpool_compress", lambda a: a.__setitem__(3, np.array([0, 5, 12], np.int32))),  # offsets past k
+        ("kpool_ring_close", lambda a: a.__setitem__(6, np.array([2, 3], np.int32))),  # slot past the ring
+        ("kpool_tail_update", lambda a: a.__setitem__(0, (a[0][:, 0], a[0][:, 1], a[0][:, 1]))),  # three rings
+        ("kpool_tail_update", lambda a: a.__setitem__(4, np.array([[5, 6, 7], [9, -2, -1]], np.int32))),
+        ("kpool_expand_topk", lambda a: a.__setitem__(0, a[0].astype(np.float32))),
+    ],
+)
+def test_the_same_bad_call_gives_the_same_error_as_the_reference(name, mutate):
+    args, kwargs = calls(BF16)[name]
+    args = list(args)
+    mutate(args)
+    with pytest.raises((TypeError, ValueError)) as want:
+        getattr(reference, name)(*copy.deepcopy(args), **kwargs)
+    with pytest.raises(want.type) as got:
+        getattr(kt, name)(*map(_tensor, args), **kwargs)
+    assert str(got.value) == str(want.value)
+
+
+def test_a_non_tensor_argument_is_named():
+    args, _ = calls(BF16)["kpool_compress"]
+    tensors = [_tensor(a) for a in args]
+    tensors[0] = args[0]  # a NumPy array among tensors
+    with pytest.raises(TypeError, match=r"^Invalid k: expected a torch.Tensor, got numpy.ndarray"):
+        kt.kpool_compress(*tensors)
+
+
+def _opcheck_cases():
+    for dtype, split in ((BF16, False), (F32, False), (BF16, True)):
+        for name, (args, kwargs) in calls(dtype, split).items():
+            spec = next(s for s in OPS if s.name == name)
+            # A ring as the op takes it: a list of one tensor or two.
+            pairs = [o.pair for o in spec.operands if not o.optional]
+            tensors = [
+                [_tensor(r) for r in (a if isinstance(a, tuple) else (a,))] if pair else _tensor(a)
+                for a, pair in zip(args, pairs, strict=True)
+            ]
+            for overload in overloads(spec):
+                extra = {}
+                if overload.name == "out":
+                    result = getattr(reference, name)(*copy.deepcopy(args), **kwargs)
+                    results = result if isinstance(result, tuple) else (result,)
+                    names = [o.name for o in given_outputs(spec)]
+                    extra = {n: _tensor(np.zeros_like(r)) for n, r in zip(names, results, strict=True)}
+                label = f"{name}.{overload.name or 'default'}-{np.dtype(dtype).name}{'-split' if split else ''}"
+                yield pytest.param(spec, overload.name, tensors, kwargs | extra, id=label)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("spec", "overload", "args", "kwargs"), list(_opcheck_cases()))
+def test_opcheck(spec, overload, args, kwargs):
+    op = getattr(getattr(torch.ops.kpool, spec.name.removeprefix("kpool_")), overload or "default")
+    result = torch.library.opcheck(op, tuple(args), kwargs)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.slow
+def test_opcheck_with_a_parameter_ape_checks_the_autograd_registration():
+    args, _ = calls(BF16)["kpool_compress"]
+    tensors = [_tensor(a) for a in args]
+    tensors[2] = torch.nn.Parameter(tensors[2])
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor")  # no backward: it raises by design
+    result = torch.library.opcheck(torch.ops.kpool.compress.default, tuple(tensors), test_utils=utils)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+def test_pool_row_offsets_is_the_packages():
+    offsets, cache = np.array([0, 5, 11, 11], np.int64), np.array([2, 7, 3], np.int32)
+    got = torch.ops.kpool.pool_row_offsets(_tensor(offsets), _tensor(cache), 4)
+    _same(got, np.asarray(__import__("kpool_cupy").pool_row_offsets(offsets, cache, 4)))
+
+
+class _Indexer(torch.nn.Module):
+    """compress, then expand top-k of the best pool per token: what an indexer's forward does."""
+
+    def __init__(self, ape: torch.Tensor) -> None:
+        super().__init__()
+        self.ape = torch.nn.Parameter(ape)
+
+    def forward(self, k, gate, offsets, cache, query):
+        pooled = kt.kpool_compress(k, gate, self.ape, offsets, cache)
+        scores = query.float() @ pooled.float().T  # [tokens, pools]
+        best = scores.argmax(dim=1, keepdim=True).to(torch.int32)
+        return pooled, kt.kpool_expand_topk(best, offsets, cache, kpool=KPOOL, always_select_tail=True)
+
+
+@pytest.mark.slow
+def test_a_compiled_indexer_has_no_graph_break_and_equals_eager():
+    rng = np.random.default_rng(3)
+    k = _tensor(rng.standard_normal((23, HEAD_DIM)).astype(BF16))
+    gate = _tensor(rng.standard_normal((23, HEAD_DIM)).astype(BF16))
+    offsets, cache = _tensor(np.array([0, 9, 23], np.int32)), _tensor(np.array([3, 0], np.int32))
+    query = torch.from_numpy(rng.standard_normal((23, HEAD_DIM)).astype(np.float32))
+    module = _Indexer(torch.from_numpy(rng.standard_normal((KPOOL, HEAD_DIM)).astype(np.float32)))
+    with torch.no_grad():
+        eager = module(k, gate, offsets, cache, query)
+        compiled = torch.compile(module, fullgraph=True)(k, gate, offsets, cache, query)
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)
+    assert eager[0].shape[0] == 5  # pools: 3..11 gives 1..2 (2), 0..13 gives 0..3 (3)
+
+
+def test_the_readme_example_runs_as_written():
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = text.split("## PyTorch: `kpool_cupy.torch`", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["pooled"].shape == (5, 64) and namespace["pooled"].dtype == torch.bfloat16  # as it says
+    assert torch.equal(namespace["pooled"].detach().view(torch.int16), namespace["same"].detach().view(torch.int16))
