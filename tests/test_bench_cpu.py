@@ -185,6 +185,7 @@ def _synthetic_results():
         )
     host = {"shape": "a", "calls_per_sample": 200, "call_us_validate_on": 50.0, "call_us_validate_off": 20.0,
             "bare_launch_us": 6.5, "overhead_over_bare_us": 13.5, "bare_launch_matches": True,
+            "torch_op_matches": True, "call_us_torch_op": 31.5, "torch_op_over_cupy_us": 11.5,
             "graph_replay_us": 3.0}  # fmt: skip
     return {"environment": {"gpu": "none (synthetic)", "date": "2026-12-02"}, "shapes": shapes, "host": host}
 
@@ -206,6 +207,21 @@ def test_table_shows_method_fraction_ratio_rotation_and_the_bare_launch():
     assert any("150 input sets" in line and "3.1 x L2" in line and "capped by sets" in line for line in lines)
     text = "\n".join(lines)
     assert "bare CuPy launch of the same kernel and arguments 6.5 us (same bits); the package adds 13.5 us" in text
+
+
+def test_table_shows_the_torch_op_host_cost_next_to_the_cupy_paths_or_why_not():
+    lines = table(_synthetic_results())
+    text = "\n".join(lines)
+    ours = next(n for n, line in enumerate(lines) if "validate on 50.0 us, off 20.0 us" in line)
+    # Right below the CuPy path's hot call and its bare launch, in the same unit.
+    assert lines[ours + 2] == (
+        "  the same hot call through torch.ops.kpool.compress.out 31.5 us (same bits); torch adds 11.5 us"
+    ), text
+    results = _synthetic_results()
+    for key in ("torch_op_matches", "call_us_torch_op", "torch_op_over_cupy_us"):
+        del results["host"][key]
+    results["host"]["torch_op"] = "torch has no CUDA device"
+    assert "  through torch.ops.kpool.compress.out: torch has no CUDA device" in table(results)
 
 
 def test_table_marks_nothing_when_every_method_is_the_same():

@@ -98,6 +98,13 @@ def test_bench_runs_end_to_end_on_the_double(tmp_path):
     assert host["overhead_over_bare_us"] == host["call_us_validate_off"] - host["bare_launch_us"]
     assert "x kpool" in done.stdout and "rotation: 2 input sets" in done.stdout
     assert "bare CuPy launch of the same kernel and arguments" in done.stdout
+    # torch has no CUDA device on the double: the torch op's row and host cost
+    # give the reason the other torch rows give, and the run goes on.
+    why = results["shapes"][0]["implementations"]["torch-eager"]["skipped"]
+    assert why in ("torch has no CUDA device", "torch is not installed")
+    assert all(s["implementations"]["torch.ops.kpool"] == {"skipped": why} for s in results["shapes"])
+    assert host["torch_op"] == why and "call_us_torch_op" not in host
+    assert f"  through torch.ops.kpool.compress.out: {why}" in done.stdout
 
 
 # A pytest plugin for the runs below: the GPU path ignores every stream= it is

@@ -14,6 +14,7 @@ from ..dtypes import element_dtype
 from ..kernel.names import BASELINE_SOURCE, baseline_kernel_name
 from .inputs import InputSet
 from .shapes import BenchShape
+from .timing import replay_refusal
 
 Runner = Callable[[int], Any]
 
@@ -78,13 +79,23 @@ def cupy_composite(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
     return run
 
 
-def _torch_views(sets: list[InputSet]) -> list[dict[str, Any]] | str:
+def torch_unavailable() -> str | None:
+    """Why torch cannot run on the GPU here, or None when it can."""
     try:
         import torch
     except ImportError:
         return "torch is not installed"
     if not torch.cuda.is_available():
         return "torch has no CUDA device"
+    return None
+
+
+def _torch_views(sets: list[InputSet]) -> list[dict[str, Any]] | str:
+    why = torch_unavailable()
+    if why is not None:
+        return why
+    import torch
+
     views = []
     for s in sets:
         views.append(
@@ -161,16 +172,88 @@ def triton_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
     return run
 
 
+def torch_op_call(s: InputSet) -> Callable[[], None]:
+    """The hot call through ``torch.ops.kpool.compress.out`` on tensors viewing ``s``'s arrays (DLPack, no copy).
+
+    ``out=`` and ``pool_row_offsets=`` given, ``validate=False``: the call that
+    neither syncs nor allocates, so ``torch.cuda.graph`` can capture it. It
+    runs on torch's current stream and writes ``s.out``. Check
+    ``torch_unavailable()`` first.
+    """
+    import torch
+
+    from .. import torch as _registered  # noqa: F401  (importing kpool_cupy.torch defines torch.ops.kpool)
+    from ..torch.tensors import from_cupy
+
+    k, gate, ape, offsets, cache, pools, out = (
+        from_cupy(a) for a in (s.k, s.gate, s.ape, s.input_row_offsets, s.cache_lengths, s.pool_row_offsets, s.out)
+    )
+    op = torch.ops.kpool.compress.out
+
+    def call() -> None:
+        op(k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
+
+    return call
+
+
+def torch_stream_of_cupy(streams: dict[tuple[int, int], Any]) -> Any:
+    """CuPy's current stream as a torch stream (made once per stream and device, kept in ``streams``)."""
+    import cupy
+    import torch
+
+    device, pointer = cupy.cuda.Device().id, cupy.cuda.get_current_stream().ptr
+    stream = streams.get((device, pointer))
+    if stream is None:
+        # 0 is the legacy default stream, which is torch's default stream too.
+        made = torch.cuda.default_stream(device) if pointer == 0 else torch.cuda.ExternalStream(pointer, device=device)
+        stream = streams[(device, pointer)] = made
+    return stream
+
+
+def kpool_torch_op(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
+    """This package's kernel through ``torch.ops.kpool.compress.out``: the device time of a torch user's hot call.
+
+    Each call runs with torch's current stream set to CuPy's, so a CuPy graph
+    capture records its launch. That is checked, not assumed: when a replay
+    of a captured call does not rewrite its output, the row is timed with
+    events around Python instead, and says why.
+    """
+    why = torch_unavailable()
+    if why is not None:
+        return why
+    import torch
+
+    calls = [torch_op_call(s) for s in sets]
+    streams: dict[tuple[int, int], Any] = {}
+
+    def run(i: int) -> Any:
+        with torch.cuda.stream(torch_stream_of_cupy(streams)):
+            calls[i]()
+        return sets[i].out
+
+    refusal = replay_refusal(run, sets[0].out)
+    if refusal is not None:
+        run.capture_refusal = refusal  # type: ignore[attr-defined]
+    return run
+
+
 _TORCH_STREAM = "launches on torch's current stream, which a CuPy graph capture does not record"
 
 # Implementations timed with events around their Python loop, and why; every
 # other one is captured in a CUDA graph on CuPy's current stream (its calls go
-# there: kernel launches, CuPy array operations).
+# there: kernel launches, CuPy array operations), unless its runner carries a
+# ``capture_refusal`` of its own (the torch op's, when a replay wrote nothing).
 CAPTURE_REFUSALS: dict[str, str] = {
     "torch-eager": _TORCH_STREAM,
     "torch-compile": _TORCH_STREAM,
     "triton": _TORCH_STREAM,
 }
+
+
+def capture_refusal(name: str, runner: Runner) -> str | None:
+    """Why ``runner`` is timed with events around Python rather than by graph replay, or None."""
+    return getattr(runner, "capture_refusal", None) or CAPTURE_REFUSALS.get(name)
+
 
 IMPLEMENTATIONS: dict[str, Callable[[BenchShape, list[InputSet]], Runner | str]] = {
     "kpool-cupy": kpool_cupy_kernel,
@@ -179,4 +262,5 @@ IMPLEMENTATIONS: dict[str, Callable[[BenchShape, list[InputSet]], Runner | str]]
     "torch-eager": torch_eager,
     "torch-compile": torch_compiled,
     "triton": triton_kernel,
+    "torch.ops.kpool": kpool_torch_op,
 }

@@ -89,6 +89,14 @@ def table(results: dict[str, Any]) -> list[str]:
             )
         else:
             lines.append(f"  bare CuPy launch: {host.get('bare_launch', 'not measured')}")
+        if "call_us_torch_op" in host:
+            same = "same bits" if host.get("torch_op_matches") else "DIFFERENT bits"
+            lines.append(
+                f"  the same hot call through torch.ops.kpool.compress.out {host['call_us_torch_op']:.1f} us ({same}); "
+                f"torch adds {host['torch_op_over_cupy_us']:.1f} us"
+            )
+        else:
+            lines.append(f"  through torch.ops.kpool.compress.out: {host.get('torch_op', 'not measured')}")
         lines.append(f"  device time of one CUDA-graph replay of the call: {host['graph_replay_us']:.2f} us")
     return lines
 

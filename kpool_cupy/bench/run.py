@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import element_dtype
-from .impls import CAPTURE_REFUSALS, IMPLEMENTATIONS
-from .inputs import make_input_sets
+from .impls import IMPLEMENTATIONS, capture_refusal, torch_op_call, torch_stream_of_cupy, torch_unavailable
+from .inputs import InputSet, make_input_sets
 from .lifecycle import run_lifecycle
 from .shapes import BenchShape, minimum_bytes, sweep
 from .stats import ratios_to, rotation
@@ -77,7 +77,7 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
             output = runner(0)
             if name == "kpool-cupy":
                 reference = cupy.array(output, copy=True)
-            entry = timed_entry(runner, count, samples, nbytes, copy["gbps"], CAPTURE_REFUSALS.get(name))
+            entry = timed_entry(runner, count, samples, nbytes, copy["gbps"], capture_refusal(name, runner))
         except Exception as error:  # one broken alternative is recorded; the sweep goes on
             record["implementations"][name] = {"failed": describe(error)}
             continue
@@ -113,8 +113,33 @@ def plan_launch(spec: Any, operands: dict[str, Any], options: dict[str, Any]) ->
     return launch
 
 
+def torch_op_cost(s: InputSet, want: np.ndarray, repeats: int = HOST_REPEATS) -> dict[str, Any]:
+    """Host time of the hot call made through ``torch.ops.kpool.compress.out`` on views of ``s``, or why not.
+
+    The same method as the CuPy path's hot call, on the same arrays, with
+    torch's current stream set to CuPy's for the whole measurement (so each
+    loop is drained as the CuPy path's is). ``want``: the CuPy path's bits in
+    ``s.out``, which the torch op must write too.
+    """
+    import cupy
+
+    why = torch_unavailable()
+    if why is not None:
+        return {"torch_op": why}
+    import torch
+
+    call = torch_op_call(s)
+    with torch.cuda.stream(torch_stream_of_cupy({})):
+        s.out.fill(0)
+        call()  # the plan the CuPy path made serves this signature too
+        same = np.array_equal(cupy.asnumpy(s.out).view(np.uint8), want.view(np.uint8))
+        microseconds = host_call_microseconds(call, repeats=repeats)
+    return {"torch_op_matches": bool(same), "call_us_torch_op": microseconds}
+
+
 def host_costs(shape: BenchShape, repeats: int = HOST_REPEATS) -> dict[str, Any]:
-    """Host time of one kpool_compress call, validate on and off, against the bare CuPy launch it makes.
+    """Host time of one kpool_compress call, validate on and off, against the bare CuPy launch it makes, and of
+    the same hot call through ``torch.ops.kpool.compress.out`` (skipped with a reason without torch on CUDA).
 
     Also the device time of one replay of a CUDA graph that captured the call.
     """
@@ -160,6 +185,9 @@ def host_costs(shape: BenchShape, repeats: int = HOST_REPEATS) -> dict[str, Any]
         record["bare_launch_matches"] = bool(np.array_equal(cupy.asnumpy(s.out).view(np.uint8), want.view(np.uint8)))
         record["bare_launch_us"] = host_call_microseconds(bare, repeats=repeats)
         record["overhead_over_bare_us"] = record["call_us_validate_off"] - record["bare_launch_us"]
+    record.update(torch_op_cost(s, want, repeats=repeats))
+    if "call_us_torch_op" in record:
+        record["torch_op_over_cupy_us"] = record["call_us_torch_op"] - record["call_us_validate_off"]
     record["graph_replay_us"] = graph_replay_milliseconds(hot) * 1e3
     return record
 

@@ -74,6 +74,36 @@ def capture_round(run: Callable[[int], Any], sets: int, stream: Any) -> Any:
     return stream.end_capture()
 
 
+def replay_refusal(run: Callable[[int], Any], output: Any) -> str | None:
+    """None when a replay of a CUDA graph that captured ``run(0)`` writes ``output`` again; else why not.
+
+    A call that launches on a stream the capture does not record runs at once
+    and leaves a graph without its launch, whose replays would time nothing.
+    ``output`` (contiguous; what ``run(0)`` writes) is filled with 0xFF bytes
+    before the call and again before the replay, so each must write it.
+    """
+    import cupy
+
+    raw = output.view(cupy.uint8)
+    if raw.size == 0:
+        return None
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        raw.fill(0xFF)
+    try:
+        graph = capture_round(run, 1, stream)  # run(0) once on the stream, then captured
+    except Exception as error:  # any failure to capture is recorded, and the events time the loop instead
+        return f"capture failed: {describe(error)}"
+    written = cupy.asnumpy(raw)  # capture_round drained the stream before it began capturing
+    with stream:
+        raw.fill(0xFF)
+    graph.launch(stream)
+    stream.synchronize()
+    if not np.array_equal(cupy.asnumpy(raw), written):
+        return "a replay of the captured call did not rewrite its output: it launched on a stream the capture missed"
+    return None
+
+
 def graph_times(run: Callable[[int], Any], sets: int, samples: int) -> list[float]:
     """Per-call device milliseconds: each sample is one replay of the captured round, divided by its calls."""
     import cupy
