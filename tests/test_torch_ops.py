@@ -24,6 +24,17 @@ from kpool_cupy.torch.tensors import from_numpy, to_numpy  # noqa: E402
 HEAD_DIM, KPOOL = 16, 4
 
 
+@pytest.fixture(autouse=True)
+def _compile_afresh():
+    # Inductor's on-disk caches key compiled graphs without the custom ops'
+    # Python: a graph compiled from an older kpool_cupy.torch would be
+    # replayed and the compile tests would test nothing.
+    import torch.compiler.config
+
+    with torch.compiler.config.patch(force_disable_caches=True):
+        yield
+
+
 def _tensor(value):
     if isinstance(value, tuple):
         return tuple(_tensor(v) for v in value)
@@ -267,3 +278,118 @@ def test_the_readme_example_runs_as_written():
     exec(compile(code, "README.md", "exec"), namespace)
     assert namespace["pooled"].shape == (5, 64) and namespace["pooled"].dtype == torch.bfloat16  # as it says
     assert torch.equal(namespace["pooled"].detach().view(torch.int16), namespace["same"].detach().view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    ("name", "change"),
+    [
+        ("kpool_tail_update", lambda a, kw: a.__setitem__(0, (a[0],))),  # a pair of one
+        ("kpool_seed_tail", lambda a, kw: kw.update(kpool=True)),
+        ("kpool_seed_tail", lambda a, kw: kw.update(kpool=2.0)),
+        ("kpool_seed_tail", lambda a, kw: kw.update(kpool=2**70)),
+        ("kpool_expand_topk", lambda a, kw: kw.update(kpool=4.0)),
+        ("kpool_compress", lambda a, kw: kw.update(out_dtype="complex64")),
+    ],
+)
+def test_options_and_ring_forms_are_refused_as_the_reference_refuses_them(name, change):
+    args, kwargs = calls(BF16)[name]
+    args, kwargs = list(args), dict(kwargs)
+    change(args, kwargs)
+    with pytest.raises((TypeError, ValueError)) as want:
+        getattr(reference, name)(*copy.deepcopy(args), **kwargs)
+    with pytest.raises(want.type) as got:
+        getattr(kt, name)(*map(_tensor, args), **kwargs)
+    assert str(got.value) == str(want.value)
+
+
+def test_a_torch_dtype_that_is_no_output_dtype_is_named():
+    args, _ = calls(BF16)["kpool_compress"]
+    with pytest.raises(TypeError, match=r"^Invalid out_dtype: expected one of bfloat16, float16, float32, got torch"):
+        kt.kpool_compress(*map(_tensor, args), out_dtype=torch.complex64)
+
+
+def test_a_ring_written_in_place_bumps_its_version_and_refuses_grad():
+    # As torch's own in-place ops do: a graph that saved the ring refuses a
+    # stale backward, and a ring autograd tracks is not written behind its back.
+    args, _ = calls(F32)["kpool_tail_update"]
+    tensors = [_tensor(a) for a in args]
+    before = tensors[0]._version
+    kt.kpool_tail_update(*tensors)
+    assert tensors[0]._version > before
+    tensors[0].requires_grad_(True)
+    with pytest.raises(ValueError, match=r"^Invalid tail: expected a tensor that does not require grad"):
+        kt.kpool_tail_update(*tensors)
+    with torch.no_grad():
+        kt.kpool_tail_update(*tensors)  # allowed where torch allows in-place writes to it
+
+
+class _DecodeStep(torch.nn.Module):
+    """A decode step with a Parameter ape, its pooled buffer handed in (closed left to the op)."""
+
+    def __init__(self, ape: torch.Tensor) -> None:
+        super().__init__()
+        self.ape = torch.nn.Parameter(ape)
+
+    def forward(self, tail, k, gate, positions, slots, out):
+        return kt.kpool_tail_update(tail, k, gate, self.ape, positions, slots, out=out)
+
+
+@pytest.mark.slow
+def test_compiled_with_grad_on_a_parameter_ape_and_a_partial_out_equals_eager():
+    # Grad mode on (no no_grad); out= without closed= allocates closed in
+    # torch ops, which trace.
+    args, _ = calls(F32)["kpool_tail_update"]
+    module = _DecodeStep(_tensor(args[3]))
+    eager_tail, compiled_tail = _tensor(args[0]), _tensor(args[0])
+    rest = [_tensor(a) for a in (args[1], args[2], args[4], args[5])]
+    eager = module(eager_tail, *rest, torch.zeros((2, 1, HEAD_DIM)))
+    compiled = torch.compile(module, fullgraph=True)(compiled_tail, *rest, torch.zeros((2, 1, HEAD_DIM)))
+    for got, want in zip(compiled, eager, strict=True):
+        assert torch.equal(got, want)
+    assert torch.equal(compiled_tail, eager_tail)  # the ring written in place through the compiled graph
+
+
+class _Op(torch.nn.Module):
+    """One op with the ape as a Parameter: a model's layer."""
+
+    def __init__(self, name: str, ape: torch.Tensor, ape_at: int) -> None:
+        super().__init__()
+        self.name, self.ape_at = name, ape_at
+        self.ape = torch.nn.Parameter(ape)
+
+    def forward(self, *tensors):
+        return getattr(kt, self.name)(*tensors[: self.ape_at], self.ape, *tensors[self.ape_at :])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["kpool_compress", "kpool_tail_update"])
+def test_a_compiled_backward_is_traced_without_raising_and_raises_when_run(name):
+    # Compiling a model whose ape is a Parameter traces the backward (with a
+    # ring written in place, AOTAutograd traces it at compile time); only
+    # running it is the error that names the op.
+    args, _ = calls(BF16)[name]
+    ape_at = 3 if name == "kpool_tail_update" else 2
+    module = _Op(name, _tensor(args[ape_at]), ape_at)
+    tensors = [_tensor(a) for i, a in enumerate(args) if i != ape_at]
+    eager_inputs = [t.clone() for t in tensors]
+    got, want = torch.compile(module, fullgraph=True)(*tensors), module(*eager_inputs)
+    got, want = (r if isinstance(r, tuple) else (r,) for r in (got, want))
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert got[0].requires_grad
+    with pytest.raises(RuntimeError, match=rf"kpool::{name.removeprefix('kpool_')} is not differentiable"):
+        got[0].float().sum().backward()
+
+
+@pytest.mark.slow
+def test_compress_into_out_compiles_with_fullgraph():
+    args, _ = calls(BF16)["kpool_compress"]
+    want = reference.kpool_compress(*args)
+
+    def into(k, gate, ape, offsets, cache, out):
+        kt.kpool_compress(k, gate, ape, offsets, cache, out=out)
+        return out.float() * 2
+
+    out = torch.zeros((want.shape[0], HEAD_DIM), dtype=torch.bfloat16)
+    doubled = torch.compile(into, fullgraph=True)(*map(_tensor, args), out)
+    _same(out, want)
+    assert torch.equal(doubled, out.float() * 2)

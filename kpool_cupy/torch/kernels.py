@@ -45,6 +45,31 @@ def _check_devices(given: dict[str, Any], operands: tuple[str, ...]) -> torch.de
     return first.device
 
 
+def _written(overload: Overload, given: dict[str, Any]) -> list[tuple[str, torch.Tensor]]:
+    """The tensors the overload writes in place (rings, given outputs)."""
+    return [(o.name, t) for o in overload.operands if o.written for t in _tensors(given.get(o.name))]
+
+
+def _check_writable(written: list[tuple[str, torch.Tensor]]) -> None:
+    """A tensor autograd tracks may not be written in place behind its back (torch's own in-place ops refuse
+    a leaf that requires grad in grad mode too)."""
+    if not torch.is_grad_enabled():
+        return
+    for name, tensor in written:
+        if tensor.requires_grad:
+            raise ValueError(
+                f"Invalid {name}: expected a tensor that does not require grad (the op writes it in place), "
+                "got one that does"
+            )
+
+
+def _bump_versions(written: list[tuple[str, torch.Tensor]]) -> None:
+    """Tell autograd the tensors changed, as an in-place torch op does (a graph that saved one then refuses
+    to backward through stale values)."""
+    for _, tensor in written:
+        torch.autograd.graph.increment_version(tensor)
+
+
 def _tensors(value: Any) -> list[torch.Tensor]:
     if value is None:
         return []
@@ -88,9 +113,12 @@ def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         given = _gather(overload, args, kwargs)
         _check_devices(given, tuple(o.name for o in overload.operands))
+        written = _written(overload, given)
+        _check_writable(written)
         arrays, options = _arguments(spec, given, to_numpy)
         named = dict(zip(spec.operand_names, arrays, strict=True))
         result = function(**named, **options)
+        _bump_versions(written)
         return _results(spec, overload, result, from_numpy, "cpu")
 
     return kernel
@@ -114,10 +142,13 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
 
         given = _gather(overload, args, kwargs)
         device = _check_devices(given, tuple(o.name for o in overload.operands))
+        written = _written(overload, given)
+        _check_writable(written)
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
             arrays, options = _arguments(spec, given, lambda name, t: to_cupy(t))
             named = dict(zip(spec.operand_names, arrays, strict=True))
             result = getattr(kpool_cupy, spec.name)(**named, **options)
+            _bump_versions(written)
             return _results(spec, overload, result, from_cupy, device)
 
     return kernel
@@ -147,9 +178,10 @@ def fake_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         given = _gather(overload, args, kwargs)
         device = _check_devices(given, tuple(o.name for o in overload.operands))
-        shapes = output_shapes(spec, given, _unbacked_sizes(spec))
-        if not overload.results:
+        if not overload.results:  # an .out overload: the checks alone (no size to make, none to return)
+            spec.describe(*_arguments(spec, given, metadata))
             return None
+        shapes = output_shapes(spec, given, _unbacked_sizes(spec))
         made = {
             name: torch.empty(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
             for name, (shape, dtype) in shapes.items()

@@ -30,16 +30,34 @@ def qualified(spec_or_name: OpSpec | str, overload: str = "") -> str:
 
 
 class _NoGradient(torch.autograd.Function):
-    """Passes an op's result through; its backward raises, naming the op."""
+    """Passes an op's result through; its backward calls ``kpool::no_gradient``, which raises when it runs.
+
+    The raise is an op, not Python in ``backward``: torch.compile traces the
+    backward of a model whose ape is a Parameter (without running it), and
+    only running a backward is an error.
+    """
 
     @staticmethod
     def forward(ctx: Any, name: str, result: torch.Tensor, *anchors: torch.Tensor) -> torch.Tensor:
         ctx.name = name
+        ctx.save_for_backward(*anchors)
         return result.view_as(result)
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        raise RuntimeError(f"{ctx.name} is not differentiable: its inputs get no gradient (call it under no_grad)")
+        gradients = torch.ops.kpool.no_gradient(grads[0], list(ctx.saved_tensors), ctx.name)
+        return (None, None, *gradients)
+
+
+NO_GRADIENT_SCHEMA = "(Tensor grad, Tensor[] inputs, str op) -> Tensor[]"
+
+
+def _no_gradient(grad: torch.Tensor, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
+    raise RuntimeError(f"{op} is not differentiable: its inputs get no gradient (call it under no_grad)")
+
+
+def _no_gradient_fake(grad: torch.Tensor, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in inputs]
 
 
 def _autograd_kernel(name: str, op: Any) -> Any:
@@ -103,6 +121,10 @@ def register() -> None:
         for spec in OPS:
             for overload in overloads(spec):
                 _define(library, spec, overload)
+        name = qualified("no_gradient")
+        torch.library.define(name, NO_GRADIENT_SCHEMA, lib=library)
+        torch.library.register_kernel(name, ("cpu", "cuda"), _no_gradient, lib=library)
+        torch.library.register_fake(name, _no_gradient_fake, lib=library)
         name = qualified("pool_row_offsets")
         torch.library.define(name, POOL_ROW_OFFSETS_SCHEMA, lib=library)
         torch.library.register_kernel(name, "cpu", _pool_row_offsets_cpu, lib=library)

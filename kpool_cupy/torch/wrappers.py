@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..ops.binding import Binding, bind
-from ..ops.checks import check_out_dtype
+from ..ops.checks import check_out_dtype, dtype_fail, fail
+from ..ops.expand_topk import MAX_BLOCK_SIZE
 from ..ops.spec import OpSpec, is_pair
-from .kernels import output_shapes
+from ..pool_offsets import check_kpool
 from .schema import NAMESPACE, RESULTS, given_outputs, op_name
 from .tensors import torch_dtype
 
@@ -28,36 +30,71 @@ def _check_tensor(name: str, value: Any) -> None:
 
 
 def _as_operand(spec: OpSpec, name: str, value: Any) -> Any:
-    """A tensor as the op takes it: a ring as a list of one or two tensors."""
+    """A tensor as the op takes it: a ring as a list of one tensor or two."""
     operand = next(o for o in spec.operands if o.name == name)
     if value is None:
         return None
-    if operand.pair:
-        rings = list(value) if is_pair(value) else [value]
-        if len(rings) not in (1, 2):
+    if operand.pair and is_pair(value):
+        if len(value) != 2:
             raise TypeError(
                 f"Invalid {name}: expected an array or a pair (key_ring, gate_ring), "
-                f"got a {type(value).__name__} of {len(rings)}"
+                f"got a {type(value).__name__} of {len(value)}"
             )
-        for i, ring in enumerate(rings):
-            _check_tensor(f"{name}[{i}]" if len(rings) == 2 else name, ring)
-        return rings
+        for i, ring in enumerate(value):
+            _check_tensor(f"{name}[{i}]", ring)
+        return list(value)
     _check_tensor(name, value)
-    return value
+    return [value] if operand.pair else value
+
+
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _out_dtype(value: Any) -> Any:
     """A torch dtype for the schema; a name or NumPy dtype is read as the other backends read it."""
-    if value is None or isinstance(value, torch.dtype):
+    if value is None:
+        return None
+    if isinstance(value, torch.dtype):
+        if value not in _OUT_DTYPES:
+            raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", repr(value))
         return value
     return torch_dtype(check_out_dtype(value, None, None))
 
 
+def _option(name: str, value: Any) -> Any:
+    """An option as the schema takes it, refused as the other backends refuse it: ints are integers (not
+    bools), bools are read for their truth as Python reads them."""
+    if name == "out_dtype":
+        return _out_dtype(value)
+    if name in _BOOLS:
+        return bool(value)
+    if value is None or name not in ("kpool", "block_size"):
+        return value
+    if name == "kpool":
+        check_kpool(value)
+    elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise dtype_fail(name, "an integer", type(value).__name__)
+    elif not 1 <= int(value) <= MAX_BLOCK_SIZE:
+        raise fail(name, f"an integer in [1, {MAX_BLOCK_SIZE}]", int(value))
+    return int(value)
+
+
+_BOOLS = ("validate", "always_select_tail", "compact")
+
+
+def _missing_output(name: str, given: torch.Tensor, k: torch.Tensor, out_dtype: Any) -> torch.Tensor:
+    """The output the caller left out when they passed its partner, zeroed as the op would allocate it:
+    ``closed`` has out's shape without the channels, ``out`` is closed's shape by head_dim (ring close and
+    tail update alike)."""
+    if name == "closed":
+        return torch.zeros(given.shape[:-1], dtype=torch.int32, device=given.device)
+    dtype = out_dtype if out_dtype is not None else k.dtype
+    return torch.zeros((*given.shape, k.shape[-1]), dtype=dtype, device=given.device)
+
+
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     tensors = {o.name: _as_operand(spec, o.name, a) for o, a in zip(spec.operands, arrays, strict=True)}
-    options = dict(options)
-    if "out_dtype" in options:
-        options["out_dtype"] = _out_dtype(options["out_dtype"])
+    options = {name: _option(name, value) for name, value in options.items()}
     outputs = given_outputs(spec)
     op = getattr(getattr(torch.ops, NAMESPACE), op_name(spec))
     inputs = {name: t for name, t in tensors.items() if name not in {o.name for o in outputs}}
@@ -68,15 +105,12 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
         if spec.name in RESULTS and not options.get("compact"):
             return result[0]  # expand: counts only when compacting
         return result
-    # Some output given: allocate the others as the op would (zeroed), then the .out overload.
-    given = {name: t for name, t in tensors.items() if t is not None} | options
-    missing = {o.name for o in outputs if tensors.get(o.name) is None}
-    if missing:
-        device = positional[1].device if isinstance(positional[0], list) else positional[0].device
-        shapes = output_shapes(spec, given, lambda call: {})
-        for name in missing:
-            shape, dtype = shapes[name]
-            tensors[name] = torch.zeros(shape, dtype=torch_dtype(dtype), device=device)
+    # Some output given: the other allocated here (torch ops only, so this
+    # traces under torch.compile), then the .out overload.
+    for output, partner in zip(outputs, reversed(outputs), strict=True):
+        if tensors[output.name] is None:
+            k = tensors["k"]
+            tensors[output.name] = _missing_output(output.name, tensors[partner.name], k, options.get("out_dtype"))
     op.out(*positional, **keyword, **{o.name: tensors[o.name] for o in outputs})
     written = [tensors[o.name] for o in outputs]  # the results, in order (out is pooled)
     return written[0] if len(written) == 1 else tuple(written)
