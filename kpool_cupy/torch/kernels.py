@@ -4,8 +4,11 @@
   memory, so an op equals the reference bit for bit and writes in place.
 - CUDA: the GPU path (``kpool_cupy``) on torch's current stream of the
   tensors' device: the tensors are read through DLPack inside that stream
-  (no host sync), so a call with ``out`` and ``pool_row_offsets`` captures
-  in ``torch.cuda.graph``.
+  (no host sync), so a call with ``out``, ``pool_row_offsets`` and
+  ``validate=False`` captures in ``torch.cuda.graph``. Outputs of known size
+  (ring close, tail update) come from torch's allocator; compress's (its row
+  count is the data's) and expand's come from CuPy's and are handed over
+  through DLPack.
 - fake: output shapes from the op's own argument checks (``OpSpec.describe``
   on metadata-only arrays), compress's pool count an unbacked size.
 """
@@ -20,7 +23,7 @@ import numpy as np
 import torch
 
 from ..ops.spec import OpSpec
-from .schema import Overload, output_keys
+from .schema import Overload, given_outputs, output_keys
 from .tensors import from_cupy, from_numpy, metadata, numpy_dtype, to_cupy, to_numpy, torch_dtype
 
 
@@ -147,8 +150,21 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
             arrays, options = _arguments(spec, given, lambda name, t: to_cupy(t))
             named = dict(zip(spec.operand_names, arrays, strict=True))
+            outputs = given_outputs(spec) if overload.results and not spec.dynamic_sizes else ()
+            if outputs:
+                # Outputs from torch's allocator, zeroed as the op would: torch
+                # then owns them (record_stream, memory stats, graph pools).
+                shapes = output_shapes(spec, given, lambda call: {})
+                made = {}
+                for output in outputs:
+                    shape, dtype = shapes[output.name]
+                    made[output.name] = torch.zeros(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
+                    named[output.name] = to_cupy(made[output.name])
             result = getattr(kpool_cupy, spec.name)(**named, **options)
             _bump_versions(written)
+            if outputs:
+                tensors = tuple(made[o.name] for o in outputs)
+                return tensors[0] if len(tensors) == 1 else tensors
             return _results(spec, overload, result, from_cupy, device)
 
     return kernel
