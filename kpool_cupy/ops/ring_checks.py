@@ -8,7 +8,7 @@ import numpy as np
 
 from ..dtypes import INT32, dtype_name
 from .checks import check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
-from .spec import is_pair
+from .spec import is_pair, pair_error
 
 # The most rows a ring may have: far above kpool + next_n - 1 for any real
 # speculative decoder, and small enough that row arithmetic stays far from
@@ -78,10 +78,7 @@ def check_tail(
     """
     if is_pair(tail):
         if len(tail) != 2:
-            raise TypeError(
-                f"Invalid tail: expected an array or a pair (key_ring, gate_ring), got a {type(tail).__name__} "
-                f"of {len(tail)}"
-            )
+            raise pair_error("tail", tail)
         keys, gates = tail
         rows = _check_ring_array("tail[0]", keys, dtype, "k (the key ring)", head_dim, writes=writes)
         _check_ring_array("tail[1]", gates, gate_dtype, "gate (the gate ring)", head_dim, writes=writes)

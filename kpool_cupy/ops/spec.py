@@ -67,6 +67,14 @@ def is_pair(value: Any) -> bool:
     return isinstance(value, (tuple, list)) and not hasattr(value, "shape")
 
 
+def pair_error(name: str, value: Any) -> TypeError:
+    """The error for a tuple or list that is no pair: what every backend says."""
+    return TypeError(
+        f"Invalid {name}: expected an array or a pair (key_ring, gate_ring), got a {type(value).__name__} "
+        f"of {len(value)}"
+    )
+
+
 def spread(operands: tuple[Operand, ...], arrays: tuple[Any, ...]) -> Spread:
     """The arrays of a call one by one, a pair given for a ``pair`` operand as two; a TypeError naming the
     operand for a tuple of the wrong length."""
@@ -74,10 +82,7 @@ def spread(operands: tuple[Operand, ...], arrays: tuple[Any, ...]) -> Spread:
     for operand, value in zip(operands, arrays, strict=True):
         if operand.pair and is_pair(value):
             if len(value) != 2:
-                raise TypeError(
-                    f"Invalid {operand.name}: expected an array or a pair (key_ring, gate_ring), "
-                    f"got a {type(value).__name__} of {len(value)}"
-                )
+                raise pair_error(operand.name, value)
             names += [f"{operand.name}[0]", f"{operand.name}[1]"]
             flat += list(value)
             written += [operand.written] * 2

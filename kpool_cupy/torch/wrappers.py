@@ -18,7 +18,7 @@ import torch
 from ..ops.binding import Binding, bind
 from ..ops.checks import check_out_dtype, dtype_fail, fail
 from ..ops.expand_topk import MAX_BLOCK_SIZE
-from ..ops.spec import OpSpec, is_pair
+from ..ops.spec import OpSpec, is_pair, pair_error
 from ..pool_offsets import check_kpool
 from .schema import NAMESPACE, RESULTS, given_outputs, op_name
 from .tensors import torch_dtype
@@ -36,10 +36,7 @@ def _as_operand(spec: OpSpec, name: str, value: Any) -> Any:
         return None
     if operand.pair and is_pair(value):
         if len(value) != 2:
-            raise TypeError(
-                f"Invalid {name}: expected an array or a pair (key_ring, gate_ring), "
-                f"got a {type(value).__name__} of {len(value)}"
-            )
+            raise pair_error(name, value)
         for i, ring in enumerate(value):
             _check_tensor(f"{name}[{i}]", ring)
         return list(value)
