@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel.sources import kernel_source
-from .toolchain import ENTRY, SIZES, load_code
+from .toolchain import COOPERATED, ENTRY, SIZES, load_code
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class EmulatedLaunch:
     grid: int
     block: int
     vector_accesses: int  # 16-byte loads and stores the kernel made
+    cooperative: bool = False  # ran as fibers (KP_THREADS_COOPERATE), not one thread after another
 
 
 _records = threading.local()
@@ -77,7 +78,9 @@ def launch_code(code: str, kernel_name: str, grid: int, block: int, args: tuple[
     accesses = getattr(library, ENTRY)(grid, block, pointers)
     launches = getattr(_records, "launches", None)
     if launches is not None:
-        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses)))
+        # ctypes calls on this OS thread, so the flag is this launch's.
+        cooperated = bool(getattr(library, COOPERATED)())
+        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated))
 
 
 def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None:

@@ -29,6 +29,7 @@ BASE_FLAGS = ("-std=c++17", "-O2", "-shared", "-fPIC", "-Wno-unknown-pragmas")
 LAST_FLAGS = ("-ffp-contract=off",)
 ENTRY = "kpool_emulate_launch"
 SIZES = "kpool_emulate_param_sizes"
+COOPERATED = "kpool_emulate_cooperated"
 
 
 class CompilerNotFoundError(RuntimeError):
@@ -76,14 +77,16 @@ def _compiler_identity(path: str) -> str:
 
 
 def _shim(code: str, kernel_name: str) -> str:
-    # The whole kernel text plus two C entry points: run the grid (returning
-    # its 16-byte access count), and report the parameters' sizes.
+    # The whole kernel text plus three C entry points: run the grid (returning
+    # its 16-byte access count), report the parameters' sizes, and say
+    # whether this host thread's last launch ran as fibers.
     return (
         code
         + f'\nextern "C" unsigned long long {ENTRY}(unsigned int grid, unsigned int block, void** args) {{\n'
         + f"    return kp_emulate_launch(&{kernel_name}, dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, args);\n}}\n"
         + f'extern "C" int {SIZES}(unsigned long long* sizes, int capacity) {{\n'
         + f"    return kp_param_sizes(&{kernel_name}, sizes, capacity);\n}}\n"
+        + f'extern "C" int {COOPERATED}() {{ return kp_launch_cooperated; }}\n'
     )
 
 
@@ -113,6 +116,8 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
         getattr(library, ENTRY).restype = ctypes.c_ulonglong
         getattr(library, SIZES).argtypes = (ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)
         getattr(library, SIZES).restype = ctypes.c_int
+        getattr(library, COOPERATED).argtypes = ()
+        getattr(library, COOPERATED).restype = ctypes.c_int
         _loaded[key] = library
         return library
 
