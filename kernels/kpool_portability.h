@@ -42,6 +42,9 @@ __device__ __forceinline__ float kp_rcp(float x) {
 }
 // 1 / x correctly rounded: reproducible on the host, for index arithmetic.
 __device__ __forceinline__ float kp_rcp_rn(float x) { return __frcp_rn(x); }
+// a / b correctly rounded (IEEE division, whatever --prec-div says): the FP8
+// epilogue's y / s.
+__device__ __forceinline__ float kp_div_rn(float a, float b) { return __fdiv_rn(a, b); }
 // Only the emulator needs telling that a kernel's threads cooperate.
 #define KP_THREADS_COOPERATE(when) \
     do {                           \
@@ -105,6 +108,7 @@ inline float kp_exp2(float x) {
     return kp_nudge_ulps(std::exp2(x), kp_float_to_bits(x), KP_APPROX_WORST_ULPS);
 }
 inline float kp_rcp_rn(float x) { return 1.0f / x; }
+inline float kp_div_rn(float a, float b) { return a / b; }
 inline float kp_rcp(float x) { return kp_nudge_ulps(1.0f / x, kp_float_to_bits(x), KP_APPROX_WORST_ULPS / 2); }
 
 // A GPU faults on a misaligned 16-byte access; memcpy would not, so the

@@ -46,8 +46,13 @@ def _arch_number(arch: str) -> str:
 
 def _compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
     """Compile kernel ``name`` of kernels/``source``; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
+    return _compile_code(kernel_source(source), source, name, options, output)
+
+
+def _compile_code(code: str, label: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile kernel ``name`` of the text ``code`` (``label`` names it in NVRTC's messages)."""
     nvrtc = _nvrtc()
-    program = nvrtc.createProgram(kernel_source(source), source, [], [])
+    program = nvrtc.createProgram(code, label, [], [])
     try:
         nvrtc.addNameExpression(program, name)
         try:
@@ -87,6 +92,12 @@ def kernel_ptx(source: str, name: str, arch: str) -> str:
     return ptx.decode()
 
 
+def code_ptx(code: str, name: str, arch: str = "sm_90") -> str:
+    """PTX of kernel ``name`` of a kernel text (kernel_source's output plus more: a test's kernel)."""
+    ptx, _ = _compile_code(code, "kernel.cu", name, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    return ptx.decode()
+
+
 @dataclass(frozen=True)
 class PtxasReport:
     registers: int
@@ -105,6 +116,13 @@ def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: st
 def kernel_ptxas_report(source: str, name: str, arch: str = "sm_90") -> PtxasReport:
     """Registers, spills and stack of any kernel instantiation of kernels/``source`` for ``arch``."""
     _, log = _compile_kernel(source, name, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
+    return parse_ptxas_log(log)
+
+
+def code_ptxas_report(code: str, name: str, arch: str = "sm_90") -> PtxasReport:
+    """Registers, spills and stack of kernel ``name`` of a kernel text, for ``arch``."""
+    options = [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"]
+    _, log = _compile_code(code, "kernel.cu", name, options, "cubin")
     return parse_ptxas_log(log)
 
 
