@@ -19,7 +19,7 @@ import numpy as np
 
 from ..dtypes import INT32_MAX
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
-from ..ops.spec import Launch
+from ..ops.spec import Launch, is_pair
 
 FLOAT32 = np.float32  # the kernels' arithmetic
 
@@ -178,11 +178,17 @@ def _requests(call: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: A
     return begin, end, cached, slots, usable
 
 
+def _rings(tail: Any) -> tuple[Any, Any]:
+    """The key ring and the gate ring ``[max_slots, ring, head_dim]``: a pair's arrays, or views of one ring
+    (writes through them land in the caller's ring)."""
+    return tuple(tail) if is_pair(tail) else (tail[:, 0], tail[:, 1])
+
+
 def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
     call, o = launch.call, launch.operands
     k, gate, ape, out, closed = (o[name] for name in ("k", "gate", "ape", "out", "closed"))
-    key_ring, gate_ring = o["key_ring"], o["gate_ring"]
+    key_ring, gate_ring = _rings(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
     kpool = call.kpool
     phase = np.where(usable, cached, 0) % kpool
@@ -206,7 +212,7 @@ def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_seed_tail``: each request's trailing tokens into its ring."""
     call, o = launch.call, launch.operands
     k, gate = o["k"], o["gate"]
-    key_ring, gate_ring = o["key_ring"], o["gate_ring"]
+    key_ring, gate_ring = _rings(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
     usable &= cached <= np.iinfo(np.int64).max - (end - begin)  # c + n must not wrap
     last = cached + np.where(usable, end - begin, 0)
@@ -225,7 +231,7 @@ def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_tail_update``: each request's step tokens in order, into its ring, closing pools."""
     call, o = launch.call, launch.operands
     k, gate, ape, positions, out, closed = (o[name] for name in ("k", "gate", "ape", "positions", "out", "closed"))
-    key_ring, gate_ring = o["key_ring"], o["gate_ring"]
+    key_ring, gate_ring = _rings(o["tail"])
     slots = np.asarray(o["slot_idx"]).astype(np.int64)
     slot_ok = (slots >= 0) & (slots < call.max_slots)
     written = np.zeros(call.requests, dtype=np.int64)

@@ -26,13 +26,6 @@ RING = Operand("tail", _RING_RULE, written=True, pair=True)
 RING_READ = Operand("tail", _RING_RULE + " (read only)", pair=True)
 
 
-def ring_arrays(tail: Any) -> dict[str, Any]:
-    """The key ring and the gate ring ``[max_slots, ring, head_dim]`` (a pair's arrays, or views of one ring),
-    as the operands ``key_ring`` and ``gate_ring`` a launch gives the NumPy reference."""
-    keys, gates = tail if is_pair(tail) else (tail[:, 0], tail[:, 1])
-    return {"key_ring": keys, "gate_ring": gates}
-
-
 def ring(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
     """A ring kernel's first arguments (kernels/kpool_ring.cu): key ring, gate ring, the gate ring's offset,
     slots, rows, then the key ring's and the gate ring's slot and row strides.

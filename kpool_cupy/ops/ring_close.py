@@ -33,7 +33,6 @@ from .operands import (
     TOKEN_K,
     requests,
     ring_and_tokens,
-    ring_arrays,
     ring_vector,
 )
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
@@ -110,7 +109,7 @@ def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
         gate_dtype=call.gate_dtype,
     )
     geometry = group_geometry(call.head_dim, call.batch)
-    return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands | ring_arrays(o["tail"]))
+    return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
 def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> tuple[Any, Any]:

@@ -22,7 +22,6 @@ from .operands import (
     TOKEN_K,
     requests,
     ring_and_tokens,
-    ring_arrays,
     ring_vector,
 )
 from .ring_checks import check_slot_values, check_slots, check_tail
@@ -73,7 +72,7 @@ def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
         gate_dtype=call.gate_dtype,
     )
     geometry = group_geometry(call.head_dim, call.batch)
-    return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands | ring_arrays(o["tail"]))
+    return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
 def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, kpool: Any) -> None:

@@ -24,7 +24,7 @@ from .checks import (
     fail,
     require_array,
 )
-from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX, ring, ring_arrays, ring_vector
+from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX, ring, ring_vector
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, is_pair
 
@@ -165,7 +165,7 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
         split=is_pair(o["tail"]),
     )
     geometry = group_geometry(call.head_dim, call.requests)
-    return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands | ring_arrays(o["tail"]))
+    return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
 def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> tuple[Any, Any]:
