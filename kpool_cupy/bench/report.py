@@ -32,6 +32,17 @@ def _mib(nbytes: float) -> str:
     return f"{nbytes / 2**20:.0f} MiB" if nbytes >= 2**20 else f"{nbytes / 2**10:.0f} KiB"
 
 
+def _compared_call(
+    host: dict[str, Any], key: str, skipped: str, label: str, us_field: str, over_field: str, adds: str
+) -> str:
+    """One line of a call measured beside the hot call (``host[us_field]``, ``host[key + '_matches']``), or
+    why it was not (``host[key]``)."""
+    if us_field not in host:
+        return f"  {skipped}: {host.get(key, 'not measured')}"
+    same = "same bits" if host.get(f"{key}_matches") else "DIFFERENT bits"
+    return f"  {label} {host[us_field]:.1f} us ({same}); {adds} {host[over_field]:.1f} us"
+
+
 def table(results: dict[str, Any]) -> list[str]:
     """Per shape: the rotation, the copy roof, and per implementation its timing method, median time,
     bandwidth, fraction of the copy and time over kpool-cupy's; then the host cost."""
@@ -81,22 +92,19 @@ def table(results: dict[str, Any]) -> list[str]:
             f"host per call ({host['shape']}, median of loops of {host.get('calls_per_sample', '?')} calls): "
             f"validate on {host['call_us_validate_on']:.1f} us, off {host['call_us_validate_off']:.1f} us"
         )
-        if "bare_launch_us" in host:
-            same = "same bits" if host.get("bare_launch_matches") else "DIFFERENT bits"
-            lines.append(
-                f"  bare CuPy launch of the same kernel and arguments {host['bare_launch_us']:.1f} us ({same}); "
-                f"the package adds {host['overhead_over_bare_us']:.1f} us"
+        lines.append(
+            _compared_call(
+                host, "bare_launch", "bare CuPy launch", "bare CuPy launch of the same kernel and arguments",
+                "bare_launch_us", "overhead_over_bare_us", "the package adds",
             )
-        else:
-            lines.append(f"  bare CuPy launch: {host.get('bare_launch', 'not measured')}")
-        if "call_us_torch_op" in host:
-            same = "same bits" if host.get("torch_op_matches") else "DIFFERENT bits"
-            lines.append(
-                f"  the same hot call through torch.ops.kpool.compress.out {host['call_us_torch_op']:.1f} us ({same}); "
-                f"torch adds {host['torch_op_over_cupy_us']:.1f} us"
+        )  # fmt: skip
+        lines.append(
+            _compared_call(
+                host, "torch_op", "through torch.ops.kpool.compress.out",
+                "the same hot call through torch.ops.kpool.compress.out", "call_us_torch_op",
+                "torch_op_over_cupy_us", "torch adds",
             )
-        else:
-            lines.append(f"  through torch.ops.kpool.compress.out: {host.get('torch_op', 'not measured')}")
+        )  # fmt: skip
         lines.append(f"  device time of one CUDA-graph replay of the call: {host['graph_replay_us']:.2f} us")
     return lines
 
