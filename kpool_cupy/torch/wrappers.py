@@ -58,6 +58,9 @@ def _out_dtype(value: Any) -> Any:
     return torch_dtype(check_out_dtype(value, None, None))
 
 
+_BOOLS = ("validate", "always_select_tail", "compact")
+
+
 def _option(name: str, value: Any) -> Any:
     """An option as the schema takes it, refused as the other backends refuse it: ints are integers (not
     bools), bools are read for their truth as Python reads them."""
@@ -75,8 +78,6 @@ def _option(name: str, value: Any) -> Any:
         raise fail(name, f"an integer in [1, {MAX_BLOCK_SIZE}]", int(value))
     return int(value)
 
-
-_BOOLS = ("validate", "always_select_tail", "compact")
 
 
 def _missing_output(name: str, given: torch.Tensor, k: torch.Tensor, out_dtype: Any) -> torch.Tensor:
