@@ -79,7 +79,6 @@ def _option(name: str, value: Any) -> Any:
     return int(value)
 
 
-
 def _missing_output(name: str, given: torch.Tensor, k: torch.Tensor, out_dtype: Any) -> torch.Tensor:
     """The output the caller left out when they passed its partner, zeroed as the op would allocate it:
     ``closed`` has out's shape without the channels, ``out`` is closed's shape by head_dim (ring close and
