@@ -7,7 +7,10 @@
 // The softmax runs per channel, not per member: each channel has its own
 // weights. Inputs are [total_tokens, head_dim] at any row stride, ape is
 // float32 [kpool, head_dim], pooled is [>= total_pools, head_dim].
-#include "kpool_common.cuh"
+// kpool_compress_fp8 is the same pooling with the FP8 epilogue fused
+// (kernels/kpool_fp8.cuh): e4m3fn bytes and a scale per pool, into rows or
+// a paged cache.
+#include "kpool_fp8.cuh"
 
 namespace kp {
 
@@ -36,11 +39,15 @@ __device__ __forceinline__ long long guess_request(long long pool, long long tot
 // pool opened by the cached prefix. Every value read here may be garbage when
 // the caller skipped validation, so each step is checked before it is used
 // to form an address: a pool whose members are not all inside its request's
-// rows and [0, total_tokens) is not written at all.
+// rows and [0, total_tokens) is not written at all. Also gives the pool's
+// request and its number q in the request (positions [q * KPOOL,
+// (q + 1) * KPOOL)), -1 for a cached length of 2^62 or more, which only
+// garbage has (a paged cache's block table needs q).
 template <int KPOOL, typename IO, typename IC, typename IP>
 __device__ __forceinline__ bool locate_pool(long long pool, long long total_pools, const IO* input_row_offsets,
                                             const IC* cache_lengths, const IP* pool_row_offsets, long long batch,
-                                            long long total_tokens, long long* first_row) {
+                                            long long total_tokens, long long* first_row, long long* owner,
+                                            long long* number) {
     long long request = guess_request(pool, total_pools, batch);
     long long pool_begin = load_index(pool_row_offsets, request);
     long long pool_end = load_index(pool_row_offsets, request + 1);
@@ -63,6 +70,38 @@ __device__ __forceinline__ bool locate_pool(long long pool, long long total_pool
     const long long first = row_begin + align + local_pool * KPOOL;
     if (first + KPOOL > row_end) return false;
     *first_row = first;
+    *owner = request;
+    *number = cached < (1LL << 62) ? cached / KPOOL + (phase != 0) + local_pool : -1;
+    return true;
+}
+
+// The pool `pool` of the batch into result (float32, unrounded): false, and
+// result untouched, when it is past the count or cannot be located. Both
+// compress kernels pool through here, so their pools are the same bits.
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP>
+__device__ __forceinline__ bool compress_pool(long long pool, int channel, const KT* k, long long k_row_stride,
+                                              const GT* gate, long long gate_row_stride, const float* ape,
+                                              long long ape_row_stride, const IO* input_row_offsets,
+                                              const IC* cache_lengths, const IP* pool_row_offsets, long long batch,
+                                              long long total_tokens, float (&result)[kChannelsPerThread],
+                                              long long* request, long long* number) {
+    // The last offset is the exact pool count, so surplus groups leave here.
+    const long long total_pools = load_index(pool_row_offsets, batch);
+    if (pool >= total_pools) return false;
+    long long first_row;
+    if (!locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
+                            total_tokens, &first_row, request, number))
+        return false;
+    // Members of a located pool all exist, so nothing below is masked.
+    const KT* k_member = k + first_row * k_row_stride + channel;
+    const GT* gate_member = gate + first_row * gate_row_stride + channel;
+    pool8<KPOOL, KT, GT, vector_bits(VECTOR, kVectorK), vector_bits(VECTOR, kVectorGate),
+          vector_bits(VECTOR, kVectorApe)>(
+        [&](int m, const KT** key_row, const GT** gate_row) {
+            *key_row = k_member + m * k_row_stride;
+            *gate_row = gate_member + m * gate_row_stride;
+        },
+        ape + channel, ape_row_stride, result);
     return true;
 }
 
@@ -91,28 +130,62 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     long long pool;
     int channel;
-    if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
-
-    // The last offset is the exact pool count, so surplus threads exit here;
-    // rows of `pooled` past it are never written.
-    const long long total_pools = kp::load_index(pool_row_offsets, batch);
-    if (pool >= total_pools || pool >= pooled_rows) return;
-
-    long long first_row;
-    if (!kp::locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
-                                total_tokens, &first_row))
-        return;
-
-    // Members of a located pool all exist, so nothing below is masked.
-    const KT* k_member = k + first_row * k_row_stride + channel;
-    const GT* gate_member = gate + first_row * gate_row_stride + channel;
+    if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0 || pool >= pooled_rows) return;
+    // Rows of `pooled` past the pool count are never written.
     float result[kp::kChannelsPerThread];
-    kp::pool8<KPOOL, KT, GT, kp::vector_bits(VECTOR, kp::kVectorK), kp::vector_bits(VECTOR, kp::kVectorGate),
-              kp::vector_bits(VECTOR, kp::kVectorApe)>(
-        [&](int m, const KT** key_row, const GT** gate_row) {
-            *key_row = k_member + m * k_row_stride;
-            *gate_row = gate_member + m * gate_row_stride;
-        },
-        ape + channel, ape_row_stride, result);
+    long long request, number;
+    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, k, k_row_stride, gate, gate_row_stride,
+                                                            ape, ape_row_stride, input_row_offsets, cache_lengths,
+                                                            pool_row_offsets, batch, total_tokens, result, &request,
+                                                            &number))
+        return;
     kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + pool * pooled_row_stride + channel, result);
+}
+
+// kpool_compress with the FP8 epilogue fused: each pool's float32 result
+// goes through kp::fp8_epilogue (bf16 x, the rotation, the scale, e4m3fn
+// bytes) in registers, and only its bytes and scale are written, to output
+// row `pool` or to the pool's cache slot (kp::Fp8Sink, TARGET). The values
+// equal the epilogue applied to kpool_compress's own float32 result.
+//
+// A group's lanes exchange values by shuffles naming the group alone
+// (kp::group_lanes), so a group with no pool to write leaves as a whole and
+// its warp's other group goes on. HEAD_DIM: a power of two, 8 to 256.
+// VECTOR: kp::VectorAccess bits of k, gate and ape, and kVectorOut for 8-byte
+// value stores. ID: the element type of slots or the block table.
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, typename IO, typename IC,
+          typename IP, typename ID>
+__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
+    kpool_compress_fp8(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
+                       long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
+                       const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
+                       const IP* __restrict__ pool_row_offsets, long long batch, long long total_tokens,
+                       unsigned char* __restrict__ values, long long values_stride, float* __restrict__ scales,
+                       long long target_rows, long long block_size, const ID* __restrict__ destinations,
+                       long long destination_rows, long long destination_columns, long long destination_stride,
+                       int round_scale) {
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(true);
+    long long pool;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
+    float v[kp::kChannelsPerThread];
+    long long request, number;
+    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, k, k_row_stride, gate, gate_row_stride,
+                                                            ape, ape_row_stride, input_row_offsets, cache_lengths,
+                                                            pool_row_offsets, batch, total_tokens, v, &request,
+                                                            &number))
+        return;
+    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,       values_stride,    scales,
+                                                 target_rows,  block_size,       destinations,
+                                                 destination_rows, destination_columns, destination_stride};
+    unsigned char* value_row;
+    float* scale_address;
+    if (!sink.place(pool, request, number, &value_row, &scale_address)) return;
+#pragma unroll
+    for (int i = 0; i < kp::kChannelsPerThread; ++i) v[i] = kp::to_float(kp::from_float<kp::bf16>(v[i]));
+    unsigned char q[kp::kChannelsPerThread];
+    const float scale = kp::fp8_epilogue<HEAD_DIM / kp::kChannelsPerThread>(v, channel / kp::kChannelsPerThread,
+                                                                            round_scale != 0, q);
+    kp::store_fp8<kp::vector_bits(VECTOR, kp::kVectorOut)>(value_row, scale_address, channel, q, scale);
 }

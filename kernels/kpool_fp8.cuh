@@ -4,7 +4,7 @@
 //
 //     y = bf16( B(x) * fl32(1/sqrt(D)) )        B: butterflies (a+b, a-b) at strides 1, 2, ..., D/2
 //     v = fl32( max(max_c |y_c|, 1e-4) * fl32(1/448) )
-//     s = the smallest power of two >= v        (ROUND_SCALE; else s = v)
+//     s = the smallest power of two >= v        (round_scale; else s = v)
 //     q = e4m3fn( clamp( fl32(y / s), -448, 448 ) )
 //
 // Strides 1, 2 and 4 stay in a thread's registers; strides 8 .. D/2 pair a
@@ -13,9 +13,10 @@
 // (-ftz=true; the emulator sets the host's flush-to-zero to match), so the
 // bytes equal kpool_cupy/backends/reference_epilogue.py's.
 //
-// Every lane of the warp must reach fp8_epilogue (the shuffles name the whole
-// warp): a kernel keeps its surplus threads alive and opens with
-// KP_THREADS_COOPERATE(true) for the emulator.
+// Every lane of a row's group must reach the rotation and the quantization
+// together (their shuffles name the group's lanes, kp::group_lanes); a
+// kernel that calls them opens with KP_THREADS_COOPERATE(true) for the
+// emulator.
 #ifndef KPOOL_FP8_CUH
 #define KPOOL_FP8_CUH
 
@@ -68,16 +69,30 @@ __host__ __device__ constexpr float inverse_sqrt() {
     return (k % 2) ? scale * 0.70710677f : scale;  // 0x3f3504f3, the float32 nearest 1/sqrt(2)
 }
 
-// One row's epilogue: v holds this thread's 8 values (channels 8 * lane ..
-// 8 * lane + 7, x already in the dtype the caller rounds to), lane is the
-// thread's place in its group of LANES. Writes the 8 e4m3fn bytes to q and
-// returns the row's scale (every lane of the group gets it).
-template <int LANES, bool ROUND_SCALE>
-__device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], int lane,
-                                              unsigned char (&q)[kChannelsPerThread]) {
+// The lanes of this thread's group of LANES consecutive lanes, as the mask
+// its shuffles name: a group starts at a multiple of LANES within its warp
+// (a group of HEAD_DIM / 8 threads, kp::thread_group). Naming the group and
+// not the warp lets one group run the epilogue while its warp's other group
+// has left or waits elsewhere (no pool to write, another decode step).
+template <int LANES>
+__device__ __forceinline__ unsigned int group_lanes() {
     static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0,
                   "a row's lanes: a power of two within one warp (head_dim 8 to 256)");
-    constexpr unsigned int kWarp = 0xffffffffu;
+    if constexpr (LANES == 32) {
+        return 0xffffffffu;
+    } else {
+        const unsigned int first = (threadIdx.x % 32u) & ~static_cast<unsigned int>(LANES - 1);
+        return ((1u << LANES) - 1u) << first;
+    }
+}
+
+// The rotation of one row: v holds this thread's 8 values (channels
+// 8 * lane .. 8 * lane + 7, x already in the dtype the caller rounds to) and
+// becomes y = bf16(B(x) * fl32(1/sqrt(D))), as float32. Every lane of the
+// group must call it together.
+template <int LANES>
+__device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], int lane) {
+    const unsigned int group = group_lanes<LANES>();
 #pragma unroll
     for (int stride = 1; stride < kChannelsPerThread; stride *= 2)
 #pragma unroll
@@ -92,25 +107,122 @@ __device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], in
         const bool low = (lane & lanes) == 0;  // this thread holds a (the a+b half), its partner b
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) {
-            const float partner = __shfl_xor_sync(kWarp, v[i], lanes, LANES);
+            const float partner = __shfl_xor_sync(group, v[i], lanes, LANES);
             v[i] = low ? v[i] + partner : partner - v[i];
         }
     }
     constexpr float kScale = inverse_sqrt<LANES * kChannelsPerThread>();
+#pragma unroll
+    for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(v[i] * kScale));
+}
+
+// The quantization of one rotated row y (this thread's 8 values in v): the
+// row's scale s (every lane of the group gets it) and this thread's 8 e4m3fn
+// bytes in q. round_scale: s is the power of two ue8m0 gives, else v itself.
+template <int LANES>
+__device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThread], bool round_scale,
+                                              unsigned char (&q)[kChannelsPerThread]) {
+    const unsigned int group = group_lanes<LANES>();
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kChannelsPerThread; ++i) {
-        v[i] = to_float(from_float<bf16>(v[i] * kScale));
+    for (int i = 0; i < kChannelsPerThread; ++i)
         amax = fmaxf(amax, fabsf(v[i]));  // fmaxf skips a NaN, as the reference's row maximum does
-    }
 #pragma unroll
-    for (int lanes = 1; lanes < LANES; lanes *= 2) amax = fmaxf(amax, __shfl_xor_sync(kWarp, amax, lanes, LANES));
+    for (int lanes = 1; lanes < LANES; lanes *= 2) amax = fmaxf(amax, __shfl_xor_sync(group, amax, lanes, LANES));
     const float bound = fmaxf(amax, 1e-4f) * (1.0f / 448.0f);
-    const float scale = ROUND_SCALE ? ue8m0(bound) : bound;
+    const float scale = round_scale ? ue8m0(bound) : bound;
 #pragma unroll
     for (int i = 0; i < kChannelsPerThread; ++i)
         q[i] = static_cast<unsigned char>(e4m3fn_bits(kp_div_rn(v[i], scale)));
     return scale;
+}
+
+// One row's whole epilogue, rotation then quantization: v (x) is consumed,
+// q gets this thread's bytes, and the row's scale is returned.
+template <int LANES>
+__device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], int lane, bool round_scale,
+                                              unsigned char (&q)[kChannelsPerThread]) {
+    hadamard_rotate<LANES>(v, lane);
+    return fp8_quantize<LANES>(v, round_scale, q);
+}
+
+// Where a writer's FP8 rows go (kpool_cupy/ops/fp8_target.py builds the
+// arguments).
+//   kFp8Rows:  values [rows, D] uint8 at `stride` bytes a row, scales [rows]
+//              float32; output row r is row r.
+//   kFp8Slots: a paged cache [rows pages, block_size, D + 4] uint8 whose
+//              pages lie `stride` bytes apart: a page holds block_size * D
+//              value bytes (entry t at t * D), then block_size float32
+//              scales (entry t at block_size * D + 4 * t). Output row r goes
+//              to flat slot destinations[r] (negative: nowhere).
+//   kFp8Table: the same cache; request b's pool q goes to slot
+//              destinations[b * destination_stride + q / block_size] *
+//              block_size + q % block_size (a negative entry: nowhere).
+enum Fp8Target : int { kFp8Rows = 0, kFp8Slots = 1, kFp8Table = 2 };
+
+template <int HEAD_DIM, int TARGET, typename ID>
+struct Fp8Sink {
+    unsigned char* values;
+    long long stride;
+    float* scales;  // kFp8Rows only
+    long long rows;
+    long long block_size;
+    const ID* destinations;  // slots or the block table; unread for kFp8Rows
+    long long destination_rows, destination_columns, destination_stride;
+
+    // The value row and scale of output row `row`, pool `pool` of request
+    // `request`: false when they go nowhere. Every index may be garbage when
+    // the caller skipped validation; each is checked before it forms an
+    // address, so nothing outside the arrays is touched.
+    __device__ __forceinline__ bool place(long long row, long long request, long long pool,
+                                          unsigned char** value_row, float** scale) const {
+        if constexpr (TARGET == kFp8Rows) {
+            if (row < 0 || row >= rows) return false;
+            *value_row = values + row * stride;
+            *scale = scales + row;
+            return true;
+        } else {
+            long long slot;
+            if constexpr (TARGET == kFp8Slots) {
+                if (row < 0 || row >= destination_rows) return false;
+                slot = load_index(destinations, row);
+            } else {
+                if (request < 0 || request >= destination_rows || pool < 0) return false;
+                const long long block = pool / block_size;
+                if (block >= destination_columns) return false;
+                const long long entry = load_index(destinations, request * destination_stride + block);
+                if (entry < 0 || entry >= rows) return false;
+                slot = entry * block_size + pool % block_size;  // < rows * block_size: no overflow
+            }
+            if (slot < 0 || slot / block_size >= rows) return false;
+            unsigned char* const page = values + (slot / block_size) * stride;
+            const long long entry = slot % block_size;
+            *value_row = page + entry * HEAD_DIM;
+            *scale = reinterpret_cast<float*>(page + block_size * HEAD_DIM) + entry;
+            return true;
+        }
+    }
+};
+
+// Writes this thread's 8 bytes of a row (channels `channel` ..) and, from the
+// group's first lane, the scale. VECTOR: one 8-byte store (the launcher found
+// the row addresses 8-byte aligned), else 8 byte stores.
+template <bool VECTOR>
+__device__ __forceinline__ void store_fp8(unsigned char* value_row, float* scale_address, int channel,
+                                          const unsigned char (&q)[kChannelsPerThread], float scale) {
+    if constexpr (VECTOR) {
+        unsigned int low = 0, high = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            low |= static_cast<unsigned int>(q[i]) << (8 * i);
+            high |= static_cast<unsigned int>(q[i + 4]) << (8 * i);
+        }
+        kp_store8(value_row + channel, low, high);
+    } else {
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) value_row[channel + i] = q[i];
+    }
+    if (channel == 0) *scale_address = scale;
 }
 
 }  // namespace kp

@@ -26,6 +26,13 @@ __device__ __forceinline__ uint4 kp_load16(const void* address) {
 __device__ __forceinline__ void kp_store16(void* address, uint4 value) {
     *reinterpret_cast<uint4*>(address) = value;
 }
+// Two 32-bit words as one 8-byte store (8 e4m3fn bytes of a row).
+__device__ __forceinline__ void kp_store8(void* address, unsigned int low, unsigned int high) {
+    uint2 words;
+    words.x = low;
+    words.y = high;
+    *reinterpret_cast<uint2*>(address) = words;
+}
 // The softmax's two approximations: one MUFU instruction each, flushing
 // subnormals like the rest of the build (-ftz=true). ex2.approx errs by at
 // most 2 ulp, rcp.approx by at most 1 (PTX ISA); the README's error bound
@@ -133,6 +140,16 @@ inline void kp_store16(void* address, uint4 value) {
     kp_require_aligned16(address);
     ++kp_vector_accesses;
     std::memcpy(address, &value, sizeof value);
+}
+// An 8-byte store: aligned like the GPU's, or the emulator stops. Not
+// counted with the 16-byte accesses.
+inline void kp_store8(void* address, unsigned int low, unsigned int high) {
+    if (reinterpret_cast<std::uintptr_t>(address) % 8 != 0) {
+        std::fprintf(stderr, "kpool emulator: misaligned 8-byte store at %p\n", address);
+        std::abort();
+    }
+    const unsigned int words[2] = {low, high};
+    std::memcpy(address, words, sizeof words);
 }
 
 // ---- Threads that cooperate --------------------------------------------

@@ -20,9 +20,15 @@ from .pool_offsets import pool_row_offsets
 from .tools.nvrtc import compile_ptx
 
 # In the order of ops.OPS; tests/test_public_api.py checks each name.
-kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = (
-    _bind(spec, _GPU) for spec in _OPS
-)
+(
+    kpool_compress,
+    kpool_ring_close,
+    kpool_seed_tail,
+    kpool_tail_update,
+    kpool_expand_topk,
+    kpool_compress_fp8,
+    hadamard_quant_fp8,
+) = (_bind(spec, _GPU) for spec in _OPS)
 
 
 def _package_version() -> str:
@@ -40,7 +46,9 @@ __all__ = [
     "__version__",
     "compile_ptx",
     "emulate",
+    "hadamard_quant_fp8",
     "kpool_compress",
+    "kpool_compress_fp8",
     "kpool_expand_topk",
     "kpool_ring_close",
     "kpool_seed_tail",

@@ -17,12 +17,20 @@ from .ops import OPS as _OPS
 from .ops.binding import bind as _bind
 
 # In the order of ops.OPS; tests/test_public_api.py checks each name.
-kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = (
-    _bind(spec, _REFERENCE) for spec in _OPS
-)
+(
+    kpool_compress,
+    kpool_ring_close,
+    kpool_seed_tail,
+    kpool_tail_update,
+    kpool_expand_topk,
+    kpool_compress_fp8,
+    hadamard_quant_fp8,
+) = (_bind(spec, _REFERENCE) for spec in _OPS)
 
 __all__ = [
+    "hadamard_quant_fp8",
     "kpool_compress",
+    "kpool_compress_fp8",
     "kpool_expand_topk",
     "kpool_ring_close",
     "kpool_seed_tail",

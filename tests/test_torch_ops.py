@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import kpool_cupy.torch as kt  # noqa: E402  (after the skip)
 from kpool_cupy import reference  # noqa: E402
-from kpool_cupy.ops import OPS  # noqa: E402
+from kpool_cupy.torch.schema import SPECS as OPS  # noqa: E402  (the ops torch.ops.kpool has)
 from kpool_cupy.torch.schema import given_outputs, overloads  # noqa: E402
 from kpool_cupy.torch.tensors import from_numpy, to_numpy  # noqa: E402
 
@@ -415,7 +415,7 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
         sys.path.insert(0, "tests")
         import test_torch_ops as t
         from kpool_cupy import reference
-        from kpool_cupy.ops import OPS
+        from kpool_cupy.torch.schema import SPECS as OPS
         from kpool_cupy.torch import kernels
         from kpool_cupy.torch.schema import overloads
         from kpool_cupy.torch.tensors import to_numpy

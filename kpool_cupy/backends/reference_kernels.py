@@ -18,8 +18,11 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import INT32_MAX
+from ..kernel.codes import Fp8Destination
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
 from ..ops.spec import Launch, is_pair
+from .reference_epilogue import epilogue
+from .reference_epilogue import hadamard_quant as query_epilogue
 
 FLOAT32 = np.float32  # the kernels' arithmetic
 
@@ -67,12 +70,19 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     nothing outside ``k`` here either. ``call`` needs ``batch``,
     ``total_tokens`` and ``kpool``.
     """
+    first, ok, _, _ = locate_pools(call, count, input_row_offsets, cache_lengths, pool_row_offsets)
+    return first, ok
+
+
+def locate_pools(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any):
+    """``member_rows``, plus each pool's request and number q in it (-1 for a cached length of 2^62 or more),
+    as ``kp::locate_pool`` gives them."""
     pool = np.arange(count, dtype=np.int64)
     pools = np.asarray(pool_row_offsets).astype(np.int64)
     offsets = np.asarray(input_row_offsets).astype(np.int64)
     cached = np.asarray(cache_lengths).astype(np.int64)
     if call.batch == 0:
-        return pool, np.zeros(count, dtype=bool)
+        return pool, np.zeros(count, dtype=bool), pool, pool
     # The guess where its offsets bracket the pool, else the search.
     total = int(pools[call.batch])
     guess = guess_request(np.minimum(pool, max(total - 1, 0)), total, call.batch)
@@ -87,7 +97,9 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     phase = np.where(ok, length, 0) % call.kpool
     first = row_begin + np.where(phase == 0, 0, call.kpool - phase) + np.where(ok, local, 0) * call.kpool
     ok &= first + call.kpool <= row_end
-    return np.where(ok, first, 0), ok
+    cached_ok = ok & (length < 2**62)
+    number = np.where(cached_ok, np.where(cached_ok, length, 0) // call.kpool + (phase != 0) + local, -1)
+    return np.where(ok, first, 0), ok, request, number
 
 
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
@@ -166,6 +178,65 @@ def compress(launch: Launch, accumulate: type[np.floating]) -> None:
     pooled = pool_members(o["k"][rows], o["gate"][rows], o["ape"], accumulate)
     with np.errstate(over="ignore"):
         out[np.flatnonzero(ok)] = pooled.astype(out.dtype)
+
+
+def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_compress_fp8``: compress's pools through the FP8 epilogue, placed as ``kp::Fp8Sink`` places them."""
+    call, o = launch.call, launch.operands
+    pooling = call.pooling
+    first, ok, request, number = locate_pools(
+        pooling, launch.geometry.items, o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"]
+    )
+    rows = first[ok][:, None] + np.arange(pooling.kpool)  # [pools, kpool]
+    pooled = pool_members(o["k"][rows], o["gate"][rows], o["ape"], accumulate)
+    write_fp8(launch, pooled, np.flatnonzero(ok), request[ok], number[ok])
+
+
+def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np.ndarray, numbers: np.ndarray) -> None:
+    """The FP8 epilogue of pooled float32 rows, written where ``kp::Fp8Sink::place`` puts output row ``rows[i]``
+    (request ``requests[i]``'s pool ``numbers[i]``), skipping what it skips."""
+    call, o = launch.call, launch.operands
+    target = call.target
+    with np.errstate(all="ignore"):
+        values, scales = epilogue(pooled.astype(np.float32), call.round_scale)
+    if target.kind == Fp8Destination.ROWS:
+        out = o["out"]
+        inside = rows < out.shape[0]
+        out[rows[inside]] = values[inside]
+        o["out_scale"][rows[inside]] = scales[inside]
+        return
+    size, pages = target.block_size, target.rows
+    if target.kind == Fp8Destination.SLOTS:
+        slots_in = o["slots"]
+        inside = rows < slots_in.shape[0]
+        slot = np.where(inside, slots_in[np.where(inside, rows, 0)] if slots_in.size else -1, -1).astype(np.int64)
+    else:
+        table = o["block_table"]
+        block = np.where(numbers >= 0, numbers // size, 0)
+        inside = (numbers >= 0) & (requests < table.shape[0]) & (block < table.shape[1])
+        entry = np.full(rows.shape, -1, np.int64)
+        if table.size:
+            entry = np.where(inside, table[np.where(inside, requests, 0), np.where(inside, block, 0)], -1)
+        entry = entry.astype(np.int64)
+        slot = np.where((entry >= 0) & (entry < pages), entry * size + numbers % size, -1)
+    keep = (slot >= 0) & (slot // size < pages)
+    cache = o["cache"]
+    head_dim = cache.shape[2] - 4
+    # The cache as [pages, page bytes] over its own memory (pages may lie further apart than their bytes).
+    page_bytes = np.lib.stride_tricks.as_strided(cache, (pages, size * (head_dim + 4)), (cache.strides[0], 1))
+    page, entry_in_page = (slot[keep] // size)[:, None], (slot[keep] % size)[:, None]
+    page_bytes[page, entry_in_page * head_dim + np.arange(head_dim)] = values[keep]
+    scale_bytes = scales[keep].astype(np.float32).view(np.uint8).reshape(-1, 4)
+    page_bytes[page, size * head_dim + 4 * entry_in_page + np.arange(4)] = scale_bytes
+
+
+def hadamard_quant(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_hadamard_quant``: every row of x through the query side's epilogue."""
+    o = launch.operands
+    with np.errstate(all="ignore"):
+        values, scales = query_epilogue(o["x"], launch.call.round_scale)
+    o["out"][...] = values
+    o["out_scale"][...] = scales
 
 
 def _requests(call: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any):
@@ -310,4 +381,6 @@ KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_seed_tail": seed_tail,
     "kpool_tail_update": tail_update,
     "kpool_expand_topk": expand_topk,
+    "kpool_compress_fp8": compress_fp8,
+    "kpool_hadamard_quant": hadamard_quant,
 }

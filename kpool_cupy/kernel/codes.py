@@ -26,6 +26,15 @@ class VectorAccess(enum.IntFlag):
     GATE_RING = 32  # a ring's gate scores
 
 
+class Fp8Destination(enum.IntEnum):
+    """Where an FP8 writer's rows go (``kp::Fp8Target``): rows of values and scales, or a paged cache through
+    per-pool slots or a block table."""
+
+    ROWS = 0
+    SLOTS = 1
+    TABLE = 2
+
+
 def data_pointer(array: Any) -> int:
     """Address of the first element of a NumPy or CuPy array (views included)."""
     if is_cupy_array(array):
@@ -42,6 +51,11 @@ def allows_vector_access(array: Any) -> bool:
     """
     steps = zip(array.shape[:-1], array.strides[:-1], strict=True)
     return data_pointer(array) % 16 == 0 and all(stride % 16 == 0 for size, stride in steps if size > 1)
+
+
+def allows_8byte_rows(array: Any) -> bool:
+    """Whether every row of a uint8 array (a row of FP8 values: 8 bytes a thread) starts 8-byte aligned."""
+    return data_pointer(array) % 8 == 0 and (array.shape[0] <= 1 or array.strides[0] % 8 == 0)
 
 
 def vector_mask(**operands: Any) -> int:

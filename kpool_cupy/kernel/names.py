@@ -26,6 +26,7 @@ INDEX_ARRAYS = {
     "kpool_seed_tail": 3,
     "kpool_tail_update": 2,  # positions, slot_idx
     "kpool_expand_topk": 3,  # pool_ids, input_row_offsets, cache_lengths
+    "kpool_compress_fp8": 4,  # input_row_offsets, cache_lengths, pool_row_offsets, slots or block_table
 }
 
 # Files under kernels/: one per kernel family. The benchmark-only baseline
@@ -34,6 +35,7 @@ COMPRESS_SOURCE = "kpool_compress.cu"
 RING_SOURCE = "kpool_ring.cu"
 EXPAND_SOURCE = "kpool_expand.cu"
 BASELINE_SOURCE = "bench/kpool_compress_baseline.cu"
+HADAMARD_SOURCE = "kpool_hadamard_quant.cu"
 
 
 def instantiation(kernel: str, *parameters: np.dtype | int) -> str:
@@ -70,6 +72,27 @@ def compress_kernel_name(
     mask = ALIGNED[kernel] if vector is None else vector
     types = (np.dtype(k_dtype), np.dtype(gate_dtype), np.dtype(out_dtype))
     return instantiation(kernel, *types, head_dim, kpool, mask, *_indexes(kernel, index_dtypes))
+
+
+def compress_fp8_kernel_name(
+    k_dtype: np.dtype,
+    gate_dtype: np.dtype,
+    head_dim: int,
+    kpool: int,
+    vector: int,
+    target: int,
+    index_dtypes: tuple[np.dtype, ...] | None = None,
+) -> str:
+    """``kpool_compress_fp8<KT, GT, HEAD_DIM, KPOOL, VECTOR, TARGET, IO, IC, IP, ID>``: TARGET is
+    ``kp::Fp8Target`` (rows, slots, block table), ID the dtype of slots or the block table."""
+    kernel = "kpool_compress_fp8"
+    types = (np.dtype(k_dtype), np.dtype(gate_dtype))
+    return instantiation(kernel, *types, head_dim, kpool, vector, target, *_indexes(kernel, index_dtypes))
+
+
+def hadamard_quant_kernel_name(dtype: np.dtype, head_dim: int, vector: int) -> str:
+    """``kpool_hadamard_quant<T, HEAD_DIM, VECTOR>``, the query side's rotate-and-quantize kernel."""
+    return instantiation("kpool_hadamard_quant", np.dtype(dtype), head_dim, vector)
 
 
 def baseline_kernel_name(dtype: np.dtype, head_dim: int, kpool: int) -> str:

@@ -3,12 +3,31 @@
 from __future__ import annotations
 
 from .compress import SPEC as COMPRESS
+from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
+from .hadamard_quant import SPEC as HADAMARD_QUANT_FP8
 from .ring_close import SPEC as RING_CLOSE
 from .seed_tail import SPEC as SEED_TAIL
 from .spec import OpSpec
 from .tail_update import SPEC as TAIL_UPDATE
 
-OPS: tuple[OpSpec, ...] = (COMPRESS, RING_CLOSE, SEED_TAIL, TAIL_UPDATE, EXPAND_TOPK)
+OPS: tuple[OpSpec, ...] = (
+    COMPRESS,
+    RING_CLOSE,
+    SEED_TAIL,
+    TAIL_UPDATE,
+    EXPAND_TOPK,
+    COMPRESS_FP8,
+    HADAMARD_QUANT_FP8,
+)
 
-__all__ = ["COMPRESS", "EXPAND_TOPK", "OPS", "RING_CLOSE", "SEED_TAIL", "TAIL_UPDATE"]
+__all__ = [
+    "COMPRESS",
+    "COMPRESS_FP8",
+    "EXPAND_TOPK",
+    "HADAMARD_QUANT_FP8",
+    "OPS",
+    "RING_CLOSE",
+    "SEED_TAIL",
+    "TAIL_UPDATE",
+]

@@ -27,13 +27,13 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("kpool_cupy.torch needs PyTorch: pip install 'kpool-cupy[torch]'") from error
 
-from ..ops import OPS as _OPS
 from .registry import register as _register
+from .schema import SPECS as _SPECS
 from .wrappers import bind_all as _bind_all
 
 _register()
 
 # In the order of ops.OPS, as the other public modules bind them.
-kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = _bind_all(_OPS)
+kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = _bind_all(_SPECS)
 
 __all__ = ["kpool_compress", "kpool_expand_topk", "kpool_ring_close", "kpool_seed_tail", "kpool_tail_update"]

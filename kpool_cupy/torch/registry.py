@@ -12,11 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops import OPS
 from ..ops.spec import OpSpec
 from ..pool_offsets import pool_row_offsets
 from .kernels import cpu_kernel, cuda_kernel, fake_kernel
-from .schema import NAMESPACE, POOL_ROW_OFFSETS_SCHEMA, Overload, op_name, overloads
+from .schema import NAMESPACE, POOL_ROW_OFFSETS_SCHEMA, SPECS, Overload, op_name, overloads
 from .tensors import from_cupy, from_numpy, to_cupy, to_numpy
 
 _library: torch.library.Library | None = None
@@ -118,7 +117,7 @@ def register() -> None:
         if _library is not None:
             return
         library = torch.library.Library(NAMESPACE, "FRAGMENT")
-        for spec in OPS:
+        for spec in SPECS:
             for overload in overloads(spec):
                 _define(library, spec, overload)
         name = qualified("no_gradient")

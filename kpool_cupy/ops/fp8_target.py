@@ -1,0 +1,220 @@
+"""Where an FP8 op writes (issue 12): rows of e4m3fn bytes and scales, or a paged cache, checked and passed once.
+
+Every FP8 writer (compress, ring close, tail update) and the query side
+share these checks, so a bad cache, slot list or block table gets the same
+error from each, and the kernels get the same argument block
+(``kp::Fp8Sink`` in kernels/kpool_fp8.cuh)::
+
+    values, values_stride, scales, target_rows, block_size,
+    destinations, destination_rows, destination_columns, destination_stride
+
+The cache is the layout vLLM and SGLang share: uint8 ``[num_blocks,
+block_size, head_dim + 4]``, each page its ``block_size * head_dim`` value
+bytes (entry t at byte t * head_dim), then ``block_size`` float32 scales
+(entry t at byte block_size * head_dim + 4 * t). Flat slot s is page
+s // block_size, entry s % block_size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import FLOAT32, INT32, dtype_name
+from ..kernel import codes
+from .checks import check_contiguous, check_writable, dtype_fail, fail, require_array
+from .spec import Operand, Option
+
+UINT8 = np.dtype(np.uint8)
+INT64 = np.dtype(np.int64)
+SLOT_DTYPES = (INT32, INT64)
+# The rotation runs across one warp's lanes, 8 channels each (kp::group_lanes).
+MIN_FP8_HEAD_DIM, MAX_FP8_HEAD_DIM = 8, 256
+
+ROWS, SLOTS, TABLE = (int(d) for d in codes.Fp8Destination)
+
+ROUND_SCALE = Option("round_scale", "bool", True)
+CACHE = Operand(
+    "cache",
+    "uint8 [num_blocks, block_size, head_dim + 4]: each page's value bytes, then its float32 scales",
+    optional=True,
+    written=True,
+)
+VALUES_OUT = Operand("out", "uint8 [rows, head_dim]: e4m3fn bytes", optional=True, written=True)
+SCALES_OUT = Operand("out_scale", "float32 [rows]", optional=True, written=True)
+
+
+def check_rotation_head_dim(name: str, head_dim: int) -> None:
+    """A head_dim the Hadamard rotation takes: a power of two from 8 to 256."""
+    if not MIN_FP8_HEAD_DIM <= head_dim <= MAX_FP8_HEAD_DIM or head_dim & (head_dim - 1):
+        raise fail(
+            name,
+            f"head_dim a power of two from {MIN_FP8_HEAD_DIM} to {MAX_FP8_HEAD_DIM} (the Hadamard rotation)",
+            head_dim,
+        )
+
+
+@dataclass(frozen=True)
+class Fp8Target:
+    """What the checks learned about where an FP8 call writes."""
+
+    kind: int  # ROWS, SLOTS or TABLE
+    rows: int  # rows of out (ROWS), pages of the cache otherwise
+    block_size: int  # entries per page; 1 for ROWS
+    destination_dtype: np.dtype  # slots' or block_table's dtype (int32 for ROWS: no array is read)
+
+    @property
+    def to_cache(self) -> bool:
+        return self.kind != ROWS
+
+
+def _check_cache(cache: Any, head_dim: int) -> tuple[int, int]:
+    """The cache's pages and entries per page."""
+    require_array("cache", cache)
+    if np.dtype(cache.dtype) != UINT8:
+        raise dtype_fail("cache", "dtype uint8", dtype_name(np.dtype(cache.dtype)))
+    if cache.ndim != 3 or cache.shape[2] != head_dim + 4 or cache.shape[1] < 1:
+        raise fail("cache", f"shape [num_blocks, block_size >= 1, {head_dim + 4}] (head_dim + 4)", tuple(cache.shape))
+    page = cache.shape[1] * cache.shape[2]
+    if cache.size and (cache.strides[2] != 1 or (cache.shape[1] > 1 and cache.strides[1] != head_dim + 4)):
+        raise fail("cache", f"contiguous pages (strides [page, {head_dim + 4}, 1])", f"strides {cache.strides}")
+    if cache.shape[0] > 1 and (cache.strides[0] < page or cache.strides[0] % 4):
+        raise fail("cache", f"a page stride that is a multiple of 4 and at least {page} bytes", cache.strides[0])
+    if cache.size and codes.data_pointer(cache) % 4:
+        raise fail("cache", "a 4-byte aligned first byte (the scales are float32)", "an unaligned one")
+    check_writable("cache", cache)
+    return int(cache.shape[0]), int(cache.shape[1])
+
+
+def _check_vector(name: str, array: Any, dtypes: tuple[np.dtype, ...], length: int | None, rule: str) -> None:
+    """A contiguous 1-D array of one of ``dtypes``, of ``length`` entries (any when None; ``rule`` says which)."""
+    require_array(name, array)
+    if np.dtype(array.dtype) not in dtypes:
+        allowed = " or ".join(dtype_name(d) for d in dtypes)
+        raise dtype_fail(name, f"dtype {allowed}", dtype_name(np.dtype(array.dtype)))
+    if array.ndim != 1 or (length is not None and array.shape[0] != length):
+        raise fail(name, f"shape [{rule}]", f"shape {tuple(array.shape)}")
+    check_contiguous(name, array)
+
+
+def check_target(
+    head_dim: int,
+    rows: int | None,
+    *,
+    out: Any,
+    out_scale: Any,
+    cache: Any = None,
+    slots: Any = None,
+    block_table: Any = None,
+    batch: int = 0,
+) -> Fp8Target:
+    """Rows (``out``/``out_scale``, or new ones) or a cache through ``slots`` or ``block_table``, exactly one way.
+
+    ``rows``: the exact row count of the outputs, or None where any count
+    at least the call's pools is taken (compress; checked with the values).
+    ``slots`` has one entry per output row (``rows``, or any length when
+    None), ``block_table`` one row per request (``batch``).
+    """
+    if cache is None:
+        for name, given in (("slots", slots), ("block_table", block_table)):
+            if given is not None:
+                raise fail(name, "None without cache (it places pools in a cache)", "an array")
+        if (out is None) != (out_scale is None):
+            given, missing = ("out", "out_scale") if out is not None else ("out_scale", "out")
+            raise fail(missing, f"an array with {given} (the two are written together)", "None")
+        if out is None:
+            return Fp8Target(ROWS, 0, 1, INT32)
+        require_array("out", out)
+        if np.dtype(out.dtype) != UINT8:
+            raise dtype_fail("out", "dtype uint8 (e4m3fn bytes)", dtype_name(np.dtype(out.dtype)))
+        wanted = "rows" if rows is None else str(rows)
+        if out.ndim != 2 or out.shape[1] != head_dim or (rows is not None and out.shape[0] != rows):
+            raise fail("out", f"shape [{wanted}, {head_dim}]", tuple(out.shape))
+        if out.size and out.shape[1] > 1 and out.strides[1] != 1:
+            raise fail("out", "a contiguous last dim", f"strides {out.strides}")
+        if out.shape[0] > 1 and abs(out.strides[0]) < head_dim:
+            raise fail("out", f"rows that do not overlap (|row stride| >= {head_dim} bytes)", out.strides[0])
+        check_writable("out", out)
+        _check_vector("out_scale", out_scale, (FLOAT32,), int(out.shape[0]), str(out.shape[0]))
+        check_writable("out_scale", out_scale)
+        return Fp8Target(ROWS, int(out.shape[0]), 1, INT32)
+    for name, given in (("out", out), ("out_scale", out_scale)):
+        if given is not None:
+            raise fail(name, "None with cache (the cache holds the values and scales)", "an array")
+    pages, block_size = _check_cache(cache, head_dim)
+    if (slots is None) == (block_table is None):
+        raise fail(
+            "slots", "exactly one of slots and block_table with cache", "both" if slots is not None else "neither"
+        )
+    if slots is not None:
+        _check_vector("slots", slots, SLOT_DTYPES, rows, ">= total_pools" if rows is None else str(rows))
+        return Fp8Target(SLOTS, pages, block_size, np.dtype(slots.dtype))
+    require_array("block_table", block_table)
+    if np.dtype(block_table.dtype) != INT32:
+        raise dtype_fail("block_table", "dtype int32", dtype_name(np.dtype(block_table.dtype)))
+    if block_table.ndim != 2 or block_table.shape[0] != batch:
+        raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", tuple(block_table.shape))
+    if block_table.size and block_table.shape[1] > 1 and block_table.strides[1] != 4:
+        raise fail("block_table", "a contiguous last dim", f"strides {block_table.strides}")
+    if block_table.size and block_table.strides[0] % 4:
+        raise fail("block_table", "a row stride in whole entries", f"strides {block_table.strides}")
+    return Fp8Target(TABLE, pages, block_size, INT32)
+
+
+def destination_slots(
+    target: Fp8Target, slots: np.ndarray | None, block_table: np.ndarray | None, requests: np.ndarray, pools: np.ndarray
+) -> np.ndarray:
+    """The flat cache slot each written pool goes to (host arrays): ``slots[row]`` or through the block table.
+
+    ``requests`` and ``pools`` are each written pool's request and pool
+    number q, in output row order; a block past the table is -1.
+    """
+    if target.kind == SLOTS:
+        assert slots is not None
+        return slots.astype(np.int64)
+    assert block_table is not None
+    block = pools // target.block_size
+    inside = block < block_table.shape[1]
+    entry = np.where(inside, block_table[requests, np.where(inside, block, 0)] if block_table.size else -1, -1)
+    entry = entry.astype(np.int64)
+    return np.where(entry >= 0, entry * target.block_size + pools % target.block_size, -1)
+
+
+def check_destination_values(target: Fp8Target, slots: np.ndarray, name: str) -> None:
+    """Every written pool lands on a slot of the cache (or is skipped by -1 in ``slots``), each on its own."""
+    capacity = target.rows * target.block_size
+    skipped = slots == -1 if target.kind == SLOTS else np.zeros(slots.shape, bool)
+    bad = ~skipped & ((slots < 0) | (slots >= capacity))
+    if bad.any():
+        i = int(np.argmax(bad))
+        what = "-1 or a slot" if target.kind == SLOTS else "a cache slot"
+        raise fail(
+            name, f"{what} in [0, {capacity}) (num_blocks * block_size) for every pool", f"{int(slots[i])} at pool {i}"
+        )
+    kept = slots[~skipped]
+    unique, counts = np.unique(kept, return_counts=True)
+    if (counts > 1).any():
+        raise fail(name, "a slot of its own for every pool written", f"slot {int(unique[np.argmax(counts > 1)])} twice")
+
+
+def sink_arguments(target: Fp8Target, operands: dict[str, Any]) -> tuple[Any, ...]:
+    """``kp::Fp8Sink``'s arguments, in the kernels' order (the module docstring)."""
+    if target.kind == ROWS:
+        out, scales = operands["out"], operands["out_scale"]
+        # No index array is read: any int32-typed pointer stands in (the scales').
+        return (out, codes.stride(out), scales, np.int64(out.shape[0]), np.int64(1), scales) + (np.int64(0),) * 3
+    cache = operands["cache"]
+    head = (cache, np.int64(cache.strides[0]), cache, np.int64(target.rows), np.int64(target.block_size))
+    if target.kind == SLOTS:
+        slots = operands["slots"]
+        return (*head, slots, np.int64(slots.shape[0]), np.int64(1), np.int64(1))
+    table = operands["block_table"]
+    return (*head, table, np.int64(table.shape[0]), np.int64(table.shape[1]), codes.stride(table))
+
+
+def value_rows_vector(target: Fp8Target, operands: dict[str, Any]) -> bool:
+    """Whether every row of values the kernel writes starts 8-byte aligned (one 8-byte store per thread): out's
+    rows, or the cache's pages (entries lie head_dim bytes apart, a multiple of 8)."""
+    return codes.allows_8byte_rows(operands["out"] if target.kind == ROWS else operands["cache"])
