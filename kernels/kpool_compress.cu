@@ -179,13 +179,5 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,       values_stride,    scales,
                                                  target_rows,  block_size,       destinations,
                                                  destination_rows, destination_columns, destination_stride};
-    unsigned char* value_row;
-    float* scale_address;
-    if (!sink.place(pool, request, number, &value_row, &scale_address)) return;
-#pragma unroll
-    for (int i = 0; i < kp::kChannelsPerThread; ++i) v[i] = kp::to_float(kp::from_float<kp::bf16>(v[i]));
-    unsigned char q[kp::kChannelsPerThread];
-    const float scale = kp::fp8_epilogue<HEAD_DIM / kp::kChannelsPerThread>(v, channel / kp::kChannelsPerThread,
-                                                                            round_scale != 0, q);
-    kp::store_fp8<kp::vector_bits(VECTOR, kp::kVectorOut)>(value_row, scale_address, channel, q, scale);
+    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, pool, request, number, channel, round_scale, v);
 }

@@ -225,6 +225,25 @@ __device__ __forceinline__ void store_fp8(unsigned char* value_row, float* scale
     if (channel == 0) *scale_address = scale;
 }
 
+// The FP8 row of one pooled result, written where the sink puts output row
+// `row` (request `request`'s pool `pool`), or nowhere: v (float32) is
+// rounded to bf16 first, as a pooled key's x always is. Every lane of the
+// group calls it together; the group leaves together when the row goes
+// nowhere.
+template <bool VECTOR, int HEAD_DIM, int TARGET, typename ID>
+__device__ __forceinline__ void write_fp8_row(const Fp8Sink<HEAD_DIM, TARGET, ID>& sink, long long row,
+                                              long long request, long long pool, int channel, int round_scale,
+                                              float (&v)[kChannelsPerThread]) {
+    unsigned char* value_row;
+    float* scale_address;
+    if (!sink.place(row, request, pool, &value_row, &scale_address)) return;
+#pragma unroll
+    for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(v[i]));
+    unsigned char q[kChannelsPerThread];
+    const float scale = fp8_epilogue<HEAD_DIM / kChannelsPerThread>(v, channel / kChannelsPerThread, round_scale != 0, q);
+    store_fp8<VECTOR>(value_row, scale_address, channel, q, scale);
+}
+
 }  // namespace kp
 
 #endif  // KPOOL_FP8_CUH

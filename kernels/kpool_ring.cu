@@ -22,7 +22,7 @@
 // Geometry is kpool_compress's: a group of HEAD_DIM / 8 threads per request,
 // several per block, each thread owning 8 channels. A thread reads back only
 // the ring channels it wrote itself, so threads still never communicate.
-#include "kpool_common.cuh"
+#include "kpool_fp8.cuh"
 
 namespace kp {
 
@@ -48,6 +48,50 @@ __device__ __forceinline__ long long ring_row_of(const RingLayout& ring, long lo
 // The ring row after `row` (rows wrap).
 __device__ __forceinline__ long long next_row(const RingLayout& ring, long long row) {
     return row + 1 == ring.rows ? 0 : row + 1;
+}
+
+}  // namespace kp
+
+namespace kp {
+
+// Ring close's work for one request: whether its pending pool c / KPOOL
+// closes in this call (its id in *pool_id), and if so the pool, from the
+// ring rows of positions [c - c % KPOOL, c) and the call's first
+// KPOOL - c % KPOOL tokens, into result. Both ring close kernels pool
+// through here.
+template <typename T, typename G, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
+__device__ __forceinline__ bool close_pending_pool(
+    long long request, int channel, const T* key_ring, const G* gate_ring, long long gate_offset, long long max_slots,
+    const RingLayout& ring, const T* k, long long k_row_stride, const G* gate, long long gate_row_stride_tokens,
+    const float* ape, long long ape_row_stride, const IO* input_row_offsets, const IC* cache_lengths,
+    const IS* slot_idx, long long total_tokens, float (&result)[kChannelsPerThread], long long* pool_id) {
+    long long row_begin, row_end, cached;
+    bool closes = request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
+    const long long slot = load_index(slot_idx, request);
+    const long long phase = closes ? cached % KPOOL : 0;
+    closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
+             cached / KPOOL <= 2147483647LL;
+    *pool_id = closes ? cached / KPOOL : -1;
+    if (!closes) return false;
+
+    const T* keys_ring = key_ring + slot * ring.key_slot_stride + channel;
+    const G* gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
+    const long long first_row = ring_row_of(ring, cached - phase);  // pool c / KPOOL's first member
+    pool8<KPOOL, T, G, vector_bits(VECTOR, kVectorK | kVectorTail), vector_bits(VECTOR, kVectorGate | kVectorGateRing),
+          vector_bits(VECTOR, kVectorApe)>(
+        [&](int m, const T** key_row, const G** gate_row) {
+            // Cached members from the ring, the rest from this call's rows:
+            // row_begin + m - phase < row_end, checked above.
+            // m < KPOOL <= ring rows, so one wrap at most.
+            const bool cached_member = m < phase;
+            const long long ring_row = first_row + m < ring.rows ? first_row + m : first_row + m - ring.rows;
+            const long long row = row_begin + m - phase;
+            *key_row = cached_member ? keys_ring + ring_row * ring.key_row_stride : k + row * k_row_stride + channel;
+            *gate_row = cached_member ? gates_ring + ring_row * ring.gate_row_stride
+                                      : gate + row * gate_row_stride_tokens + channel;
+        },
+        ape + channel, ape_row_stride, result);
+    return true;
 }
 
 }  // namespace kp
@@ -79,38 +123,59 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
-    const bool lead = channel == 0;  // the group's first thread writes closed
-
-    long long row_begin, row_end, cached;
-    bool closes = kp::request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end,
-                                   &cached);
-    const long long slot = kp::load_index(slot_idx, request);
-    const long long phase = closes ? cached % KPOOL : 0;
-    closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
-             cached / KPOOL <= 2147483647LL;
-    if (lead) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
-    if (!closes) return;
-
     const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
-    const T* keys_ring = key_ring + slot * ring.key_slot_stride + channel;
-    const G* gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
-    const long long first_row = kp::ring_row_of(ring, cached - phase);  // pool c / KPOOL's first member
     float result[kp::kChannelsPerThread];
-    kp::pool8<KPOOL, T, G, kp::vector_bits(VECTOR, kp::kVectorK | kp::kVectorTail),
-              kp::vector_bits(VECTOR, kp::kVectorGate | kp::kVectorGateRing), kp::vector_bits(VECTOR, kp::kVectorApe)>(
-        [&](int m, const T** key_row, const G** gate_row) {
-            // Cached members from the ring, the rest from this call's rows:
-            // row_begin + m - phase < row_end, checked above.
-            // m < KPOOL <= ring rows, so one wrap at most.
-            const bool cached_member = m < phase;
-            const long long ring_row = first_row + m < ring.rows ? first_row + m : first_row + m - ring.rows;
-            const long long row = row_begin + m - phase;
-            *key_row = cached_member ? keys_ring + ring_row * ring.key_row_stride : k + row * k_row_stride + channel;
-            *gate_row = cached_member ? gates_ring + ring_row * ring.gate_row_stride
-                                      : gate + row * gate_row_stride_tokens + channel;
-        },
-        ape + channel, ape_row_stride, result);
+    long long pool_id;
+    const bool closes = kp::close_pending_pool<T, G, KPOOL, VECTOR>(
+        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring, k, k_row_stride, gate,
+        gate_row_stride_tokens, ape, ape_row_stride, input_row_offsets, cache_lengths, slot_idx, total_tokens, result,
+        &pool_id);
+    if (channel == 0) closed[request] = static_cast<int>(pool_id);  // the group's first thread
+    if (!closes) return;
     kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + request * pooled_row_stride + channel, result);
+}
+
+// kpool_ring_close with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
+// each closed pool's bytes and scale go to output row b, or to its cache
+// slot through slots[b] or request b's block table row (kp::Fp8Sink,
+// TARGET); the same bytes kpool_compress_fp8 writes for the same pool.
+// closed as kpool_ring_close. A group's shuffles name its own lanes, so a
+// request that closes nothing leaves as a whole. HEAD_DIM: a power of two,
+// 8 to 256; VECTOR's kVectorOut: 8-byte value stores. ID: the element type
+// of slots or the block table.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, typename IO, typename IC,
+          typename IS, typename ID>
+__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
+    kpool_ring_close_fp8(const T* __restrict__ key_ring, const G* __restrict__ gate_ring, long long gate_offset,
+                         long long max_slots, long long ring_rows, long long key_slot_stride,
+                         long long key_row_stride, long long gate_slot_stride, long long gate_row_stride,
+                         const T* __restrict__ k, long long k_row_stride, const G* __restrict__ gate,
+                         long long gate_row_stride_tokens, const float* __restrict__ ape, long long ape_row_stride,
+                         const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
+                         const IS* __restrict__ slot_idx, long long batch, long long total_tokens,
+                         unsigned char* __restrict__ values, long long values_stride, float* __restrict__ scales,
+                         long long target_rows, long long block_size, const ID* __restrict__ destinations,
+                         long long destination_rows, long long destination_columns, long long destination_stride,
+                         int* __restrict__ closed, int round_scale) {
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(true);
+    long long request;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
+    const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
+    float v[kp::kChannelsPerThread];
+    long long pool_id;
+    const bool closes = kp::close_pending_pool<T, G, KPOOL, VECTOR>(
+        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring, k, k_row_stride, gate,
+        gate_row_stride_tokens, ape, ape_row_stride, input_row_offsets, cache_lengths, slot_idx, total_tokens, v,
+        &pool_id);
+    if (channel == 0) closed[request] = static_cast<int>(pool_id);
+    if (!closes) return;
+    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,           values_stride,       scales,
+                                                 target_rows,      block_size,          destinations,
+                                                 destination_rows, destination_columns, destination_stride};
+    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, request, request, pool_id, channel, round_scale,
+                                                               v);
 }
 
 // Stashes each request's trailing tokens, positions
@@ -156,6 +221,83 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     }
 }
 
+namespace kp {
+
+// The decode step of one request: walks its tokens in order, stashes every
+// real token at ring row pos % ring, and whenever pos % KPOOL == KPOOL - 1
+// pools pool pos / KPOOL from its members' rows and hands it to
+// emit(row, pool_id, result), row = request * pools_per_request + the
+// pools closed so far; closed gets the ids, padded with -1. Both tail
+// update kernels run through here. See kpool_tail_update for SPLIT.
+template <typename T, typename G, int KPOOL, int VECTOR, bool SPLIT, typename IPOS, typename IS, typename Emit>
+__device__ __forceinline__ void tail_update_steps(
+    long long request, int channel, T* key_ring, G* gate_ring, long long gate_offset, long long max_slots,
+    long long ring_rows, long long key_slot_stride, long long key_row_stride, long long gate_slot_stride,
+    long long gate_row_stride, const T* k, long long k_request_stride, long long k_token_stride, const G* gate,
+    long long gate_request_stride, long long gate_token_stride, const float* ape, long long ape_row_stride,
+    const IPOS* positions, const IS* slot_idx, int next_n, int* closed, int pools_per_request, Emit emit) {
+    static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
+    const bool lead = channel == 0;  // the group's first thread writes closed
+
+    const long long slot = load_index(slot_idx, request);
+    const bool slot_ok = slot >= 0 && slot < max_slots;
+    constexpr bool kKeyRingVector = vector_bits(VECTOR, kVectorTail);
+    constexpr bool kGateRingVector = vector_bits(VECTOR, kVectorGateRing);
+    // The slot's key and gate rows, addressed by 32-bit offsets within the
+    // slot (a slot spans fewer than 2^31 elements, the launcher checks): it
+    // keeps registers free for the pool's loads.
+    T* const keys_ring = key_ring + (slot_ok ? slot * key_slot_stride : 0) + channel;
+    G* const gates_ring = SPLIT ? gate_ring + (slot_ok ? slot * gate_slot_stride : 0) + channel : nullptr;
+    const int half = static_cast<int>(gate_offset);  // one array: the gate row half elements after the key row
+    const int rows = static_cast<int>(ring_rows);
+    const int key_row = static_cast<int>(key_row_stride);
+    const int gate_row = static_cast<int>(gate_row_stride);
+    // The gate row beside a key row: in the gate ring (SPLIT), else half
+    // elements on from the key row's address.
+    const auto gate_beside = [&](T* key_row_address, int row_offset) -> G* {
+        if constexpr (SPLIT) return gates_ring + row_offset * gate_row;
+        return reinterpret_cast<G*>(key_row_address) + half;
+    };
+    int written = 0;
+    for (int t = 0; t < next_n && slot_ok; ++t) {
+        const long long position = load_index(positions, request * next_n + t);
+        if (position < 0) continue;  // padding: the ring stays byte-identical
+        const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
+        const int ring_row = static_cast<int>(ring_row_of(ring, position));
+        T* const key_slot_row = keys_ring + ring_row * key_row;
+        copy8<kKeyRingVector, vector_bits(VECTOR, kVectorK)>(
+            key_slot_row, k + request * k_request_stride + t * k_token_stride + channel);
+        copy8<kGateRingVector, vector_bits(VECTOR, kVectorGate)>(
+            gate_beside(key_slot_row, ring_row), gate + request * gate_request_stride + t * gate_token_stride + channel);
+        if (position % KPOOL != KPOOL - 1 || written >= pools_per_request) continue;
+
+        // The pool's members, positions position - KPOOL + 1 .. position, sit
+        // at ring rows from first_row on (one wrap at most: KPOOL <= ring
+        // rows); this thread wrote their 8 channels, in this call or earlier.
+        const int first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + rows;
+        T* const first_key = keys_ring + first_row * key_row;
+        const int unwrapped = rows - first_row;  // members before the ring's end
+        float result[kChannelsPerThread];
+        pool8<KPOOL, T, G, kKeyRingVector, kGateRingVector, vector_bits(VECTOR, kVectorApe)>(
+            [&](int m, const T** key_member, const G** gate_member) {
+                // Member m at first_row + m, less the ring's length past its end.
+                const int member_row = m < unwrapped ? m : m - rows;
+                T* const key_address = first_key + member_row * key_row;
+                *key_member = key_address;
+                *gate_member = gate_beside(key_address, first_row + member_row);
+            },
+            ape + channel, ape_row_stride, result);
+        const long long row = request * pools_per_request + written;
+        emit(row, position / KPOOL, result);
+        if (lead) closed[row] = static_cast<int>(position / KPOOL);  // fits: checked with validate=True
+        ++written;
+    }
+    if (lead)
+        for (int w = written; w < pools_per_request; ++w) closed[request * pools_per_request + w] = -1;
+}
+
+}  // namespace kp
+
 // The decode step: k, gate [requests, next_n, HEAD_DIM], positions
 // [requests, next_n] (negative = padding). Walks each request's tokens in
 // order, stashes every real token at ring row pos % ring, and closes pool
@@ -183,66 +325,60 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
                       const IS* __restrict__ slot_idx, long long requests, int next_n, OT* __restrict__ pooled,
                       int* __restrict__ closed, int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
-    static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
-    const bool lead = channel == 0;  // the group's first thread writes closed
+    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT>(
+        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring_rows, key_slot_stride, key_row_stride,
+        gate_slot_stride, gate_row_stride, k, k_request_stride, k_token_stride, gate, gate_request_stride,
+        gate_token_stride, ape, ape_row_stride, positions, slot_idx, next_n, closed, pools_per_request,
+        [&](long long row, long long, const float (&result)[kp::kChannelsPerThread]) {
+            kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + row * HEAD_DIM + channel, result);
+        });
+}
 
-    const long long slot = kp::load_index(slot_idx, request);
-    const bool slot_ok = slot >= 0 && slot < max_slots;
-    constexpr bool kKeyRingVector = kp::vector_bits(VECTOR, kp::kVectorTail);
-    constexpr bool kGateRingVector = kp::vector_bits(VECTOR, kp::kVectorGateRing);
-    // The slot's key and gate rows, addressed by 32-bit offsets within the
-    // slot (a slot spans fewer than 2^31 elements, the launcher checks): it
-    // keeps registers free for the pool's loads.
-    T* const keys_ring = key_ring + (slot_ok ? slot * key_slot_stride : 0) + channel;
-    G* const gates_ring = SPLIT ? gate_ring + (slot_ok ? slot * gate_slot_stride : 0) + channel : nullptr;
-    const int half = static_cast<int>(gate_offset);  // one array: the gate row half elements after the key row
-    const int rows = static_cast<int>(ring_rows);
-    const int key_row = static_cast<int>(key_row_stride);
-    const int gate_row = static_cast<int>(gate_row_stride);
-    // The gate row beside a key row: in the gate ring (SPLIT), else half
-    // elements on from the key row's address.
-    const auto gate_beside = [&](T* key_row_address, int row_offset) -> G* {
-        if constexpr (SPLIT) return gates_ring + row_offset * gate_row;
-        return reinterpret_cast<G*>(key_row_address) + half;
-    };
-    int written = 0;
-    for (int t = 0; t < next_n && slot_ok; ++t) {
-        const long long position = kp::load_index(positions, request * next_n + t);
-        if (position < 0) continue;  // padding: the ring stays byte-identical
-        const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
-        const int ring_row = static_cast<int>(kp::ring_row_of(ring, position));
-        T* const key_slot_row = keys_ring + ring_row * key_row;
-        kp::copy8<kKeyRingVector, kp::vector_bits(VECTOR, kp::kVectorK)>(
-            key_slot_row, k + request * k_request_stride + t * k_token_stride + channel);
-        kp::copy8<kGateRingVector, kp::vector_bits(VECTOR, kp::kVectorGate)>(
-            gate_beside(key_slot_row, ring_row),
-            gate + request * gate_request_stride + t * gate_token_stride + channel);
-        if (position % KPOOL != KPOOL - 1 || written >= pools_per_request) continue;
-
-        // The pool's members, positions position - KPOOL + 1 .. position, sit
-        // at ring rows from first_row on (one wrap at most: KPOOL <= ring
-        // rows); this thread wrote their 8 channels, in this call or earlier.
-        const int first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + rows;
-        T* const first_key = keys_ring + first_row * key_row;
-        const int unwrapped = rows - first_row;  // members before the ring's end
-        float result[kp::kChannelsPerThread];
-        kp::pool8<KPOOL, T, G, kKeyRingVector, kGateRingVector, kp::vector_bits(VECTOR, kp::kVectorApe)>(
-            [&](int m, const T** key_member, const G** gate_member) {
-                // Member m at first_row + m, less the ring's length past its end.
-                const int member_row = m < unwrapped ? m : m - rows;
-                T* const key_address = first_key + member_row * key_row;
-                *key_member = key_address;
-                *gate_member = gate_beside(key_address, first_row + member_row);
-            },
-            ape + channel, ape_row_stride, result);
-        const long long row = request * pools_per_request + written;
-        kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + row * HEAD_DIM + channel, result);
-        if (lead) closed[row] = static_cast<int>(position / KPOOL);  // fits: checked with validate=True
-        ++written;
-    }
-    if (lead)
-        for (int w = written; w < pools_per_request; ++w) closed[request * pools_per_request + w] = -1;
+// kpool_tail_update with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
+// each closed pool's bytes and scale go to output row
+// request * pools_per_request + j (values [requests, pools_per_request,
+// HEAD_DIM], scales [requests, pools_per_request]) or, through request r's
+// block table row, to its cache slot (kp::Fp8Sink, TARGET); the same bytes
+// kpool_compress_fp8 writes for the same pool. Ring and closed as
+// kpool_tail_update. A group's shuffles name its own lanes, and a request's
+// closings depend on its positions alone, so the group's lanes meet at
+// each. HEAD_DIM: a power of two, 8 to 256; VECTOR's kVectorOut: 8-byte
+// value stores. ID: the element type of the block table.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, int TARGET, typename IPOS,
+          typename IS, typename ID>
+__global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
+    kpool_tail_update_fp8(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset,
+                          long long max_slots, long long ring_rows, long long key_slot_stride,
+                          long long key_row_stride, long long gate_slot_stride, long long gate_row_stride,
+                          const T* __restrict__ k, long long k_request_stride, long long k_token_stride,
+                          const G* __restrict__ gate, long long gate_request_stride, long long gate_token_stride,
+                          const float* __restrict__ ape, long long ape_row_stride,
+                          const IPOS* __restrict__ positions, const IS* __restrict__ slot_idx, long long requests,
+                          int next_n, unsigned char* __restrict__ values, long long values_stride,
+                          float* __restrict__ scales, long long target_rows, long long block_size,
+                          const ID* __restrict__ destinations, long long destination_rows,
+                          long long destination_columns, long long destination_stride, int* __restrict__ closed,
+                          int pools_per_request, int round_scale) {
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(true);
+    long long request;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
+    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,           values_stride,       scales,
+                                                 target_rows,      block_size,          destinations,
+                                                 destination_rows, destination_columns, destination_stride};
+    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT>(
+        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring_rows, key_slot_stride, key_row_stride,
+        gate_slot_stride, gate_row_stride, k, k_request_stride, k_token_stride, gate, gate_request_stride,
+        gate_token_stride, ape, ape_row_stride, positions, slot_idx, next_n, closed, pools_per_request,
+        [&](long long row, long long pool_id, const float (&result)[kp::kChannelsPerThread]) {
+            float v[kp::kChannelsPerThread];
+#pragma unroll
+            for (int i = 0; i < kp::kChannelsPerThread; ++i) v[i] = result[i];
+            kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, row, request, pool_id, channel,
+                                                                       round_scale, v);
+        });
 }

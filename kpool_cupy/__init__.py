@@ -27,6 +27,8 @@ from .tools.nvrtc import compile_ptx
     kpool_tail_update,
     kpool_expand_topk,
     kpool_compress_fp8,
+    kpool_ring_close_fp8,
+    kpool_tail_update_fp8,
     hadamard_quant_fp8,
 ) = (_bind(spec, _GPU) for spec in _OPS)
 
@@ -51,8 +53,10 @@ __all__ = [
     "kpool_compress_fp8",
     "kpool_expand_topk",
     "kpool_ring_close",
+    "kpool_ring_close_fp8",
     "kpool_seed_tail",
     "kpool_tail_update",
+    "kpool_tail_update_fp8",
     "pool_row_offsets",
     "reference",
 ]

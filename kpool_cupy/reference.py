@@ -24,6 +24,8 @@ from .ops.binding import bind as _bind
     kpool_tail_update,
     kpool_expand_topk,
     kpool_compress_fp8,
+    kpool_ring_close_fp8,
+    kpool_tail_update_fp8,
     hadamard_quant_fp8,
 ) = (_bind(spec, _REFERENCE) for spec in _OPS)
 
@@ -33,8 +35,10 @@ __all__ = [
     "kpool_compress_fp8",
     "kpool_expand_topk",
     "kpool_ring_close",
+    "kpool_ring_close_fp8",
     "kpool_seed_tail",
     "kpool_tail_update",
+    "kpool_tail_update_fp8",
     "member_rows",
     "pool_members",
 ]

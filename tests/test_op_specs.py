@@ -44,6 +44,12 @@ def _calls():
             pool_ids=np.array([[0, -1]] * 11, np.int32), input_row_offsets=offsets, cache_lengths=cached, kpool=3
         ),
         "kpool_compress_fp8": dict(k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached),
+        "kpool_ring_close_fp8": dict(
+            tail=tail, k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached, slot_idx=slots
+        ),
+        "kpool_tail_update_fp8": dict(
+            tail=tail, k=step, gate=step, ape=ape, positions=np.array([[4, 5], [0, -1]], np.int32), slot_idx=slots
+        ),
         "hadamard_quant_fp8": dict(x=k),
     }
 

@@ -200,10 +200,10 @@ def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np
     with np.errstate(all="ignore"):
         values, scales = epilogue(pooled.astype(np.float32), call.round_scale)
     if target.kind == Fp8Destination.ROWS:
-        out = o["out"]
+        out = o["out"].reshape(-1, o["out"].shape[-1])  # [rows, D], or a C-contiguous [R, J, D]: views
         inside = rows < out.shape[0]
         out[rows[inside]] = values[inside]
-        o["out_scale"][rows[inside]] = scales[inside]
+        o["out_scale"].reshape(-1)[rows[inside]] = scales[inside]
         return
     size, pages = target.block_size, target.rows
     if target.kind == Fp8Destination.SLOTS:
@@ -255,10 +255,10 @@ def _rings(tail: Any) -> tuple[Any, Any]:
     return tuple(tail) if is_pair(tail) else (tail[:, 0], tail[:, 1])
 
 
-def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
-    call, o = launch.call, launch.operands
-    k, gate, ape, out, closed = (o[name] for name in ("k", "gate", "ape", "out", "closed"))
+def _close_pending_pools(call: Any, o: Any, accumulate: type[np.floating]):
+    """``kp::close_pending_pool`` for every request: writes closed, returns the requests that close, their
+    pools (unrounded) and pool ids. ``call`` is ring close's record."""
+    k, gate, ape, closed = (o[name] for name in ("k", "gate", "ape", "closed"))
     key_ring, gate_ring = _rings(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
     kpool = call.kpool
@@ -275,8 +275,21 @@ def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     slot = slots[chosen][:, None]
     keys = np.where(from_ring[..., None], key_ring[slot, ring_rows], k[rows])
     gates = np.where(from_ring[..., None], gate_ring[slot, ring_rows], gate[rows])
+    return chosen, pool_members(keys, gates, ape, accumulate), cached[chosen] // kpool
+
+
+def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
+    out = launch.operands["out"]
+    chosen, pooled, _ = _close_pending_pools(launch.call, launch.operands, accumulate)
     with np.errstate(over="ignore"):
-        out[chosen] = pool_members(keys, gates, ape, accumulate).astype(out.dtype)
+        out[chosen] = pooled.astype(out.dtype)
+
+
+def ring_close_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_ring_close_fp8``: ring close's pools through the FP8 epilogue, placed as ``kp::Fp8Sink`` does."""
+    chosen, pooled, ids = _close_pending_pools(launch.call.closing, launch.operands, accumulate)
+    write_fp8(launch, pooled, chosen, chosen, ids)
 
 
 def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
@@ -298,10 +311,10 @@ def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
         gate_ring[slots[active], ring] = gate[rows]
 
 
-def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_tail_update``: each request's step tokens in order, into its ring, closing pools."""
-    call, o = launch.call, launch.operands
-    k, gate, ape, positions, out, closed = (o[name] for name in ("k", "gate", "ape", "positions", "out", "closed"))
+def _tail_update_steps(call: Any, o: Any, accumulate: type[np.floating], emit: Callable[..., None]) -> None:
+    """``kp::tail_update_steps`` for every request: each step's tokens in order into the ring, closed written,
+    and each closing's requests, output rows, pool ids and pools (unrounded) handed to ``emit``."""
+    k, gate, ape, positions, closed = (o[name] for name in ("k", "gate", "ape", "positions", "closed"))
     key_ring, gate_ring = _rings(o["tail"])
     slots = np.asarray(o["slot_idx"]).astype(np.int64)
     slot_ok = (slots >= 0) & (slots < call.max_slots)
@@ -321,10 +334,31 @@ def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
             member_rows = (first[:, None] + np.arange(call.kpool)) % key_ring.shape[1]
             slot = slots[closing][:, None]
             pooled = pool_members(key_ring[slot, member_rows], gate_ring[slot, member_rows], ape, accumulate)
-            with np.errstate(over="ignore"):
-                out[closing, written[closing]] = pooled.astype(out.dtype)
-            closed[closing, written[closing]] = position[closing] // call.kpool
+            ids = position[closing] // call.kpool
+            emit(closing, closing * call.pools_per_request + written[closing], ids, pooled)
+            closed[closing, written[closing]] = ids
             written[closing] += 1
+
+
+def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_tail_update``: each request's step tokens in order, into its ring, closing pools."""
+    out = launch.operands["out"]
+    rows = out.reshape(-1, out.shape[-1])  # C-contiguous: a view
+
+    def emit(requests: np.ndarray, row: np.ndarray, ids: np.ndarray, pooled: np.ndarray) -> None:
+        with np.errstate(over="ignore"):
+            rows[row] = pooled.astype(out.dtype)
+
+    _tail_update_steps(launch.call, launch.operands, accumulate, emit)
+
+
+def tail_update_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_tail_update_fp8``: tail update's pools through the FP8 epilogue, placed as ``kp::Fp8Sink`` does."""
+
+    def emit(requests: np.ndarray, row: np.ndarray, ids: np.ndarray, pooled: np.ndarray) -> None:
+        write_fp8(launch, pooled, row, requests, ids)
+
+    _tail_update_steps(launch.call.step, launch.operands, accumulate, emit)
 
 
 def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
@@ -382,5 +416,7 @@ KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_tail_update": tail_update,
     "kpool_expand_topk": expand_topk,
     "kpool_compress_fp8": compress_fp8,
+    "kpool_ring_close_fp8": ring_close_fp8,
+    "kpool_tail_update_fp8": tail_update_fp8,
     "kpool_hadamard_quant": hadamard_quant,
 }

@@ -54,8 +54,10 @@ def allows_vector_access(array: Any) -> bool:
 
 
 def allows_8byte_rows(array: Any) -> bool:
-    """Whether every row of a uint8 array (a row of FP8 values: 8 bytes a thread) starts 8-byte aligned."""
-    return data_pointer(array) % 8 == 0 and (array.shape[0] <= 1 or array.strides[0] % 8 == 0)
+    """Whether every row of a uint8 array of FP8 values (8 bytes a thread) starts 8-byte aligned: the base
+    address and every stepped stride but the last dim's."""
+    steps = zip(array.shape[:-1], array.strides[:-1], strict=True)
+    return data_pointer(array) % 8 == 0 and all(stride % 8 == 0 for size, stride in steps if size > 1)
 
 
 def vector_mask(**operands: Any) -> int:

@@ -27,6 +27,8 @@ INDEX_ARRAYS = {
     "kpool_tail_update": 2,  # positions, slot_idx
     "kpool_expand_topk": 3,  # pool_ids, input_row_offsets, cache_lengths
     "kpool_compress_fp8": 4,  # input_row_offsets, cache_lengths, pool_row_offsets, slots or block_table
+    "kpool_ring_close_fp8": 4,  # input_row_offsets, cache_lengths, slot_idx, slots or block_table
+    "kpool_tail_update_fp8": 3,  # positions, slot_idx, block_table
 }
 
 # Files under kernels/: one per kernel family. The benchmark-only baseline
@@ -88,6 +90,25 @@ def compress_fp8_kernel_name(
     kernel = "kpool_compress_fp8"
     types = (np.dtype(k_dtype), np.dtype(gate_dtype))
     return instantiation(kernel, *types, head_dim, kpool, vector, target, *_indexes(kernel, index_dtypes))
+
+
+def ring_fp8_kernel_name(
+    kernel: str,
+    dtype: np.dtype,
+    gate_dtype: np.dtype,
+    head_dim: int,
+    kpool: int,
+    vector: int,
+    target: int,
+    index_dtypes: tuple[np.dtype, ...] | None = None,
+    *,
+    split: bool = False,
+) -> str:
+    """``kpool_ring_close_fp8<T, G, HEAD_DIM, KPOOL, VECTOR, TARGET, IO, IC, IS, ID>`` or
+    ``kpool_tail_update_fp8<T, G, HEAD_DIM, KPOOL, VECTOR, SPLIT, TARGET, IPOS, IS, ID>``."""
+    layout = (int(split),) if kernel == "kpool_tail_update_fp8" else ()
+    types = (np.dtype(dtype), np.dtype(gate_dtype))
+    return instantiation(kernel, *types, head_dim, kpool, vector, *layout, target, *_indexes(kernel, index_dtypes))
 
 
 def hadamard_quant_kernel_name(dtype: np.dtype, head_dim: int, vector: int) -> str:

@@ -7,9 +7,11 @@ from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
 from .hadamard_quant import SPEC as HADAMARD_QUANT_FP8
 from .ring_close import SPEC as RING_CLOSE
+from .ring_close_fp8 import SPEC as RING_CLOSE_FP8
 from .seed_tail import SPEC as SEED_TAIL
 from .spec import OpSpec
 from .tail_update import SPEC as TAIL_UPDATE
+from .tail_update_fp8 import SPEC as TAIL_UPDATE_FP8
 
 OPS: tuple[OpSpec, ...] = (
     COMPRESS,
@@ -18,6 +20,8 @@ OPS: tuple[OpSpec, ...] = (
     TAIL_UPDATE,
     EXPAND_TOPK,
     COMPRESS_FP8,
+    RING_CLOSE_FP8,
+    TAIL_UPDATE_FP8,
     HADAMARD_QUANT_FP8,
 )
 
@@ -28,6 +32,8 @@ __all__ = [
     "HADAMARD_QUANT_FP8",
     "OPS",
     "RING_CLOSE",
+    "RING_CLOSE_FP8",
     "SEED_TAIL",
     "TAIL_UPDATE",
+    "TAIL_UPDATE_FP8",
 ]

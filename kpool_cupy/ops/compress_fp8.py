@@ -31,6 +31,7 @@ from .compress import (
     pools_to_cover,
 )
 from .fp8_target import (
+    BLOCK_TABLE_IN,
     CACHE,
     ROUND_SCALE,
     ROWS,
@@ -79,7 +80,6 @@ def check_compress_fp8_args(
     check_rotation_head_dim("k", pooling.head_dim)
     target = check_target(
         pooling.head_dim,
-        None,
         out=out,
         out_scale=out_scale,
         cache=cache,
@@ -263,7 +263,6 @@ accumulate
 """
 
 SLOTS_IN = Operand("slots", "[>= total_pools] int64 or int32: each pool's cache slot, -1 to skip", optional=True)
-BLOCK_TABLE_IN = Operand("block_table", "[batch, max_blocks] int32: each request's cache pages", optional=True)
 PARAMETERS = (
     TOKEN_K,
     TOKEN_GATE,

@@ -42,6 +42,7 @@ CACHE = Operand(
     optional=True,
     written=True,
 )
+BLOCK_TABLE_IN = Operand("block_table", "[requests, max_blocks] int32: each request's cache pages", optional=True)
 VALUES_OUT = Operand("out", "uint8 [rows, head_dim]: e4m3fn bytes", optional=True, written=True)
 SCALES_OUT = Operand("out_scale", "float32 [rows]", optional=True, written=True)
 
@@ -99,9 +100,36 @@ def _check_vector(name: str, array: Any, dtypes: tuple[np.dtype, ...], length: i
     check_contiguous(name, array)
 
 
+def _check_rows_out(out: Any, out_scale: Any, head_dim: int, leading: tuple[int, ...] | None) -> int:
+    """``out`` uint8 ``[rows, head_dim]`` (rows at any stride; ``leading`` None) or C-contiguous
+    ``[*leading, head_dim]``, ``out_scale`` float32 of out's leading shape, C-contiguous; returns the rows."""
+    require_array("out", out)
+    if np.dtype(out.dtype) != UINT8:
+        raise dtype_fail("out", "dtype uint8 (e4m3fn bytes)", dtype_name(np.dtype(out.dtype)))
+    rule = f"[rows, {head_dim}]" if leading is None else f"[{', '.join(map(str, (*leading, head_dim)))}]"
+    rank = 2 if leading is None else len(leading) + 1
+    if out.ndim != rank or out.shape[-1] != head_dim or (leading is not None and tuple(out.shape[:-1]) != leading):
+        raise fail("out", f"shape {rule}", f"shape {tuple(out.shape)}")
+    if leading is None:
+        if out.size and out.shape[1] > 1 and out.strides[1] != 1:
+            raise fail("out", "a contiguous last dim", f"strides {out.strides}")
+        if out.shape[0] > 1 and abs(out.strides[0]) < head_dim:
+            raise fail("out", f"rows that do not overlap (|row stride| >= {head_dim} bytes)", out.strides[0])
+    else:
+        check_contiguous("out", out)
+    check_writable("out", out)
+    require_array("out_scale", out_scale)
+    if np.dtype(out_scale.dtype) != FLOAT32:
+        raise dtype_fail("out_scale", "dtype float32", dtype_name(np.dtype(out_scale.dtype)))
+    if tuple(out_scale.shape) != tuple(out.shape[:-1]):
+        raise fail("out_scale", f"shape {list(out.shape[:-1])} (out's rows)", f"shape {tuple(out_scale.shape)}")
+    check_contiguous("out_scale", out_scale)
+    check_writable("out_scale", out_scale)
+    return int(np.prod(out.shape[:-1]))
+
+
 def check_target(
     head_dim: int,
-    rows: int | None,
     *,
     out: Any,
     out_scale: Any,
@@ -109,13 +137,17 @@ def check_target(
     slots: Any = None,
     block_table: Any = None,
     batch: int = 0,
+    leading: tuple[int, ...] | None = None,
+    slot_rows: int | None = None,
+    takes_slots: bool = True,
 ) -> Fp8Target:
     """Rows (``out``/``out_scale``, or new ones) or a cache through ``slots`` or ``block_table``, exactly one way.
 
-    ``rows``: the exact row count of the outputs, or None where any count
-    at least the call's pools is taken (compress; checked with the values).
-    ``slots`` has one entry per output row (``rows``, or any length when
-    None), ``block_table`` one row per request (``batch``).
+    ``leading``: out's exact shape but the last dim (C-contiguous), or None
+    for ``[rows, head_dim]`` at any row stride, rows checked by the op.
+    ``slot_rows``: the entries ``slots`` must have (None: any, checked with
+    the values). ``block_table`` has one row per request (``batch``).
+    ``takes_slots``: whether the op offers ``slots`` at all.
     """
     if cache is None:
         for name, given in (("slots", slots), ("block_table", block_table)):
@@ -126,30 +158,19 @@ def check_target(
             raise fail(missing, f"an array with {given} (the two are written together)", "None")
         if out is None:
             return Fp8Target(ROWS, 0, 1, INT32)
-        require_array("out", out)
-        if np.dtype(out.dtype) != UINT8:
-            raise dtype_fail("out", "dtype uint8 (e4m3fn bytes)", dtype_name(np.dtype(out.dtype)))
-        wanted = "rows" if rows is None else str(rows)
-        if out.ndim != 2 or out.shape[1] != head_dim or (rows is not None and out.shape[0] != rows):
-            raise fail("out", f"shape [{wanted}, {head_dim}]", tuple(out.shape))
-        if out.size and out.shape[1] > 1 and out.strides[1] != 1:
-            raise fail("out", "a contiguous last dim", f"strides {out.strides}")
-        if out.shape[0] > 1 and abs(out.strides[0]) < head_dim:
-            raise fail("out", f"rows that do not overlap (|row stride| >= {head_dim} bytes)", out.strides[0])
-        check_writable("out", out)
-        _check_vector("out_scale", out_scale, (FLOAT32,), int(out.shape[0]), str(out.shape[0]))
-        check_writable("out_scale", out_scale)
-        return Fp8Target(ROWS, int(out.shape[0]), 1, INT32)
+        return Fp8Target(ROWS, _check_rows_out(out, out_scale, head_dim, leading), 1, INT32)
     for name, given in (("out", out), ("out_scale", out_scale)):
         if given is not None:
             raise fail(name, "None with cache (the cache holds the values and scales)", "an array")
     pages, block_size = _check_cache(cache, head_dim)
-    if (slots is None) == (block_table is None):
-        raise fail(
-            "slots", "exactly one of slots and block_table with cache", "both" if slots is not None else "neither"
-        )
+    if takes_slots and (slots is None) == (block_table is None):
+        given = "both" if slots is not None else "neither"
+        raise fail("slots", "exactly one of slots and block_table with cache", given)
+    if not takes_slots and block_table is None:
+        raise fail("block_table", "an array with cache (it places each pool)", "None")
     if slots is not None:
-        _check_vector("slots", slots, SLOT_DTYPES, rows, ">= total_pools" if rows is None else str(rows))
+        rule = ">= total_pools" if slot_rows is None else str(slot_rows)
+        _check_vector("slots", slots, SLOT_DTYPES, slot_rows, rule)
         return Fp8Target(SLOTS, pages, block_size, np.dtype(slots.dtype))
     require_array("block_table", block_table)
     if np.dtype(block_table.dtype) != INT32:
@@ -203,8 +224,9 @@ def sink_arguments(target: Fp8Target, operands: dict[str, Any]) -> tuple[Any, ..
     """``kp::Fp8Sink``'s arguments, in the kernels' order (the module docstring)."""
     if target.kind == ROWS:
         out, scales = operands["out"], operands["out_scale"]
-        # No index array is read: any int32-typed pointer stands in (the scales').
-        return (out, codes.stride(out), scales, np.int64(out.shape[0]), np.int64(1), scales) + (np.int64(0),) * 3
+        rows = np.int64(np.prod(out.shape[:-1]))  # [rows, D], or C-contiguous [R, J, D] as R * J rows
+        # No index array is read: any pointer stands in (the scales').
+        return (out, np.int64(out.strides[-2]), scales, rows, np.int64(1), scales) + (np.int64(0),) * 3
     cache = operands["cache"]
     head = (cache, np.int64(cache.strides[0]), cache, np.int64(target.rows), np.int64(target.block_size))
     if target.kind == SLOTS:
@@ -216,5 +238,8 @@ def sink_arguments(target: Fp8Target, operands: dict[str, Any]) -> tuple[Any, ..
 
 def value_rows_vector(target: Fp8Target, operands: dict[str, Any]) -> bool:
     """Whether every row of values the kernel writes starts 8-byte aligned (one 8-byte store per thread): out's
-    rows, or the cache's pages (entries lie head_dim bytes apart, a multiple of 8)."""
-    return codes.allows_8byte_rows(operands["out"] if target.kind == ROWS else operands["cache"])
+    rows, or the cache's pages."""
+    if target.kind == ROWS:
+        return codes.allows_8byte_rows(operands["out"])
+    cache = operands["cache"]  # entries' values lie head_dim bytes apart in a page: the pages decide
+    return codes.data_pointer(cache) % 8 == 0 and (cache.shape[0] <= 1 or cache.strides[0] % 8 == 0)

@@ -12,7 +12,7 @@ from ..dtypes import ELEMENT_CTYPES, FLOAT32
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import HADAMARD_SOURCE, hadamard_quant_kernel_name
-from .checks import check_no_overlap, check_rows
+from .checks import check_no_overlap, check_rows, fail
 from .fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
 
@@ -29,7 +29,9 @@ def check_hadamard_quant_args(x: Any, out: Any, out_scale: Any, round_scale: Any
     check_rows("x", x, tuple(ELEMENT_CTYPES))
     rows, head_dim = (int(n) for n in x.shape)
     check_rotation_head_dim("x", head_dim)
-    check_target(head_dim, rows, out=out, out_scale=out_scale)
+    check_target(head_dim, out=out, out_scale=out_scale)
+    if out is not None and out.shape[0] != rows:
+        raise fail("out", f"shape [{rows}, {head_dim}] (x's rows)", f"shape {tuple(out.shape)}")
     return HadamardQuantCall(rows, head_dim, np.dtype(x.dtype), bool(round_scale))
 
 
