@@ -112,15 +112,17 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
 //
 // The op is memory-bound: each member row of k and gate is read once, as
 // 16-byte vectors where addresses allow, and each pooled row written once.
-// Threads never talk to each other, which is also what lets the emulator run
-// this same kernel one thread at a time. All row arithmetic is 64-bit, since
+// Without ROTATE threads never talk to each other, which is also what lets
+// the emulator run this same kernel one thread at a time. All row arithmetic is 64-bit, since
 // rows times stride passes 2^31 on long prompts.
 //
 // VECTOR: kp::VectorAccess bits of k, gate, ape and pooled (compile time).
+// ROTATE: write the Hadamard rotation of each pool (kp::store_pooled); its
+// lanes then meet at shuffles, and a group with no pool leaves as a whole.
 // IO, IC, IP: the element types of input_row_offsets, cache_lengths and
 // pool_row_offsets (int, unsigned int or long long).
-template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC,
-          typename IP>
+template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool ROTATE, typename IO,
+          typename IC, typename IP>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     kpool_compress(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
                    long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
@@ -128,6 +130,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
                    const IP* __restrict__ pool_row_offsets, long long batch, long long total_tokens,
                    OT* __restrict__ pooled, long long pooled_row_stride, long long pooled_rows) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(ROTATE);
     long long pool;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0 || pool >= pooled_rows) return;
@@ -139,7 +142,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
                                                             pool_row_offsets, batch, total_tokens, result, &request,
                                                             &number))
         return;
-    kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + pool * pooled_row_stride + channel, result);
+    kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
+        pooled + pool * pooled_row_stride + channel, channel, result);
 }
 
 // kpool_compress with the FP8 epilogue fused: each pool's float32 result

@@ -225,6 +225,24 @@ __device__ __forceinline__ void store_fp8(unsigned char* value_row, float* scale
     if (channel == 0) *scale_address = scale;
 }
 
+// Stores one pooled result (this thread's 8 channels from `channel` on),
+// rounded once to T: the pooled key itself, or with ROTATE its rotation y =
+// bf16(B(bf16(pooled)) * fl32(1/sqrt(D))), for engines whose cache keeps
+// rotated bf16 keys (the `rotate=` option). With ROTATE every lane of the
+// group must call it together.
+template <bool ROTATE, bool VECTOR, int HEAD_DIM, typename T>
+__device__ __forceinline__ void store_pooled(T* target, int channel, const float (&result)[kChannelsPerThread]) {
+    if constexpr (ROTATE) {
+        float v[kChannelsPerThread];
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(result[i]));
+        hadamard_rotate<HEAD_DIM / kChannelsPerThread>(v, channel / kChannelsPerThread);
+        store8<VECTOR>(target, v);
+    } else {
+        store8<VECTOR>(target, result);
+    }
+}
+
 // The FP8 row of one pooled result, written where the sink puts output row
 // `row` (request `request`'s pool `pool`), or nowhere: v (float32) is
 // rounded to bf16 first, as a pooled key's x always is. Every lane of the

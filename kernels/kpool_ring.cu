@@ -106,10 +106,10 @@ __device__ __forceinline__ bool close_pending_pool(
 // VECTOR: kp::VectorAccess bits of k, gate, ape, pooled and the two rings. A
 // member comes from the ring or from k and gate, so its keys take the 16-byte
 // path when both the key ring and k allow it, its gate scores when the gate
-// ring and gate do. IO, IC, IS: the element types of input_row_offsets,
-// cache_lengths and slot_idx.
-template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC,
-          typename IS>
+// ring and gate do. ROTATE: as kpool_compress. IO, IC, IS: the element
+// types of input_row_offsets, cache_lengths and slot_idx.
+template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool ROTATE, typename IO,
+          typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     kpool_ring_close(const T* __restrict__ key_ring, const G* __restrict__ gate_ring, long long gate_offset,
                      long long max_slots, long long ring_rows, long long key_slot_stride, long long key_row_stride,
@@ -120,6 +120,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
                      const IS* __restrict__ slot_idx, long long batch, long long total_tokens,
                      OT* __restrict__ pooled, long long pooled_row_stride, int* __restrict__ closed) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(ROTATE);
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
@@ -132,7 +133,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
         &pool_id);
     if (channel == 0) closed[request] = static_cast<int>(pool_id);  // the group's first thread
     if (!closes) return;
-    kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + request * pooled_row_stride + channel, result);
+    kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
+        pooled + request * pooled_row_stride + channel, channel, result);
 }
 
 // kpool_ring_close with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
@@ -312,9 +314,10 @@ __device__ __forceinline__ void tail_update_steps(
 // they are one array, the gate ring gate_offset elements after the key ring
 // at the same row stride, and the kernel addresses both from one pointer
 // (two would cost the registers that keep the pool's loads from spilling).
-// IPOS, IS: the element types of positions and slot_idx.
-template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, typename IPOS,
-          typename IS>
+// ROTATE: as kpool_compress. IPOS, IS: the element types of positions and
+// slot_idx.
+template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, bool ROTATE,
+          typename IPOS, typename IS>
 __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
     kpool_tail_update(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset,
                       long long max_slots, long long ring_rows, long long key_slot_stride, long long key_row_stride,
@@ -325,6 +328,7 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
                       const IS* __restrict__ slot_idx, long long requests, int next_n, OT* __restrict__ pooled,
                       int* __restrict__ closed, int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(ROTATE);
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
@@ -333,7 +337,8 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
         gate_slot_stride, gate_row_stride, k, k_request_stride, k_token_stride, gate, gate_request_stride,
         gate_token_stride, ape, ape_row_stride, positions, slot_idx, next_n, closed, pools_per_request,
         [&](long long row, long long, const float (&result)[kp::kChannelsPerThread]) {
-            kp::store8<kp::vector_bits(VECTOR, kp::kVectorOut)>(pooled + row * HEAD_DIM + channel, result);
+            kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
+                pooled + row * HEAD_DIM + channel, channel, result);
         });
 }
 

@@ -39,3 +39,20 @@ def test_the_example_runs_the_same_on_a_split_ring_with_float32_gate_scores(back
     exec(compile(code, str(README), "exec"), namespace)
     assert len(namespace["pools"]) == 23 // 4
     assert namespace["tail"][1].dtype == np.float32 and namespace["tail"][1].any()  # the gate ring was written
+
+
+def fp8_example() -> str:
+    text = README.read_text().split("## An FP8 paged cache: prefill chunks, decode steps and the queries", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+def test_the_fp8_cache_example(backend):
+    code = fp8_example().replace("kp = kpool_cupy.emulate", f"kp = kpool_cupy.{backend}")
+    assert f"kpool_cupy.{backend}" in code
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)  # its assert compares the whole cache
+    cache, q_values, q_scales = namespace["cache"], namespace["q_values"], namespace["q_scales"]
+    pages = namespace["table"][0]
+    assert cache[pages].any() and not np.delete(cache, pages, axis=0).any()  # only the request's pages
+    assert q_values.shape == (96, 64) and q_values.dtype == np.uint8 and q_scales.shape == (96,)

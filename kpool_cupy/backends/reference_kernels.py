@@ -15,13 +15,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ..dtypes import INT32_MAX
 from ..kernel.codes import Fp8Destination
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
 from ..ops.spec import Launch, is_pair
-from .reference_epilogue import epilogue
+from .reference_epilogue import epilogue, rotate
 from .reference_epilogue import hadamard_quant as query_epilogue
 
 FLOAT32 = np.float32  # the kernels' arithmetic
@@ -163,6 +164,16 @@ def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulat
         return flush_subnormals(key_sum / weight_sum)
 
 
+def pooled_output(pooled: np.ndarray, dtype: np.dtype, rotated: bool) -> np.ndarray:
+    """What a pool-writing kernel stores: the pool rounded once to ``dtype``, or with ``rotate=`` its rotation
+    ``y = bf16(B(bf16(pooled)) * fl32(1/sqrt(D)))`` rounded to ``dtype`` (``kp::store_pooled``)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if not rotated:
+            return pooled.astype(dtype)
+        x = pooled.astype(np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
+        return rotate(x, ml_dtypes.bfloat16).astype(dtype)
+
+
 def compress(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_compress``: every pool the grid covers, checked as the kernel checks it."""
     call, o = launch.call, launch.operands
@@ -176,8 +187,7 @@ def compress(launch: Launch, accumulate: type[np.floating]) -> None:
     )
     rows = first[ok][:, None] + np.arange(call.kpool)  # [pools, kpool]
     pooled = pool_members(o["k"][rows], o["gate"][rows], o["ape"], accumulate)
-    with np.errstate(over="ignore"):
-        out[np.flatnonzero(ok)] = pooled.astype(out.dtype)
+    out[np.flatnonzero(ok)] = pooled_output(pooled, out.dtype, call.rotate)
 
 
 def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
@@ -282,8 +292,7 @@ def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
     out = launch.operands["out"]
     chosen, pooled, _ = _close_pending_pools(launch.call, launch.operands, accumulate)
-    with np.errstate(over="ignore"):
-        out[chosen] = pooled.astype(out.dtype)
+    out[chosen] = pooled_output(pooled, out.dtype, launch.call.rotate)
 
 
 def ring_close_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
@@ -346,8 +355,7 @@ def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
     rows = out.reshape(-1, out.shape[-1])  # C-contiguous: a view
 
     def emit(requests: np.ndarray, row: np.ndarray, ids: np.ndarray, pooled: np.ndarray) -> None:
-        with np.errstate(over="ignore"):
-            rows[row] = pooled.astype(out.dtype)
+        rows[row] = pooled_output(pooled, out.dtype, launch.call.rotate)
 
     _tail_update_steps(launch.call, launch.operands, accumulate, emit)
 

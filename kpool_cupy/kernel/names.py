@@ -64,8 +64,10 @@ def compress_kernel_name(
     kpool: int,
     vector: int | None = None,
     index_dtypes: tuple[np.dtype, ...] | None = None,
+    *,
+    rotate: bool = False,
 ) -> str:
-    """``kpool_compress<KT, GT, OT, HEAD_DIM, KPOOL, VECTOR, IO, IC, IP>``.
+    """``kpool_compress<KT, GT, OT, HEAD_DIM, KPOOL, VECTOR, ROTATE, IO, IC, IP>``.
 
     ``vector`` defaults to every operand aligned, ``index_dtypes`` (of
     input_row_offsets, cache_lengths, pool_row_offsets) to int32.
@@ -73,7 +75,7 @@ def compress_kernel_name(
     kernel = "kpool_compress"
     mask = ALIGNED[kernel] if vector is None else vector
     types = (np.dtype(k_dtype), np.dtype(gate_dtype), np.dtype(out_dtype))
-    return instantiation(kernel, *types, head_dim, kpool, mask, *_indexes(kernel, index_dtypes))
+    return instantiation(kernel, *types, head_dim, kpool, mask, int(rotate), *_indexes(kernel, index_dtypes))
 
 
 def compress_fp8_kernel_name(
@@ -132,17 +134,22 @@ def ring_kernel_name(
     *,
     gate_dtype: np.dtype | None = None,
     split: bool = False,
+    rotate: bool = False,
 ) -> str:
-    """``kpool_ring_close<T, G, OT, HEAD_DIM, KPOOL, VECTOR, ...index types>`` and its siblings.
+    """``kpool_ring_close<T, G, OT, HEAD_DIM, KPOOL, VECTOR, ROTATE, ...index types>`` and its siblings.
 
-    Seed tail has no output type; tail update takes ``SPLIT`` (the ring is a
-    pair of arrays) after VECTOR. ``gate_dtype`` (G: gate's and the gate
-    ring's) defaults to ``dtype``; the rest as :func:`compress_kernel_name`.
+    Seed tail has no output type and no ROTATE; tail update takes ``SPLIT``
+    (the ring is a pair of arrays) after VECTOR, then ROTATE. ``gate_dtype``
+    (G: gate's and the gate ring's) defaults to ``dtype``; the rest as
+    :func:`compress_kernel_name`.
     """
     gate = np.dtype(dtype if gate_dtype is None else gate_dtype)
     types = (np.dtype(dtype), gate) if out_dtype is None else (np.dtype(dtype), gate, np.dtype(out_dtype))
     mask = ALIGNED[kernel] if vector is None else vector
-    layout = (int(split),) if kernel == "kpool_tail_update" else ()
+    layout = {
+        "kpool_ring_close": (int(rotate),),
+        "kpool_tail_update": (int(split), int(rotate)),
+    }.get(kernel, ())
     return instantiation(kernel, *types, head_dim, kpool, mask, *layout, *_indexes(kernel, index_dtypes))
 
 

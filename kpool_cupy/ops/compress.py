@@ -30,7 +30,8 @@ from .checks import (
     check_rows_and_cache,
     fail,
 )
-from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, OUT_DTYPE, TOKEN_GATE, TOKEN_K
+from .fp8_target import check_rotation_head_dim
+from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, OUT_DTYPE, ROTATE, TOKEN_GATE, TOKEN_K
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
 
 
@@ -45,6 +46,7 @@ class CompressCall:
     k_dtype: np.dtype
     gate_dtype: np.dtype
     out_dtype: np.dtype
+    rotate: bool = False
 
 
 def check_compress_args(
@@ -56,9 +58,12 @@ def check_compress_args(
     pool_row_offsets: Any,
     out: Any,
     out_dtype: Any = None,
+    rotate: Any = False,
 ) -> CompressCall:
     """Check everything about a call that needs no array contents."""
     head_dim = check_keys(k, gate)
+    if rotate:
+        check_rotation_head_dim("k", head_dim)
     kpool = check_ape(ape, head_dim)
     batch = check_batch_index(input_row_offsets, cache_lengths)
     if pool_row_offsets is not None:
@@ -72,6 +77,7 @@ def check_compress_args(
         k_dtype=np.dtype(k.dtype),
         gate_dtype=np.dtype(gate.dtype),
         out_dtype=check_out_dtype(out_dtype, out, np.dtype(k.dtype)),
+        rotate=bool(rotate),
     )
 
 
@@ -134,15 +140,16 @@ def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) ->
         call.kpool,
         codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"]),
         codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"]),
+        rotate=call.rotate,
     )
     geometry = group_geometry(call.head_dim, pools)
     return Launch("kpool_compress", COMPRESS_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> Any:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> Any:
     """Validate, find the pool row offsets, size the output, cover the pools, launch."""
     k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
-    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, out_dtype)
+    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, out_dtype, rotate)
     check_no_overlap(PARAMETERS, arrays)
     total_pools: int | None
     if validate:
@@ -214,6 +221,12 @@ validate
 out_dtype
     bfloat16, float16 or float32 (a name or a dtype): the dtype of the new
     output, or the one ``out`` must have; default out's dtype, else k's.
+rotate
+    Write each pool's Walsh-Hadamard rotation ``y = bf16(B(bf16(pooled)) *
+    fl32(1/sqrt(head_dim)))`` (rounded to the output dtype) instead of the
+    pool: the keys of a bf16 cache that an engine scores with rotated
+    queries (:func:`hadamard_quant_fp8`'s rotation). head_dim must be a
+    power of two from 8 to 256.
 stream
     A ``cupy.cuda.Stream``, a raw handle, or anything with
     ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
@@ -259,13 +272,14 @@ PARAMETERS = (
     OUT,
     VALIDATE,
     OUT_DTYPE,
+    ROTATE,
 )
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
 
 
 def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> CompressCall:
-    return check_compress_args(*arrays, options["out_dtype"])
+    return check_compress_args(*arrays, options["out_dtype"], options["rotate"])
 
 
 def most_pools(call: CompressCall) -> int:

@@ -22,6 +22,7 @@ from .checks import (
     check_rows_and_cache,
     fail,
 )
+from .fp8_target import check_rotation_head_dim
 from .operands import (
     APE,
     CACHE_LENGTHS,
@@ -29,6 +30,7 @@ from .operands import (
     OUT_DTYPE,
     RING_GATE,
     RING_READ,
+    ROTATE,
     SLOT_IDX,
     TOKEN_K,
     requests,
@@ -51,13 +53,16 @@ class RingCloseCall:
     dtype: np.dtype
     gate_dtype: np.dtype
     out_dtype: np.dtype
+    rotate: bool = False
 
 
 def check_ring_close_args(
     tail: Any, k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, out: Any,
-    closed: Any, out_dtype: Any = None,
+    closed: Any, out_dtype: Any = None, rotate: Any = False,
 ) -> RingCloseCall:  # fmt: skip
     head_dim = check_keys(k, gate)
+    if rotate:
+        check_rotation_head_dim("k", head_dim)
     kpool = check_ape(ape, head_dim)
     batch = check_batch_index(input_row_offsets, cache_lengths)
     max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), np.dtype(gate.dtype), kpool, head_dim, writes=False)
@@ -69,7 +74,7 @@ def check_ring_close_args(
         check_closed(closed, (batch,), exact=False)
     written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
     dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
-    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, *dtypes, written)
+    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, *dtypes, written, bool(rotate))
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:
@@ -107,15 +112,16 @@ def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
         codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], **ring_vector(o)),
         codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
         gate_dtype=call.gate_dtype,
+        rotate=call.rotate,
     )
     geometry = group_geometry(call.head_dim, call.batch)
     return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> tuple[Any, Any]:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> tuple[Any, Any]:
     """Validate, check slots and pool ids when asked, allocate zeroed outputs, launch."""
     tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed = arrays
-    call = check_ring_close_args(tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed, out_dtype)
+    call = check_ring_close_args(*arrays, out_dtype, rotate)
     check_no_overlap(PARAMETERS, arrays)
     if validate:
         offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
@@ -147,7 +153,8 @@ head_dim]`` arrays in k's and gate's dtypes; ``ring >= kpool`` rows,
 position ``pos`` at row ``pos % ring``; any slot, half and row strides, last
 dim contiguous. Request b's ring is slot ``slot_idx[b]``; it is read, never
 written. The ring holds raw values, so the pool equals, bit for bit, the
-one kpool_compress builds over the whole sequence.
+one kpool_compress builds over the whole sequence. ``rotate=True`` writes its
+Hadamard rotation instead, as :func:`kpool_compress`'s ``rotate``.
 
 Returns
 -------
@@ -171,6 +178,7 @@ PARAMETERS = (
     CLOSED,
     VALIDATE,
     OUT_DTYPE,
+    ROTATE,
 )
 EMULATE_DOC = """Close each request's pending pool, running the CUDA kernel on the CPU.
 
@@ -182,7 +190,7 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> RingCloseCall:
-    return check_ring_close_args(*arrays, options["out_dtype"])
+    return check_ring_close_args(*arrays, options["out_dtype"], options["rotate"])
 
 
 SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes, describe)

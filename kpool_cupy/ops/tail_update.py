@@ -24,7 +24,8 @@ from .checks import (
     fail,
     require_array,
 )
-from .operands import APE, OUT_DTYPE, RING, RING_GATE, SLOT_IDX, ring, ring_vector
+from .fp8_target import check_rotation_head_dim
+from .operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_vector
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, is_pair
 
@@ -42,6 +43,7 @@ class TailUpdateCall:
     dtype: np.dtype
     gate_dtype: np.dtype
     out_dtype: np.dtype
+    rotate: bool = False
 
 
 def _check_step_tokens(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> None:
@@ -74,12 +76,15 @@ def _check_out(out: Any, shape: tuple[int, int, int]) -> None:
 
 
 def check_tail_update_args(
-    tail: Any, k: Any, gate: Any, ape: Any, positions: Any, slot_idx: Any, out: Any, closed: Any, out_dtype: Any = None
-) -> TailUpdateCall:
+    tail: Any, k: Any, gate: Any, ape: Any, positions: Any, slot_idx: Any, out: Any, closed: Any, out_dtype: Any = None,
+    rotate: Any = False,
+) -> TailUpdateCall:  # fmt: skip
     _check_step_tokens("k", k, tuple(ELEMENT_CTYPES))
     requests, next_n, head_dim = (int(d) for d in k.shape)
     if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
         raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
+    if rotate:
+        check_rotation_head_dim("k", head_dim)
     _check_step_tokens("gate", gate, tuple(ELEMENT_CTYPES))
     if tuple(gate.shape) != tuple(k.shape):
         raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
@@ -100,7 +105,7 @@ def check_tail_update_args(
     if closed is not None:
         check_closed(closed, (requests, pools), exact=True)
     written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
-    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, *dtypes, written)
+    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, *dtypes, written, bool(rotate))
 
 
 def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
@@ -163,15 +168,16 @@ def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch
         codes.index_dtypes(o["positions"], o["slot_idx"]),
         gate_dtype=call.gate_dtype,
         split=is_pair(o["tail"]),
+        rotate=call.rotate,
     )
     geometry = group_geometry(call.head_dim, call.requests)
     return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any) -> tuple[Any, Any]:
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> tuple[Any, Any]:
     """Validate, check positions and slots when asked, allocate zeroed outputs, launch."""
     tail, k, gate, ape, positions, slot_idx, out, closed = arrays
-    call = check_tail_update_args(tail, k, gate, ape, positions, slot_idx, out, closed, out_dtype)
+    call = check_tail_update_args(*arrays, out_dtype, rotate)
     check_no_overlap(PARAMETERS, arrays)
     if validate:
         slots, flat = backend.host_copies([slot_idx, positions.reshape(-1)])
@@ -218,6 +224,9 @@ pool open at the restart (members below ``r`` were accepted) or ``a >= r``
 a multiple of ``ring``. Every member row therefore holds the accepted token,
 and the pool is reduced in member order as compress reduces it.
 
+``rotate=True`` writes each closed pool's Hadamard rotation instead, as
+:func:`kpool_compress`'s ``rotate``.
+
 Returns
 -------
 (pooled, closed)
@@ -231,7 +240,7 @@ STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last 
 POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 for padding")
 OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] bfloat16, float16 or float32", optional=True, written=True)
 CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True)
-PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE, OUT_DTYPE)
+PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE, OUT_DTYPE, ROTATE)
 EMULATE_DOC = (
     "The decode step, running the CUDA kernel on the CPU; same contract as :func:`kpool_cupy.kpool_tail_update`."
 )
@@ -240,7 +249,7 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> TailUpdateCall:
-    return check_tail_update_args(*arrays, options["out_dtype"])
+    return check_tail_update_args(*arrays, options["out_dtype"], options["rotate"])
 
 
 SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes, describe)
