@@ -41,10 +41,9 @@ from .fp8_target import (
     UINT8,
     VALUES_OUT,
     Fp8Target,
-    check_destination_values,
+    check_destinations,
     check_rotation_head_dim,
     check_target,
-    destination_slots,
     sink_arguments,
     value_rows_vector,
 )
@@ -105,7 +104,7 @@ def _pool_owners(offsets: np.ndarray, lengths: np.ndarray, pools: np.ndarray, kp
     return requests, numbers
 
 
-def check_destinations(
+def check_pool_destinations(
     backend: Backend, call: CompressFp8Call, slots: Any, block_table: Any, owners: tuple[np.ndarray, np.ndarray]
 ) -> None:
     """With validate=True: every pool the call builds lands in the cache, each in a slot of its own."""
@@ -115,10 +114,10 @@ def check_destinations(
         if slots.shape[0] < total:
             raise fail("slots", f"at least {total} entries (total_pools)", f"{slots.shape[0]} entries")
         host = backend.host_copies([slots[:total]])[0]
-        check_destination_values(target, destination_slots(target, host, None, *owners), "slots")
+        check_destinations(target, host, None, np.arange(total), *owners)
     elif target.kind == TABLE:
         table = backend.host_copies([block_table.reshape(-1)])[0].reshape(block_table.shape)
-        check_destination_values(target, destination_slots(target, None, table, *owners), "block_table")
+        check_destinations(target, None, table, np.arange(total), *owners)
 
 
 def compress_fp8_launch(call: CompressFp8Call, pools: int, operands: dict[str, Any]) -> Launch:
@@ -176,7 +175,8 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, round_scale: Any, validate
         total_pools = int(pools_host[-1])
         if out is not None and out.shape[0] < total_pools:
             raise fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
-        check_destinations(backend, call, slots, block_table, _pool_owners(host[0], host[1], pools_host, pooling.kpool))
+        owners = _pool_owners(host[0], host[1], pools_host, pooling.kpool)
+        check_pool_destinations(backend, call, slots, block_table, owners)
         pools = pool_row_offsets if pool_row_offsets is not None else backend.from_host(pools_host)
     else:
         pools = (

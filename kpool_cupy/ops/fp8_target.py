@@ -184,37 +184,50 @@ def check_target(
     return Fp8Target(TABLE, pages, block_size, INT32)
 
 
-def destination_slots(
-    target: Fp8Target, slots: np.ndarray | None, block_table: np.ndarray | None, requests: np.ndarray, pools: np.ndarray
-) -> np.ndarray:
-    """The flat cache slot each written pool goes to (host arrays): ``slots[row]`` or through the block table.
+def check_destinations(
+    target: Fp8Target,
+    slots: np.ndarray | None,
+    block_table: np.ndarray | None,
+    rows: np.ndarray,
+    requests: np.ndarray,
+    pools: np.ndarray,
+) -> None:
+    """With validate=True (host arrays): every pool a call writes lands in the cache, each in a slot of its
+    own; with ``slots``, -1 skips a pool.
 
-    ``requests`` and ``pools`` are each written pool's request and pool
-    number q, in output row order; a block past the table is -1.
+    ``rows`` are the written pools' indices into ``slots`` (output rows, or
+    requests for ring close), ``requests`` and ``pools`` their requests and
+    pool numbers q, which the block table places.
     """
+    capacity = target.rows * target.block_size
     if target.kind == SLOTS:
         assert slots is not None
-        return slots.astype(np.int64)
-    assert block_table is not None
-    block = pools // target.block_size
-    inside = block < block_table.shape[1]
-    entry = np.where(inside, block_table[requests, np.where(inside, block, 0)] if block_table.size else -1, -1)
-    entry = entry.astype(np.int64)
-    return np.where(entry >= 0, entry * target.block_size + pools % target.block_size, -1)
-
-
-def check_destination_values(target: Fp8Target, slots: np.ndarray, name: str) -> None:
-    """Every written pool lands on a slot of the cache (or is skipped by -1 in ``slots``), each on its own."""
-    capacity = target.rows * target.block_size
-    skipped = slots == -1 if target.kind == SLOTS else np.zeros(slots.shape, bool)
-    bad = ~skipped & ((slots < 0) | (slots >= capacity))
-    if bad.any():
-        i = int(np.argmax(bad))
-        what = "-1 or a slot" if target.kind == SLOTS else "a cache slot"
-        raise fail(
-            name, f"{what} in [0, {capacity}) (num_blocks * block_size) for every pool", f"{int(slots[i])} at pool {i}"
-        )
-    kept = slots[~skipped]
+        found = slots[rows].astype(np.int64)
+        bad = (found != -1) & ((found < 0) | (found >= capacity))
+        if bad.any():
+            i = int(np.argmax(bad))
+            wanted = f"-1 or a slot in [0, {capacity}) (num_blocks * block_size) for every pool"
+            raise fail("slots", wanted, f"{int(found[i])} at index {int(rows[i])}")
+        name = "slots"
+    else:
+        assert block_table is not None
+        size = target.block_size
+        block = pools // size
+        past = block >= block_table.shape[1]
+        if past.any():
+            i = int(np.argmax(past))
+            wanted = f"a column for every pool's block (pool q in column q // {size})"
+            got = f"{block_table.shape[1]} columns for pool {int(pools[i])} of request {int(requests[i])}"
+            raise fail("block_table", wanted, got)
+        entry = block_table[requests, block].astype(np.int64)
+        bad = (entry < 0) | (entry >= target.rows)
+        if bad.any():
+            i = int(np.argmax(bad))
+            wanted = f"pages in [0, {target.rows}) (num_blocks) for every pool written"
+            raise fail("block_table", wanted, f"{int(entry[i])} for pool {int(pools[i])} of request {int(requests[i])}")
+        found = entry * size + pools % size
+        name = "block_table"
+    kept = found[found >= 0]
     unique, counts = np.unique(kept, return_counts=True)
     if (counts > 1).any():
         raise fail(name, "a slot of its own for every pool written", f"slot {int(unique[np.argmax(counts > 1)])} twice")

@@ -23,10 +23,9 @@ from .fp8_target import (
     UINT8,
     VALUES_OUT,
     Fp8Target,
-    check_destination_values,
+    check_destinations,
     check_rotation_head_dim,
     check_target,
-    destination_slots,
     sink_arguments,
     value_rows_vector,
 )
@@ -112,7 +111,7 @@ def ring_close_fp8_launch(call: RingCloseFp8Call, operands: dict[str, Any]) -> L
     return Launch("kpool_ring_close_fp8", RING_SOURCE, name, geometry, arguments, call, operands)
 
 
-def check_destinations(
+def check_closing_destinations(
     backend: Backend, call: RingCloseFp8Call, slots: Any, block_table: Any, lengths: np.ndarray, closes: np.ndarray
 ) -> None:
     """With validate=True: every pool the call closes lands in the cache, each in a slot of its own."""
@@ -120,11 +119,10 @@ def check_destinations(
     chosen = np.flatnonzero(closes)
     ids = lengths[chosen] // call.closing.kpool
     if target.kind == SLOTS:
-        host = backend.host_copies([slots])[0][chosen]
-        check_destination_values(target, destination_slots(target, host, None, chosen, ids), "slots")
+        check_destinations(target, backend.host_copies([slots])[0], None, chosen, chosen, ids)
     elif target.kind == TABLE:
         table = backend.host_copies([block_table.reshape(-1)])[0].reshape(block_table.shape)
-        check_destination_values(target, destination_slots(target, None, table, chosen, ids), "block_table")
+        check_destinations(target, None, table, chosen, chosen, ids)
 
 
 def run(backend: Backend, arrays: tuple[Any, ...], *, round_scale: Any, validate: bool) -> Any:
@@ -141,7 +139,7 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, round_scale: Any, validate
         phase = lengths % closing.kpool
         completes = (phase != 0) & (np.diff(offsets) >= closing.kpool - phase)
         check_closed_pool_ids(lengths, completes, closing.kpool)
-        check_destinations(backend, call, slots, block_table, lengths, completes)
+        check_closing_destinations(backend, call, slots, block_table, lengths, completes)
     # Zeroed: the rows of requests that close nothing are left alone.
     shapes = output_shapes(call)
     if not call.target.to_cache and out is None:

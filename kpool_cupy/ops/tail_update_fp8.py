@@ -21,10 +21,9 @@ from .fp8_target import (
     UINT8,
     VALUES_OUT,
     Fp8Target,
-    check_destination_values,
+    check_destinations,
     check_rotation_head_dim,
     check_target,
-    destination_slots,
     sink_arguments,
     value_rows_vector,
 )
@@ -129,8 +128,8 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, round_scale: Any, validate
         check_slot_values(ring_slots, step.max_slots, writers=(steps >= 0).any(axis=1))
         if call.target.to_cache:
             table = backend.host_copies([block_table.reshape(-1)])[0].reshape(block_table.shape)
-            owners = closing_pools(steps, step.kpool, step.pools_per_request)
-            check_destination_values(call.target, destination_slots(call.target, None, table, *owners), "block_table")
+            requests, ids = closing_pools(steps, step.kpool, step.pools_per_request)
+            check_destinations(call.target, None, table, requests, requests, ids)
     shapes = output_shapes(call)
     if not call.target.to_cache and out is None:
         out, out_scale = backend.zeros(*shapes["out"]), backend.zeros(*shapes["out_scale"])
