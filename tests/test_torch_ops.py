@@ -73,7 +73,17 @@ def calls(dtype=BF16, split=False):
         "kpool_seed_tail": ((tail, k, gate, offsets, cache, slots), {"kpool": KPOOL}),
         "kpool_tail_update": ((tail, step_k, step_gate, ape, positions, slots), {}),
         "kpool_expand_topk": ((pool_ids, offsets, cache), {"kpool": KPOOL, "always_select_tail": True}),
+        "kpool_compress_fp8": ((k, gate, ape, offsets, cache), {}),
+        "kpool_ring_close_fp8": ((tail, k, gate, ape, offsets, cache, slots), {}),
+        "kpool_tail_update_fp8": ((tail, step_k, step_gate, ape, positions, slots), {}),
+        "hadamard_quant_fp8": ((k,), {}),
     }
+
+
+def fp8_cache():
+    """A paged FP8 cache of 4 pages of 2 entries (random bytes to keep), and the two requests' block tables."""
+    cache = np.random.default_rng(9).integers(0, 256, (4, 2, HEAD_DIM + 4), dtype=np.uint8)
+    return cache, np.array([[1, 3], [0, 2]], np.int32)
 
 
 def _same(got, want):
@@ -119,7 +129,7 @@ def test_each_op_equals_the_reference_bit_for_bit_and_writes_its_ring_in_place(n
     got = getattr(kt, name)(*tensors, **kwargs)
     _same(got, want)
     # A ring the op writes: the tensor's own memory holds what the reference wrote.
-    if name in ("kpool_seed_tail", "kpool_tail_update"):
+    if name in ("kpool_seed_tail", "kpool_tail_update", "kpool_tail_update_fp8"):
         _same(tensors[0], host[0])
         assert _array(tensors[0]) is not host[0]
 
@@ -214,6 +224,12 @@ def _opcheck_cases():
                     results = result if isinstance(result, tuple) else (result,)
                     names = [o.name for o in given_outputs(spec)]
                     extra = {n: _tensor(np.zeros_like(r)) for n, r in zip(names, results, strict=True)}
+                elif overload.name in ("cache", "cache_out"):
+                    cache, table = fp8_cache()
+                    extra = {"cache": _tensor(cache), "block_table": _tensor(table)}
+                    if overload.name == "cache_out":  # closed: [batch], or [R, ceil(next_n / kpool)]
+                        shape = (2, 1) if name == "kpool_tail_update_fp8" else (2,)
+                        extra["closed"] = torch.zeros(shape, dtype=torch.int32)
                 label = f"{name}.{overload.name or 'default'}-{np.dtype(dtype).name}{'-split' if split else ''}"
                 yield pytest.param(spec, overload.name, tensors, kwargs | extra, id=label)
 
@@ -438,7 +454,7 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
                 t._same(got, want)
                 for g in got if isinstance(got, tuple) else (got,) if got is not None else ():
                     assert isinstance(g, torch.Tensor)
-                if name in ("kpool_seed_tail", "kpool_tail_update"):
+                if name in ("kpool_seed_tail", "kpool_tail_update", "kpool_tail_update_fp8"):
                     t._same(tuple(tensors[0]) if split else tensors[0][0], host[0])
                 checked += 1
         print("checked", checked)
@@ -447,4 +463,4 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
     env = {**__import__("os").environ, "PYTHONPATH": f"{root / 'tests' / 'cupy_double'}:{root}"}
     done = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "checked 10" in done.stdout
+    assert f"checked {2 * len(OPS)}" in done.stdout  # every op, one ring and split

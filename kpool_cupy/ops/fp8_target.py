@@ -41,6 +41,7 @@ CACHE = Operand(
     "uint8 [num_blocks, block_size, head_dim + 4]: each page's value bytes, then its float32 scales",
     optional=True,
     written=True,
+    replaces=("out", "out_scale"),
 )
 BLOCK_TABLE_IN = Operand("block_table", "[requests, max_blocks] int32: each request's cache pages", optional=True)
 VALUES_OUT = Operand("out", "uint8 [rows, head_dim]: e4m3fn bytes", optional=True, written=True)

@@ -28,7 +28,10 @@ class Operand:
     generated schemas. An optional operand is keyword-only and defaults to
     None; ``written`` says the op writes into it (an ``out=``, a ring);
     ``pair`` that it may also be given as a pair of arrays (a split ring:
-    ``(key_ring, gate_ring)``).
+    ``(key_ring, gate_ring)``). ``replaces`` names the outputs an array
+    written in place takes the place of (an FP8 cache replaces ``out`` and
+    ``out_scale``): it is never allocated, and with it the op returns the
+    other results only.
     """
 
     name: str
@@ -36,6 +39,7 @@ class Operand:
     optional: bool = False
     written: bool = False
     pair: bool = False
+    replaces: tuple[str, ...] = ()
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required

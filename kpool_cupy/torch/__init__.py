@@ -34,6 +34,26 @@ from .wrappers import bind_all as _bind_all
 _register()
 
 # In the order of ops.OPS, as the other public modules bind them.
-kpool_compress, kpool_ring_close, kpool_seed_tail, kpool_tail_update, kpool_expand_topk = _bind_all(_SPECS)
+(
+    kpool_compress,
+    kpool_ring_close,
+    kpool_seed_tail,
+    kpool_tail_update,
+    kpool_expand_topk,
+    kpool_compress_fp8,
+    kpool_ring_close_fp8,
+    kpool_tail_update_fp8,
+    hadamard_quant_fp8,
+) = _bind_all(_SPECS)
 
-__all__ = ["kpool_compress", "kpool_expand_topk", "kpool_ring_close", "kpool_seed_tail", "kpool_tail_update"]
+__all__ = [
+    "hadamard_quant_fp8",
+    "kpool_compress",
+    "kpool_compress_fp8",
+    "kpool_expand_topk",
+    "kpool_ring_close",
+    "kpool_ring_close_fp8",
+    "kpool_seed_tail",
+    "kpool_tail_update",
+    "kpool_tail_update_fp8",
+]

@@ -150,7 +150,9 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
             arrays, options = _arguments(spec, given, lambda name, t: to_cupy(t))
             named = dict(zip(spec.operand_names, arrays, strict=True))
-            outputs = given_outputs(spec) if overload.results and not spec.dynamic_sizes else ()
+            # The outputs behind this overload's results (a cache replaces some).
+            keys = output_keys(spec, overload.results) if not spec.dynamic_sizes else ()
+            outputs = tuple(o for o in given_outputs(spec) if o.name in keys)
             if outputs:
                 # Outputs from torch's allocator, zeroed as the op would: torch
                 # then owns them (record_stream, memory stats, graph pools).

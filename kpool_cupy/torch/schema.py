@@ -7,7 +7,12 @@ Each op gets two overloads under the namespace ``kpool``:
   return what it allocates;
 - ``kpool::compress.out`` takes those outputs as required keyword-only
   tensors, writes them and returns nothing (an op may not return an alias
-  of its input under torch.compile).
+  of its input under torch.compile);
+- an op that can write a cache in place instead (``Operand.replaces``: the
+  FP8 ops) also has ``.cache``, which takes the cache as a required mutable
+  tensor and returns the results the cache does not replace (ring close's
+  and tail update's ``closed``), and ``.cache_out`` where those can be
+  given too.
 
 A ring (``Operand(pair=True)``) is a tensor list: ``[tail]`` or
 ``[key_ring, gate_ring]``. Everything an op writes is annotated mutable,
@@ -22,10 +27,8 @@ from dataclasses import dataclass
 from ..ops import OPS
 from ..ops.spec import REQUIRED, Operand, OpSpec, Option
 
-# The ops torch.ops.kpool has. The FP8 ops (issue 12) write a cache or a
-# (values, scales) pair, whose .out overload and partner rule are not
-# written yet; until they are, they are the package's functions only.
-SPECS: tuple[OpSpec, ...] = tuple(spec for spec in OPS if not spec.name.endswith("_fp8"))
+# The ops torch.ops.kpool has: every op.
+SPECS: tuple[OpSpec, ...] = OPS
 
 NAMESPACE = "kpool"
 
@@ -57,15 +60,29 @@ def op_name(spec: OpSpec) -> str:
 
 
 def given_outputs(spec: OpSpec) -> tuple[Operand, ...]:
-    """The outputs a caller may hand the op (optional operands it writes)."""
-    return tuple(o for o in spec.operands if o.optional and o.written)
+    """The outputs a caller may hand the op (optional operands it writes, a cache that replaces some aside)."""
+    return tuple(o for o in spec.operands if o.optional and o.written and not o.replaces)
+
+
+def cache_target(spec: OpSpec) -> Operand | None:
+    """The array the op may write in place of some outputs (``Operand.replaces``), if any."""
+    return next((o for o in spec.operands if o.replaces), None)
 
 
 def output_keys(spec: OpSpec, results: tuple[str, ...]) -> tuple[str, ...]:
-    """The ``OpSpec.outputs`` entry behind each result: the output operand it fills (``pooled`` is ``out``)
-    where the op can be handed its outputs, else the result's own name."""
+    """The ``OpSpec.outputs`` entry behind each result: the output operand it fills (``pooled`` is ``out``),
+    the n-th result the n-th output, where the op can be handed its outputs; else the result's own name."""
     outputs = given_outputs(spec)
-    return tuple(o.name for o in outputs) if outputs else results
+    if not outputs:
+        return results
+    return tuple(outputs[spec.results.index(r)].name for r in results)
+
+
+def remaining_results(spec: OpSpec) -> tuple[str, ...]:
+    """The results an op writing its cache still returns: those whose outputs the cache does not replace."""
+    target = cache_target(spec)
+    replaced = target.replaces if target is not None else ()
+    return tuple(r for r in spec.results if output_keys(spec, (r,))[0] not in replaced)
 
 
 def _option(option: Option) -> str:
@@ -77,32 +94,52 @@ def _option(option: Option) -> str:
 
 
 def _overload(spec: OpSpec, name: str) -> Overload:
-    outputs = given_outputs(spec)
+    """``""``: outputs allocated; ``out``: every output given; ``cache``: the cache written, the remaining
+    results allocated; ``cache_out``: the cache and the remaining outputs given."""
+    target = cache_target(spec)
+    replaced = target.replaces if target is not None else ()
+    with_cache = name in ("cache", "cache_out")
+    given = {o.name for o in given_outputs(spec)} if name == "out" else set()
+    if with_cache:
+        given = {o.name for o in given_outputs(spec) if o.name not in replaced} if name == "cache_out" else set()
+        given.add(target.name)
+    left_out = {o.name for o in given_outputs(spec)} - given
+    if target is not None and not with_cache:
+        left_out.add(target.name)
     letters = iter(string.ascii_lowercase)
     positional, keyword, operands = [], [], []
     for parameter in spec.parameters:
         if isinstance(parameter, Option):
             keyword.append(_option(parameter))
             continue
-        if parameter in outputs and not name:
+        if parameter.name in left_out:
             continue
         operands.append(parameter)
         mutable = f"({next(letters)}!)" if parameter.written else ""
-        if parameter in outputs:  # the .out overload: required, keyword-only
+        if parameter.name in given:  # required, keyword-only
             keyword.append(f"Tensor{mutable} {parameter.name}")
         elif parameter.optional:
             keyword.append(f"Tensor? {parameter.name}=None")
         else:
             positional.append(f"Tensor{mutable}{'[]' if parameter.pair else ''} {parameter.name}")
-    results = () if name else RESULTS.get(spec.name, spec.results)
+    if name in ("out", "cache_out"):
+        results: tuple[str, ...] = ()
+    elif name == "cache":
+        results = remaining_results(spec)
+    else:
+        results = RESULTS.get(spec.name, spec.results)
     returns = "Tensor" if len(results) == 1 else f"({', '.join(['Tensor'] * len(results))})"
     listed = ", ".join([*positional, *(["*", *keyword] if keyword else [])])
     return Overload(name, f"({listed}) -> {returns}", tuple(operands), spec.options, results)
 
 
 def overloads(spec: OpSpec) -> tuple[Overload, ...]:
-    """The default overload, and ``out`` where the op can be handed outputs."""
-    return (_overload(spec, ""), _overload(spec, "out")) if given_outputs(spec) else (_overload(spec, ""),)
+    """The default overload, ``out`` where the op can be handed outputs, ``cache`` (and ``cache_out`` where
+    results remain) where it can write a cache instead."""
+    names = [""] + (["out"] if given_outputs(spec) else [])
+    if cache_target(spec) is not None:
+        names += ["cache"] + (["cache_out"] if remaining_results(spec) else [])
+    return tuple(_overload(spec, name) for name in names)
 
 
 # pool_row_offsets is a plain function, not an op spec.

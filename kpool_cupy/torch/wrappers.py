@@ -4,8 +4,9 @@
 ``kpool_cupy.kpool_compress`` takes, as tensors: a ring as one tensor or a
 pair, ``out_dtype`` as a torch dtype or a name. A call with no output given
 runs the op's default overload; one with ``out`` or ``closed`` runs its
-``.out`` overload, the missing output allocated (zeroed) here, and returns
-the outputs.
+``.out`` overload, the missing outputs allocated (zeroed) here, and returns
+the outputs; one with ``cache`` (the FP8 ops) runs ``.cache`` or, with
+``closed``, ``.cache_out``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..ops.checks import check_out_dtype, dtype_fail, fail
 from ..ops.expand_topk import MAX_BLOCK_SIZE
 from ..ops.spec import OpSpec, is_pair, pair_error
 from ..pool_offsets import check_kpool
-from .schema import NAMESPACE, RESULTS, given_outputs, op_name
+from .schema import NAMESPACE, RESULTS, cache_target, given_outputs, op_name
 from .tensors import torch_dtype
 
 
@@ -58,7 +59,7 @@ def _out_dtype(value: Any) -> Any:
     return torch_dtype(check_out_dtype(value, None, None))
 
 
-_BOOLS = ("validate", "always_select_tail", "compact")
+_BOOLS = ("validate", "always_select_tail", "compact", "rotate", "round_scale")
 
 
 def _option(name: str, value: Any) -> Any:
@@ -79,35 +80,60 @@ def _option(name: str, value: Any) -> Any:
     return int(value)
 
 
-def _missing_output(name: str, given: torch.Tensor, k: torch.Tensor, out_dtype: Any) -> torch.Tensor:
-    """The output the caller left out when they passed its partner, zeroed as the op would allocate it:
-    ``closed`` has out's shape without the channels, ``out`` is closed's shape by head_dim (ring close and
-    tail update alike)."""
-    if name == "closed":
-        return torch.zeros(given.shape[:-1], dtype=torch.int32, device=given.device)
-    dtype = out_dtype if out_dtype is not None else k.dtype
-    return torch.zeros((*given.shape, k.shape[-1]), dtype=dtype, device=given.device)
+def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, Any]) -> None:
+    """The outputs the caller left out when they passed a partner, zeroed as the op would allocate them, into
+    ``tensors``. ``out`` and ``closed`` (ring close, tail update) each follow the other: ``closed`` has out's
+    shape without the channels, ``out`` is closed's shape by head_dim. FP8 values and scales go together
+    (one without the other is the package's error); ``closed`` follows them, or they follow it."""
+    names = {o.name for o in given_outputs(spec)}
+    k = tensors["k"] if "k" in tensors else tensors["x"]
+    head_dim = k.shape[-1]
+    if "out_scale" in names:
+        if (tensors["out"] is None) != (tensors["out_scale"] is None):
+            given, missing = ("out", "out_scale") if tensors["out"] is not None else ("out_scale", "out")
+            raise fail(missing, f"an array with {given} (the two are written together)", "None")
+        if tensors["out"] is None:  # closed alone
+            shape, device = tensors["closed"].shape, tensors["closed"].device
+            tensors["out"] = torch.zeros((*shape, head_dim), dtype=torch.uint8, device=device)
+            tensors["out_scale"] = torch.zeros(shape, dtype=torch.float32, device=device)
+    elif "closed" in names and tensors["out"] is None:
+        closed = tensors["closed"]
+        dtype = options.get("out_dtype") or k.dtype
+        tensors["out"] = torch.zeros((*closed.shape, head_dim), dtype=dtype, device=closed.device)
+    if "closed" in names and tensors["closed"] is None:
+        out = tensors["out"]
+        tensors["closed"] = torch.zeros(out.shape[:-1], dtype=torch.int32, device=out.device)
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     tensors = {o.name: _as_operand(spec, o.name, a) for o, a in zip(spec.operands, arrays, strict=True)}
     options = {name: _option(name, value) for name, value in options.items()}
     outputs = given_outputs(spec)
+    target = cache_target(spec)
     op = getattr(getattr(torch.ops, NAMESPACE), op_name(spec))
-    inputs = {name: t for name, t in tensors.items() if name not in {o.name for o in outputs}}
+    apart = {o.name for o in outputs} | ({target.name} if target is not None else set())
+    inputs = {name: t for name, t in tensors.items() if name not in apart}
     positional = [inputs.pop(o.name) for o in spec.operands if not o.optional]
     keyword = {name: t for name, t in inputs.items() if t is not None} | options
+    if target is not None and tensors[target.name] is not None:
+        # The cache in place of some outputs: .cache, or .cache_out with the rest given.
+        for name in target.replaces:
+            if tensors[name] is not None:
+                raise fail(name, f"None with {target.name} (the cache holds the values and scales)", "an array")
+        rest = {o.name: tensors[o.name] for o in outputs if o.name not in target.replaces}
+        if not any(t is not None for t in rest.values()):
+            return op.cache(*positional, **keyword, **{target.name: tensors[target.name]})
+        op.cache_out(*positional, **keyword, **{target.name: tensors[target.name]}, **rest)
+        given = tuple(rest.values())
+        return given[0] if len(given) == 1 else given
     if not any(tensors.get(o.name) is not None for o in outputs):
         result = op.default(*positional, **keyword)
         if spec.name in RESULTS and not options.get("compact"):
             return result[0]  # expand: counts only when compacting
         return result
-    # Some output given: the other allocated here (torch ops only, so this
+    # Some output given: the others allocated here (torch ops only, so this
     # traces under torch.compile), then the .out overload.
-    for output, partner in zip(outputs, reversed(outputs), strict=True):
-        if tensors[output.name] is None:
-            k = tensors["k"]
-            tensors[output.name] = _missing_output(output.name, tensors[partner.name], k, options.get("out_dtype"))
+    _missing_outputs(spec, tensors, options)
     op.out(*positional, **keyword, **{o.name: tensors[o.name] for o in outputs})
     written = [tensors[o.name] for o in outputs]  # the results, in order (out is pooled)
     return written[0] if len(written) == 1 else tuple(written)
