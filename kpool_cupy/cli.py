@@ -241,8 +241,20 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: 
     show_default=True,
     help="Also time the tail update and expand top-k against their composites.",
 )
+@click.option(
+    "--fp8/--no-fp8",
+    default=True,
+    show_default=True,
+    help="Also time kpool_compress_fp8 into a paged cache against the unfused sequence, and hadamard_quant_fp8.",
+)
 def bench(
-    json_file: str | None, plot_file: str | None, quick: bool, samples: int, skip: tuple[str, ...], decode_side: bool
+    json_file: str | None,
+    plot_file: str | None,
+    quick: bool,
+    samples: int,
+    skip: tuple[str, ...],
+    decode_side: bool,
+    fp8: bool,
 ) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one).
 
@@ -274,7 +286,8 @@ def bench(
             with open(json_file, "w") as handle:
                 json.dump({"environment": env, **partial}, handle, indent=1)
 
-    results = {"environment": env, **run_sweep(sweep(quick), chosen, samples, progress, quick, write, decode_side)}
+    swept = run_sweep(sweep(quick), chosen, samples, progress, quick, write, decode_side, fp8)
+    results = {"environment": env, **swept}
     results["complete"] = True
     for line in table(results):
         click.echo(line)

@@ -149,8 +149,8 @@ fi
 
 run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --json "$out/bench.json" --plot "$out/bench.png"
 # torch.compile cold, on the quick shapes, against this package alone (the
-# other alternatives were measured above).
-run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --no-decode-side \
+# other alternatives, the decode side and the FP8 records were measured above).
+run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --no-decode-side --no-fp8 \
     --skip upstream-geometry --skip cupy-composite --skip torch-eager --skip triton --skip torch.ops.kpool --json "$out/bench-compile.json"
 
 echo

@@ -203,13 +203,13 @@ def paged_inputs(xp: Any, rng: Any, count: int, tokens: int, pages: int, kpool: 
 COMPOSITE_CAPTURE_CALLS = 4096
 
 
-def _composite_refusal(count: int) -> str | None:
+def composite_refusal(count: int) -> str | None:
     if count <= COMPOSITE_CAPTURE_CALLS:
         return None
     return f"{count} calls of array operations from Python; a graph is captured for at most {COMPOSITE_CAPTURE_CALLS}"
 
 
-def _rotation(bytes_per_set: int, allocated_per_set: int) -> dict[str, Any]:
+def device_rotation(bytes_per_set: int, allocated_per_set: int) -> dict[str, Any]:
     """Input sets to rotate so no call finds its inputs in L2, as in the compress sweep."""
     l2, source = l2_bytes()
     return {**rotation(bytes_per_set, allocated_per_set, l2), "l2_source": source}
@@ -227,7 +227,7 @@ def _record(name: str, nbytes: int, rotated: dict[str, Any], samples: int, ours,
     copy = copy_roof(nbytes, count, samples)
     implementations = {
         "kpool-cupy": timed_entry(ours, count, samples, nbytes, copy["gbps"]),
-        "cupy-composite": timed_entry(composite, count, samples, nbytes, copy["gbps"], _composite_refusal(count)),
+        "cupy-composite": timed_entry(composite, count, samples, nbytes, copy["gbps"], composite_refusal(count)),
     }
     implementations["cupy-composite"]["max_abs_diff_vs_kpool_cupy"] = difference
     ratios_to(implementations)
@@ -253,7 +253,7 @@ def bench_tail_update(shape: DecodeShape, samples: int) -> dict[str, Any]:
     row = head_dim * dtype.itemsize
     allocated = requests * (2 * ring * row + 2 * next_n * row + pools * row + 8 * next_n + 4 * pools)
     nbytes = tail_update_bytes(shape)
-    rotated = _rotation(nbytes, allocated)
+    rotated = device_rotation(nbytes, allocated)
     count = rotated["sets"]
     rng = cupy.random.default_rng(0)
     positions = step_positions(cupy, rng, count, shape)
@@ -292,7 +292,7 @@ def bench_expand(tokens: int, kpool: int, samples: int) -> dict[str, Any]:
     import kpool_cupy
 
     nbytes = expand_bytes(tokens, POOL_TOPK, kpool)
-    rotated = _rotation(nbytes, nbytes)
+    rotated = device_rotation(nbytes, nbytes)
     count = rotated["sets"]
     rng = cupy.random.default_rng(1)
     chunk = rng.integers(-1, 8192, (count, tokens, POOL_TOPK)).astype(cupy.int32)
@@ -322,7 +322,7 @@ def bench_expand_paged(tokens: int, kpool: int, samples: int) -> dict[str, Any]:
         raise ValueError(f"Invalid kpool: expected a divisor of the block size {BLOCK_SIZE}, got {kpool}")
     pages = POOL_TOPK  # a request's pages: one selected pool in each, so no block-table entry serves two pools
     nbytes = expand_bytes(tokens, POOL_TOPK, kpool, paged=True)
-    rotated = _rotation(nbytes, nbytes)
+    rotated = device_rotation(nbytes, nbytes)
     count = rotated["sets"]
     rng = cupy.random.default_rng(2)
     chunk, tables = paged_inputs(cupy, rng, count, tokens, pages, kpool, BLOCK_SIZE)

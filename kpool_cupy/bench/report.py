@@ -25,7 +25,7 @@ def environment() -> dict[str, Any]:
 
 BASE = "kpool-cupy"
 _SHORT = {"graph": "graph", "events-around-python": "events"}
-NAME = 32  # the name column: the longest record name ("tail-update decode-512x4-ring8") and a margin
+NAME = 36  # the name column: the longest record name ("compress-fp8 prefill-4x16384 slots") and a margin
 
 
 def _mib(nbytes: float) -> str:
@@ -50,7 +50,7 @@ def table(results: dict[str, Any]) -> list[str]:
         f"{'shape':<{NAME}}{'implementation':<20}{'timing':<8}{'median us':>11}{'GB/s':>9}{'of copy':>9}{'x kpool':>9}"
     ]
     mixed = False
-    for shape in [*results["shapes"], *results.get("lifecycle", [])]:
+    for shape in [*results["shapes"], *results.get("lifecycle", []), *results.get("fp8", [])]:
         copy = shape["copy"]
         lines.append(
             f"{shape['name']:<{NAME}}{'(d2d copy)':<20}{_SHORT.get(copy.get('timing'), '?'):<8}"
@@ -62,6 +62,11 @@ def table(results: dict[str, Any]) -> list[str]:
             lines.append(
                 f"{'':<{NAME}}rotation: {rotated['sets']} input sets, {_mib(rotated['bytes'])} = "
                 f"{rotated['over_l2']:.1f} x L2 ({_mib(rotated['l2_bytes'])}){capped}"
+            )
+        if "bytes_unfused" in shape:
+            lines.append(
+                f"{'':<{NAME}}bytes: {shape['bytes']} credited to both (the fused kernel's); the unfused sequence "
+                f"moves at least {shape['bytes_unfused'] / shape['bytes']:.2f} x that"
             )
         implementations = shape["implementations"]
         base = implementations.get(BASE, {}).get("timing")
@@ -75,6 +80,9 @@ def table(results: dict[str, Any]) -> list[str]:
             if base is not None and entry.get("timing") != base:
                 mark, mixed = " *", True
             ratio_text = f"{ratio:>9.2f}{mark}" if ratio is not None else ""
+            if "same_bytes_as_kpool_cupy" in entry:
+                differing = entry.get("differing_bytes_vs_kpool_cupy")
+                ratio_text += "  same bytes" if entry["same_bytes_as_kpool_cupy"] else f"  {differing} bytes DIFFER"
             lines.append(
                 f"{'':<{NAME}}{name:<20}{_SHORT.get(entry.get('timing'), '?'):<8}{entry['median_ms'] * 1e3:>11.2f}"
                 f"{entry['gbps']:>9.0f}{entry['fraction_of_copy']:>9.2f}{ratio_text}"

@@ -1,4 +1,5 @@
-"""The benchmark sweep: host cost, every shape and implementation against the copy roof, the decode side."""
+"""The benchmark sweep: host cost, every shape and implementation against the copy roof, the decode side, the FP8
+epilogue."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import element_dtype
+from .fp8 import run_fp8
 from .impls import IMPLEMENTATIONS, capture_refusal, torch_op_call, torch_stream_of_cupy, torch_unavailable
 from .inputs import InputSet, make_input_sets
 from .lifecycle import run_lifecycle
@@ -200,8 +202,10 @@ def run_sweep(
     quick: bool = False,
     checkpoint: Callable[[dict[str, Any]], None] = lambda partial: None,
     decode_side: bool = True,
+    fp8: bool = True,
 ) -> dict[str, Any]:
-    """Host cost, every shape, then the decode side; ``checkpoint`` gets what is done after each step.
+    """Host cost, every shape, the decode side, then the FP8 records; ``checkpoint`` gets what is done after each
+    step.
 
     The host cost is taken on the sweep's smallest decode shape, whatever
     ``shapes`` holds: its calls are short, so the host's time is what shows.
@@ -217,5 +221,9 @@ def run_sweep(
     results["lifecycle"] = []
     for record in run_lifecycle(quick, samples) if decode_side else ():
         results["lifecycle"].append(record)
+        checkpoint(results)
+    results["fp8"] = []
+    for record in run_fp8(quick, samples) if fp8 else ():
+        results["fp8"].append(record)
         checkpoint(results)
     return results
