@@ -55,23 +55,25 @@ __device__ __forceinline__ long long next_row(const RingLayout& ring, long long 
 namespace kp {
 
 // Ring close's work for one request: whether its pending pool c / KPOOL
-// closes in this call (its id in *pool_id), and if so the pool, from the
-// ring rows of positions [c - c % KPOOL, c) and the call's first
-// KPOOL - c % KPOOL tokens, into result. Both ring close kernels pool
-// through here.
+// closes in this call (the group's first thread writes closed[request]: the
+// id, or -1), and if so the pool, from the ring rows of positions
+// [c - c % KPOOL, c) and the call's first KPOOL - c % KPOOL tokens, into
+// result. Both ring close kernels pool through here. closed is written
+// before the pooling so that nothing but the pool's own state stays live
+// across it (a long pool's loads need every register).
 template <typename T, typename G, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
 __device__ __forceinline__ bool close_pending_pool(
     long long request, int channel, const T* key_ring, const G* gate_ring, long long gate_offset, long long max_slots,
     const RingLayout& ring, const T* k, long long k_row_stride, const G* gate, long long gate_row_stride_tokens,
     const float* ape, long long ape_row_stride, const IO* input_row_offsets, const IC* cache_lengths,
-    const IS* slot_idx, long long total_tokens, float (&result)[kChannelsPerThread], long long* pool_id) {
+    const IS* slot_idx, long long total_tokens, int* closed, float (&result)[kChannelsPerThread]) {
     long long row_begin, row_end, cached;
     bool closes = request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
     const long long slot = load_index(slot_idx, request);
     const long long phase = closes ? cached % KPOOL : 0;
     closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
              cached / KPOOL <= 2147483647LL;
-    *pool_id = closes ? cached / KPOOL : -1;
+    if (channel == 0) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
     if (!closes) return false;
 
     const T* keys_ring = key_ring + slot * ring.key_slot_stride + channel;
@@ -126,13 +128,11 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
     const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     float result[kp::kChannelsPerThread];
-    long long pool_id;
-    const bool closes = kp::close_pending_pool<T, G, KPOOL, VECTOR>(
-        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring, k, k_row_stride, gate,
-        gate_row_stride_tokens, ape, ape_row_stride, input_row_offsets, cache_lengths, slot_idx, total_tokens, result,
-        &pool_id);
-    if (channel == 0) closed[request] = static_cast<int>(pool_id);  // the group's first thread
-    if (!closes) return;
+    if (!kp::close_pending_pool<T, G, KPOOL, VECTOR>(request, channel, key_ring, gate_ring, gate_offset, max_slots,
+                                                     ring, k, k_row_stride, gate, gate_row_stride_tokens, ape,
+                                                     ape_row_stride, input_row_offsets, cache_lengths, slot_idx,
+                                                     total_tokens, closed, result))
+        return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
         pooled + request * pooled_row_stride + channel, channel, result);
 }
@@ -166,13 +166,14 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
     const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     float v[kp::kChannelsPerThread];
-    long long pool_id;
-    const bool closes = kp::close_pending_pool<T, G, KPOOL, VECTOR>(
-        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring, k, k_row_stride, gate,
-        gate_row_stride_tokens, ape, ape_row_stride, input_row_offsets, cache_lengths, slot_idx, total_tokens, v,
-        &pool_id);
-    if (channel == 0) closed[request] = static_cast<int>(pool_id);
-    if (!closes) return;
+    if (!kp::close_pending_pool<T, G, KPOOL, VECTOR>(request, channel, key_ring, gate_ring, gate_offset, max_slots,
+                                                     ring, k, k_row_stride, gate, gate_row_stride_tokens, ape,
+                                                     ape_row_stride, input_row_offsets, cache_lengths, slot_idx,
+                                                     total_tokens, closed, v))
+        return;
+    // The pool's id, read again rather than kept across the pooling (a
+    // register the pool's loads need); the same value, which was checked.
+    const long long pool_id = kp::load_index(cache_lengths, request) / KPOOL;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,           values_stride,       scales,
                                                  target_rows,      block_size,          destinations,
                                                  destination_rows, destination_columns, destination_stride};
