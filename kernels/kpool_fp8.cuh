@@ -57,6 +57,14 @@ __device__ __forceinline__ float ue8m0(float v) {
     return kp_bits_to_float((bits & 0x7fffffu) ? (bits & 0xff800000u) + 0x800000u : bits);
 }
 
+// 1 / s for s = 2^e a normal power of two, from the bits (exact: 2^-e is a
+// normal float32 for e in [-126, 126], and ue8m0's scales lie in
+// [2^-22, 2^120]); 0 for s = inf, as 1 / inf.
+__device__ __forceinline__ float inverse_power_of_two(float s) {
+    const unsigned int bits = kp_float_to_bits(s);
+    return bits >= 0x7f800000u ? 0.0f : kp_bits_to_float(0x7f000000u - bits);
+}
+
 // fl32(1/sqrt(D)) for D a power of two: 2^(-k/2), times fl32(1/sqrt(2)) for
 // odd k (a power-of-two scaling of the nearest float32 is the nearest float32).
 template <int D>
@@ -130,11 +138,19 @@ __device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThrea
 #pragma unroll
     for (int lanes = 1; lanes < LANES; lanes *= 2) amax = fmaxf(amax, __shfl_xor_sync(group, amax, lanes, LANES));
     const float bound = fmaxf(amax, 1e-4f) * (1.0f / 448.0f);
-    const float scale = round_scale ? ue8m0(bound) : bound;
+    if (round_scale) {
+        // y / s with s a power of two in [2^-22, 2^120] (or inf): y times
+        // 2^-e is the same float32, rounding and flushing included, and a
+        // multiply where IEEE division costs a subroutine's worth per value.
+        const float scale = ue8m0(bound);
+        const float inverse = inverse_power_of_two(scale);
 #pragma unroll
-    for (int i = 0; i < kChannelsPerThread; ++i)
-        q[i] = static_cast<unsigned char>(e4m3fn_bits(kp_div_rn(v[i], scale)));
-    return scale;
+        for (int i = 0; i < kChannelsPerThread; ++i) q[i] = static_cast<unsigned char>(e4m3fn_bits(v[i] * inverse));
+        return scale;
+    }
+#pragma unroll
+    for (int i = 0; i < kChannelsPerThread; ++i) q[i] = static_cast<unsigned char>(e4m3fn_bits(kp_div_rn(v[i], bound)));
+    return bound;
 }
 
 // One row's whole epilogue, rotation then quantization: v (x) is consumed,

@@ -222,3 +222,22 @@ def test_the_query_side_into_given_outputs_at_any_row_stride():
         result = module.hadamard_quant_fp8(x[:, :], out=wide[:, 3:67], out_scale=scales)
         assert np.array_equal(wide[:, 3:67], want[0]) and not wide[:, :3].any() and not wide[:, 67:].any()
         assert result[0].base is not None and scales.tobytes() == want[1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_infinite_and_nan_rows_and_the_largest_scales_convert_as_the_reference_does(dtype):
+    # An infinite amax makes the scale infinite (y / inf: zeros and NaN
+    # bytes); 3e38 everywhere overflows in the butterflies; 1e-30 meets the
+    # 1e-4 floor. The kernel multiplies by 1/s where the reference divides.
+    x = np.random.default_rng(0).standard_normal((7, 64)).astype(np.float32)
+    x[0, 3] = np.inf
+    x[1, 5] = np.nan
+    x[2] = 3.0e38
+    x[3, :2] = (-np.inf, np.inf)
+    x[4] = 1e-30
+    x[5] = np.float32(2.0**-126)
+    x[6] *= np.float32(2.0**100)  # a scale near 2^100: its reciprocal is still a normal float32
+    got = emulate.hadamard_quant_fp8(x.astype(dtype))
+    want = reference.hadamard_quant_fp8(x.astype(dtype))
+    assert np.isinf(want[1][[0, 2, 3]]).all() and want[1][6] > 2.0**90  # the rows reach what they are for
+    assert np.array_equal(got[0], want[0]) and got[1].tobytes() == want[1].tobytes()
