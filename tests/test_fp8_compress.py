@@ -176,11 +176,21 @@ def test_a_cache_with_padded_pages_and_an_unaligned_one_byte_path():
             assert (backing[:offset] == 0xA5).all() and (backing[offset + 7 * stride + page :] == 0xA5).all()
 
 
-def test_aligned_inputs_take_the_vector_paths():
+def test_aligned_inputs_take_the_vector_paths_exactly_where_allowed():
+    # 3 pools x 16 threads, each loading 4 members' k and gate (one 16-byte
+    # word each, bf16) and ape rows (two words each, float32); the 8-byte
+    # value stores are not counted with the 16-byte accesses.
     batch = make_batch([9, 6], [0, 3], head_dim=128, kpool=4, seed=2)
     with recording() as launches:
         emulate.kpool_compress_fp8(*batch.args())
-    assert launches[0].cooperative and launches[0].vector_accesses > 0
+        strided = np.zeros((batch.k.shape[0], 136), BF16)[:, 8:]  # 16-byte rows, first element 16 bytes in
+        strided[...] = batch.k
+        emulate.kpool_compress_fp8(strided[:, :], *batch.args()[1:])
+        unaligned = np.zeros((batch.k.shape[0], 129), BF16)[:, 1:]  # a 258-byte row stride: k element by element
+        unaligned[...] = batch.k
+        emulate.kpool_compress_fp8(unaligned, *batch.args()[1:])
+    assert [launch.cooperative for launch in launches] == [True, True, True]
+    assert [launch.vector_accesses for launch in launches] == [3 * 16 * 16, 3 * 16 * 16, 3 * 16 * 12]
 
 
 QUERY_DTYPES = [BF16, F16, F32]
