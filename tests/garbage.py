@@ -244,3 +244,241 @@ def expand_garbage_cases(seed: int, count: int) -> Iterator[dict]:
             block_size = _block_size(rng)
             case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
         yield case
+
+
+# kpool_compress_fp8 and hadamard_quant_fp8: head_dim from 8 (one lane, no
+# shuffle) to 256 (a whole warp), kpool 1 to 4. Each shape fixes the key
+# dtype, the offsets' and cache lengths' types and the slots' type, so the
+# compiles stay a few per shape (target, aligned values or not); the
+# families above try every index type against every other, on the same
+# pool lookup. The query's dtype is fixed per shape too.
+_FP8_SHAPES = ((8, 3), (16, 1), (64, 4), (128, 3), (256, 2))
+_FP8_KINDS = ("slots", "table", "rows", "slots", "table", "hadamard")
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+
+def fp8_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """``count`` garbage calls of ``kpool_compress_fp8`` and ``hadamard_quant_fp8``, as (function, keywords).
+
+    Compress calls take slots, a block table or rows in turn (see
+    ``_FP8_KINDS``), over the offsets garbage of :func:`garbage_cases` or
+    requests that hold their tokens (so the slots and the table are read):
+
+    - slots, int32 or int64, fewer or more than the pools: -1, other
+      negatives (INT_MIN, -2^62), past the cache (its capacity, 2^62,
+      INT_MAX), and distinct slots inside it;
+    - block tables [batch, 0 to enough columns] of entries negative, past the
+      cache (INT32_MAX among them) or distinct pages, contiguous, at a padded
+      row stride (the padding holds pages a misread would write) or with its
+      rows reversed (a negative row stride);
+    - caches of 0 to 12 pages of 1 to 16 entries (one page of one entry
+      often), contiguous or pages further apart than their bytes;
+    - out/out_scale of fewer rows than the pools claimed, padded or reversed
+      rows, or none (then the call sizes them).
+
+    Every array the call writes starts as random bytes. Keys are kpool times
+    small integers and the gate scores and ape the same row for every member,
+    so every weight is exactly 1 and the pooled key is exact on both
+    backends (the emulator's ``sum * fl32(1/kpool)`` rounds to the exact
+    quotient for kpool 1 to 4): the FP8 bytes then agree bit for bit, and
+    tests/test_garbage_agreement.py compares whole buffers. hadamard_quant_fp8
+    takes no index: its garbage is in the strides (padded, reversed, x at row
+    stride 0) and in the values (infinities, NaN, zero rows).
+    """
+    rng = np.random.default_rng([seed, 12])  # a stream of its own: the families above stay as they were
+    bf16, f16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32)
+    for i in range(count):
+        kind = _FP8_KINDS[i % len(_FP8_KINDS)]
+        shape = int(rng.integers(0, len(_FP8_SHAPES)))
+        head_dim, kpool = _FP8_SHAPES[shape]
+        if kind == "hadamard":
+            yield "hadamard_quant_fp8", _hadamard_garbage(rng, head_dim, (bf16, f16, f32)[shape % 3])
+            continue
+        key_dtype, slots_dtype = (bf16, np.int64) if shape % 2 == 0 else (f32, np.int32)
+        offsets_type, cache_type, _ = _EXPAND_TYPES[shape % len(_EXPAND_TYPES)]
+        case = _compress_fp8_garbage(rng, kind, head_dim, kpool, key_dtype, (offsets_type, cache_type, slots_dtype))
+        yield "kpool_compress_fp8", case
+
+
+def _random_bytes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(0, 256, shape, dtype=np.uint8)
+
+
+def _fp8_rows(rng: np.random.Generator, rows: int, head_dim: int) -> np.ndarray:
+    """uint8 ``[rows, head_dim]``: contiguous, inside wider rows (any byte offset), or with its rows reversed."""
+    layout = int(rng.integers(0, 3))
+    if layout == 1:
+        pad = int(rng.integers(1, 12))
+        start = int(rng.integers(0, pad + 1))
+        return _random_bytes(rng, (rows, head_dim + pad))[:, start : start + head_dim]
+    values = _random_bytes(rng, (rows, head_dim))
+    return values[::-1] if layout == 2 else values
+
+
+def _fp8_cache(rng: np.random.Generator, head_dim: int) -> np.ndarray:
+    """uint8 ``[pages, block_size, head_dim + 4]`` of random bytes, contiguous or at a padded page stride.
+
+    A padded cache is a view into a flat buffer (its ``base``) that may end
+    where the last page ends, so a write past it is ASan's to see and a write
+    into the padding the agreement test's.
+    """
+    if rng.random() < 0.15:  # the smallest cache: one page of one entry
+        pages, block_size = 1, 1
+    else:
+        pages = (0, 1, 2, int(rng.integers(1, 9)), int(rng.integers(4, 13)))[
+            (0, 1, 2, 3, 3, 4, 4)[int(rng.integers(0, 7))]
+        ]
+        block_size = (1, 2, 3, int(rng.integers(1, 17)))[int(rng.integers(0, 4))]
+    width = head_dim + 4
+    page = block_size * width
+    if pages == 0 or rng.random() < 0.5:
+        return _random_bytes(rng, (pages, block_size, width))
+    stride = page + 4 * int(rng.integers(1, 4))  # 4-byte aligned scales; pages 8-byte aligned or not
+    offset = 4 * int(rng.integers(0, 3))
+    tail = (0, 0, 4, 8)[int(rng.integers(0, 4))]
+    backing = _random_bytes(rng, (offset + (pages - 1) * stride + page + tail,))
+    return np.ndarray((pages, block_size, width), np.uint8, buffer=backing, offset=offset, strides=(stride, width, 1))
+
+
+def _mixed(rng: np.random.Generator, plausible: np.ndarray, garbage: list[np.ndarray]) -> np.ndarray:
+    """``plausible`` with a share of its entries (none, some, most or all, per call) from the ``garbage`` pools."""
+    count = plausible.shape[0]
+    share = (0.0, 0.3, 0.7, 1.0)[int(rng.integers(0, 4))]
+    picked = np.choose(rng.integers(0, len(garbage), count), [np.asarray(g, np.int64) for g in garbage])
+    return np.where(rng.random(count) < share, picked, plausible.astype(np.int64)) if count else plausible
+
+
+def _fp8_slots(rng: np.random.Generator, count: int, capacity: int, dtype: type) -> np.ndarray:
+    """Slots of ``dtype``: distinct slots inside the cache, -1, other negatives (INT_MIN, -2^62), past the cache
+    (its capacity, 2^62, INT_MAX)."""
+    info = np.iinfo(dtype)
+    huge = 2**62 if dtype == np.int64 else info.max
+    plausible = rng.permutation(max(capacity, count))[:count]  # distinct; past the cache once it is full
+    if rng.random() < 0.1:  # near-valid and maybe shared: two pools on one slot (a race, for the sanitizer only)
+        plausible = rng.integers(0, capacity + 2, count)
+    garbage = [
+        np.full(count, -1),
+        rng.choice([-2, info.min, -huge, info.min + 1], count),
+        rng.integers(info.min, 0, count),
+        rng.choice([capacity, capacity + 1, huge, info.max, huge + 1 if dtype == np.int64 else info.max - 1], count),
+        rng.integers(capacity, info.max, count, endpoint=True),
+    ]
+    return _mixed(rng, plausible, garbage).astype(dtype)
+
+
+def _fp8_block_table(rng: np.random.Generator, reach: np.ndarray, pages: int, block_size: int) -> np.ndarray:
+    """int32 ``[batch, 0 .. needed + 3]``: distinct pages, negative entries, past the cache (INT32_MAX, the
+    largest entry whose slots fit int32 and one more); contiguous, at a padded row stride (the padding holds
+    pages, so reading it would show) or with its rows reversed (a negative row stride).
+
+    ``reach`` (bool ``[batch, needed]``): the columns each request's pools use, where the offsets say so
+    (none for garbage offsets); the cache's pages go there first.
+    """
+    batch, needed = reach.shape
+    columns = (0, 1, int(rng.integers(1, needed + 1)), needed, needed + int(rng.integers(1, 4)))[
+        int(rng.integers(0, 5))
+    ]
+    count = batch * columns
+    wanted = np.zeros((batch, columns), bool)
+    wanted[:, : min(columns, needed)] = reach[:, :columns]
+    # Distinct values, the smallest (the cache's pages) on the columns the pools use, then anywhere.
+    order = np.concatenate([rng.permutation(np.flatnonzero(wanted)), rng.permutation(np.flatnonzero(~wanted))])
+    plausible = np.empty(count, np.int64)
+    plausible[order] = np.sort(rng.permutation(max(pages, count))[:count])
+    if rng.random() < 0.1:  # near-valid and maybe shared (a race, for the sanitizer only)
+        plausible = rng.integers(0, pages + 2, count)
+    edge = (INT32_MAX - (block_size - 1)) // block_size
+    garbage = [
+        rng.choice([-1, -2, INT32_MIN, INT32_MIN + 1], count),
+        rng.integers(INT32_MIN, 0, count),
+        rng.choice([pages, pages + 1, INT32_MAX, edge, edge + 1], count).clip(None, INT32_MAX),
+        rng.integers(pages, INT32_MAX, count, endpoint=True),
+    ]
+    entries = _mixed(rng, plausible, garbage).astype(np.int32).reshape(batch, columns)
+    layout = int(rng.integers(0, 3))
+    if layout == 1:
+        wide = rng.integers(0, max(pages, 1), (batch, columns + int(rng.integers(1, 4)))).astype(np.int32)
+        wide[:, :columns] = entries
+        return wide[:, :columns]
+    return entries[::-1].copy()[::-1] if layout == 2 else entries
+
+
+def _compress_fp8_garbage(
+    rng: np.random.Generator, kind: str, head_dim: int, kpool: int, dtype: np.dtype, types: tuple[type, ...]
+) -> dict:
+    """One compress call into ``kind`` (rows, slots or table); ``types``: the offsets', cache lengths' and slots'
+    (pool_row_offsets, when given, are int64: the type computed ones have)."""
+    tokens, batch = int(rng.integers(0, 48)), int(rng.integers(0, 6))
+    offsets_type, cache_type, slots_type = types
+    pool_row_offsets = None
+    sane = rng.random() >= 0.4
+    if not sane:  # the garbage of garbage_cases
+        offsets = _values(rng, batch + 1, offsets_type, tokens)
+        if rng.random() < 0.3:
+            offsets = np.sort(offsets)
+        cache_lengths = _values(rng, batch, cache_type, 2**32)
+        if rng.random() < 0.6:
+            pool_row_offsets = _values(rng, batch + 1, np.int64, 10**6)
+    else:  # requests that hold their tokens, and short cached prefixes: the slots and the table are read
+        offsets = np.sort(rng.integers(0, tokens + 1, batch + 1))
+        offsets[0], offsets[-1] = 0, tokens
+        cache_lengths = rng.integers(0, (3 * kpool, 48)[int(rng.integers(0, 2))], batch)
+        if rng.random() < 0.5:
+            first, end = -(-cache_lengths // kpool), (cache_lengths + np.diff(offsets)) // kpool
+            pool_row_offsets = np.concatenate([[0], np.cumsum(end - first)])
+        offsets, cache_lengths = offsets.astype(offsets_type), cache_lengths.astype(cache_type)
+    # Keys kpool * small integers, one gate row and one ape row for every member: exact pools (the docstring).
+    k = (kpool * rng.integers(-8, 9, (tokens, head_dim))).astype(dtype)
+    gate = np.tile(rng.standard_normal(head_dim).astype(dtype), (tokens, 1))
+    ape = np.tile(rng.standard_normal(head_dim).astype(np.float32), (kpool, 1))
+    case = {"k": k, "gate": gate, "ape": ape, "input_row_offsets": offsets, "cache_lengths": cache_lengths,
+            "pool_row_offsets": pool_row_offsets, "round_scale": bool(rng.integers(0, 2))}  # fmt: skip
+    most = tokens // kpool  # the most pools the call may build
+    if kind == "rows":
+        if rng.random() < 0.8:
+            rows = int(rng.integers(0, most + 3))  # often fewer than the pools claimed
+            case |= {"out": _fp8_rows(rng, rows, head_dim), "out_scale": rng.standard_normal(rows).astype(np.float32)}
+        return case
+    cache = _fp8_cache(rng, head_dim)
+    pages, block_size = cache.shape[:2]
+    if kind == "slots":
+        # None, fewer than the pools or as many and a few more (the slots bound the grid).
+        count = (0, int(rng.integers(0, most + 4)), most + int(rng.integers(0, 4)))[
+            (0, 1, 1, 2, 2, 2)[int(rng.integers(0, 6))]
+        ]
+        return case | {"cache": cache, "slots": _fp8_slots(rng, count, pages * block_size, slots_type)}
+    # The columns a request that holds its tokens may reach (cached prefixes and tokens under 48 each).
+    reach = np.zeros((batch, (48 + 48) // kpool // block_size + 1), bool)
+    for b in range(batch if sane else 0):
+        n = int(offsets[b + 1]) - int(offsets[b])
+        first, end = -(-int(cache_lengths[b]) // kpool), (int(cache_lengths[b]) + n) // kpool
+        reach[b, first // block_size : -(-end // block_size)] = first < end
+    return case | {"cache": cache, "block_table": _fp8_block_table(rng, reach, pages, block_size)}
+
+
+def _hadamard_garbage(rng: np.random.Generator, head_dim: int, dtype: np.dtype) -> dict:
+    """0 to 39 rows of x, some zero or with an infinity or NaN; x and out contiguous, in wider rows or reversed
+    (x also at row stride 0); out/out_scale given or not."""
+    rows = int(rng.integers(0, 40))
+    x = rng.standard_normal((rows, head_dim)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-10, 10, (rows, 1)).astype(np.float32)  # inside float16's range
+    special = rng.random(rows)
+    x[special < 0.1] = 0.0
+    picked = (special >= 0.1) & (special < 0.2)
+    x[picked, int(rng.integers(0, head_dim))] = rng.choice([np.inf, -np.inf, np.nan])
+    x = x.astype(dtype)
+    layout = int(rng.integers(0, 4))
+    if layout == 1:  # inside wider rows
+        pad = int(rng.integers(1, 9))
+        wide = np.zeros((rows, head_dim + pad), dtype)
+        start = int(rng.integers(0, pad + 1))
+        wide[:, start : start + head_dim] = x
+        x = wide[:, start : start + head_dim]
+    elif layout == 2:
+        x = x[::-1].copy()[::-1]
+    elif layout == 3 and rows:  # one row read for all: row stride 0
+        x = np.broadcast_to(x[0], x.shape)
+    case = {"x": x, "round_scale": bool(rng.integers(0, 2))}
+    if rng.random() < 0.7:
+        case |= {"out": _fp8_rows(rng, rows, head_dim), "out_scale": rng.standard_normal(rows).astype(np.float32)}
+    return case

@@ -3,16 +3,25 @@
     python tests/run_garbage.py --backend emulate --count 300   (under LD_PRELOAD=libasan)
     compute-sanitizer --tool memcheck python tests/run_garbage.py --backend cupy --count 200
 
-Runs --count compress calls, --count lifecycle calls (ring close, seed tail,
-tail update, expand), --count // 2 expand calls with a garbage block table
-or compacting and --count // 4 lifecycle calls on split rings
-(tests/garbage.py, ``ring_garbage_cases``), and prints how many
-ran. Any access outside the arrays is the sanitizer's to report.
+Runs, by family (--families, all three by default):
+
+- compress: --count compress calls;
+- lifecycle: --count lifecycle calls (ring close, seed tail, tail update,
+  expand), --count // 2 expand calls with a garbage block table or
+  compacting and --count // 4 lifecycle calls on split rings
+  (tests/garbage.py, ``ring_garbage_cases``);
+- fp8: --count // 2 calls of kpool_compress_fp8 (garbage slots, block
+  tables, caches and out rows) and hadamard_quant_fp8
+  (``fp8_garbage_cases``);
+
+and prints how many ran. Any access outside the arrays is the sanitizer's
+to report.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -21,7 +30,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from garbage import garbage_cases, ring_garbage_cases
+from garbage import fp8_garbage_cases, garbage_cases, ring_garbage_cases
+
+FAMILIES = ("compress", "lifecycle", "fp8")
 
 
 def main() -> int:
@@ -29,7 +40,11 @@ def main() -> int:
     parser.add_argument("--backend", choices=["emulate", "reference", "cupy"], required=True)
     parser.add_argument("--count", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--families", default=",".join(FAMILIES), help="comma-separated, of " + ", ".join(FAMILIES))
     options = parser.parse_args()
+    families = options.families.split(",")
+    if not set(families) <= set(FAMILIES):
+        parser.error(f"--families: expected some of {', '.join(FAMILIES)}, got {options.families}")
     if options.backend == "cupy":
         import cupy
 
@@ -53,13 +68,17 @@ def main() -> int:
         def finish():
             pass
 
+    families_cases = []  # of (function, keywords), each family generated as it runs
+    if "compress" in families:
+        families_cases.append(("kpool_compress", case) for case in garbage_cases(options.seed, options.count))
+    if "lifecycle" in families:
+        cases = ring_garbage_cases(options.seed, options.count)
+        families_cases.append((f"kpool_{function}", case) for function, case in cases)
+    if "fp8" in families:
+        families_cases.append(fp8_garbage_cases(options.seed, options.count // 2))
     calls = 0
-    for case in garbage_cases(options.seed, options.count):
-        module.kpool_compress(**{name: convert(value) for name, value in case.items()}, validate=False)
-        finish()
-        calls += 1
-    for function, case in ring_garbage_cases(options.seed, options.count):
-        getattr(module, f"kpool_{function}")(**{name: convert(value) for name, value in case.items()}, validate=False)
+    for function, case in itertools.chain.from_iterable(families_cases):
+        getattr(module, function)(**{name: convert(value) for name, value in case.items()}, validate=False)
         finish()
         calls += 1
     print(f"garbage calls: {calls}")

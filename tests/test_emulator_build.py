@@ -71,7 +71,7 @@ _SANITIZED_RUN = textwrap.dedent(
     out = np.zeros((5, 16), batch.k.dtype)
     pools = np.array([0, -(2**63), 100], np.int64)
     emulate.kpool_compress(*batch.args(), pool_row_offsets=pools, out=out, validate=False)
-    sys.argv = ["run_garbage.py", "--backend", "emulate", "--count", "{count}"]
+    sys.argv = ["run_garbage.py", "--backend", "emulate", "--count", "{count}", "--families", "compress,lifecycle"]
     try:
         runpy.run_path({runner!r}, run_name="__main__")
     except SystemExit as done:
@@ -115,6 +115,43 @@ def test_address_sanitizer_sees_no_access_outside_the_arrays_on_garbage(tmp_path
     assert "garbage calls: 825" in done.stdout
     # Control: the library that ran really carries the sanitizer.
     assert "instrumented: True" in done.stdout
+
+
+# The FP8 family of tests/run_garbage.py on its own: its 40 or so
+# instrumented builds (one to two minutes) would take the run above past its
+# timeout.
+_SANITIZED_FP8_RUN = textwrap.dedent(
+    """
+    import runpy, sys
+    sys.argv = ["run_garbage.py", "--backend", "emulate", "--count", "{count}", "--families", "fp8"]
+    try:
+        runpy.run_path({runner!r}, run_name="__main__")
+    except SystemExit as done:
+        assert done.code == 0, done.code
+    """
+)
+
+
+@pytest.mark.slow
+def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_path):
+    # kpool_compress_fp8 with garbage slots (-1, other negatives, past the
+    # cache, +-2^62, int32 and int64), garbage block tables (negative, past
+    # the cache, INT32_MAX, no columns, padded or reversed rows), caches of
+    # one page of one entry or with padded pages, out rows fewer than the
+    # pools claimed, over garbage offsets; and hadamard_quant_fp8 at odd
+    # strides (tests/garbage.py, fp8_garbage_cases).
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime")
+    script = _SANITIZED_FP8_RUN.format(runner=str(ROOT / "tests" / "run_garbage.py"), count=300)
+    done = _run_sanitized(script, tmp_path, libasan)
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "garbage calls: 150" in done.stdout  # 125 kpool_compress_fp8, 25 hadamard_quant_fp8
+    # Control: every library that ran was built with the sanitizer.
+    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
+    assert len(built) > 20, built
+    assert all(b"__asan_report" in path.read_bytes() for path in built)
 
 
 _OUT_OF_BOUNDS = textwrap.dedent(

@@ -12,7 +12,7 @@ import copy
 
 import numpy as np
 import pytest
-from garbage import expand_garbage_cases, garbage_cases, ring_garbage_cases
+from garbage import expand_garbage_cases, fp8_garbage_cases, garbage_cases, ring_garbage_cases
 from model import TOLERANCES
 
 from kpool_cupy import emulate, reference
@@ -91,6 +91,92 @@ def test_lifecycle_garbage_lands_in_the_same_places(chunk):
         _compare(function, case, f"seed {chunk} case {i} {function}")
         compared += 1
     assert compared >= CASES // 4  # most cases: a shared slot takes two writers among few slots
+
+
+def _memory(array: np.ndarray) -> np.ndarray:
+    """The whole buffer a view lies in (a padded cache's flat backing, wider rows), padding included."""
+    return array if array.base is None else array.base
+
+
+def _where_in_cache(cache: np.ndarray, memory: np.ndarray, offset: int) -> str:
+    """Byte ``offset`` of the cache's backing ``memory`` as a page, entry and part."""
+    pages, size, width = cache.shape
+    head_dim = width - 4
+    relative = offset - (cache.ctypes.data - memory.ctypes.data)
+    if relative < 0 or pages == 0:
+        return f"byte {offset} of the backing, outside the pages"
+    page, inside = divmod(relative, cache.strides[0] if pages > 1 else size * width)
+    if page >= pages or inside >= size * width:
+        return f"byte {offset} of the backing, in no page (padding or past the last)"
+    if inside < size * head_dim:
+        return f"page {page} entry {inside // head_dim} value byte {inside % head_dim}"
+    return f"page {page} entry {(inside - size * head_dim) // 4} scale"
+
+
+def _shared_cache_slot(case: dict) -> bool:
+    """Two pools may land on one cache slot: two slots, or two block table entries, on one place inside the cache.
+    Their writes race (validate=True refuses it), so the backends may differ there by contract."""
+    if "cache" not in case:
+        return False
+    pages, size = case["cache"].shape[:2]
+    places, bound = (case["slots"], pages * size) if "slots" in case else (case["block_table"], pages)
+    places = places.astype(np.int64).reshape(-1)
+    inside = places[(places >= 0) & (places < bound)]
+    return np.unique(inside).size != inside.size
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_fp8_garbage_writes_the_same_bytes(chunk):
+    # Garbage slots, block tables, caches and out rows for kpool_compress_fp8
+    # and odd strides for hadamard_quant_fp8 (tests/garbage.py,
+    # fp8_garbage_cases). Their pools are exact on both backends, so the
+    # backends must leave every byte of every written buffer the same:
+    # values, scales, and the padding and pages no pool reaches, which keep
+    # their random bytes. Each backend gets its own arrays from the same
+    # seed: a deep copy would make a padded view contiguous.
+    pairs = zip(fp8_garbage_cases(chunk, CASES), fp8_garbage_cases(chunk, CASES), strict=True)
+    compared = changed = 0
+    for i, ((function, got_case), (_, want_case)) in enumerate(pairs):
+        if _shared_cache_slot(got_case):
+            continue
+        label = f"seed {chunk} case {i} {function}"
+        names = [name for name in ("cache", "out", "out_scale") if got_case.get(name) is not None]
+        before = {name: _memory(got_case[name]).tobytes() for name in names}
+        got = getattr(emulate, function)(**got_case, validate=False)
+        want = getattr(reference, function)(**want_case, validate=False)
+        wrote = False
+        for name in names:
+            a, b = (
+                _memory(got_case[name]).view(np.uint8).reshape(-1),
+                _memory(want_case[name]).view(np.uint8).reshape(-1),
+            )
+            if not np.array_equal(a, b):
+                offset = int(np.argmax(a != b))
+                where = _where_in_cache(got_case[name], a, offset) if name == "cache" else f"byte {offset}"
+                pytest.fail(f"{label}: {name} differs at {where}: got {a[offset]:#04x}, want {b[offset]:#04x}")
+            wrote |= a.tobytes() != before[name]
+        if function == "hadamard_quant_fp8" and "out" not in got_case:  # new outputs, every row written
+            assert got[0].tobytes() == want[0].tobytes(), f"{label}: values"
+            assert got[1].tobytes() == want[1].tobytes(), f"{label}: scales"
+        compared += 1
+        changed += wrote
+    assert compared >= CASES * 3 // 4  # a shared slot needs near-valid slots or pages, a tenth of the cases
+    assert changed >= CASES // 5  # and many write: the comparison is not of untouched buffers alone
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=IDS)
+@pytest.mark.parametrize("batch, max_blocks", [(1, 0), (0, 2)], ids=["no-columns", "no-rows"])
+def test_an_fp8_block_table_without_rows_or_columns_writes_nothing(module, batch, max_blocks):
+    # No columns: every pool's block is past the table. No rows: batch 0
+    # with eight tokens, reachable with validate=False only. Either way no
+    # pool has a page, and every byte of the cache stays.
+    k = np.arange(8 * 16, dtype=np.float32).reshape(8, 16)
+    offsets = np.array([0, 8] if batch else [8], np.int32)
+    cache = np.full((2, 4, 20), 0xA5, np.uint8)
+    table = np.zeros((batch, max_blocks), np.int32)
+    args = (k, k, np.zeros((4, 16), np.float32), offsets, np.zeros(batch, np.int32))
+    assert module.kpool_compress_fp8(*args, cache=cache, block_table=table, validate=False) is None
+    assert (cache == 0xA5).all()
 
 
 def _packed(full: np.ndarray) -> np.ndarray:
