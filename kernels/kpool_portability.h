@@ -289,7 +289,8 @@ constexpr std::size_t kp_fiber_stack_bytes = std::size_t{128} << 10;
 // The most threads a CUDA block has.
 constexpr unsigned int kp_max_block_threads = 1024;
 
-// This host thread's fibers and their stacks, kept from launch to launch.
+// This host thread's fibers, kept from launch to launch, and their stacks,
+// mapped for a launch.
 struct KpFiberPool {
     KpFiber* fibers = nullptr;
     char* maps[kp_max_block_threads] = {};  // each a guard page, then the stack
@@ -306,15 +307,24 @@ struct KpFiberPool {
         }
         return maps[i] + page;
     }
-    ~KpFiberPool() {
-        delete[] fibers;
-        for (char* map : maps) {
+    // Unmaps the stacks. Each is two mappings (guard and stack) and every
+    // kernel library keeps a pool of its own, so stacks kept from launch to
+    // launch would add up, over a process that runs many cooperating
+    // variants, to the kernel's limit on mappings (vm.max_map_count):
+    // the launch returns them instead.
+    void release() {
+        for (char*& map : maps) {
             if (map == nullptr) continue;
 #if KP_ASAN
             __asan_unpoison_memory_region(map + page, kp_fiber_stack_bytes);
 #endif
             munmap(map, page + kp_fiber_stack_bytes);
+            map = nullptr;
         }
+    }
+    ~KpFiberPool() {
+        delete[] fibers;
+        release();
     }
 };
 
@@ -671,6 +681,7 @@ inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args,
                 }
             }
     kp_block_run = outer;
+    pool.release();
 }
 
 // Runs kernel over grid x block, thread by thread. args follows the CUDA

@@ -482,3 +482,96 @@ def _hadamard_garbage(rng: np.random.Generator, head_dim: int, dtype: np.dtype) 
     if rng.random() < 0.7:
         case |= {"out": _fp8_rows(rng, rows, head_dim), "out_scale": rng.standard_normal(rows).astype(np.float32)}
     return case
+
+
+_FP8_RING_SHAPES = ((16, 3), (64, 4), (128, 2))  # (head_dim, kpool): kpool 1 to 4 keeps the pools exact
+
+
+def fp8_ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """``count`` garbage calls of ``kpool_ring_close_fp8`` and ``kpool_tail_update_fp8`` in turn, as (function,
+    keywords).
+
+    The ring's and the call's garbage of :func:`ring_garbage_cases` (offsets,
+    cached lengths, ring slots, positions), or requests that hold their
+    tokens at small positions (so pools close and the slots and the table
+    are read), written into rows (out/out_scale/closed given or not), or a
+    cache through slots (ring close) or a block table, with the slot and
+    table garbage of :func:`fp8_garbage_cases`. Rings are one array or a
+    split pair (bf16 keys beside float32 gate scores), kpool to kpool + 2
+    rows. As there, keys (ring and tokens) are kpool times small integers
+    and every gate row, in the ring or not, and every ape row are the same
+    row, so the pools are exact on both backends and their bytes agree.
+    """
+    rng = np.random.default_rng([seed, 13])  # a stream of its own
+    bf16, f32 = np.dtype(ml_dtypes.bfloat16), np.dtype(np.float32)
+    for i in range(count):
+        function = ("kpool_ring_close_fp8", "kpool_tail_update_fp8")[i % 2]
+        head_dim, kpool = _FP8_RING_SHAPES[int(rng.integers(0, len(_FP8_RING_SHAPES)))]
+        split = rng.random() < 0.4
+        key_dtype = bf16 if split or rng.random() < 0.5 else f32
+        gate_dtype = f32 if split else key_dtype
+        batch, max_slots, rows = int(rng.integers(0, 5)), int(rng.integers(0, 4)), kpool + int(rng.integers(0, 3))
+        gate_row = rng.standard_normal(head_dim)
+
+        def keys(shape: tuple[int, ...], kpool: int = kpool, dtype: np.dtype = key_dtype) -> np.ndarray:
+            return (kpool * rng.integers(-8, 9, shape)).astype(dtype)
+
+        def gates(shape: tuple[int, ...], row: np.ndarray = gate_row, dtype: np.dtype = gate_dtype) -> np.ndarray:
+            return np.tile(row.astype(dtype), (*shape[:-1], 1))
+
+        sane = rng.random() < 0.5
+        if sane:  # a ring slot for every request: pools close, and the cache is written
+            max_slots = batch + int(rng.integers(0, 2))
+        ring_shape = (max_slots, rows, head_dim)
+        if split:
+            tail = (keys(ring_shape), gates(ring_shape))
+        else:
+            tail = np.stack([keys(ring_shape), gates(ring_shape)], axis=1)
+        ape = np.tile(rng.standard_normal(head_dim).astype(np.float32), (kpool, 1))
+        slot_idx = _values(rng, batch, np.int32, max_slots)
+        if sane:
+            slot_idx = rng.permutation(max_slots)[:batch].astype(np.int32)
+        case = {"tail": tail, "ape": ape, "slot_idx": slot_idx, "round_scale": bool(rng.integers(0, 2))}
+        if function == "kpool_ring_close_fp8":
+            tokens = int(rng.integers(0, 30))
+            if sane:
+                offsets = np.sort(rng.integers(0, tokens + 1, batch + 1))
+                offsets[0], offsets[-1] = 0, tokens
+                offsets, cached = offsets.astype(np.int32), rng.integers(0, 24, batch).astype(np.int64)
+            else:
+                offsets, cached = _values(rng, batch + 1, np.int32, tokens), _values(rng, batch, np.int64, 2**32)
+            case |= {"k": keys((tokens, head_dim)), "gate": gates((tokens, head_dim)), "input_row_offsets": offsets,
+                     "cache_lengths": cached}  # fmt: skip
+            out_rows, kinds = batch + int(rng.integers(0, 3)), ("rows", "slots", "table")
+        else:
+            next_n = int(rng.integers(0, 5))
+            if sane:
+                start = rng.integers(0, 24, (batch, 1))
+                positions = (start + np.arange(next_n)).astype(np.int32)
+                positions[rng.random(positions.shape) < 0.2] = -1
+            else:
+                positions = _values(rng, batch * next_n, np.int32, 40).reshape(batch, next_n)
+            case |= {"k": keys((batch, next_n, head_dim)), "gate": gates((batch, next_n, head_dim)),
+                     "positions": positions}  # fmt: skip
+            out_rows, kinds = None, ("rows", "table")
+        kind = kinds[int(rng.integers(0, len(kinds)))]
+        pools = -(-int(case["k"].shape[1]) // kpool) if out_rows is None else 0
+        if kind == "rows":
+            if rng.random() < 0.7:
+                if out_rows is None:  # tail update: C-contiguous [R, J, head_dim]
+                    case |= {"out": _random_bytes(rng, (batch, pools, head_dim)),
+                             "out_scale": rng.standard_normal((batch, pools)).astype(np.float32)}  # fmt: skip
+                else:
+                    case |= {"out": _fp8_rows(rng, out_rows, head_dim),
+                             "out_scale": rng.standard_normal(out_rows).astype(np.float32)}  # fmt: skip
+            yield function, case
+            continue
+        cache = _fp8_cache(rng, head_dim)
+        pages, block_size = cache.shape[:2]
+        case["cache"] = cache
+        if kind == "slots":
+            case["slots"] = _fp8_slots(rng, batch, pages * block_size, (np.int32, np.int64)[int(rng.integers(0, 2))])
+        else:
+            reach = np.ones((batch, 32 // block_size + 1), bool)  # pool ids under 32 at these positions
+            case["block_table"] = _fp8_block_table(rng, reach, pages, block_size)
+        yield function, case

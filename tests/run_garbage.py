@@ -12,7 +12,8 @@ Runs, by family (--families, all three by default):
   (tests/garbage.py, ``ring_garbage_cases``);
 - fp8: --count // 2 calls of kpool_compress_fp8 (garbage slots, block
   tables, caches and out rows) and hadamard_quant_fp8
-  (``fp8_garbage_cases``);
+  (``fp8_garbage_cases``), then --count // 4 of kpool_ring_close_fp8 and
+  kpool_tail_update_fp8 (``fp8_ring_garbage_cases``);
 
 and prints how many ran. Any access outside the arrays is the sanitizer's
 to report.
@@ -30,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from garbage import fp8_garbage_cases, garbage_cases, ring_garbage_cases
+from garbage import fp8_garbage_cases, fp8_ring_garbage_cases, garbage_cases, ring_garbage_cases
 
 FAMILIES = ("compress", "lifecycle", "fp8")
 
@@ -76,6 +77,7 @@ def main() -> int:
         families_cases.append((f"kpool_{function}", case) for function, case in cases)
     if "fp8" in families:
         families_cases.append(fp8_garbage_cases(options.seed, options.count // 2))
+        families_cases.append(fp8_ring_garbage_cases(options.seed, options.count // 4))
     calls = 0
     for function, case in itertools.chain.from_iterable(families_cases):
         getattr(module, function)(**{name: convert(value) for name, value in case.items()}, validate=False)

@@ -138,8 +138,10 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     # cache, +-2^62, int32 and int64), garbage block tables (negative, past
     # the cache, INT32_MAX, no columns, padded or reversed rows), caches of
     # one page of one entry or with padded pages, out rows fewer than the
-    # pools claimed, over garbage offsets; and hadamard_quant_fp8 at odd
-    # strides (tests/garbage.py, fp8_garbage_cases).
+    # pools claimed, over garbage offsets; hadamard_quant_fp8 at odd
+    # strides (tests/garbage.py, fp8_garbage_cases); ring close and tail
+    # update into FP8 rows or a cache over ring and index garbage, on one
+    # ring array or a split pair (fp8_ring_garbage_cases).
     libasan = _libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
@@ -147,7 +149,8 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     done = _run_sanitized(script, tmp_path, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    assert "garbage calls: 150" in done.stdout  # 125 kpool_compress_fp8, 25 hadamard_quant_fp8
+    # 125 kpool_compress_fp8, 25 hadamard_quant_fp8, 75 ring close and tail update.
+    assert "garbage calls: 225" in done.stdout
     # Control: every library that ran was built with the sanitizer.
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert len(built) > 20, built

@@ -301,3 +301,28 @@ def test_cooperation_under_address_sanitizer(tmp_path, fibers):
     stderr = _run_failing("partial_warp_full_mask", 48, "(np.zeros(48, np.float32), np.zeros(48, np.float32))", env)
     assert "warp 1 of this block has only lanes 0x0000ffff" in stderr, stderr[-3000:]
     assert "__asan_handle_no_return" not in stderr, stderr[-3000:]
+
+
+def _mappings() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum(1 for _ in maps)
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="counts the process's mappings in /proc")
+def test_a_cooperating_launch_returns_its_fiber_stacks():
+    # Each fiber stack is two mappings (guard page and stack), and every
+    # kernel library keeps its own pool: kept from launch to launch, a
+    # process running many cooperating variants (the suite does) reached
+    # vm.max_map_count and aborted ("cannot map a fiber stack"). A launch of
+    # a 256-thread block must leave no more mappings than loading its
+    # library takes (a few), not two per thread.
+    from kpool_cupy import emulate
+    from kpool_cupy.kernel.codes import VectorAccess
+    from kpool_cupy.kernel.names import HADAMARD_SOURCE, hadamard_quant_kernel_name
+
+    x = np.ones((40, 64), np.float16)  # 8 lanes a row, 32 rows a 256-thread block
+    name = hadamard_quant_kernel_name(x.dtype, 64, VectorAccess.K | VectorAccess.OUT)
+    emulate.load_variant(HADAMARD_SOURCE, name)  # built and loaded before counting: the call loads nothing
+    before = _mappings()
+    emulate.hadamard_quant_fp8(x)
+    assert _mappings() - before < 16
