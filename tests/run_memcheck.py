@@ -12,7 +12,10 @@ the pool owns, where memcheck sees nothing.
    column blocks of one fused ``[tokens, 3 * head_dim]`` device buffer
    (strided rows), against the float64 model.
 2. Garbage (tests/garbage.py) with ``validate=False`` for compress and the
-   four lifecycle ops. A host array that is a view of a larger buffer (every
+   four lifecycle ops, then ``--count // 4`` (at least 6) calls of the FP8
+   ops (garbage slots, block tables, caches, out rows;
+   ``fp8_garbage_cases``) and ``--count // 8`` (at least 2) of the FP8 ring
+   ops (``fp8_ring_garbage_cases``). A host array that is a view of a larger buffer (every
    other row) becomes the same view of a device copy of that buffer, made on
    the device: ``cupy.asarray`` would copy the view contiguous and hide the
    stride.
@@ -34,10 +37,20 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from garbage import garbage_cases, ring_garbage_cases
+from garbage import fp8_garbage_cases, fp8_ring_garbage_cases, garbage_cases, ring_garbage_cases
 from model import BF16, assert_close_to_model, make_batch, standard_lengths
 
-OPS = ("compress", "ring_close", "seed_tail", "tail_update", "expand_topk")
+OPS = (
+    "kpool_compress",
+    "kpool_ring_close",
+    "kpool_seed_tail",
+    "kpool_tail_update",
+    "kpool_expand_topk",
+    "kpool_compress_fp8",
+    "hadamard_quant_fp8",
+    "kpool_ring_close_fp8",
+    "kpool_tail_update_fp8",
+)
 
 
 def device_copy(value, cupy, views: Counter):
@@ -101,14 +114,19 @@ def main() -> int:
 
     def run(function: str, case: dict) -> None:
         arguments = {name: device_copy(value, cupy, views) for name, value in case.items()}
-        getattr(kpool_cupy, f"kpool_{function}")(**arguments, validate=False)
+        getattr(kpool_cupy, function)(**arguments, validate=False)
         cupy.cuda.get_current_stream().synchronize()  # an error is then the call's own
         calls[function] += 1
 
     for case in garbage_cases(options.seed, options.count):
-        run("compress", case)
-    print(f"garbage compress calls: {calls['compress']}", flush=True)
+        run("kpool_compress", case)
+    print(f"garbage compress calls: {calls['kpool_compress']}", flush=True)
     for function, case in ring_garbage_cases(options.seed, options.count):
+        run(f"kpool_{function}", case)
+    # At least one turn of each FP8 family's kinds, so every FP8 op is called.
+    for function, case in fp8_garbage_cases(options.seed, max(options.count // 4, 6)):
+        run(function, case)
+    for function, case in fp8_ring_garbage_cases(options.seed, max(options.count // 8, 2)):
         run(function, case)
     print("garbage calls per op:", ", ".join(f"{op} {calls[op]}" for op in OPS), flush=True)
     print(f"strided device views: {views['strided device views']}", flush=True)
