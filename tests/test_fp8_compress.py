@@ -33,6 +33,7 @@ def _bf16_x(pooled: np.ndarray) -> np.ndarray:
         (16, 5, F16, F32),  # two chunks: 5 members of 16-bit keys and float32 gates exceed one
         (256, 1, F32, F32),
         (8, 3, BF16, F16),  # one lane per row: no shuffles
+        (32, 4, BF16, BF16),  # four lanes: a mask of four
         (64, 16, F32, BF16),  # streamed in chunks
     ],
 )
@@ -197,7 +198,7 @@ QUERY_DTYPES = [BF16, F16, F32]
 
 
 @pytest.mark.parametrize("dtype", QUERY_DTYPES, ids=["bf16", "f16", "f32"])
-@pytest.mark.parametrize("head_dim", [8, 128, 256])
+@pytest.mark.parametrize("head_dim", [8, 32, 128, 256])
 def test_the_query_side_equals_the_reference_bit_for_bit(dtype, head_dim):
     rng = np.random.default_rng(head_dim)
     x = rng.standard_normal((37, head_dim)).astype(np.float32)

@@ -53,7 +53,7 @@ def _rows(rng: np.random.Generator, rows: int, head_dim: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("head_dim", [8, 16, 64, 128, 256])
+@pytest.mark.parametrize("head_dim", [8, 16, 32, 64, 128, 256])
 @pytest.mark.parametrize("round_scale", [True, False], ids=["ue8m0", "exact-scale"])
 def test_the_key_side_equals_the_reference_bit_for_bit(head_dim, round_scale):
     x = _rows(np.random.default_rng(head_dim), 37, head_dim)  # 37 rows: the last block has surplus groups

@@ -12,7 +12,13 @@ from model import BF16, make_batch
 from kpool_cupy import emulate, reference
 
 TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
-ROW = re.compile(r"^\| ([a-z0-9-]+) \| (compress_fp8|hadamard_quant) \| (\w+) \| .* \| (ValueError|TypeError) \|$")
+FUNCTIONS = {
+    "compress_fp8": "kpool_compress_fp8",
+    "hadamard_quant": "hadamard_quant_fp8",
+    "ring_close_fp8": "kpool_ring_close_fp8",
+    "tail_update_fp8": "kpool_tail_update_fp8",
+}
+ROW = re.compile(rf"^\| ([a-z0-9-]+) \| ({'|'.join(FUNCTIONS)}) \| (\w+) \| .* \| (ValueError|TypeError) \|$")
 ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
 
 HEAD_DIM, KPOOL = 16, 4
@@ -35,6 +41,17 @@ def good(function: str) -> dict:
     """
     if function == "hadamard_quant":
         return {"x": np.random.default_rng(0).standard_normal((5, HEAD_DIM)).astype(BF16)}
+    rng = np.random.default_rng(1)
+    tail = rng.standard_normal((4, 2, KPOOL, HEAD_DIM)).astype(BF16)
+    if function == "ring_close_fp8":  # request 0 closes pool 0 (cached 2), request 1 pool 1 (cached 7)
+        batch = make_batch([5, 6], [2, 7], head_dim=HEAD_DIM, kpool=KPOOL, seed=3)
+        return dict(tail=tail, k=batch.k, gate=batch.gate, ape=batch.ape, input_row_offsets=batch.input_row_offsets,
+                    cache_lengths=batch.cache_lengths, slot_idx=np.array([0, 1], np.int32))  # fmt: skip
+    if function == "tail_update_fp8":  # request 0 closes pool 0 at position 3, request 1 pool 1 at 7
+        step = rng.standard_normal((2, 3, HEAD_DIM)).astype(BF16)
+        ape = rng.standard_normal((KPOOL, HEAD_DIM)).astype(np.float32)
+        positions, slot_idx = np.array([[1, 2, 3], [5, 6, 7]], np.int32), np.array([0, 1], np.int32)
+        return dict(tail=tail, k=step, gate=step.copy(), ape=ape, positions=positions, slot_idx=slot_idx)
     batch = make_batch([13, 6], [0, 3], head_dim=HEAD_DIM, kpool=KPOOL, seed=2)
     return dict(
         k=batch.k,
@@ -108,6 +125,20 @@ def _cache_over_k(a):
     a["validate"] = False  # the overlap check reads only metadata
 
 
+def _ring_wide(a):
+    """head_dim 24 everywhere (k, gate, ape, the ring): fine for the plain ring ops, refused by the rotation."""
+    a["tail"] = np.zeros((*a["tail"].shape[:-1], 24), BF16)
+    a["ape"] = np.zeros((KPOOL, 24), np.float32)
+    for name in ("k", "gate"):
+        a[name] = np.zeros((*a[name].shape[:-1], 24), BF16)
+
+
+def _both_requests_on_one_slot(a):
+    # Both requests close pool 0 (positions 1 .. 3), their table rows on one page: one slot for two pools.
+    a.update(positions=np.array([[1, 2, 3], [1, 2, 3]], np.int32), cache=_cache())
+    a["block_table"] = np.array([[1, 0], [1, 0]], np.int32)
+
+
 MUTATIONS = {
     "k-head-dim-not-power-of-two": _wide(24),
     "k-head-dim-above-256": _wide(512),
@@ -152,6 +183,28 @@ MUTATIONS = {
     ),
     "hadamard-out-rows": lambda a: _with_rows(a),
     "hadamard-scale-without-out": lambda a: a.update(out_scale=np.zeros(5, np.float32)),
+    "ring-close-head-dim": _ring_wide,
+    "ring-close-slots-length": lambda a: _to_cache(a, slots=np.array([5, 0, 3], np.int64)),
+    "ring-close-slots-repeated": lambda a: _to_cache(a, slots=np.array([3, 3], np.int64)),
+    "ring-close-table-past-cache": lambda a: _to_table(a, np.array([[NUM_BLOCKS, 0], [2, 0]], np.int32)),
+    "ring-close-out-rows": lambda a: _with_rows(
+        a, out=np.zeros((1, HEAD_DIM), np.uint8), out_scale=np.zeros(1, np.float32)
+    ),
+    "ring-close-closed-short": lambda a: a.update(closed=np.zeros(1, np.int32)),
+    "tail-update-head-dim": _ring_wide,
+    "tail-update-cache-without-table": lambda a: a.update(cache=_cache()),
+    "tail-update-out-shape": lambda a: _with_rows(
+        a, out=np.zeros((2, 2, HEAD_DIM), np.uint8), out_scale=np.zeros((2, 2), np.float32)
+    ),
+    "tail-update-out-scale-shape": lambda a: _with_rows(
+        a, out=np.zeros((2, 1, HEAD_DIM), np.uint8), out_scale=np.zeros(2, np.float32)
+    ),
+    "tail-update-out-noncontiguous": lambda a: _with_rows(
+        a, out=np.zeros((2, 2, HEAD_DIM), np.uint8)[:, ::2], out_scale=np.zeros((2, 1), np.float32)
+    ),
+    "tail-update-table-rows": lambda a: a.update(cache=_cache(), block_table=np.zeros((3, 2), np.int32)),
+    "tail-update-table-repeated": _both_requests_on_one_slot,
+    "tail-update-closed-shape": lambda a: a.update(closed=np.zeros(2, np.int32)),
 }
 
 # Rows whose bad layout cupy.asarray copies away (it makes a contiguous, aligned, writable copy sharing nothing).
@@ -163,6 +216,7 @@ HOST_ONLY = {
     "slots-strided": "CuPy copies a strided host array contiguous",
     "block-table-last-dim": "CuPy copies a strided host array contiguous",
     "fp8-out-read-only": "CuPy has no read-only arrays",
+    "tail-update-out-noncontiguous": "CuPy copies a strided host array contiguous",
     "cache-shares-k": "copies share nothing",
 }
 
@@ -170,9 +224,7 @@ ROWS = table_rows()
 
 
 def _call(module, function: str, args: dict):
-    if function == "compress_fp8":
-        return module.kpool_compress_fp8(**args)
-    return module.hadamard_quant_fp8(**args)
+    return getattr(module, FUNCTIONS[function])(**args)
 
 
 def _expect(module, function: str, args: dict, argument: str, error: str) -> None:
@@ -194,7 +246,16 @@ def good_calls():
     _to_table(table, _table())
     query, query_rows = good("hadamard_quant"), good("hadamard_quant")
     _with_rows(query_rows, out=np.zeros((5, HEAD_DIM), np.uint8), out_scale=np.zeros(5, np.float32))
+    ring_rows, ring_cache, step_cache = good("ring_close_fp8"), good("ring_close_fp8"), good("tail_update_fp8")
+    _with_rows(ring_rows, out=np.zeros((2, HEAD_DIM), np.uint8), out_scale=np.zeros(2, np.float32))
+    _to_cache(ring_cache, slots=np.array([5, -1], np.int64))
+    _to_table(step_cache, _table())
     return [
+        ("ring_close_fp8", good("ring_close_fp8")),
+        ("ring_close_fp8", ring_rows),
+        ("ring_close_fp8", ring_cache),
+        ("tail_update_fp8", good("tail_update_fp8")),
+        ("tail_update_fp8", step_cache),
         ("compress_fp8", good("compress_fp8")),
         ("compress_fp8", rows),
         ("compress_fp8", cache),

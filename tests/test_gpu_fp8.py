@@ -55,7 +55,7 @@ def test_gpu_query_side_equals_the_reference_bit_for_bit(dtype):
     assert cupy.asnumpy(scales).tobytes() == want_scales.tobytes()
 
 
-def test_gpu_decode_steps_fill_the_cache_with_one_compress_bytes_and_replay_a_plan():
+def test_gpu_decode_steps_fill_the_cache_with_one_compress_bytes_and_replay_a_plan(monkeypatch):
     import cupy
 
     import kpool_cupy
@@ -72,6 +72,15 @@ def test_gpu_decode_steps_fill_the_cache_with_one_compress_bytes_and_replay_a_pl
     slots = cupy.asarray(np.array([2, 0, 1], np.int32))
     closed = cupy.zeros((requests, 1), np.int32)
     cupy_plans.forget_all()
+    replayed = []
+    replay = cupy_plans.replay
+
+    def counting_replay(*args):
+        result = replay(*args)
+        replayed.append(result is not cupy_plans.MISS)
+        return result
+
+    monkeypatch.setattr(cupy_plans, "replay", counting_replay)
     for step in range(steps):  # two tokens a request a step, every call validate=False with closed given
         positions = cupy.asarray(np.tile(np.arange(2 * step, 2 * step + 2, dtype=np.int32), (requests, 1)))
         k = cupy.asarray(keys[:, 2 * step : 2 * step + 2])
@@ -80,6 +89,7 @@ def test_gpu_decode_steps_fill_the_cache_with_one_compress_bytes_and_replay_a_pl
             tail, k, gate, ape, positions, slots, cache=cache, block_table=table, closed=closed, validate=False
         )
     assert len(cupy_plans._plans) == 1  # one signature, planned after its first call
+    assert replayed == [False] + [True] * (steps - 1)  # and every later call went straight to its launch
     whole = cupy.zeros(cache.shape, np.uint8)
     offsets = cupy.asarray(np.arange(0, requests * steps * 2 + 1, steps * 2, dtype=np.int32))
     kpool_cupy.kpool_compress_fp8(
