@@ -145,12 +145,12 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     libasan = _libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    script = _SANITIZED_FP8_RUN.format(runner=str(ROOT / "tests" / "run_garbage.py"), count=200)
+    script = _SANITIZED_FP8_RUN.format(runner=str(ROOT / "tests" / "run_garbage.py"), count=120)
     done = _run_sanitized(script, tmp_path, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 84 kpool_compress_fp8, 16 hadamard_quant_fp8, 50 ring close and tail update.
-    assert "garbage calls: 150" in done.stdout
+    # 50 kpool_compress_fp8, 10 hadamard_quant_fp8, 30 ring close and tail update.
+    assert "garbage calls: 90" in done.stdout
     # Control: every library that ran was built with the sanitizer.
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert len(built) > 20, built
