@@ -146,12 +146,26 @@ def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) ->
     return Launch("kpool_compress", COMPRESS_SOURCE, name, geometry, arguments, call, operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> Any:
-    """Validate, find the pool row offsets, size the output, cover the pools, launch."""
-    k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
-    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, out_dtype, rotate)
-    check_no_overlap(PARAMETERS, arrays)
-    total_pools: int | None
+def find_pools(
+    backend: Backend,
+    call: CompressCall,
+    input_row_offsets: Any,
+    cache_lengths: Any,
+    pool_row_offsets: Any,
+    out: Any,
+    *,
+    validate: bool,
+    sized: bool,
+) -> tuple[Any, int | None, tuple[np.ndarray, np.ndarray, np.ndarray] | None]:
+    """The pool row offsets on the backend, the pool count where the host learns it, and with ``validate`` the
+    checked host copies (offsets, lengths, pool offsets) for further checks.
+
+    ``validate`` checks the offsets' contents and that ``out`` has a row for
+    every pool. Without it the count stays on the device (no sync) unless
+    ``sized`` (an output is to be allocated): then the claimed count is read,
+    and bounded, since unvalidated offsets may claim any count but no batch
+    completes more than total_tokens // kpool pools.
+    """
     if validate:
         given = [input_row_offsets, cache_lengths] + ([pool_row_offsets] if pool_row_offsets is not None else [])
         host = backend.host_copies(given)
@@ -160,19 +174,26 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype:
         if out is not None and out.shape[0] < total_pools:
             raise fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
         pools = pool_row_offsets if pool_row_offsets is not None else backend.from_host(pools_host)
-    else:
-        pools = (
-            pool_row_offsets
-            if pool_row_offsets is not None
-            else compute_pool_row_offsets(input_row_offsets, cache_lengths, call.kpool)
-        )
-        # With out= the count stays on the device (no sync); otherwise it sizes
-        # the result. Unvalidated offsets may claim any count, but no batch
-        # completes more than total_tokens // kpool pools.
-        total_pools = None
-        if out is None:
-            claimed = int(backend.host_copies([pools[-1:]])[0][0])
-            total_pools = min(max(claimed, 0), most_pools(call))
+        return pools, total_pools, (host[0], host[1], pools_host)
+    pools = (
+        pool_row_offsets
+        if pool_row_offsets is not None
+        else compute_pool_row_offsets(input_row_offsets, cache_lengths, call.kpool)
+    )
+    if not sized:
+        return pools, None, None
+    claimed = int(backend.host_copies([pools[-1:]])[0][0])
+    return pools, min(max(claimed, 0), most_pools(call)), None
+
+
+def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> Any:
+    """Validate, find the pool row offsets, size the output, cover the pools, launch."""
+    k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
+    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, out_dtype, rotate)
+    check_no_overlap(PARAMETERS, arrays)
+    pools, total_pools, _ = find_pools(
+        backend, call, input_row_offsets, cache_lengths, pool_row_offsets, out, validate=validate, sized=out is None
+    )
     if out is None:
         out = backend.empty(*output_shapes(call, total_pools or 0)["out"])
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(out.shape[0]))

@@ -20,14 +20,13 @@ from ..dtypes import FLOAT32
 from ..kernel import codes
 from ..kernel.geometry import group_geometry
 from ..kernel.names import COMPRESS_SOURCE, compress_fp8_kernel_name
-from ..pool_offsets import pool_row_offsets as compute_pool_row_offsets
 from .checks import check_no_overlap, fail
 from .compress import (
     ACCUMULATE,
     POOL_ROW_OFFSETS,
     CompressCall,
     check_compress_args,
-    check_offset_values,
+    find_pools,
     pools_to_cover,
 )
 from .fp8_target import (
@@ -167,27 +166,20 @@ def run(backend: Backend, arrays: tuple[Any, ...], *, round_scale: Any, validate
     call = check_compress_fp8_args(*arrays, round_scale)
     pooling = call.pooling
     check_no_overlap(PARAMETERS, arrays)
-    total_pools: int | None
-    if validate:
-        given = [input_row_offsets, cache_lengths] + ([pool_row_offsets] if pool_row_offsets is not None else [])
-        host = backend.host_copies(given)
-        pools_host = check_offset_values(pooling, host[0], host[1], host[2] if len(host) > 2 else None)
-        total_pools = int(pools_host[-1])
-        if out is not None and out.shape[0] < total_pools:
-            raise fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
-        owners = _pool_owners(host[0], host[1], pools_host, pooling.kpool)
+    pools, total_pools, checked = find_pools(
+        backend,
+        pooling,
+        input_row_offsets,
+        cache_lengths,
+        pool_row_offsets,
+        out,
+        validate=validate,
+        sized=out is None and not call.target.to_cache,
+    )
+    if checked is not None:
+        offsets, lengths, pools_host = checked
+        owners = _pool_owners(offsets, lengths, pools_host, pooling.kpool)
         check_pool_destinations(backend, call, slots, block_table, owners)
-        pools = pool_row_offsets if pool_row_offsets is not None else backend.from_host(pools_host)
-    else:
-        pools = (
-            pool_row_offsets
-            if pool_row_offsets is not None
-            else compute_pool_row_offsets(input_row_offsets, cache_lengths, pooling.kpool)
-        )
-        total_pools = None
-        if out is None and not call.target.to_cache:
-            claimed = int(backend.host_copies([pools[-1:]])[0][0])
-            total_pools = min(max(claimed, 0), most_pools(call))
     if out is None and not call.target.to_cache:
         shapes = output_shapes(call, total_pools or 0)
         out, out_scale = backend.empty(*shapes["out"]), backend.empty(*shapes["out_scale"])
