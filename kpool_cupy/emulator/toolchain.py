@@ -3,7 +3,9 @@
 Each instantiation is built once into a per-user cache folder
 (``$XDG_CACHE_HOME`` or ``~/.cache``, then ``kpool-cupy/emulate``).
 ``KPOOL_CUPY_EMULATE_CXXFLAGS`` is appended to the compile flags and is part
-of the cache key, so a test can build with ``-fsanitize=address``.
+of the cache key, so a test can build with ``-fsanitize=address``. A build's
+text is kernels/emulator/kpool_emulator.h (the host's CUDA built-ins, fibers
+and grid launch), then the kernel text NVRTC would get, then the C entry points.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ LAST_FLAGS = ("-ffp-contract=off",)
 ENTRY = "kpool_emulate_launch"
 SIZES = "kpool_emulate_param_sizes"
 COOPERATED = "kpool_emulate_cooperated"
+# The host's CUDA built-ins, fibers and grid launch (under kernels/). It opens
+# every host build, so kpool_portability.h finds it defined and NVRTC's text
+# never holds it.
+EMULATOR_HEADER = "emulator/kpool_emulator.h"
 
 
 class CompilerNotFoundError(RuntimeError):
@@ -77,11 +83,13 @@ def _compiler_identity(path: str) -> str:
 
 
 def _shim(code: str, kernel_name: str) -> str:
-    # The whole kernel text plus three C entry points: run the grid (returning
-    # its 16-byte access count), report the parameters' sizes, and say
-    # whether this host thread's last launch ran as fibers.
+    # The emulator's headers, the whole kernel text, and three C entry points:
+    # run the grid (returning its 16-byte access count), report the
+    # parameters' sizes, and say whether this host thread's last launch ran as
+    # fibers. The cache key hashes this text, the emulator's headers included.
     return (
-        code
+        kernel_source(EMULATOR_HEADER)
+        + code
         + f'\nextern "C" unsigned long long {ENTRY}(unsigned int grid, unsigned int block, void** args) {{\n'
         + f"    return kp_emulate_launch(&{kernel_name}, dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, args);\n}}\n"
         + f'extern "C" int {SIZES}(unsigned long long* sizes, int capacity) {{\n'
@@ -96,6 +104,10 @@ _loaded: dict[str, ctypes.CDLL] = {}
 
 def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
     """Build (once, cached on disk) and load kernel ``kernel_name`` of the kernel text ``code``.
+
+    ``code`` is what NVRTC would compile (``kernel_source``'s output, or that
+    plus a test's kernel); the build puts kernels/emulator/kpool_emulator.h
+    before it.
 
     Threads of one process share one build and one loaded library; processes
     building the same variant at once each write a private file and rename it
