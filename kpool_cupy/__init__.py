@@ -15,22 +15,12 @@ bound from those descriptions to the GPU backend (``kpool_cupy.backends``).
 from . import emulate, reference
 from .backends.cupy import BINDING as _GPU
 from .ops import OPS as _OPS
-from .ops.binding import bind as _bind
+from .ops.binding import bind_into as _bind_into
 from .pool_offsets import pool_row_offsets
 from .tools.nvrtc import compile_ptx
 
-# In the order of ops.OPS; tests/test_public_api.py checks each name.
-(
-    kpool_compress,
-    kpool_ring_close,
-    kpool_seed_tail,
-    kpool_tail_update,
-    kpool_expand_topk,
-    kpool_compress_fp8,
-    kpool_ring_close_fp8,
-    kpool_tail_update_fp8,
-    hadamard_quant_fp8,
-) = (_bind(spec, _GPU) for spec in _OPS)
+# Every op, bound to this module's backend; the names come from the op list.
+_OP_NAMES = _bind_into(globals(), _OPS, _GPU)
 
 
 def _package_version() -> str:
@@ -45,18 +35,10 @@ def _package_version() -> str:
 __version__ = _package_version()
 
 __all__ = [
+    *_OP_NAMES,
     "__version__",
     "compile_ptx",
     "emulate",
-    "hadamard_quant_fp8",
-    "kpool_compress",
-    "kpool_compress_fp8",
-    "kpool_expand_topk",
-    "kpool_ring_close",
-    "kpool_ring_close_fp8",
-    "kpool_seed_tail",
-    "kpool_tail_update",
-    "kpool_tail_update_fp8",
     "pool_row_offsets",
     "reference",
 ]

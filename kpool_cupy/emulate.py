@@ -20,36 +20,18 @@ from .backends.emulate import BINDING as _EMULATE
 from .emulator.launch import launch
 from .emulator.toolchain import BASE_FLAGS, FLAGS_VARIABLE, CompilerNotFoundError, cache_dir, compiler, load_variant
 from .ops import OPS as _OPS
-from .ops.binding import bind as _bind
+from .ops.binding import bind_into as _bind_into
 
-# In the order of ops.OPS; tests/test_public_api.py checks each name.
-(
-    kpool_compress,
-    kpool_ring_close,
-    kpool_seed_tail,
-    kpool_tail_update,
-    kpool_expand_topk,
-    kpool_compress_fp8,
-    kpool_ring_close_fp8,
-    kpool_tail_update_fp8,
-    hadamard_quant_fp8,
-) = (_bind(spec, _EMULATE) for spec in _OPS)
+# Every op, bound to this module's backend; the names come from the op list.
+_OP_NAMES = _bind_into(globals(), _OPS, _EMULATE)
 
 __all__ = [
+    *_OP_NAMES,
     "BASE_FLAGS",
     "FLAGS_VARIABLE",
     "CompilerNotFoundError",
     "cache_dir",
     "compiler",
-    "hadamard_quant_fp8",
-    "kpool_compress",
-    "kpool_compress_fp8",
-    "kpool_expand_topk",
-    "kpool_ring_close",
-    "kpool_ring_close_fp8",
-    "kpool_seed_tail",
-    "kpool_tail_update",
-    "kpool_tail_update_fp8",
     "launch",
     "load_variant",
 ]

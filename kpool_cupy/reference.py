@@ -14,31 +14,13 @@ rounding (the bound of tools/accuracy.py), not bit for bit.
 from .backends.reference import BINDING as _REFERENCE
 from .backends.reference_kernels import member_rows, pool_members
 from .ops import OPS as _OPS
-from .ops.binding import bind as _bind
+from .ops.binding import bind_into as _bind_into
 
-# In the order of ops.OPS; tests/test_public_api.py checks each name.
-(
-    kpool_compress,
-    kpool_ring_close,
-    kpool_seed_tail,
-    kpool_tail_update,
-    kpool_expand_topk,
-    kpool_compress_fp8,
-    kpool_ring_close_fp8,
-    kpool_tail_update_fp8,
-    hadamard_quant_fp8,
-) = (_bind(spec, _REFERENCE) for spec in _OPS)
+# Every op, bound to this module's backend; the names come from the op list.
+_OP_NAMES = _bind_into(globals(), _OPS, _REFERENCE)
 
 __all__ = [
-    "hadamard_quant_fp8",
-    "kpool_compress",
-    "kpool_compress_fp8",
-    "kpool_expand_topk",
-    "kpool_ring_close",
-    "kpool_ring_close_fp8",
-    "kpool_seed_tail",
-    "kpool_tail_update",
-    "kpool_tail_update_fp8",
+    *_OP_NAMES,
     "member_rows",
     "pool_members",
 ]

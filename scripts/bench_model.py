@@ -21,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
+from kpool_cupy.kernel.declarations import COMPRESS  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
-from kpool_cupy.kernel.names import COMPRESS_SOURCE, compress_kernel_name  # noqa: E402
 from kpool_cupy.tools.sass import summarize_sass  # noqa: E402
 
 # NVIDIA's H200 SXM figures (public specification): HBM3e bandwidth, SMs,
@@ -47,7 +47,8 @@ def loop_body(sass: str) -> int:
 
 def row(shape: BenchShape) -> str:
     dtype = element_dtype(shape.dtype)
-    summary = summarize_sass(COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, shape.head_dim, shape.kpool))
+    name = COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=shape.head_dim, KPOOL=shape.kpool)
+    summary = summarize_sass(COMPRESS.source, name)
     member_bytes = 8 * (2 * dtype.itemsize + 4)
     chunk = chunk_members(shape.kpool, member_bytes)
     whole = chunk == shape.kpool

@@ -28,7 +28,7 @@ from kpool_cupy.bench.stats import (
     summarize_times,
 )
 from kpool_cupy.cli import main
-from kpool_cupy.kernel.names import BASELINE_SOURCE, baseline_kernel_name
+from kpool_cupy.kernel.declarations import COMPRESS_BASELINE
 
 
 def test_minimum_bytes_counts_members_once_and_the_output_once():
@@ -141,8 +141,20 @@ def test_upstream_geometry_kernel_matches_kpool_compress_bit_for_bit(head_dim, k
     cached = batch.cache_lengths.astype(np.int64)
     pools = pool_row_offsets(offsets, cached, kpool)
     out = np.full_like(want, 0)
-    args = (batch.k, batch.gate, batch.ape, offsets, cached, pools, np.int64(len(cached)), out)
-    emulate.launch(BASELINE_SOURCE, baseline_kernel_name(BF16, head_dim, kpool), int(pools[-1]), head_dim, args)
+    args = COMPRESS_BASELINE.arguments(
+        {
+            "k": batch.k,
+            "gate": batch.gate,
+            "ape": batch.ape,
+            "input_row_offsets": offsets,
+            "cache_lengths": cached,
+            "pool_row_offsets": pools,
+            "batch": len(cached),
+            "pooled": out,
+        }
+    )
+    name = COMPRESS_BASELINE.instance(T=BF16, HEAD_DIM=head_dim, KPOOL=kpool)
+    emulate.launch(COMPRESS_BASELINE.source, name, int(pools[-1]), head_dim, args)
     np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))
 
 

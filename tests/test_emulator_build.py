@@ -61,7 +61,7 @@ _SANITIZED_RUN = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     from model import make_batch
     from kpool_cupy import emulate
-    from kpool_cupy.kernel.names import compress_kernel_name
+    from kpool_cupy.kernel.declarations import COMPRESS, EXPAND_TOPK, TAIL_UPDATE
 
     batch = make_batch([13, 0, 7, 9], [0, 3, 2, 5], head_dim=16, kpool=3, seed=1)
     emulate.kpool_compress(*batch.args())
@@ -76,12 +76,12 @@ _SANITIZED_RUN = textwrap.dedent(
         runpy.run_path({runner!r}, run_name="__main__")
     except SystemExit as done:
         assert done.code == 0, done.code
-    from kpool_cupy.kernel.names import expand_kernel_name, ring_kernel_name
-    name = compress_kernel_name(batch.k.dtype, batch.k.dtype, batch.k.dtype, 16, 3)
-    ring = ring_kernel_name("kpool_tail_update", batch.k.dtype, batch.k.dtype, 16, 3)
-    paged = expand_kernel_name(3, tuple(map(np.dtype, (np.int32, np.uint32, np.int64))), paged=True, compact=True)
-    libraries = [emulate.load_variant("kpool_compress.cu", name), emulate.load_variant("kpool_ring.cu", ring)]
-    libraries.append(emulate.load_variant("kpool_expand.cu", paged))
+    dt = batch.k.dtype
+    name = COMPRESS.instance(KT=dt, GT=dt, OT=dt, HEAD_DIM=16, KPOOL=3)
+    ring = TAIL_UPDATE.instance(T=dt, G=dt, OT=dt, HEAD_DIM=16, KPOOL=3)
+    paged = EXPAND_TOPK.instance(KPOOL=3, IPID=np.int32, IO=np.uint32, IC=np.int64, PAGED=True, COMPACT=True)
+    libraries = [emulate.load_variant(COMPRESS.source, name), emulate.load_variant(TAIL_UPDATE.source, ring)]
+    libraries.append(emulate.load_variant(EXPAND_TOPK.source, paged))
     print("instrumented:", all(b"__asan_report" in open(lib._name, "rb").read() for lib in libraries))
     """
 )
@@ -161,7 +161,7 @@ _OUT_OF_BOUNDS = textwrap.dedent(
     """
     import numpy as np
     from kpool_cupy import emulate
-    from kpool_cupy.kernel.names import compress_kernel_name
+    from kpool_cupy.kernel.declarations import COMPRESS
     import ml_dtypes
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
@@ -172,10 +172,13 @@ _OUT_OF_BOUNDS = textwrap.dedent(
     pools = np.array([0, 4], np.int64)
     # A launch that lies about total_tokens (16 rows, k has 8): only the
     # sanitizer stands between this and a silent out-of-bounds read.
-    args = (k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
-            offsets, cache, pools, np.int64(1), np.int64(16), out, np.int64(16), np.int64(4))
-    name = compress_kernel_name(bf16, bf16, bf16, 16, 4, 0, (np.dtype(np.int64),) * 3)
-    emulate.launch("kpool_compress.cu", name, 1, 8, args)
+    args = COMPRESS.arguments(dict(
+        k=k, k_row_stride=16, gate=k, gate_row_stride=16, ape=np.zeros((4, 16), np.float32), ape_row_stride=16,
+        input_row_offsets=offsets, cache_lengths=cache, pool_row_offsets=pools, batch=1, total_tokens=16,
+        pooled=out, pooled_row_stride=16, pooled_rows=4))
+    i64 = np.dtype(np.int64)
+    name = COMPRESS.instance(KT=bf16, GT=bf16, OT=bf16, HEAD_DIM=16, KPOOL=4, VECTOR=0, IO=i64, IC=i64, IP=i64)
+    emulate.launch(COMPRESS.source, name, 1, 8, args)
     """
 )
 
@@ -198,18 +201,37 @@ def test_an_argument_of_the_wrong_width_is_refused():
     bf16 = np.dtype(ml_dtypes.bfloat16)
     k = np.zeros((8, 16), bf16)
     index = np.array([0, 8], np.int64)
-    args = [k, np.int64(16), k, np.int64(16), np.zeros((4, 16), np.float32), np.int64(16),
-            index, index[:1], np.array([0, 2], np.int64), np.int64(1), np.int64(8),
-            np.zeros((2, 16), bf16), np.int64(16), np.int64(2)]  # fmt: skip
-    from kpool_cupy.kernel.names import compress_kernel_name
+    from kpool_cupy.kernel.declarations import COMPRESS
 
-    name = compress_kernel_name(bf16, bf16, bf16, 16, 4, 0, (np.dtype(np.int64),) * 3)
-    emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))  # the right widths run
-    args[9] = np.int32(1)  # batch is a long long
-    with pytest.raises(TypeError, match="argument 9"):
-        emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args))
-    with pytest.raises(TypeError, match="takes 14 arguments"):
-        emulate.launch("kpool_compress.cu", name, 1, 4, tuple(args[:-1]))
+    args = list(
+        COMPRESS.arguments(
+            {
+                "k": k,
+                "k_row_stride": 16,
+                "gate": k,
+                "gate_row_stride": 16,
+                "ape": np.zeros((4, 16), np.float32),
+                "ape_row_stride": 16,
+                "input_row_offsets": index,
+                "cache_lengths": index[:1],
+                "pool_row_offsets": np.array([0, 2], np.int64),
+                "batch": 1,
+                "total_tokens": 8,
+                "pooled": np.zeros((2, 16), bf16),
+                "pooled_row_stride": 16,
+                "pooled_rows": 2,
+            }
+        )
+    )
+    i64 = np.dtype(np.int64)
+    name = COMPRESS.instance(KT=bf16, GT=bf16, OT=bf16, HEAD_DIM=16, KPOOL=4, VECTOR=0, IO=i64, IC=i64, IP=i64)
+    emulate.launch(COMPRESS.source, name, 1, 4, tuple(args))  # the right widths run
+    batch = [p.name for p in COMPRESS.params].index("batch")  # a long long
+    args[batch] = np.int32(1)
+    with pytest.raises(TypeError, match=f"argument {batch}"):
+        emulate.launch(COMPRESS.source, name, 1, 4, tuple(args))
+    with pytest.raises(TypeError, match=f"takes {len(COMPRESS.params)} arguments"):
+        emulate.launch(COMPRESS.source, name, 1, 4, tuple(args[:-1]))
 
 
 def test_a_wrong_vector_mask_aborts_the_emulator_like_a_gpu_fault(tmp_path):
@@ -219,17 +241,19 @@ def test_a_wrong_vector_mask_aborts_the_emulator_like_a_gpu_fault(tmp_path):
         """
         import numpy as np, ml_dtypes
         from kpool_cupy import emulate
-        from kpool_cupy.kernel.names import compress_kernel_name
+        from kpool_cupy.kernel.declarations import COMPRESS
         bf16 = np.dtype(ml_dtypes.bfloat16)
         holder = np.zeros((8, 20), bf16)
         k = holder[:, 4:]  # 8 bytes off alignment
         index = np.array([0, 8], np.int64)
-        args = (k, np.int64(20), k, np.int64(20), np.zeros((4, 16), np.float32), np.int64(16),
-                index, index[:1], np.array([0, 2], np.int64), np.int64(1), np.int64(8),
-                np.zeros((2, 16), bf16), np.int64(16), np.int64(2))
+        args = COMPRESS.arguments(dict(
+            k=k, k_row_stride=20, gate=k, gate_row_stride=20, ape=np.zeros((4, 16), np.float32), ape_row_stride=16,
+            input_row_offsets=index, cache_lengths=index[:1], pool_row_offsets=np.array([0, 2], np.int64),
+            batch=1, total_tokens=8, pooled=np.zeros((2, 16), bf16), pooled_row_stride=16, pooled_rows=2))
         # VECTOR = 1 (k aligned) is a lie: k starts 8 bytes off.
-        name = compress_kernel_name(bf16, bf16, bf16, 16, 4, 1, (np.dtype(np.int64),) * 3)
-        emulate.launch("kpool_compress.cu", name, 1, 4, args)
+        i64 = np.dtype(np.int64)
+        name = COMPRESS.instance(KT=bf16, GT=bf16, OT=bf16, HEAD_DIM=16, KPOOL=4, VECTOR=1, IO=i64, IC=i64, IP=i64)
+        emulate.launch(COMPRESS.source, name, 1, 4, args)
         """
     )
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

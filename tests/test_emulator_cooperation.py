@@ -318,11 +318,11 @@ def test_a_cooperating_launch_returns_its_fiber_stacks():
     # library takes (a few), not two per thread.
     from kpool_cupy import emulate
     from kpool_cupy.kernel.codes import VectorAccess
-    from kpool_cupy.kernel.names import HADAMARD_SOURCE, hadamard_quant_kernel_name
+    from kpool_cupy.kernel.declarations import HADAMARD_QUANT_FP8
 
     x = np.ones((40, 64), np.float16)  # 8 lanes a row, 32 rows a 256-thread block
-    name = hadamard_quant_kernel_name(x.dtype, 64, VectorAccess.K | VectorAccess.OUT)
-    emulate.load_variant(HADAMARD_SOURCE, name)  # built and loaded before counting: the call loads nothing
+    name = HADAMARD_QUANT_FP8.instance(T=x.dtype, HEAD_DIM=64, VECTOR=VectorAccess.K | VectorAccess.OUT)
+    emulate.load_variant(HADAMARD_QUANT_FP8.source, name)  # built and loaded before counting: the call loads nothing
     before = _mappings()
     emulate.hadamard_quant_fp8(x)
     assert _mappings() - before < 16

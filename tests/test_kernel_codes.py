@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kpool_cupy.kernel import codes
+from kpool_cupy.kernel.declarations import KERNELS, Kernel
 from kpool_cupy.kernel.geometry import (
     STREAM_BYTES,
     TARGET_THREADS_PER_BLOCK,
@@ -17,7 +18,6 @@ from kpool_cupy.kernel.geometry import (
     group_block_bound,
     group_geometry,
 )
-from kpool_cupy.kernel.names import INDEX_ARRAYS, instantiation
 from kpool_cupy.kernel.sources import kernels_dir
 from kpool_cupy.ops.checks import MAX_HEAD_DIM
 
@@ -67,12 +67,29 @@ def test_the_block_size_limit_is_the_launch_bound():
     assert flat_geometry(10_000).block <= int(bound)
 
 
-@pytest.mark.parametrize("kernel", sorted(INDEX_ARRAYS))
+def _index_positions(kernel: Kernel) -> list[int]:
+    """Where ``kernel``'s index typename parameters (those defaulting to int32) sit in its template."""
+    return [i for i, t in enumerate(kernel.template) if t.kind == "typename" and t.default is not None]
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if _index_positions(k)], ids=lambda k: k.name)
 def test_every_index_dtype_spells_a_distinct_template_argument(kernel):
-    names = {
-        instantiation(kernel, *(np.dtype(dtype),) * INDEX_ARRAYS[kernel]) for dtype in (np.int32, np.uint32, np.int64)
+    # Each index array's dtype reaches the instance as its own C integer type.
+    required = {
+        t.name: np.float32 if t.kind == "typename" else 4
+        for t in kernel.template
+        if t.default is None and t.name != "VECTOR"
     }
-    assert {name.split("<")[1].split(",")[0] for name in names} == {"int", "unsigned int", "long long"}
+    positions = _index_positions(kernel)
+    spelled = {}
+    for dtype, ctype in ((np.int32, "int"), (np.uint32, "unsigned int"), (np.int64, "long long")):
+        indexes = {kernel.template[i].name: np.dtype(dtype) for i in positions}
+        name = kernel.instance(**required, **indexes)
+        arguments = name.removeprefix(f"{kernel.name}<").removesuffix(">").split(", ")
+        assert len(arguments) == len(kernel.template), name
+        assert [arguments[i] for i in positions] == [ctype] * len(positions), name
+        spelled[ctype] = name
+    assert len(set(spelled.values())) == 3
 
 
 def test_vector_access_needs_the_base_and_every_stepped_stride_aligned():

@@ -143,4 +143,12 @@ def test_emulate_and_reference_agree(spec):
 def _call(batch):
     from kpool_cupy.ops.compress import check_compress_args
 
-    return check_compress_args(batch.k, batch.gate, batch.ape, batch.input_row_offsets, batch.cache_lengths, None, None)
+    return check_compress_args(
+        k=batch.k,
+        gate=batch.gate,
+        ape=batch.ape,
+        input_row_offsets=batch.input_row_offsets,
+        cache_lengths=batch.cache_lengths,
+        pool_row_offsets=None,
+        out=None,
+    )

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
 import pytest
 
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compile_ptx needs CuPy's NVRTC bindings")
@@ -12,12 +11,25 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compile_ptx needs C
 from model import BF16, F16, F32
 
 from kpool_cupy import compile_ptx
+from kpool_cupy.kernel.declarations import (
+    COMPRESS,
+    EXPAND_TOPK,
+    RING_CLOSE,
+    SEED_TAIL,
+    TAIL_UPDATE,
+    Kernel,
+)
 from kpool_cupy.kernel.geometry import chunk_members
-from kpool_cupy.kernel.names import EXPAND_SOURCE, RING_SOURCE, expand_kernel_name, ring_kernel_name
 from kpool_cupy.tools.nvrtc import kernel_ptxas_report, ptxas_report
 
 VECTOR_LOAD = re.compile(r"ld\.global(?:\.nc)?\.v4\.(?:u32|b32|f32)")
 VECTOR_STORE = re.compile(r"st\.global\.v4\.(?:u32|b32|f32)")
+
+
+def _one_dtype(kernel: Kernel, dtype, head_dim: int, kpool: int) -> str:
+    """``kernel``'s every-operand-aligned instance with ``dtype`` for each element type (key, gate, output)."""
+    elements = {t.name: dtype for t in kernel.template if t.kind == "typename" and t.default is None}
+    return kernel.instance(**elements, HEAD_DIM=head_dim, KPOOL=kpool)
 
 
 @pytest.mark.parametrize(
@@ -59,53 +71,41 @@ def test_bad_arch_is_a_clear_error():
         compile_ptx(128, 4, arch="hopper")
 
 
-@pytest.mark.parametrize("kernel", ["kpool_ring_close", "kpool_seed_tail", "kpool_tail_update"])
+@pytest.mark.parametrize("kernel", [RING_CLOSE, SEED_TAIL, TAIL_UPDATE], ids=lambda k: k.name)
 @pytest.mark.parametrize(("head_dim", "kpool", "dtype"), [(128, 4, BF16), (1024, 128, F32)])
 def test_ring_kernels_do_not_spill(kernel, head_dim, kpool, dtype):
-    out_dtype = None if kernel == "kpool_seed_tail" else dtype
-    report = kernel_ptxas_report(RING_SOURCE, ring_kernel_name(kernel, dtype, out_dtype, head_dim, kpool))
+    report = kernel_ptxas_report(kernel.source, _one_dtype(kernel, dtype, head_dim, kpool))
     assert report.spill_stores == 0 and report.spill_loads == 0 and report.stack_bytes == 0, report
 
 
 def test_expand_kernel_does_not_spill():
-    report = kernel_ptxas_report(EXPAND_SOURCE, expand_kernel_name(4))
+    report = kernel_ptxas_report(EXPAND_TOPK.source, EXPAND_TOPK.instance(KPOOL=4))
     assert report.spill_stores == 0 and report.stack_bytes == 0, report
 
 
 @pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
 @pytest.mark.parametrize("kpool", [4, 128])
-@pytest.mark.parametrize("kernel", ["kpool_compress", "kpool_ring_close", "kpool_tail_update"])
+@pytest.mark.parametrize("kernel", [COMPRESS, RING_CLOSE, TAIL_UPDATE], ids=lambda k: k.name)
 def test_largest_accepted_head_dim_fits_one_block_in_registers(kernel, kpool, dtype):
     # At MAX_HEAD_DIM a pool's threads fill one block on their own; the block's
     # registers must fit an SM's 65536, or the launch fails with out-of-resources.
     from kpool_cupy.kernel.geometry import group_geometry
-    from kpool_cupy.kernel.names import COMPRESS_SOURCE, compress_kernel_name
     from kpool_cupy.ops.checks import MAX_HEAD_DIM
 
-    if kernel == "kpool_compress":
-        source, name = COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, MAX_HEAD_DIM, kpool)
-    else:
-        source, name = RING_SOURCE, ring_kernel_name(kernel, dtype, dtype, MAX_HEAD_DIM, kpool)
-    report = kernel_ptxas_report(source, name)
+    report = kernel_ptxas_report(kernel.source, _one_dtype(kernel, dtype, MAX_HEAD_DIM, kpool))
     block = group_geometry(MAX_HEAD_DIM, 1).block
     assert report.registers * block <= 65536, (report, block)
 
 
 @pytest.mark.parametrize("dtype", [BF16, F16, F32], ids=["bf16", "f16", "f32"])
 @pytest.mark.parametrize("kpool", [1, 3, 5, 8, 9, 17, 1024])
-@pytest.mark.parametrize("kernel", ["kpool_compress", "kpool_ring_close", "kpool_tail_update"])
+@pytest.mark.parametrize("kernel", [COMPRESS, RING_CLOSE, TAIL_UPDATE], ids=lambda k: k.name)
 def test_no_variant_spills_under_the_launch_bound(kernel, kpool, dtype):
     # Every chunking a pool can get (whole pools up to 8 members, streamed
     # ones with a partial last chunk) under __launch_bounds__(512, 1), which
     # leaves 128 registers a thread. A sweep of 504 variants (3 dtypes,
     # head_dim 8, 128 and 4096, 14 kpools, 4 kernels) found none that spills.
-    from kpool_cupy.kernel.names import COMPRESS_SOURCE, compress_kernel_name
-
-    if kernel == "kpool_compress":
-        source, name = COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, 128, kpool)
-    else:
-        source, name = RING_SOURCE, ring_kernel_name(kernel, dtype, dtype, 128, kpool)
-    report = kernel_ptxas_report(source, name)
+    report = kernel_ptxas_report(kernel.source, _one_dtype(kernel, dtype, 128, kpool))
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0, report
     assert report.registers <= 128, report
 
@@ -132,27 +132,26 @@ KNOWN_SPLIT_SPILLS = {
 def test_split_ring_tail_update_does_not_spill_under_its_block_bound(key, gate, kpool):
     from kpool_cupy.kernel.geometry import group_block_bound
 
-    name = ring_kernel_name("kpool_tail_update", key, key, 128, kpool, gate_dtype=gate, split=True)
-    report = kernel_ptxas_report(RING_SOURCE, name)
+    name = TAIL_UPDATE.instance(T=key, G=gate, OT=key, HEAD_DIM=128, KPOOL=kpool, SPLIT=True)
+    report = kernel_ptxas_report(TAIL_UPDATE.source, name)
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0, report
     assert report.registers * group_block_bound(128) <= 65536, report  # the block fits an SM
 
 
 @pytest.mark.parametrize(("key", "gate", "kpool"), sorted(KNOWN_SPLIT_SPILLS), ids=str)
 def test_split_ring_tail_update_at_head_dim_4096_spills_only_as_recorded(key, gate, kpool):
-    name = ring_kernel_name("kpool_tail_update", np.dtype(key), np.dtype(key), 4096, kpool,
-                            gate_dtype=np.dtype(gate), split=True)  # fmt: skip
-    report = kernel_ptxas_report(RING_SOURCE, name)
+    name = TAIL_UPDATE.instance(T=key, G=gate, OT=key, HEAD_DIM=4096, KPOOL=kpool, SPLIT=True)
+    report = kernel_ptxas_report(TAIL_UPDATE.source, name)
     assert report.spill_stores <= KNOWN_SPLIT_SPILLS[(key, gate, kpool)], report
     assert report.registers <= 128, report
 
 
-@pytest.mark.parametrize("kernel", ["kpool_ring_close", "kpool_seed_tail"])
+@pytest.mark.parametrize("kernel", [RING_CLOSE, SEED_TAIL], ids=lambda k: k.name)
 @pytest.mark.parametrize(("key", "gate"), [(BF16, F32), (F32, F16)], ids=str)
 @pytest.mark.parametrize("kpool", [4, 7, 9])
 def test_split_ring_close_and_seed_do_not_spill(kernel, key, gate, kpool):
-    out_dtype = None if kernel == "kpool_seed_tail" else key
-    name = ring_kernel_name(kernel, key, out_dtype, 4096, kpool, gate_dtype=gate)
-    report = kernel_ptxas_report(RING_SOURCE, name)
+    output = {"OT": key} if kernel is RING_CLOSE else {}  # seed tail writes no pooled rows
+    name = kernel.instance(T=key, G=gate, **output, HEAD_DIM=4096, KPOOL=kpool)
+    report = kernel_ptxas_report(kernel.source, name)
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0, report
     assert report.registers <= 128, report

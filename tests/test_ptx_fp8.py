@@ -19,13 +19,8 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compiling needs CuP
 
 from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from kpool_cupy.kernel.codes import Fp8Destination, VectorAccess
+from kpool_cupy.kernel.declarations import COMPRESS_FP8, HADAMARD_QUANT_FP8
 from kpool_cupy.kernel.geometry import chunk_members
-from kpool_cupy.kernel.names import (
-    COMPRESS_SOURCE,
-    HADAMARD_SOURCE,
-    compress_fp8_kernel_name,
-    hadamard_quant_kernel_name,
-)
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.nvrtc import kernel_ptx, kernel_ptxas_report
 from kpool_cupy.tools.ptx_report import VECTOR_LOAD  # 16 bytes: ld.global[.nc].v4, as `kpool-cupy ptx` counts them
@@ -48,15 +43,21 @@ SASS_OPCODE = re.compile(r"^\s*/\*[0-9a-fA-F]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z
 
 
 def _fused(k_dtype, gate_dtype, head_dim, kpool, vector=ALIGNED, target=Fp8Destination.ROWS) -> str:
-    return compress_fp8_kernel_name(k_dtype, gate_dtype, head_dim, kpool, int(vector), int(target))
+    return COMPRESS_FP8.instance(
+        KT=k_dtype, GT=gate_dtype, HEAD_DIM=head_dim, KPOOL=kpool, VECTOR=vector, TARGET=target
+    )
 
 
 def _fused_ptx(*args, **kwargs) -> str:
-    return kernel_ptx(COMPRESS_SOURCE, _fused(*args, **kwargs), "sm_90")
+    return kernel_ptx(COMPRESS_FP8.source, _fused(*args, **kwargs), "sm_90")
+
+
+def _query(dtype, head_dim, vector) -> str:
+    return HADAMARD_QUANT_FP8.instance(T=dtype, HEAD_DIM=head_dim, VECTOR=vector)
 
 
 def _query_ptx(dtype, head_dim, vector) -> str:
-    return kernel_ptx(HADAMARD_SOURCE, hadamard_quant_kernel_name(dtype, head_dim, int(vector)), "sm_90")
+    return kernel_ptx(HADAMARD_QUANT_FP8.source, _query(dtype, head_dim, vector), "sm_90")
 
 
 def _shuffles_wanted(head_dim: int) -> int:
@@ -101,7 +102,7 @@ def test_no_fused_compress_variant_spills_at_head_dim_128(k_dtype, gate_dtype, k
     # types and 4 of float32, streamed ones, a partial last chunk at 17)
     # for every pair of dtypes and sink.
     name = _fused(k_dtype, gate_dtype, 128, kpool, target=target)
-    _assert_no_spill(kernel_ptxas_report(COMPRESS_SOURCE, name), name)
+    _assert_no_spill(kernel_ptxas_report(COMPRESS_FP8.source, name), name)
 
 
 @pytest.mark.slow
@@ -113,15 +114,15 @@ def test_no_fused_compress_variant_spills_at_the_register_peak(k_dtype, gate_dty
     # kpool 7 and 8 are where the full sweep came closest to 128 registers,
     # writing rows the most often.
     name = _fused(k_dtype, gate_dtype, head_dim, kpool)
-    _assert_no_spill(kernel_ptxas_report(COMPRESS_SOURCE, name), name)
+    _assert_no_spill(kernel_ptxas_report(COMPRESS_FP8.source, name), name)
 
 
 @pytest.mark.parametrize("vector", [0, QUERY_ALIGNED], ids=["scalar", "vector"])
 @pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_no_query_variant_spills(dtype, head_dim, vector):
-    name = hadamard_quant_kernel_name(dtype, head_dim, int(vector))
-    _assert_no_spill(kernel_ptxas_report(HADAMARD_SOURCE, name), name)
+    name = _query(dtype, head_dim, vector)
+    _assert_no_spill(kernel_ptxas_report(HADAMARD_QUANT_FP8.source, name), name)
 
 
 # ---- The memory path in PTX --------------------------------------------------
@@ -219,7 +220,7 @@ def test_fused_sass_loads_the_pool_in_one_round_trip_and_stores_8_bytes(target):
     # bf16, head_dim 128, kpool 4, as test_sass.py's headline kpool_compress:
     # 16 LDG.E.128 (4 members x k, gate and two of ape), all before the first
     # exp, no branch in the softmax, then one STG.E.64 of the values.
-    summary = sass.summarize_sass(COMPRESS_SOURCE, _fused(BFLOAT16, BFLOAT16, 128, 4, target=target))
+    summary = sass.summarize_sass(COMPRESS_FP8.source, _fused(BFLOAT16, BFLOAT16, 128, 4, target=target))
     opcodes = _opcodes(summary)
     assert summary.vector_loads == 16 and summary.vector_loads_before_first_exp == 16, summary.vector_loads
     assert summary.branches_in_softmax == 0, summary.branches_in_softmax
@@ -231,7 +232,7 @@ def test_fused_sass_loads_the_pool_in_one_round_trip_and_stores_8_bytes(target):
 @pytest.mark.slow
 @pytest.mark.usefixtures("sass_tools")
 def test_fused_sass_without_vector_access_has_no_wide_access():
-    summary = sass.summarize_sass(COMPRESS_SOURCE, _fused(BFLOAT16, BFLOAT16, 128, 4, 0))
+    summary = sass.summarize_sass(COMPRESS_FP8.source, _fused(BFLOAT16, BFLOAT16, 128, 4, 0))
     opcodes = _opcodes(summary)
     assert summary.vector_loads == 0 and opcodes["STG.E.64"] == 0 and opcodes["STG.E.U8"] == 8, opcodes
 
@@ -240,7 +241,7 @@ def test_fused_sass_without_vector_access_has_no_wide_access():
 @pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("dtype", [BFLOAT16, FLOAT32], ids=["bf16", "fp32"])
 def test_query_sass_loads_16_bytes_and_stores_8(dtype):
-    summary = sass.summarize_sass(HADAMARD_SOURCE, hadamard_quant_kernel_name(dtype, 128, int(QUERY_ALIGNED)))
+    summary = sass.summarize_sass(HADAMARD_QUANT_FP8.source, _query(dtype, 128, QUERY_ALIGNED))
     opcodes = _opcodes(summary)
     assert summary.vector_loads == dtype.itemsize // 2, summary.vector_loads
     assert opcodes["STG.E.64"] == 1 and opcodes["STG.E.U8"] == 0, opcodes

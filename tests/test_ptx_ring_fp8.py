@@ -22,14 +22,8 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compiling needs CuP
 
 from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from kpool_cupy.kernel.codes import Fp8Destination
+from kpool_cupy.kernel.declarations import COMPRESS, RING_CLOSE, RING_CLOSE_FP8, TAIL_UPDATE, TAIL_UPDATE_FP8
 from kpool_cupy.kernel.geometry import group_block_bound
-from kpool_cupy.kernel.names import (
-    COMPRESS_SOURCE,
-    RING_SOURCE,
-    compress_kernel_name,
-    ring_fp8_kernel_name,
-    ring_kernel_name,
-)
 from kpool_cupy.tools.nvrtc import kernel_ptxas_report
 
 PAIRS = [(BFLOAT16, BFLOAT16), (FLOAT16, FLOAT32), (FLOAT32, FLOAT16)]
@@ -46,22 +40,20 @@ def _fp8_ring_variants():
     for (key, gate), (head_dim, kpool), target in itertools.product(
         PAIRS, CORNERS, [Fp8Destination.ROWS, Fp8Destination.TABLE]
     ):
-        yield ring_fp8_kernel_name("kpool_ring_close_fp8", key, gate, head_dim, kpool, EVERY, target), BOUND
+        sizes = {"T": key, "G": gate, "HEAD_DIM": head_dim, "KPOOL": kpool, "VECTOR": EVERY, "TARGET": target}
+        yield RING_CLOSE_FP8.instance(**sizes), BOUND
         for split in (False, True) if key.itemsize == gate.itemsize else (True,):
-            name = ring_fp8_kernel_name("kpool_tail_update_fp8", key, gate, head_dim, kpool, EVERY, target, split=split)
-            yield name, SPLIT_BOUND if split else BOUND
+            yield TAIL_UPDATE_FP8.instance(**sizes, SPLIT=split), SPLIT_BOUND if split else BOUND
 
 
 def _rotating_variants():
     for (key, gate), (head_dim, kpool) in itertools.product(PAIRS, CORNERS):
-        yield COMPRESS_SOURCE, compress_kernel_name(key, gate, key, head_dim, kpool, rotate=True), BOUND
-        name = ring_kernel_name("kpool_ring_close", key, key, head_dim, kpool, gate_dtype=gate, rotate=True)
-        yield RING_SOURCE, name, BOUND
+        sizes = {"HEAD_DIM": head_dim, "KPOOL": kpool, "ROTATE": True}
+        yield COMPRESS.source, COMPRESS.instance(KT=key, GT=gate, OT=key, **sizes), BOUND
+        yield RING_CLOSE.source, RING_CLOSE.instance(T=key, G=gate, OT=key, **sizes), BOUND
         for split in (False, True) if key.itemsize == gate.itemsize else (True,):
-            name = ring_kernel_name(
-                "kpool_tail_update", key, key, head_dim, kpool, gate_dtype=gate, split=split, rotate=True
-            )
-            yield RING_SOURCE, name, SPLIT_BOUND if split else BOUND
+            name = TAIL_UPDATE.instance(T=key, G=gate, OT=key, **sizes, SPLIT=split)
+            yield TAIL_UPDATE.source, name, SPLIT_BOUND if split else BOUND
 
 
 def _check(report, name: str, bound: int) -> None:
@@ -72,7 +64,8 @@ def _check(report, name: str, bound: int) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "bound"), list(_fp8_ring_variants()), ids=lambda v: v if isinstance(v, str) else "")
 def test_fp8_ring_kernels_do_not_spill(name, bound):
-    _check(kernel_ptxas_report(RING_SOURCE, name), name, bound)
+    source = {k.name: k.source for k in (RING_CLOSE_FP8, TAIL_UPDATE_FP8)}[name.partition("<")[0]]
+    _check(kernel_ptxas_report(source, name), name, bound)
 
 
 @pytest.mark.slow

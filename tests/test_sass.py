@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from kpool_cupy.kernel.declarations import COMPRESS, RING_CLOSE
 from kpool_cupy.kernel.geometry import STREAM_BYTES, chunk_members
-from kpool_cupy.kernel.names import COMPRESS_SOURCE, RING_SOURCE, compress_kernel_name, ring_kernel_name
 from kpool_cupy.tools import sass
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,8 @@ def _tools():
 
 
 def _compress(dtype: np.dtype, head_dim: int, kpool: int) -> sass.SassSummary:
-    return sass.summarize_sass(COMPRESS_SOURCE, compress_kernel_name(dtype, dtype, dtype, head_dim, kpool))
+    name = COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=head_dim, KPOOL=kpool)
+    return sass.summarize_sass(COMPRESS.source, name)
 
 
 def test_the_headline_variant_is_half_its_old_size_with_one_round_trip():
@@ -68,7 +69,8 @@ def test_a_small_pool_issues_every_load_before_its_first_exp_and_never_branches(
 def test_ring_close_pools_like_compress():
     # Ring close picks each member's row from the ring or from this call's
     # tokens with a select, not a branch; its pool is one round trip as well.
-    summary = sass.summarize_sass(RING_SOURCE, ring_kernel_name("kpool_ring_close", BFLOAT16, BFLOAT16, 128, 4))
+    name = RING_CLOSE.instance(T=BFLOAT16, G=BFLOAT16, OT=BFLOAT16, HEAD_DIM=128, KPOOL=4)
+    summary = sass.summarize_sass(RING_CLOSE.source, name)
     assert summary.vector_loads_before_first_exp == summary.vector_loads == 16, summary
     assert summary.branches_in_softmax == 0, summary
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
-from ..ops.binding import Binding
+from ..ops.binding import Binding, execute
 from ..ops.spec import Launch, OpSpec, Option, gather, spread
 from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
@@ -70,7 +70,7 @@ class CupyBackend:
         return self.cupy.empty(shape, dtype=dtype)
 
     def launch(self, launch: Launch) -> None:
-        kernel = kernel_function(launch.source, launch.instance, self.device_id)
+        kernel = kernel_function(launch.kernel.source, launch.instance, self.device_id)
         kernel((launch.geometry.grid,), (launch.geometry.block,), launch.arguments)
         self.launched.append((launch, kernel))
 
@@ -95,7 +95,7 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
             return result
     with on_device(flat.names, flat.arrays, stream) as (cupy, device_id, placed):
         backend = CupyBackend(cupy, device_id)
-        result = spec.run(backend, gather(spec.operands, arrays, placed), **options)
+        result = execute(spec, backend, gather(spec.operands, arrays, placed), options)
         if key is not None and not backend.host_work and len(backend.launched) == 1:
             ((launch, kernel),) = backend.launched
             plan = plans.make_plan(placed, flat.written, launch, kernel, device_id, result)

@@ -10,7 +10,7 @@ from .host import HostMemory, host_binding
 class EmulateBackend(HostMemory):
     def launch(self, launch: Launch) -> None:
         geometry = launch.geometry
-        emulator.launch(launch.source, launch.instance, geometry.grid, geometry.block, launch.arguments)
+        emulator.launch(launch.kernel.source, launch.instance, geometry.grid, geometry.block, launch.arguments)
 
 
 _BACKEND = EmulateBackend()

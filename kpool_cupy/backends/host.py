@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import check_array_kind
-from ..ops.binding import Binding
+from ..ops.binding import Binding, execute
 from ..ops.spec import Backend, OpSpec, spread
 
 
@@ -49,6 +49,6 @@ def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Bin
         chosen = backend(extras)  # checks the backend's own options first
         placed = spread(spec.operands, arrays)  # a split ring's two arrays are checked one by one
         check_host_arrays(name, placed.names, placed.arrays)
-        return spec.run(chosen, arrays, **options)
+        return execute(spec, chosen, arrays, options)
 
     return Binding(name, f"kpool_cupy.{name}", "np.ndarray", "np.ndarray | None", (), call)

@@ -20,7 +20,7 @@ class ReferenceBackend(HostMemory):
         self.accumulate = ACCUMULATE[accumulate]
 
     def launch(self, launch: Launch) -> None:
-        KERNELS[launch.kernel](launch, self.accumulate)
+        KERNELS[launch.kernel.name](launch, self.accumulate)
 
 
 _FLOAT32 = ReferenceBackend()

@@ -1,7 +1,9 @@
 """Each kernel written in NumPy: what the reference backend runs for a launch.
 
-One function per kernel of kernels/, taking the ``Launch`` an op built (its
-call record, its operands and the work items its grid covers). Vectorized
+One function per kernel of kernels/, taking the ``Launch`` an op built: what
+the kernel itself gets (its template parameters and scalar parameters by
+name, read through ``kernel_scalars``), the op's arrays by operand name, and
+the work items its grid covers. Vectorized
 over pools, requests and tokens; the only loops run over ring positions
 (fewer than kpool) and over a decode step's next_n tokens, which must be
 walked in order. Every pool is reduced by ``pool_members``, so the reference
@@ -13,6 +15,7 @@ outside the arrays.
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import ml_dtypes
@@ -26,6 +29,14 @@ from .reference_epilogue import epilogue, rotate
 from .reference_epilogue import hadamard_quant as query_epilogue
 
 FLOAT32 = np.float32  # the kernels' arithmetic
+
+
+def kernel_scalars(launch: Launch) -> SimpleNamespace:
+    """The launch's scalar parameters and template parameters by name, the template's in lower case
+    (``KPOOL`` as ``kpool``): the numbers the kernel sees, and nothing the op knew besides."""
+    scalars = {p.name: launch.values[p.name] for p in launch.kernel.params if not p.pointer}
+    template = {t.name.lower(): launch.template.get(t.name) for t in launch.kernel.template}
+    return SimpleNamespace(**scalars, **template)
 
 
 def find_request(offsets: np.ndarray, batch: int, items: np.ndarray) -> np.ndarray:
@@ -176,7 +187,7 @@ def pooled_output(pooled: np.ndarray, dtype: np.dtype, rotated: bool) -> np.ndar
 
 def compress(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_compress``: every pool the grid covers, checked as the kernel checks it."""
-    call, o = launch.call, launch.operands
+    call, o = kernel_scalars(launch), launch.operands
     out = o["out"]
     first, ok = member_rows(
         call,
@@ -192,8 +203,7 @@ def compress(launch: Launch, accumulate: type[np.floating]) -> None:
 
 def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_compress_fp8``: compress's pools through the FP8 epilogue, placed as ``kp::Fp8Sink`` places them."""
-    call, o = launch.call, launch.operands
-    pooling = call.pooling
+    pooling, o = kernel_scalars(launch), launch.operands
     first, ok, request, number = locate_pools(
         pooling, launch.geometry.items, o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"]
     )
@@ -205,18 +215,17 @@ def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
 def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np.ndarray, numbers: np.ndarray) -> None:
     """The FP8 epilogue of pooled float32 rows, written where ``kp::Fp8Sink::place`` puts output row ``rows[i]``
     (request ``requests[i]``'s pool ``numbers[i]``), skipping what it skips."""
-    call, o = launch.call, launch.operands
-    target = call.target
+    call, o = kernel_scalars(launch), launch.operands
     with np.errstate(all="ignore"):
-        values, scales = epilogue(pooled.astype(np.float32), call.round_scale)
-    if target.kind == Fp8Destination.ROWS:
+        values, scales = epilogue(pooled.astype(np.float32), bool(call.round_scale))
+    if call.target == Fp8Destination.ROWS:
         out = o["out"].reshape(-1, o["out"].shape[-1])  # [rows, D], or a C-contiguous [R, J, D]: views
         inside = rows < out.shape[0]
         out[rows[inside]] = values[inside]
         o["out_scale"].reshape(-1)[rows[inside]] = scales[inside]
         return
-    size, pages = target.block_size, target.rows
-    if target.kind == Fp8Destination.SLOTS:
+    size, pages = call.block_size, call.target_rows
+    if call.target == Fp8Destination.SLOTS:
         slots_in = o["slots"]
         inside = rows < slots_in.shape[0]
         slot = np.where(inside, slots_in[np.where(inside, rows, 0)] if slots_in.size else -1, -1).astype(np.int64)
@@ -244,7 +253,7 @@ def hadamard_quant(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_hadamard_quant``: every row of x through the query side's epilogue."""
     o = launch.operands
     with np.errstate(all="ignore"):
-        values, scales = query_epilogue(o["x"], launch.call.round_scale)
+        values, scales = query_epilogue(o["x"], bool(kernel_scalars(launch).round_scale))
     o["out"][...] = values
     o["out_scale"][...] = scales
 
@@ -290,20 +299,20 @@ def _close_pending_pools(call: Any, o: Any, accumulate: type[np.floating]):
 
 def ring_close(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_ring_close``: each request's pending pool, from its ring and the call's first tokens."""
-    out = launch.operands["out"]
-    chosen, pooled, _ = _close_pending_pools(launch.call, launch.operands, accumulate)
-    out[chosen] = pooled_output(pooled, out.dtype, launch.call.rotate)
+    out, call = launch.operands["out"], kernel_scalars(launch)
+    chosen, pooled, _ = _close_pending_pools(call, launch.operands, accumulate)
+    out[chosen] = pooled_output(pooled, out.dtype, call.rotate)
 
 
 def ring_close_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_ring_close_fp8``: ring close's pools through the FP8 epilogue, placed as ``kp::Fp8Sink`` does."""
-    chosen, pooled, ids = _close_pending_pools(launch.call.closing, launch.operands, accumulate)
+    chosen, pooled, ids = _close_pending_pools(kernel_scalars(launch), launch.operands, accumulate)
     write_fp8(launch, pooled, chosen, chosen, ids)
 
 
 def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_seed_tail``: each request's trailing tokens into its ring."""
-    call, o = launch.call, launch.operands
+    call, o = kernel_scalars(launch), launch.operands
     k, gate = o["k"], o["gate"]
     key_ring, gate_ring = _rings(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
@@ -351,13 +360,13 @@ def _tail_update_steps(call: Any, o: Any, accumulate: type[np.floating], emit: C
 
 def tail_update(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_tail_update``: each request's step tokens in order, into its ring, closing pools."""
-    out = launch.operands["out"]
+    out, call = launch.operands["out"], kernel_scalars(launch)
     rows = out.reshape(-1, out.shape[-1])  # C-contiguous: a view
 
     def emit(requests: np.ndarray, row: np.ndarray, ids: np.ndarray, pooled: np.ndarray) -> None:
-        rows[row] = pooled_output(pooled, out.dtype, launch.call.rotate)
+        rows[row] = pooled_output(pooled, out.dtype, call.rotate)
 
-    _tail_update_steps(launch.call, launch.operands, accumulate, emit)
+    _tail_update_steps(call, launch.operands, accumulate, emit)
 
 
 def tail_update_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
@@ -366,12 +375,12 @@ def tail_update_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     def emit(requests: np.ndarray, row: np.ndarray, ids: np.ndarray, pooled: np.ndarray) -> None:
         write_fp8(launch, pooled, row, requests, ids)
 
-    _tail_update_steps(launch.call.step, launch.operands, accumulate, emit)
+    _tail_update_steps(kernel_scalars(launch), launch.operands, accumulate, emit)
 
 
 def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_expand_topk``: every element of positions as ``kp::expanded`` computes it, then compacted if asked."""
-    call, o = launch.call, launch.operands
+    call, o = kernel_scalars(launch), launch.operands
     pool_ids, positions = o["pool_ids"], o["positions"]
     pool_topk, kpool, batch = call.pool_topk, call.kpool, call.batch
     tokens = positions.shape[0]
@@ -398,7 +407,7 @@ def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
             tail = np.where(column < count[:, None], (visible - count)[:, None] + column, -1)
             values[:, pool_topk * kpool :] = np.where(known[:, None], tail, -1)
     values = np.where(values <= INT32_MAX, values, -1)
-    if o.get("block_table") is not None:
+    if call.paged:
         size, table = call.block_size, o["block_table"]
         block = np.where(values >= 0, values // size, 0)
         inside = (values >= 0) & (request[:, None] >= 0) & (block < call.max_blocks)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..dtypes import element_dtype
-from ..kernel.names import BASELINE_SOURCE, baseline_kernel_name
+from ..kernel.declarations import COMPRESS_BASELINE
 from .inputs import InputSet
 from .shapes import BenchShape
 from .timing import replay_refusal
@@ -39,7 +39,6 @@ def kpool_cupy_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
 
 
 def upstream_geometry_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner | str:
-    import numpy as np
 
     from ..backends.cupy import kernel_function
 
@@ -47,13 +46,14 @@ def upstream_geometry_kernel(shape: BenchShape, sets: list[InputSet]) -> Runner 
         return "one thread per channel cannot exceed 1024 threads per block"
     import cupy
 
-    name = baseline_kernel_name(element_dtype(shape.dtype), shape.head_dim, shape.kpool)
-    kernel = kernel_function(BASELINE_SOURCE, name, cupy.cuda.Device().id)
+    name = COMPRESS_BASELINE.instance(T=element_dtype(shape.dtype), HEAD_DIM=shape.head_dim, KPOOL=shape.kpool)
+    kernel = kernel_function(COMPRESS_BASELINE.source, name, cupy.cuda.Device().id)
 
     def run(i: int) -> Any:
         s = sets[i]
-        args = (s.k, s.gate, s.ape, s.offsets64, s.cache64, s.pool_row_offsets, np.int64(shape.requests), s.out)
-        kernel((shape.pools,), (shape.head_dim,), args)
+        offsets = {"input_row_offsets": s.offsets64, "cache_lengths": s.cache64, "pool_row_offsets": s.pool_row_offsets}
+        values = {"k": s.k, "gate": s.gate, "ape": s.ape, **offsets, "batch": shape.requests, "pooled": s.out}
+        kernel((shape.pools,), (shape.head_dim,), COMPRESS_BASELINE.arguments(values))
         return s.out
 
     return run

@@ -1,4 +1,4 @@
-"""The kernels' VECTOR template argument, and the argument pieces a launcher builds.
+"""The kernels' VECTOR template argument, and the argument values a launcher builds from arrays.
 
 ``VectorAccess`` mirrors the enum of the same name in
 kernels/kpool_common.cuh; tests/test_kernel_codes.py reads the header and
@@ -70,16 +70,12 @@ def vector_mask(**operands: Any) -> int:
     return bits
 
 
-def index_dtypes(*arrays: Any) -> tuple[np.dtype, ...]:
-    """The dtypes of index arrays, in the order a kernel's index template arguments take them."""
-    return tuple(np.dtype(a.dtype) for a in arrays)
-
-
 def stride(array: Any, axis: int = 0) -> np.int64:
     """The stride of ``axis`` in elements, as the kernels' ``long long``."""
     return np.int64(array.strides[axis] // array.dtype.itemsize)
 
 
-def rows(array: Any) -> tuple[Any, np.int64]:
-    """A row-major operand and its row stride, the two kernel arguments that pass it."""
-    return array, stride(array)
+def rows(name: str, array: Any, stride_name: str | None = None) -> dict[str, Any]:
+    """A row-major operand and its row stride, by the kernel parameters' names (``<name>_row_stride`` unless
+    named): what ``kernel.declarations.rows`` declares."""
+    return {name: array, stride_name or f"{name}_row_stride": stride(array)}

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .spec import REQUIRED, Operand, OpSpec, Option
+from .checks import check_no_overlap
+from .spec import REQUIRED, Backend, Operand, OpSpec, Option
 
 # (spec, operand arrays in parameter order, op options, binding options) -> result
 CallFn = Callable[[OpSpec, tuple[Any, ...], dict[str, Any], dict[str, Any]], Any]
@@ -101,3 +102,21 @@ def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
         "return": function.__signature__.return_annotation,
     }
     return function
+
+
+def bind_into(namespace: dict[str, Any], specs: tuple[OpSpec, ...], binding: Binding) -> list[str]:
+    """Bind every op of ``specs`` into a public module's ``namespace`` under its own name; returns the names,
+    for the module's ``__all__``. Editors read the names and signatures from the module's ``.pyi`` stub,
+    which ``kpool_cupy.tools.stubs`` writes from the same specs."""
+    functions = {spec.name: bind(spec, binding) for spec in specs}
+    namespace.update(functions)
+    return list(functions)
+
+
+def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:
+    """The call flow of every op on every backend: the op's checks, the overlap rule for every operand the
+    op writes, then the op's own run."""
+    named = spec.named(arrays)
+    call = spec.check(named, options)
+    check_no_overlap(spec.operands, named)
+    return spec.run(backend, call, named, **options)

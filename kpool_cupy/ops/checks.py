@@ -223,13 +223,14 @@ def shares_memory(a: Any, b: Any) -> bool:
     return not _interleaved_rows_disjoint(a, b)
 
 
-def check_no_overlap(parameters: tuple[Any, ...], arrays: tuple[Any, ...]) -> None:
+def check_no_overlap(operands: tuple[Operand, ...], arrays: dict[str, Any]) -> None:
     """Refuse an output that shares memory with an input or another output (metadata only: no device sync).
 
     A kernel that writes memory it also reads gives results that depend on
-    thread order, and the backends would disagree.
+    thread order, and the backends would disagree. ``operands`` say which
+    arrays are written; ``arrays`` are the call's by name.
     """
-    flat = spread(tuple(p for p in parameters if isinstance(p, Operand)), arrays)  # a split ring is two arrays
+    flat = spread(operands, tuple(arrays[o.name] for o in operands))  # a split ring is two arrays
     present = [(n, w, a) for n, w, a in zip(flat.names, flat.written, flat.arrays, strict=True) if a is not None]
     for i, (name, writes, w) in enumerate(present):
         if not writes:

@@ -9,30 +9,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..kernel import codes
+from ..kernel.declarations import COMPRESS
 from ..kernel.geometry import group_geometry
-from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
 from ..pool_offsets import pool_row_offsets as compute_pool_row_offsets
 from .checks import (
     check_ape,
     check_batch_index,
     check_index,
     check_keys,
-    check_no_overlap,
     check_out,
     check_out_dtype,
     check_rows_and_cache,
     fail,
 )
+from .destinations import Destination, Landing, into_pooled_rows, launch_template, returned
 from .fp8_target import check_rotation_head_dim
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, OUT_DTYPE, ROTATE, TOKEN_GATE, TOKEN_K
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape, check_with
 
 
 @dataclass(frozen=True)
@@ -50,6 +49,7 @@ class CompressCall:
 
 
 def check_compress_args(
+    *,
     k: Any,
     gate: Any,
     ape: Any,
@@ -117,33 +117,21 @@ def output_shapes(call: CompressCall, total_pools: int) -> dict[str, OutputShape
     return {"out": ((total_pools, call.head_dim), call.out_dtype)}
 
 
-def compress_launch(call: CompressCall, pools: int, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_compress`` over ``pools`` pools, arguments in kernels/kpool_compress.cu's order."""
+def pooling_values(call: CompressCall, operands: dict[str, Any]) -> dict[str, Any]:
+    """The pooling inputs compress and its FP8 form share: tokens, ape, offsets and counts."""
     o = operands
-    arguments = (
-        *codes.rows(o["k"]),
-        *codes.rows(o["gate"]),
-        *codes.rows(o["ape"]),
-        o["input_row_offsets"],
-        o["cache_lengths"],
-        o["pool_row_offsets"],
-        np.int64(call.batch),
-        np.int64(call.total_tokens),
-        *codes.rows(o["out"]),
-        np.int64(o["out"].shape[0]),
-    )
-    name = compress_kernel_name(
-        call.k_dtype,
-        call.gate_dtype,
-        call.out_dtype,
-        call.head_dim,
-        call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"]),
-        codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"]),
-        rotate=call.rotate,
-    )
-    geometry = group_geometry(call.head_dim, pools)
-    return Launch("kpool_compress", COMPRESS_SOURCE, name, geometry, arguments, call, operands)
+    values = codes.rows("k", o["k"]) | codes.rows("gate", o["gate"]) | codes.rows("ape", o["ape"])
+    values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths", "pool_row_offsets")}
+    return values | {"batch": call.batch, "total_tokens": call.total_tokens}
+
+
+def pooling_template(call: CompressCall, operands: dict[str, Any]) -> dict[str, Any]:
+    """The template parameters compress and its FP8 form share: element types, sizes, index types."""
+    o = operands
+    template = {"KT": call.k_dtype, "GT": call.gate_dtype, "HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
+    indexes = {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
+    vector = codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"])
+    return template | indexes | {"IP": o["pool_row_offsets"].dtype, "VECTOR": vector}
 
 
 def find_pools(
@@ -186,22 +174,40 @@ def find_pools(
     return pools, min(max(claimed, 0), most_pools(call)), None
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> Any:
-    """Validate, find the pool row offsets, size the output, cover the pools, launch."""
-    k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out = arrays
-    call = check_compress_args(k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out, out_dtype, rotate)
-    check_no_overlap(PARAMETERS, arrays)
-    pools, total_pools, _ = find_pools(
-        backend, call, input_row_offsets, cache_lengths, pool_row_offsets, out, validate=validate, sized=out is None
+def pool_owners(offsets: np.ndarray, lengths: np.ndarray, pools: np.ndarray, kpool: int) -> Landing:
+    """Which pools a validated call writes (host int64 arrays): each one's output row, request and number q,
+    in output row order (what a destination checks of where they land)."""
+    counts = np.diff(pools)
+    requests = np.repeat(np.arange(counts.shape[0]), counts)
+    first = -(-lengths // kpool)  # the first pool a request completes here: its cached prefix rounded up
+    numbers = first[requests] + np.arange(int(pools[-1])) - pools[requests]
+    return np.arange(int(pools[-1])), requests, numbers
+
+
+def pool_into(backend: Backend, call: CompressCall, a: dict[str, Any], *, validate: bool, to: Destination) -> Any:
+    """Validate, find the pool row offsets, size the outputs, cover the pools, launch the family's kernel that
+    writes to ``to``; what kpool_compress and kpool_compress_fp8 both run."""
+    pools, total_pools, checked = find_pools(
+        backend,
+        call,
+        a["input_row_offsets"],
+        a["cache_lengths"],
+        a["pool_row_offsets"],
+        a["out"],
+        validate=validate,
+        sized=to.allocates(a),
     )
-    if out is None:
-        out = backend.empty(*output_shapes(call, total_pools or 0)["out"])
-    covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(out.shape[0]))
+    if checked is not None:
+        to.check_landing(backend, a, lambda: pool_owners(*checked, call.kpool))
+    to.allocate(backend, a, (total_pools or 0, call.head_dim), zeroed=False)
+    room = to.room(a)
+    covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, most_pools(call) if room is None else room)
     if covered > 0:
-        operands = {"k": k, "gate": gate, "ape": ape, "input_row_offsets": input_row_offsets}
-        operands |= {"cache_lengths": cache_lengths, "pool_row_offsets": pools, "out": out}
-        backend.launch(compress_launch(call, covered, operands))
-    return out
+        a = a | {"pool_row_offsets": pools}
+        values = pooling_values(call, a) | to.launch_values(a)
+        template = launch_template(pooling_template(call, a), to, a)
+        backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, covered), a))
+    return returned(to, a)
 
 
 GPU_DOC = """Pool each complete k-pool of a ragged batch into one key, on the GPU.
@@ -282,7 +288,7 @@ accumulate
 """
 
 POOL_ROW_OFFSETS = Operand("pool_row_offsets", "[batch + 1] int32, uint32 or int64", optional=True)
-OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", optional=True, written=True)
+OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
 PARAMETERS = (
     TOKEN_K,
     TOKEN_GATE,
@@ -299,10 +305,6 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
 
 
-def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> CompressCall:
-    return check_compress_args(*arrays, options["out_dtype"], options["rotate"])
-
-
 def most_pools(call: CompressCall) -> int:
     """The most pools a call can build: every pool takes kpool of its tokens."""
     return call.total_tokens // call.kpool
@@ -312,10 +314,10 @@ SPEC = OpSpec(
     "kpool_compress",
     PARAMETERS,
     ("pooled",),
-    run,
+    check_with(check_compress_args, "out_dtype", "rotate"),
+    into_pooled_rows(COMPRESS, pool_into),
     DOCS,
     output_shapes,
-    describe,
     extras={"reference": (ACCUMULATE,)},
     dynamic_sizes={"total_pools": most_pools},
 )

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import INDEX_DTYPES, INT32
-from ..kernel import codes
+from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import flat_geometry
-from ..kernel.names import EXPAND_SOURCE, expand_kernel_name
 from ..pool_offsets import check_kpool
 from .checks import check_batch_index, check_contiguous, check_rows_and_cache, dtype_fail, fail, require_array
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape, check_with
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,14 @@ class ExpandCall:
 MAX_BLOCK_SIZE = 1 << 20
 
 
+def check_block_size(block_size: Any) -> None:
+    """An integer (TypeError otherwise) in [1, MAX_BLOCK_SIZE] (ValueError otherwise)."""
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
+        raise dtype_fail("block_size", "an integer", type(block_size).__name__)
+    if not 1 <= int(block_size) <= MAX_BLOCK_SIZE:
+        raise fail("block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]", int(block_size))
+
+
 def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
     """block_table int32 ``[batch, max_blocks]`` C-contiguous with a block_size, or neither; (max_blocks, size)."""
     if (block_table is None) != (block_size is None):
@@ -44,10 +50,7 @@ def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[i
         raise fail(missing, f"given with {given}", "None")
     if block_table is None:
         return 0, 0
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-        raise dtype_fail("block_size", "an integer", type(block_size).__name__)
-    if not 1 <= int(block_size) <= MAX_BLOCK_SIZE:
-        raise fail("block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]", int(block_size))
+    check_block_size(block_size)
     require_array("block_table", block_table)
     if block_table.dtype != INT32:
         raise dtype_fail("block_table", "dtype int32", block_table.dtype)
@@ -58,6 +61,7 @@ def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[i
 
 
 def check_expand_args(
+    *,
     pool_ids: Any,
     input_row_offsets: Any,
     cache_lengths: Any,
@@ -90,28 +94,19 @@ def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:
 
 
 def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_expand_topk``, arguments in kernels/kpool_expand.cu's order."""
+    """The launch of ``kpool_expand_topk``."""
     o = operands
     paged = o.get("block_table") is not None
-    arguments = (
-        o["pool_ids"],
-        np.int64(call.pool_topk),
-        o["input_row_offsets"],
-        o["cache_lengths"],
-        np.int64(call.batch),
-        np.int64(call.total_tokens),
-        o["block_table"] if paged else o["positions"],  # any int32 array where no table is read
-        np.int64(call.max_blocks),
-        np.int64(max(call.block_size, 1)),
-        o["positions"],
-        np.int64(call.width),
-        o["counts"] if call.compact else o["positions"],  # written only when compacting
-    )
+    values = {name: o[name] for name in ("pool_ids", "input_row_offsets", "cache_lengths", "positions")}
+    values |= {"pool_topk": call.pool_topk, "batch": call.batch, "total_tokens": call.total_tokens}
+    values |= {"block_table": o["block_table"] if paged else o["positions"]}  # any int32 array where none is read
+    values |= {"max_blocks": call.max_blocks, "block_size": max(call.block_size, 1), "width": call.width}
+    values |= {"counts": o["counts"] if call.compact else o["positions"]}  # written only when compacting
+    template = {"KPOOL": call.kpool, "IPID": o["pool_ids"].dtype, "IO": o["input_row_offsets"].dtype}
+    template |= {"IC": o["cache_lengths"].dtype, "PAGED": paged, "COMPACT": call.compact}
     # One thread per element, or per token row when compacting.
     geometry = flat_geometry(call.total_tokens if call.compact else call.total_tokens * call.width)
-    indexes = codes.index_dtypes(o["pool_ids"], o["input_row_offsets"], o["cache_lengths"])
-    name = expand_kernel_name(call.kpool, indexes, paged, call.compact)
-    return Launch("kpool_expand_topk", EXPAND_SOURCE, name, geometry, arguments, call, o)
+    return Launch(EXPAND_TOPK, template, values, geometry, o)
 
 
 def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> None:
@@ -133,20 +128,10 @@ def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, l
         )
 
 
-def run(
-    backend: Backend,
-    arrays: tuple[Any, ...],
-    *,
-    kpool: int,
-    always_select_tail: bool,
-    validate: bool,
-    block_size: Any,
-    compact: bool,
-) -> Any:
+def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
     """Validate, check offsets (and the block table's reach) when asked, allocate the outputs, launch."""
-    pool_ids, input_row_offsets, cache_lengths, block_table = arrays
-    call = check_expand_args(
-        pool_ids, input_row_offsets, cache_lengths, kpool, always_select_tail, block_table, block_size, compact
+    pool_ids, input_row_offsets, cache_lengths, block_table = (
+        a[name] for name in ("pool_ids", "input_row_offsets", "cache_lengths", "block_table")
     )
     if validate:
         copies = [input_row_offsets, cache_lengths] + ([pool_ids.reshape(-1)] if block_table is not None else [])
@@ -190,10 +175,10 @@ int32 ``[total_tokens]``.
 """
 
 POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
-KPOOL = Option("kpool", "int")  # keyword-only and required: the ids alone do not say it
+KPOOL = Option("kpool", "int", check=check_kpool)  # keyword-only and required: the ids alone do not say it
 ALWAYS_SELECT_TAIL = Option("always_select_tail", "bool", False)
 BLOCK_TABLE = Operand("block_table", "[batch, max_blocks] int32: each request's cache pages", optional=True)
-BLOCK_SIZE = Option("block_size", "int | None", None)
+BLOCK_SIZE = Option("block_size", "int | None", None, check=check_block_size)
 COMPACT = Option("compact", "bool", False)
 PARAMETERS = (
     POOL_IDS,
@@ -213,14 +198,14 @@ REFERENCE_DOC = "Selected pool ids to token positions (NumPy); same contract as 
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
-def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> ExpandCall:
-    pool_ids, input_row_offsets, cache_lengths, block_table = arrays
-    o = options
-    return check_expand_args(
-        pool_ids, input_row_offsets, cache_lengths, o["kpool"], o["always_select_tail"], block_table,
-        o["block_size"], o["compact"],
-    )  # fmt: skip
-
-
 # One result, or (positions, counts) when compacting.
-SPEC = OpSpec("kpool_expand_topk", PARAMETERS, ("positions",), run, DOCS, output_shapes, describe)
+SPEC = OpSpec(
+    "kpool_expand_topk",
+    PARAMETERS,
+    ("positions",),
+    check_with(check_expand_args, "kpool", "always_select_tail", "block_size", "compact"),
+    run,
+    DOCS,
+    output_shapes,
+    conditional_results={"counts": "compact"},
+)

@@ -44,8 +44,10 @@ CACHE = Operand(
     replaces=("out", "out_scale"),
 )
 BLOCK_TABLE_IN = Operand("block_table", "[requests, max_blocks] int32: each request's cache pages", optional=True)
-VALUES_OUT = Operand("out", "uint8 [rows, head_dim]: e4m3fn bytes", optional=True, written=True)
-SCALES_OUT = Operand("out_scale", "float32 [rows]", optional=True, written=True)
+VALUES_OUT = Operand(
+    "out", "uint8 [rows, head_dim]: e4m3fn bytes", True, True, rows_of="k", dtype="uint8", together="out_scale"
+)
+SCALES_OUT = Operand("out_scale", "float32 [rows]", True, True, dtype="float32", together="out")
 
 
 def check_rotation_head_dim(name: str, head_dim: int) -> None:
@@ -234,26 +236,40 @@ def check_destinations(
         raise fail(name, "a slot of its own for every pool written", f"slot {int(unique[np.argmax(counts > 1)])} twice")
 
 
-def sink_arguments(target: Fp8Target, operands: dict[str, Any]) -> tuple[Any, ...]:
-    """``kp::Fp8Sink``'s arguments, in the kernels' order (the module docstring)."""
+def sink_values(target: Fp8Target, operands: dict[str, Any]) -> dict[str, Any]:
+    """``kp::Fp8Sink``'s parameters by name (``kernel.declarations.FP8_SINK``)."""
     if target.kind == ROWS:
         out, scales = operands["out"], operands["out_scale"]
-        rows = np.int64(np.prod(out.shape[:-1]))  # [rows, D], or C-contiguous [R, J, D] as R * J rows
+        rows = int(np.prod(out.shape[:-1]))  # [rows, D], or C-contiguous [R, J, D] as R * J rows
         # No index array is read: any pointer stands in (the scales').
-        return (out, np.int64(out.strides[-2]), scales, rows, np.int64(1), scales) + (np.int64(0),) * 3
+        placed = {"destinations": scales, "destination_rows": 0, "destination_columns": 0, "destination_stride": 0}
+        return {"values": out, "values_stride": out.strides[-2], "scales": scales, "target_rows": rows} | {
+            "block_size": 1,
+            **placed,
+        }
     cache = operands["cache"]
-    head = (cache, np.int64(cache.strides[0]), cache, np.int64(target.rows), np.int64(target.block_size))
+    head = {"values": cache, "values_stride": cache.strides[0], "scales": cache, "target_rows": target.rows}
+    head["block_size"] = target.block_size
     if target.kind == SLOTS:
         slots = operands["slots"]
-        return (*head, slots, np.int64(slots.shape[0]), np.int64(1), np.int64(1))
+        placed = {"destinations": slots, "destination_rows": slots.shape[0], "destination_columns": 1}
+        return head | placed | {"destination_stride": 1}
     table = operands["block_table"]
-    return (*head, table, np.int64(table.shape[0]), np.int64(table.shape[1]), codes.stride(table))
+    placed = {"destinations": table, "destination_rows": table.shape[0], "destination_columns": table.shape[1]}
+    return head | placed | {"destination_stride": codes.stride(table)}
 
 
-def value_rows_vector(target: Fp8Target, operands: dict[str, Any]) -> bool:
-    """Whether every row of values the kernel writes starts 8-byte aligned (one 8-byte store per thread): out's
-    rows, or the cache's pages."""
+def sink_template(target: Fp8Target, operands: dict[str, Any]) -> dict[str, Any]:
+    """``kp::Fp8Sink``'s template parameters: where rows go, and the dtype of slots or the block table."""
+    return {"TARGET": target.kind, "ID": target.destination_dtype}
+
+
+def sink_vector(target: Fp8Target, operands: dict[str, Any]) -> int:
+    """The VECTOR bit of the values (``VectorAccess.OUT``) where every row of values the kernel writes starts
+    8-byte aligned (one 8-byte store per thread): out's rows, or the cache's pages."""
     if target.kind == ROWS:
-        return codes.allows_8byte_rows(operands["out"])
-    cache = operands["cache"]  # entries' values lie head_dim bytes apart in a page: the pages decide
-    return codes.data_pointer(cache) % 8 == 0 and (cache.shape[0] <= 1 or cache.strides[0] % 8 == 0)
+        aligned = codes.allows_8byte_rows(operands["out"])
+    else:
+        cache = operands["cache"]  # entries' values lie head_dim bytes apart in a page: the pages decide
+        aligned = codes.data_pointer(cache) % 8 == 0 and (cache.shape[0] <= 1 or cache.strides[0] % 8 == 0)
+    return int(codes.VectorAccess.OUT) if aligned else 0

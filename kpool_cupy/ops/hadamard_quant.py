@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,11 +10,11 @@ import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, FLOAT32
 from ..kernel import codes
+from ..kernel.declarations import HADAMARD_QUANT_FP8
 from ..kernel.geometry import group_geometry
-from ..kernel.names import HADAMARD_SOURCE, hadamard_quant_kernel_name
-from .checks import check_no_overlap, check_rows, fail
+from .checks import check_rows, fail
 from .fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class HadamardQuantCall:
     round_scale: bool
 
 
-def check_hadamard_quant_args(x: Any, out: Any, out_scale: Any, round_scale: Any) -> HadamardQuantCall:
+def check_hadamard_quant_args(*, x: Any, out: Any, out_scale: Any, round_scale: Any) -> HadamardQuantCall:
     check_rows("x", x, tuple(ELEMENT_CTYPES))
     rows, head_dim = (int(n) for n in x.shape)
     check_rotation_head_dim("x", head_dim)
@@ -40,35 +40,25 @@ def output_shapes(call: HadamardQuantCall) -> dict[str, OutputShape]:
 
 
 def hadamard_quant_launch(call: HadamardQuantCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_hadamard_quant``, arguments in kernels/kpool_hadamard_quant.cu's order."""
+    """The launch of ``kpool_hadamard_quant``."""
     o = operands
-    arguments = (
-        *codes.rows(o["x"]),
-        np.int64(call.rows),
-        *codes.rows(o["out"]),
-        o["out_scale"],
-        np.int32(call.round_scale),
-    )
+    values = codes.rows("x", o["x"]) | {"rows": call.rows} | codes.rows("values", o["out"])
+    values |= {"scales": o["out_scale"], "round_scale": call.round_scale}
     vector = codes.vector_mask(k=o["x"])
     if codes.allows_8byte_rows(o["out"]):
         vector |= codes.VectorAccess.OUT  # 8-byte stores of a row's bytes
-    name = hadamard_quant_kernel_name(call.dtype, call.head_dim, vector)
-    return Launch(
-        "kpool_hadamard_quant", HADAMARD_SOURCE, name, group_geometry(call.head_dim, call.rows), arguments, call, o
-    )
+    template = {"T": call.dtype, "HEAD_DIM": call.head_dim, "VECTOR": vector}
+    return Launch(HADAMARD_QUANT_FP8, template, values, group_geometry(call.head_dim, call.rows), o)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, round_scale: Any, validate: bool) -> Any:
-    """Check, allocate, launch; ``validate`` has no contents to check here (no index arrays)."""
-    x, out, out_scale = arrays
-    call = check_hadamard_quant_args(x, out, out_scale, round_scale)
-    check_no_overlap(PARAMETERS, arrays)
-    if out is None:
+def run(backend: Backend, call: HadamardQuantCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
+    """Allocate, launch; ``validate`` has no contents to check here (no index arrays)."""
+    if a["out"] is None:
         shapes = output_shapes(call)
-        out, out_scale = backend.empty(*shapes["out"]), backend.empty(*shapes["out_scale"])
+        a["out"], a["out_scale"] = backend.empty(*shapes["out"]), backend.empty(*shapes["out_scale"])
     if call.rows:
-        backend.launch(hadamard_quant_launch(call, {"x": x, "out": out, "out_scale": out_scale}))
-    return out, out_scale
+        backend.launch(hadamard_quant_launch(call, a))
+    return a["out"], a["out_scale"]
 
 
 GPU_DOC = """Rotate and quantize query rows to FP8 with the epilogue of :func:`kpool_compress_fp8`.
@@ -109,11 +99,16 @@ REFERENCE_DOC = """:func:`kpool_cupy.hadamard_quant_fp8` in NumPy (host arrays).
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 QUERY = Operand("x", "[rows, head_dim] bfloat16, float16 or float32; last dim contiguous")
-PARAMETERS = (QUERY, ROUND_SCALE, VALUES_OUT, SCALES_OUT, VALIDATE)
+QUERY_VALUES = dataclasses.replace(VALUES_OUT, rows_of="x")  # rows as wide as x's
+PARAMETERS = (QUERY, ROUND_SCALE, QUERY_VALUES, SCALES_OUT, VALIDATE)
 
 
-def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> HadamardQuantCall:
-    return check_hadamard_quant_args(*arrays, options["round_scale"])
-
-
-SPEC = OpSpec("hadamard_quant_fp8", PARAMETERS, ("values", "scales"), run, DOCS, output_shapes, describe)
+SPEC = OpSpec(
+    "hadamard_quant_fp8",
+    PARAMETERS,
+    ("values", "scales"),
+    check_with(check_hadamard_quant_args, "round_scale"),
+    run,
+    DOCS,
+    output_shapes,
+)

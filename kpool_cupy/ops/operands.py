@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ..kernel import codes
 from .spec import Operand, Option, is_pair
 
@@ -13,7 +11,7 @@ TOKEN_K = Operand("k", "[total_tokens, head_dim] bfloat16, float16 or float32; l
 TOKEN_GATE = Operand("gate", "like k; any of the three element dtypes")
 RING_GATE = Operand("gate", "like k; in k's dtype with one ring array, the gate ring's with a pair")
 # The dtype of the pooled output, when neither out= nor k's dtype is wanted.
-OUT_DTYPE = Option("out_dtype", "Any", None)
+OUT_DTYPE = Option("out_dtype", "Any", None, kind="dtype")
 # Write each pool's Hadamard rotation instead of the pool (issue 12: engines
 # with bf16 caches of rotated keys).
 ROTATE = Option("rotate", "bool", False)
@@ -29,9 +27,9 @@ RING = Operand("tail", _RING_RULE, written=True, pair=True)
 RING_READ = Operand("tail", _RING_RULE + " (read only)", pair=True)
 
 
-def ring(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
-    """A ring kernel's first arguments (kernels/kpool_ring.cu): key ring, gate ring, the gate ring's offset,
-    slots, rows, then the key ring's and the gate ring's slot and row strides.
+def ring(operands: dict[str, Any], max_slots: int) -> dict[str, Any]:
+    """A ring as every ring kernel takes it (``kernel.declarations.ring``): key ring, gate ring, the gate
+    ring's offset, slots, rows, then the key ring's and the gate ring's slot and row strides.
 
     One ring array is passed twice, its gate half ``half stride`` elements on:
     the kernel's arguments stay the caller's arrays (a launch plan needs them).
@@ -39,12 +37,20 @@ def ring(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
     tail = operands["tail"]
     if is_pair(tail):
         keys, gates = tail
-        rows = keys.shape[1]
-        layout = (np.int64(0), np.int64(max_slots), np.int64(rows))
-        strides = (codes.stride(keys, 0), codes.stride(keys, 1), codes.stride(gates, 0), codes.stride(gates, 1))
-        return (keys, gates, *layout, *strides)
-    slot, half, row = (codes.stride(tail, axis) for axis in range(3))
-    return (tail, tail, half, np.int64(max_slots), np.int64(tail.shape[2]), slot, row, slot, row)
+        layout = {"key_ring": keys, "gate_ring": gates, "gate_offset": 0, "ring_rows": keys.shape[1]}
+        slot_strides = {"key_slot_stride": codes.stride(keys, 0), "key_row_stride": codes.stride(keys, 1)}
+        slot_strides |= {"gate_slot_stride": codes.stride(gates, 0), "gate_row_stride": codes.stride(gates, 1)}
+    else:
+        slot, half, row = (codes.stride(tail, axis) for axis in range(3))
+        layout = {"key_ring": tail, "gate_ring": tail, "gate_offset": half, "ring_rows": tail.shape[2]}
+        slot_strides = {"key_slot_stride": slot, "key_row_stride": row, "gate_slot_stride": slot}
+        slot_strides |= {"gate_row_stride": row}
+    return {**layout, "max_slots": max_slots, **slot_strides}
+
+
+def ring_template(operands: dict[str, Any], call: Any) -> dict[str, Any]:
+    """The template parameters every ring kernel opens with: element types and sizes."""
+    return {"T": call.dtype, "G": call.gate_dtype, "HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
 
 
 def ring_vector(operands: dict[str, Any]) -> dict[str, Any]:
@@ -55,17 +61,19 @@ def ring_vector(operands: dict[str, Any]) -> dict[str, Any]:
     return {"tail": keys, "gate_ring": gates}
 
 
-def ring_and_tokens(operands: dict[str, Any], max_slots: int) -> tuple[Any, ...]:
-    """The arguments ring close and seed tail open with: the ring (`ring`), then k and gate rows."""
-    return (*ring(operands, max_slots), *codes.rows(operands["k"]), *codes.rows(operands["gate"]))
+def ring_and_tokens(operands: dict[str, Any], max_slots: int) -> dict[str, Any]:
+    """What ring close and seed tail open with: the ring (`ring`), then k and gate rows."""
+    tokens = codes.rows("k", operands["k"]) | codes.rows("gate", operands["gate"], "gate_row_stride_tokens")
+    return ring(operands, max_slots) | tokens
 
 
-def requests(operands: dict[str, Any], batch: int, total_tokens: int) -> tuple[Any, ...]:
-    """The arguments of a token-row ring kernel that place each request: offsets, lengths, slots, counts."""
-    return (
-        operands["input_row_offsets"],
-        operands["cache_lengths"],
-        operands["slot_idx"],
-        np.int64(batch),
-        np.int64(total_tokens),
-    )
+def requests(operands: dict[str, Any], batch: int, total_tokens: int) -> dict[str, Any]:
+    """What places each request in a token-row ring kernel: offsets, lengths, slots and counts."""
+    names = ("input_row_offsets", "cache_lengths", "slot_idx")
+    return {name: operands[name] for name in names} | {"batch": batch, "total_tokens": total_tokens}
+
+
+def request_indexes(operands: dict[str, Any]) -> dict[str, Any]:
+    """The index template parameters of a token-row ring kernel: offsets', lengths' and slots' dtypes."""
+    names = {"IO": "input_row_offsets", "IC": "cache_lengths", "IS": "slot_idx"}
+    return {parameter: operands[name].dtype for parameter, name in names.items()}

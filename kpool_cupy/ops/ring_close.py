@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,18 +9,18 @@ import numpy as np
 
 from ..dtypes import INT32, INT32_MAX
 from ..kernel import codes
+from ..kernel.declarations import RING_CLOSE
 from ..kernel.geometry import group_geometry
-from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import (
     check_ape,
     check_batch_index,
     check_keys,
-    check_no_overlap,
     check_out,
     check_out_dtype,
     check_rows_and_cache,
     fail,
 )
+from .destinations import Destination, into_pooled_rows, launch_template, returned
 from .fp8_target import check_rotation_head_dim
 from .operands import (
     APE,
@@ -33,12 +32,14 @@ from .operands import (
     ROTATE,
     SLOT_IDX,
     TOKEN_K,
+    request_indexes,
     requests,
     ring_and_tokens,
+    ring_template,
     ring_vector,
 )
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,20 @@ class RingCloseCall:
 
 
 def check_ring_close_args(
-    tail: Any, k: Any, gate: Any, ape: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, out: Any,
-    closed: Any, out_dtype: Any = None, rotate: Any = False,
-) -> RingCloseCall:  # fmt: skip
+    *,
+    tail: Any,
+    k: Any,
+    gate: Any,
+    ape: Any,
+    input_row_offsets: Any,
+    cache_lengths: Any,
+    slot_idx: Any,
+    out: Any,
+    closed: Any,
+    out_dtype: Any = None,
+    rotate: Any = False,
+) -> RingCloseCall:
+    """Check everything about a call that needs no array contents."""
     head_dim = check_keys(k, gate)
     if rotate:
         check_rotation_head_dim("k", head_dim)
@@ -93,51 +105,29 @@ def output_shapes(call: RingCloseCall) -> dict[str, OutputShape]:
     return {"out": ((call.batch, call.head_dim), call.out_dtype), "closed": ((call.batch,), INT32)}
 
 
-def ring_close_launch(call: RingCloseCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_ring_close``, arguments in kernels/kpool_ring.cu's order."""
-    o = operands
-    arguments = (
-        *ring_and_tokens(o, call.max_slots),
-        *codes.rows(o["ape"]),
-        *requests(o, call.batch, call.total_tokens),
-        *codes.rows(o["out"]),
-        o["closed"],
-    )
-    name = ring_kernel_name(
-        "kpool_ring_close",
-        call.dtype,
-        call.out_dtype,
-        call.head_dim,
-        call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], **ring_vector(o)),
-        codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
-        gate_dtype=call.gate_dtype,
-        rotate=call.rotate,
-    )
-    geometry = group_geometry(call.head_dim, call.batch)
-    return Launch("kpool_ring_close", RING_SOURCE, name, geometry, arguments, call, operands)
-
-
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> tuple[Any, Any]:
-    """Validate, check slots and pool ids when asked, allocate zeroed outputs, launch."""
-    tail, k, gate, ape, input_row_offsets, cache_lengths, slot_idx, out, closed = arrays
-    call = check_ring_close_args(*arrays, out_dtype, rotate)
-    check_no_overlap(PARAMETERS, arrays)
+def pool_into(backend: Backend, call: RingCloseCall, a: dict[str, Any], *, validate: bool, to: Destination) -> Any:
+    """Validate (offsets, slots, pool ids, where pools land), allocate zeroed outputs, launch the family's
+    kernel that writes to ``to``; what kpool_ring_close and kpool_ring_close_fp8 both run."""
     if validate:
-        offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
+        offsets, lengths, slots = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], a["slot_idx"]])
         check_rows_and_cache(call.total_tokens, offsets, lengths)
         check_slot_values(slots, call.max_slots)
         completes = (lengths % call.kpool != 0) & (np.diff(offsets) >= call.kpool - lengths % call.kpool)
         check_closed_pool_ids(lengths, completes, call.kpool)
+        chosen = np.flatnonzero(completes)
+        to.check_landing(backend, a, lambda: (chosen, chosen, lengths[chosen] // call.kpool))
     # Zeroed: the rows of requests that close nothing are left alone.
-    shapes = output_shapes(call)
-    out = backend.zeros(*shapes["out"]) if out is None else out
-    closed = backend.zeros(*shapes["closed"]) if closed is None else closed
+    to.allocate(backend, a, (call.batch, call.head_dim), zeroed=True)
+    if a["closed"] is None:
+        a["closed"] = backend.zeros(*output_shapes(call)["closed"])
     if call.batch:
-        operands = {"tail": tail, "k": k, "gate": gate, "ape": ape, "input_row_offsets": input_row_offsets}
-        operands |= {"cache_lengths": cache_lengths, "slot_idx": slot_idx, "out": out, "closed": closed}
-        backend.launch(ring_close_launch(call, operands))
-    return out, closed
+        values = ring_and_tokens(a, call.max_slots) | codes.rows("ape", a["ape"])
+        values |= requests(a, call.batch, call.total_tokens) | to.launch_values(a) | {"closed": a["closed"]}
+        source = ring_template(a, call) | request_indexes(a)
+        source["VECTOR"] = codes.vector_mask(k=a["k"], gate=a["gate"], ape=a["ape"], **ring_vector(a))
+        template = launch_template(source, to, a)
+        backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, call.batch), a))
+    return returned(to, a, a["closed"])
 
 
 GPU_DOC = """Close each request's pending pool from its ring and this call's first tokens.
@@ -164,8 +154,8 @@ Returns
     pooled row is left alone).
 """
 
-OUT = Operand("out", "[>= batch, head_dim] bfloat16, float16 or float32", optional=True, written=True)
-CLOSED = Operand("closed", "[>= batch] int32", optional=True, written=True)
+OUT = Operand("out", "[>= batch, head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
+CLOSED = Operand("closed", "[>= batch] int32", optional=True, written=True, dtype="int32")
 PARAMETERS = (
     RING_READ,
     TOKEN_K,
@@ -189,8 +179,12 @@ Same contract as :func:`kpool_cupy.kpool_ring_close`."""
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
-def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> RingCloseCall:
-    return check_ring_close_args(*arrays, options["out_dtype"], options["rotate"])
-
-
-SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes, describe)
+SPEC = OpSpec(
+    "kpool_ring_close",
+    PARAMETERS,
+    ("pooled", "closed"),
+    check_with(check_ring_close_args, "out_dtype", "rotate"),
+    into_pooled_rows(RING_CLOSE, pool_into),
+    DOCS,
+    output_shapes,
+)

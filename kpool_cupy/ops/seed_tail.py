@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..kernel import codes
+from ..kernel.declarations import SEED_TAIL
 from ..kernel.geometry import group_geometry
-from ..kernel.names import RING_SOURCE, ring_kernel_name
 from ..pool_offsets import check_kpool
-from .checks import check_batch_index, check_keys, check_no_overlap, check_rows_and_cache
+from .checks import check_batch_index, check_keys, check_rows_and_cache
 from .operands import (
     CACHE_LENGTHS,
     INPUT_ROW_OFFSETS,
@@ -20,12 +19,14 @@ from .operands import (
     RING_GATE,
     SLOT_IDX,
     TOKEN_K,
+    request_indexes,
     requests,
     ring_and_tokens,
+    ring_template,
     ring_vector,
 )
 from .ring_checks import check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, OpSpec, Option
+from .spec import VALIDATE, Backend, Launch, OpSpec, Option, check_with
 
 
 @dataclass(frozen=True)
@@ -42,8 +43,9 @@ class SeedTailCall:
 
 
 def check_seed_tail_args(
-    tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, kpool: Any = None
+    *, tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, kpool: Any = None
 ) -> SeedTailCall:
+    """Check everything about a call that needs no array contents."""
     head_dim = check_keys(k, gate)
     batch = check_batch_index(input_row_offsets, cache_lengths)
     if kpool is not None:
@@ -55,40 +57,23 @@ def check_seed_tail_args(
 
 
 def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_seed_tail``, arguments in kernels/kpool_ring.cu's order."""
+    """The launch of ``kpool_seed_tail``."""
     o = operands
-    arguments = (
-        *ring_and_tokens(o, call.max_slots),
-        *requests(o, call.batch, call.total_tokens),
-    )
-    name = ring_kernel_name(
-        "kpool_seed_tail",
-        call.dtype,
-        None,
-        call.head_dim,
-        call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], **ring_vector(o)),
-        codes.index_dtypes(o["input_row_offsets"], o["cache_lengths"], o["slot_idx"]),
-        gate_dtype=call.gate_dtype,
-    )
-    geometry = group_geometry(call.head_dim, call.batch)
-    return Launch("kpool_seed_tail", RING_SOURCE, name, geometry, arguments, call, operands)
+    values = ring_and_tokens(o, call.max_slots) | requests(o, call.batch, call.total_tokens)
+    template = ring_template(o, call) | request_indexes(o)
+    template["VECTOR"] = codes.vector_mask(k=o["k"], gate=o["gate"], **ring_vector(o))
+    return Launch(SEED_TAIL, template, values, group_geometry(call.head_dim, call.batch), operands)
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, kpool: Any) -> None:
-    """Validate, check that every request that writes the ring has a slot of its own, launch."""
-    tail, k, gate, input_row_offsets, cache_lengths, slot_idx = arrays
-    call = check_seed_tail_args(tail, k, gate, input_row_offsets, cache_lengths, slot_idx, kpool)
-    check_no_overlap(PARAMETERS, arrays)
+def run(backend: Backend, call: SeedTailCall, a: dict[str, Any], *, validate: bool, **options: Any) -> None:
+    """Check that every request that writes the ring has a slot of its own when asked, launch."""
     if validate:
-        offsets, lengths, slots = backend.host_copies([input_row_offsets, cache_lengths, slot_idx])
+        offsets, lengths, slots = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], a["slot_idx"]])
         check_rows_and_cache(call.total_tokens, offsets, lengths)
         end = lengths + np.diff(offsets)
         check_slot_values(slots, call.max_slots, writers=end > np.maximum(end // call.kpool * call.kpool, lengths))
     if call.batch:
-        operands = {"tail": tail, "k": k, "gate": gate, "input_row_offsets": input_row_offsets}
-        operands |= {"cache_lengths": cache_lengths, "slot_idx": slot_idx}
-        backend.launch(seed_tail_launch(call, operands))
+        backend.launch(seed_tail_launch(call, a))
 
 
 GPU_DOC = """Stash each request's trailing tokens into its ring, in place.
@@ -107,7 +92,7 @@ one request.
 """
 
 # A ring may be longer than a pool; seed tail has no ape to tell kpool by.
-SEED_KPOOL = Option("kpool", "int | None", None)
+SEED_KPOOL = Option("kpool", "int | None", None, check=check_kpool)
 PARAMETERS = (RING, TOKEN_K, RING_GATE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, VALIDATE, SEED_KPOOL)
 EMULATE_DOC = """Stash each request's trailing tokens into its ring, running the CUDA kernel on the CPU.
 
@@ -118,8 +103,5 @@ Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
-def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> SeedTailCall:
-    return check_seed_tail_args(*arrays, options["kpool"])
-
-
-SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), run, DOCS, lambda call: {}, describe)  # it writes only the ring
+# No results and no outputs: it writes only the ring.
+SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), check_with(check_seed_tail_args, "kpool"), run, DOCS, lambda call: {})

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..kernel.declarations import Kernel
 from ..kernel.geometry import LaunchGeometry
 
 
@@ -32,6 +33,14 @@ class Operand:
     written in place takes the place of (an FP8 cache replaces ``out`` and
     ``out_scale``): it is never allocated, and with it the op returns the
     other results only.
+
+    For an output a frontend may have to make beside one the caller gave
+    (torch's wrappers, which must stay traceable, so cannot run the checks):
+    ``rows_of`` names the operand whose last dim is the width of its rows
+    (pooled rows ``[..., head_dim]``; empty: no rows, the partner's leading
+    shape alone), ``dtype`` its fixed dtype (empty: the op's dtype option,
+    else ``rows_of``'s dtype), ``together`` the output it is only given with
+    (FP8 values and scales).
     """
 
     name: str
@@ -40,6 +49,9 @@ class Operand:
     written: bool = False
     pair: bool = False
     replaces: tuple[str, ...] = ()
+    rows_of: str = ""
+    dtype: str = ""
+    together: str = ""
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required
@@ -47,11 +59,19 @@ REQUIRED = object()  # an Option without a default: keyword-only and required
 
 @dataclass(frozen=True)
 class Option:
-    """A keyword-only scalar parameter, such as ``validate`` or ``kpool``."""
+    """A keyword-only scalar parameter, such as ``validate`` or ``kpool``.
+
+    ``kind`` says what the value is where ``annotation`` does not: ``"dtype"``
+    (a dtype or its name). ``check`` is the op's own check of a value that
+    is not None, for a frontend that converts the value before the op sees
+    it (torch's schema types): the same error there as from the op.
+    """
 
     name: str
     annotation: str
     default: Any = REQUIRED
+    kind: str = ""
+    check: Callable[[Any], None] | None = None
 
 
 Parameter = Operand | Option
@@ -112,6 +132,17 @@ def gather(operands: tuple[Operand, ...], given: tuple[Any, ...], flat: tuple[An
 
 OutputShape = tuple[tuple[int, ...], np.dtype]
 
+
+def check_with(function: Callable[..., Any], *option_names: str) -> Callable[[Mapping[str, Any], Any], Any]:
+    """An op's ``check`` from its argument check: a function of every operand and of ``option_names`` by
+    name."""
+
+    def check(arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+        return function(**arrays, **{name: options[name] for name in option_names})
+
+    return check
+
+
 VALIDATE = Option("validate", "bool", True)
 
 
@@ -119,20 +150,28 @@ VALIDATE = Option("validate", "bool", True)
 class Launch:
     """One kernel launch an op asks for.
 
-    ``kernel`` is the kernel template's name and ``instance`` its
-    instantiation in ``source`` (a file under kernels/); ``arguments`` is the
-    tuple in the kernel's parameter order, scalars as NumPy scalars of the
-    exact C++ width. ``call`` and ``operands`` (the arrays by operand name)
-    are for backends that run the kernel another way: the NumPy reference.
+    ``kernel`` is the kernel's declaration (``kernel.declarations``);
+    ``template`` and ``values`` are its template parameters and parameters by
+    name, from which ``instance`` (the instantiation in ``kernel.source``) and
+    ``arguments`` (the tuple in the kernel's order, scalars as NumPy scalars
+    of the exact C++ width) are built here, so a launch never lists
+    arguments by position. ``operands`` are the op's arrays by operand name
+    (a ring as the caller gave it): with ``template`` and ``values``, what a
+    backend that runs the kernel another way (the NumPy reference) reads.
     """
 
-    kernel: str
-    source: str
-    instance: str
+    kernel: Kernel
+    template: Mapping[str, Any]
+    values: Mapping[str, Any]
     geometry: LaunchGeometry
-    arguments: tuple[Any, ...]
-    call: Any
     operands: Mapping[str, Any]
+    instance: str = field(init=False)
+    arguments: tuple[Any, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "template", self.kernel.resolve(self.template))
+        object.__setattr__(self, "instance", self.kernel.instance(**self.template))
+        object.__setattr__(self, "arguments", self.kernel.arguments(self.values))
 
 
 class Backend(Protocol):
@@ -156,31 +195,36 @@ class OpSpec:
     """One op, described once.
 
     ``parameters`` are in signature order: required operands (positional),
-    then keyword-only operands and options. ``run(backend, arrays, **options)``
-    is the call flow, with ``arrays`` the operands in parameter order, already
-    placed by the backend. ``results`` names what it returns: one name
-    returns one array, several a tuple, none returns None. ``docs`` holds the
-    public docstring of each binding ("cupy", "emulate", "reference").
-    ``outputs(call, **sizes)`` gives the shape and dtype of each output the op
-    allocates when the caller passes none, from the call record alone (and
-    compress's data-dependent ``total_pools``). ``describe(arrays, options)``
-    runs the op's argument checks alone (metadata only: no values, no
-    overlap) and returns the call record ``outputs`` takes: what a framework
-    that traces shapes (torch's fake tensors) needs. ``extras`` are the
-    options only one binding takes (the reference's ``accumulate``).
-    ``dynamic_sizes`` names the sizes ``outputs`` takes that only the data
-    decides, each with its upper bound from the call record.
+    then keyword-only operands and options. Arrays travel by operand name
+    (``named``). ``check(arrays, options)`` runs the op's argument checks
+    on metadata alone (no values, no overlap) and returns the call record;
+    ``run(backend, call, arrays, **options)`` is the rest of the call flow,
+    with the arrays already placed by the backend. Between the two the
+    framework refuses outputs that share memory with anything else, from
+    what ``parameters`` say each operand is (``ops.binding.execute``).
+    ``results`` names what the op returns: one name returns one array,
+    several a tuple, none returns None. ``docs`` holds the public docstring
+    of each binding ("cupy", "emulate", "reference"). ``outputs(call,
+    **sizes)`` gives the shape and dtype of each output the op allocates
+    when the caller passes none, from the call record alone (and compress's
+    data-dependent ``total_pools``). ``extras`` are the options only one
+    binding takes (the reference's ``accumulate``). ``dynamic_sizes`` names
+    the sizes ``outputs`` takes that only the data decides, each with its
+    upper bound from the call record. ``conditional_results`` are results
+    returned after ``results`` only when a bool option is set (expand's
+    ``counts`` with ``compact``), each with that option's name.
     """
 
     name: str
     parameters: tuple[Parameter, ...]
     results: tuple[str, ...]
+    check: Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
     run: Callable[..., Any]
     docs: Mapping[str, str]
     outputs: Callable[..., dict[str, OutputShape]]
-    describe: Callable[[tuple[Any, ...], Mapping[str, Any]], Any]
     extras: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)
     dynamic_sizes: Mapping[str, Callable[[Any], int]] = field(default_factory=dict)
+    conditional_results: Mapping[str, str] = field(default_factory=dict)
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:
@@ -188,9 +232,18 @@ class OpSpec:
 
     @functools.cached_property
     def operand_names(self) -> tuple[str, ...]:
-        """The operands' names in parameter order: the order ``run`` receives them in."""
+        """The operands' names in parameter order: the order a bound function gathers them in."""
         return tuple(o.name for o in self.operands)
 
     @property
     def options(self) -> tuple[Option, ...]:
         return tuple(p for p in self.parameters if isinstance(p, Option))
+
+    def named(self, arrays: tuple[Any, ...]) -> dict[str, Any]:
+        """A call's arrays, in parameter order, by operand name."""
+        return dict(zip(self.operand_names, arrays, strict=True))
+
+    def describe(self, arrays: tuple[Any, ...], options: Mapping[str, Any]) -> Any:
+        """The call record from the arrays in parameter order (or their metadata): what a framework that
+        traces shapes (torch's fake tensors) needs, with ``outputs``."""
+        return self.check(self.named(arrays), options)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,24 +9,24 @@ import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name
 from ..kernel import codes
+from ..kernel.declarations import TAIL_UPDATE
 from ..kernel.geometry import group_geometry
-from ..kernel.names import RING_SOURCE, ring_kernel_name
 from .checks import (
     MAX_HEAD_DIM,
     OUTPUT_DTYPES,
     check_ape,
     check_contiguous,
-    check_no_overlap,
     check_out_dtype,
     check_writable,
     dtype_fail,
     fail,
     require_array,
 )
+from .destinations import Destination, into_pooled_rows, launch_template, returned
 from .fp8_target import check_rotation_head_dim
-from .operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_vector
+from .operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_template, ring_vector
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, is_pair
+from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with, is_pair
 
 
 @dataclass(frozen=True)
@@ -76,9 +75,19 @@ def _check_out(out: Any, shape: tuple[int, int, int]) -> None:
 
 
 def check_tail_update_args(
-    tail: Any, k: Any, gate: Any, ape: Any, positions: Any, slot_idx: Any, out: Any, closed: Any, out_dtype: Any = None,
+    *,
+    tail: Any,
+    k: Any,
+    gate: Any,
+    ape: Any,
+    positions: Any,
+    slot_idx: Any,
+    out: Any,
+    closed: Any,
+    out_dtype: Any = None,
     rotate: Any = False,
-) -> TailUpdateCall:  # fmt: skip
+) -> TailUpdateCall:
+    """Check everything about a call that needs no array contents."""
     _check_step_tokens("k", k, tuple(ELEMENT_CTYPES))
     requests, next_n, head_dim = (int(d) for d in k.shape)
     if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
@@ -138,60 +147,56 @@ def output_shapes(call: TailUpdateCall) -> dict[str, OutputShape]:
     return {"out": ((*shape, call.head_dim), call.out_dtype), "closed": (shape, INT32)}
 
 
-def tail_update_launch(call: TailUpdateCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_tail_update``, arguments in kernels/kpool_ring.cu's order."""
+def step_values(call: TailUpdateCall, operands: dict[str, Any]) -> dict[str, Any]:
+    """What the decode kernels open with: the ring, the step's tokens and ape, positions, slots, the counts."""
     o = operands
-    arguments = (
-        *ring(o, call.max_slots),
-        o["k"],
-        codes.stride(o["k"], 0),
-        codes.stride(o["k"], 1),
-        o["gate"],
-        codes.stride(o["gate"], 0),
-        codes.stride(o["gate"], 1),
-        *codes.rows(o["ape"]),
-        o["positions"],
-        o["slot_idx"],
-        np.int64(call.requests),
-        np.int32(call.next_n),
-        o["out"],
-        o["closed"],
-        np.int32(call.pools_per_request),
-    )
-    name = ring_kernel_name(
-        "kpool_tail_update",
-        call.dtype,
-        call.out_dtype,
-        call.head_dim,
-        call.kpool,
-        codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], out=o["out"], **ring_vector(o)),
-        codes.index_dtypes(o["positions"], o["slot_idx"]),
-        gate_dtype=call.gate_dtype,
-        split=is_pair(o["tail"]),
-        rotate=call.rotate,
-    )
-    geometry = group_geometry(call.head_dim, call.requests)
-    return Launch("kpool_tail_update", RING_SOURCE, name, geometry, arguments, call, operands)
+    k, gate = o["k"], o["gate"]
+    tokens = {"k": k, "k_request_stride": codes.stride(k, 0), "k_token_stride": codes.stride(k, 1)}
+    tokens |= {"gate": gate, "gate_request_stride": codes.stride(gate, 0), "gate_token_stride": codes.stride(gate, 1)}
+    places = {"positions": o["positions"], "slot_idx": o["slot_idx"], "requests": call.requests, "next_n": call.next_n}
+    return ring(o, call.max_slots) | tokens | codes.rows("ape", o["ape"]) | places
 
 
-def run(backend: Backend, arrays: tuple[Any, ...], *, validate: bool, out_dtype: Any, rotate: Any) -> tuple[Any, Any]:
-    """Validate, check positions and slots when asked, allocate zeroed outputs, launch."""
-    tail, k, gate, ape, positions, slot_idx, out, closed = arrays
-    call = check_tail_update_args(*arrays, out_dtype, rotate)
-    check_no_overlap(PARAMETERS, arrays)
+def step_template(call: TailUpdateCall, operands: dict[str, Any]) -> dict[str, Any]:
+    """The template parameters the decode kernels share: element types, sizes, the ring's form, index types."""
+    o = operands
+    indexes = {"IPOS": o["positions"].dtype, "IS": o["slot_idx"].dtype}
+    vector = codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], **ring_vector(o))
+    return ring_template(o, call) | {"SPLIT": is_pair(o["tail"]), "VECTOR": vector} | indexes
+
+
+def closing_pools(steps: np.ndarray, kpool: int, pools_per_request: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pools a step closes (host positions): each one's request and pool id, as the kernel walks them."""
+    closes = (steps >= 0) & (steps % kpool == kpool - 1)
+    closes &= np.cumsum(closes, axis=1) <= pools_per_request
+    requests, columns = np.nonzero(closes)
+    return requests, steps[requests, columns] // kpool
+
+
+def pool_into(backend: Backend, call: TailUpdateCall, a: dict[str, Any], *, validate: bool, to: Destination) -> Any:
+    """Validate (positions, slots, where pools land), allocate zeroed outputs, launch the family's kernel that
+    writes to ``to``; what kpool_tail_update and kpool_tail_update_fp8 both run."""
     if validate:
-        slots, flat = backend.host_copies([slot_idx, positions.reshape(-1)])
+        slots, flat = backend.host_copies([a["slot_idx"], a["positions"].reshape(-1)])
         steps = flat.reshape(call.requests, call.next_n)
         check_position_values(steps, call.kpool, call.pools_per_request)
         check_slot_values(slots, call.max_slots, writers=(steps >= 0).any(axis=1))
+
+        def landing() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            requests, ids = closing_pools(steps, call.kpool, call.pools_per_request)
+            return requests, requests, ids
+
+        to.check_landing(backend, a, landing)
     shapes = output_shapes(call)
-    out = backend.zeros(*shapes["out"]) if out is None else out
-    closed = backend.zeros(*shapes["closed"]) if closed is None else closed
+    to.allocate(backend, a, shapes["out"][0], zeroed=True)
+    if a["closed"] is None:
+        a["closed"] = backend.zeros(*shapes["closed"])
     if call.requests and call.next_n:
-        operands = {"tail": tail, "k": k, "gate": gate, "ape": ape, "positions": positions}
-        operands |= {"slot_idx": slot_idx, "out": out, "closed": closed}
-        backend.launch(tail_update_launch(call, operands))
-    return out, closed
+        values = step_values(call, a) | to.launch_values(a) | {"closed": a["closed"]}
+        values["pools_per_request"] = call.pools_per_request
+        template = launch_template(step_template(call, a), to, a)
+        backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, call.requests), a))
+    return returned(to, a, a["closed"])
 
 
 GPU_DOC = """The decode step: stash each token in its request's ring, close every pool it completes.
@@ -238,8 +243,8 @@ Returns
 
 STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last dim contiguous")
 POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 for padding")
-OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] bfloat16, float16 or float32", optional=True, written=True)
-CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True)
+OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
+CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True, dtype="int32")
 PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE, OUT_DTYPE, ROTATE)
 EMULATE_DOC = (
     "The decode step, running the CUDA kernel on the CPU; same contract as :func:`kpool_cupy.kpool_tail_update`."
@@ -248,8 +253,12 @@ REFERENCE_DOC = "The decode step (NumPy); same contract as :func:`kpool_cupy.kpo
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
-def describe(arrays: tuple[Any, ...], options: Mapping[str, Any]) -> TailUpdateCall:
-    return check_tail_update_args(*arrays, options["out_dtype"], options["rotate"])
-
-
-SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), run, DOCS, output_shapes, describe)
+SPEC = OpSpec(
+    "kpool_tail_update",
+    PARAMETERS,
+    ("pooled", "closed"),
+    check_with(check_tail_update_args, "out_dtype", "rotate"),
+    into_pooled_rows(TAIL_UPDATE, pool_into),
+    DOCS,
+    output_shapes,
+)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import element_dtype
-from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
+from ..kernel.declarations import COMPRESS
 from ..kernel.sources import CUPY_ADDS, NVRTC_OPTIONS, kernel_source
 from ..ops.checks import MAX_HEAD_DIM
 from ..pool_offsets import check_kpool
@@ -65,12 +65,17 @@ def _compile_code(code: str, label: str, name: str, options: list[str], output: 
         nvrtc.destroyProgram(program)
 
 
-def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
-    """Compile the kpool_compress variant with k, gate and output of ``dtype``."""
+def compress_instance(head_dim: int, kpool: int, dtype: str) -> str:
+    """The kpool_compress variant the tools look at: k, gate and output of ``dtype``, every operand aligned,
+    int32 offsets."""
     check_variant(head_dim, kpool)
     element = element_dtype(dtype)
-    name = compress_kernel_name(element, element, element, head_dim, kpool)
-    return _compile_kernel(COMPRESS_SOURCE, name, options, output)
+    return COMPRESS.instance(KT=element, GT=element, OT=element, HEAD_DIM=head_dim, KPOOL=kpool)
+
+
+def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
+    """Compile the kpool_compress variant with k, gate and output of ``dtype``."""
+    return _compile_kernel(COMPRESS.source, compress_instance(head_dim, kpool, dtype), options, output)
 
 
 def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> str:
@@ -108,9 +113,7 @@ class PtxasReport:
 
 def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> PtxasReport:
     """Registers, spills and stack of the kpool_compress variant as ptxas (inside NVRTC) builds it; no GPU needed."""
-    check_variant(head_dim, kpool)
-    element = element_dtype(dtype)
-    return kernel_ptxas_report(COMPRESS_SOURCE, compress_kernel_name(element, element, element, head_dim, kpool), arch)
+    return kernel_ptxas_report(COMPRESS.source, compress_instance(head_dim, kpool, dtype), arch)
 
 
 def kernel_ptxas_report(source: str, name: str, arch: str = "sm_90") -> PtxasReport:

@@ -17,9 +17,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..dtypes import element_dtype
-from ..kernel.names import COMPRESS_SOURCE, compress_kernel_name
-from .nvrtc import _arch_number, check_variant, kernel_ptx, parse_ptxas_log
+from ..kernel.declarations import COMPRESS
+from .nvrtc import _arch_number, compress_instance, kernel_ptx, parse_ptxas_log
 
 # The wheel that carries each tool, as nvidia/cu13/bin/<tool> under site-packages.
 WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -212,6 +211,4 @@ def summarize_sass(source: str, name: str, arch: str = "sm_90") -> SassSummary:
 
 def summarize_compress_sass(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> SassSummary:
     """`summarize_sass` of the kpool_compress variant with k, gate and output of ``dtype``."""
-    check_variant(head_dim, kpool)
-    element = element_dtype(dtype)
-    return summarize_sass(COMPRESS_SOURCE, compress_kernel_name(element, element, element, head_dim, kpool), arch)
+    return summarize_sass(COMPRESS.source, compress_instance(head_dim, kpool, dtype), arch)

@@ -27,33 +27,14 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("kpool_cupy.torch needs PyTorch: pip install 'kpool-cupy[torch]'") from error
 
+from ..ops.binding import bind_into as _bind_into
 from .registry import register as _register
 from .schema import SPECS as _SPECS
-from .wrappers import bind_all as _bind_all
+from .wrappers import BINDING as _BINDING
 
 _register()
 
-# In the order of ops.OPS, as the other public modules bind them.
-(
-    kpool_compress,
-    kpool_ring_close,
-    kpool_seed_tail,
-    kpool_tail_update,
-    kpool_expand_topk,
-    kpool_compress_fp8,
-    kpool_ring_close_fp8,
-    kpool_tail_update_fp8,
-    hadamard_quant_fp8,
-) = _bind_all(_SPECS)
+# Every op as a function on tensors; the names come from the op list.
+_OP_NAMES = _bind_into(globals(), _SPECS, _BINDING)
 
-__all__ = [
-    "hadamard_quant_fp8",
-    "kpool_compress",
-    "kpool_compress_fp8",
-    "kpool_expand_topk",
-    "kpool_ring_close",
-    "kpool_ring_close_fp8",
-    "kpool_seed_tail",
-    "kpool_tail_update",
-    "kpool_tail_update_fp8",
-]
+__all__ = [*_OP_NAMES]

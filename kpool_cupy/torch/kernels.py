@@ -79,7 +79,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return list(value) if isinstance(value, (list, tuple)) else [value]
 
 
-def _arguments(
+def arguments(
     spec: OpSpec, given: dict[str, Any], convert: Callable[[str, torch.Tensor], Any]
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The package function's arrays (in operand order, a ring list as one array or a pair) and options."""
@@ -92,8 +92,9 @@ def _arguments(
         else:
             arrays.append(None if value is None else convert(operand.name, value))
     options = {o.name: given[o.name] for o in spec.options}
-    if options.get("out_dtype") is not None:
-        options["out_dtype"] = numpy_dtype(options["out_dtype"])
+    for option in spec.options:
+        if option.kind == "dtype" and options[option.name] is not None:
+            options[option.name] = numpy_dtype(options[option.name])
     return tuple(arrays), options
 
 
@@ -118,7 +119,7 @@ def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         _check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
         _check_writable(written)
-        arrays, options = _arguments(spec, given, to_numpy)
+        arrays, options = arguments(spec, given, to_numpy)
         named = dict(zip(spec.operand_names, arrays, strict=True))
         result = function(**named, **options)
         _bump_versions(written)
@@ -148,7 +149,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         written = _written(overload, given)
         _check_writable(written)
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
-            arrays, options = _arguments(spec, given, lambda name, t: to_cupy(t))
+            arrays, options = arguments(spec, given, lambda name, t: to_cupy(t))
             named = dict(zip(spec.operand_names, arrays, strict=True))
             # The outputs behind this overload's results (a cache replaces some).
             keys = output_keys(spec, overload.results) if not spec.dynamic_sizes else ()
@@ -174,7 +175,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
 
 def output_shapes(spec: OpSpec, given: dict[str, Any], sizes: Callable[[Any], dict[str, Any]]) -> dict[str, Any]:
     """The op's output shapes and dtypes from its argument checks on metadata alone."""
-    arrays, options = _arguments(spec, given, metadata)
+    arrays, options = arguments(spec, given, metadata)
     call = spec.describe(arrays, options)
     return spec.outputs(call, **sizes(call))
 
@@ -197,7 +198,7 @@ def fake_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         given = _gather(overload, args, kwargs)
         device = _check_devices(given, tuple(o.name for o in overload.operands))
         if not overload.results:  # an .out overload: the checks alone (no size to make, none to return)
-            spec.describe(*_arguments(spec, given, metadata))
+            spec.describe(*arguments(spec, given, metadata))
             return None
         shapes = output_shapes(spec, given, _unbacked_sizes(spec))
         made = {

@@ -32,15 +32,10 @@ SPECS: tuple[OpSpec, ...] = OPS
 
 NAMESPACE = "kpool"
 
-# The results an overload returns, where they differ from the spec's: expand
-# returns counts only when compacting, and a schema has one return type, so
-# its torch op returns both (counts empty unless compacting).
-RESULTS = {"kpool_expand_topk": ("positions", "counts")}
-
-# Option annotations as schema types; a new annotation must be added here on
-# purpose (a KeyError at import names it).
-_OPTION_TYPES = {"bool": "bool", "int": "int", "int | None": "int?", "str": "str"}
-_OPTION_TYPE_BY_NAME = {"out_dtype": "ScalarType?"}  # a torch dtype; the wrappers take names too
+# Option annotations (or kinds, where the annotation does not say) as schema
+# types; a new one must be added here on purpose (a KeyError at import names
+# it). A dtype option takes a torch dtype; the wrappers take names too.
+_OPTION_TYPES = {"bool": "bool", "int": "int", "int | None": "int?", "str": "str", "dtype": "ScalarType?"}
 
 
 @dataclass(frozen=True)
@@ -85,8 +80,14 @@ def remaining_results(spec: OpSpec) -> tuple[str, ...]:
     return tuple(r for r in spec.results if output_keys(spec, (r,))[0] not in replaced)
 
 
+def all_results(spec: OpSpec) -> tuple[str, ...]:
+    """Every result a default overload returns: a schema has one return type, so a result the op returns
+    only with an option set (``OpSpec.conditional_results``) is always there, empty without it."""
+    return (*spec.results, *spec.conditional_results)
+
+
 def _option(option: Option) -> str:
-    kind = _OPTION_TYPE_BY_NAME.get(option.name) or _OPTION_TYPES[option.annotation]
+    kind = _OPTION_TYPES[option.kind or option.annotation]
     if option.default is REQUIRED:
         return f"{kind} {option.name}"
     default = "None" if option.default is None else repr(option.default)
@@ -127,7 +128,7 @@ def _overload(spec: OpSpec, name: str) -> Overload:
     elif name == "cache":
         results = remaining_results(spec)
     else:
-        results = RESULTS.get(spec.name, spec.results)
+        results = all_results(spec)
     returns = "Tensor" if len(results) == 1 else f"({', '.join(['Tensor'] * len(results))})"
     listed = ", ".join([*positional, *(["*", *keyword] if keyword else [])])
     return Overload(name, f"({listed}) -> {returns}", tuple(operands), spec.options, results)

@@ -16,12 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.binding import Binding, bind
+from ..ops.binding import Binding
 from ..ops.checks import check_out_dtype, dtype_fail, fail
-from ..ops.expand_topk import MAX_BLOCK_SIZE
-from ..ops.spec import OpSpec, is_pair, pair_error
-from ..pool_offsets import check_kpool
-from .schema import NAMESPACE, RESULTS, cache_target, given_outputs, op_name
+from ..ops.spec import OpSpec, Option, is_pair, pair_error
+from .schema import NAMESPACE, all_results, cache_target, given_outputs, op_name
 from .tensors import torch_dtype
 
 
@@ -48,66 +46,58 @@ def _as_operand(spec: OpSpec, name: str, value: Any) -> Any:
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
-def _out_dtype(value: Any) -> Any:
+def _dtype(option: Option, value: Any) -> Any:
     """A torch dtype for the schema; a name or NumPy dtype is read as the other backends read it."""
     if value is None:
         return None
     if isinstance(value, torch.dtype):
         if value not in _OUT_DTYPES:
-            raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", repr(value))
+            raise dtype_fail(option.name, "one of bfloat16, float16, float32", repr(value))
         return value
     return torch_dtype(check_out_dtype(value, None, None))
 
 
-_BOOLS = ("validate", "always_select_tail", "compact", "rotate", "round_scale")
-
-
-def _option(name: str, value: Any) -> Any:
-    """An option as the schema takes it, refused as the other backends refuse it: ints are integers (not
-    bools), bools are read for their truth as Python reads them."""
-    if name == "out_dtype":
-        return _out_dtype(value)
-    if name in _BOOLS:
+def _option(option: Option, value: Any) -> Any:
+    """An option as the schema takes it, refused as the other backends refuse it (the option's own check):
+    bools are read for their truth as Python reads them, integers must be integers."""
+    if option.kind == "dtype":
+        return _dtype(option, value)
+    if option.annotation == "bool":
         return bool(value)
-    if value is None or name not in ("kpool", "block_size"):
-        return value
-    if name == "kpool":
-        check_kpool(value)
-    elif isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise dtype_fail(name, "an integer", type(value).__name__)
-    elif not 1 <= int(value) <= MAX_BLOCK_SIZE:
-        raise fail(name, f"an integer in [1, {MAX_BLOCK_SIZE}]", int(value))
-    return int(value)
+    if value is None:
+        return None
+    if option.check is not None:
+        option.check(value)
+    return int(value) if option.annotation in ("int", "int | None") else value
 
 
 def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, Any]) -> None:
-    """The outputs the caller left out when they passed a partner, zeroed as the op would allocate them, into
-    ``tensors``. ``out`` and ``closed`` (ring close, tail update) each follow the other: ``closed`` has out's
-    shape without the channels, ``out`` is closed's shape by head_dim. FP8 values and scales go together
-    (one without the other is the package's error); ``closed`` follows them, or they follow it."""
-    names = {o.name for o in given_outputs(spec)}
-    k = tensors["k"] if "k" in tensors else tensors["x"]
-    head_dim = k.shape[-1]
-    if "out_scale" in names:
-        if (tensors["out"] is None) != (tensors["out_scale"] is None):
-            given, missing = ("out", "out_scale") if tensors["out"] is not None else ("out_scale", "out")
+    """The outputs the caller left out beside ones they gave, zeroed as the op allocates them, into
+    ``tensors`` (in torch ops only, so this traces): each takes the leading shape of a given one (a
+    ``closed`` of n entries gives ``out`` n rows, an ``out`` of n rows gives ``closed`` n entries), its rows'
+    width and its dtype as its operand says (``Operand.rows_of``, ``dtype``). Outputs that go together
+    (``Operand.together``: FP8 values and scales) are refused alone, as the op refuses them."""
+    outputs = given_outputs(spec)
+    for o in outputs:
+        if o.together and (tensors[o.name] is None) != (tensors[o.together] is None):
+            given, missing = (o.name, o.together) if tensors[o.name] is not None else (o.together, o.name)
             raise fail(missing, f"an array with {given} (the two are written together)", "None")
-        if tensors["out"] is None:  # closed alone
-            shape, device = tensors["closed"].shape, tensors["closed"].device
-            tensors["out"] = torch.zeros((*shape, head_dim), dtype=torch.uint8, device=device)
-            tensors["out_scale"] = torch.zeros(shape, dtype=torch.float32, device=device)
-    elif "closed" in names and tensors["out"] is None:
-        closed = tensors["closed"]
-        dtype = options.get("out_dtype") or k.dtype
-        tensors["out"] = torch.zeros((*closed.shape, head_dim), dtype=dtype, device=closed.device)
-    if "closed" in names and tensors["closed"] is None:
-        out = tensors["out"]
-        tensors["closed"] = torch.zeros(out.shape[:-1], dtype=torch.int32, device=out.device)
+    partner = next(o for o in outputs if tensors[o.name] is not None)
+    given = tensors[partner.name]
+    lead = tuple(given.shape[:-1] if partner.rows_of else given.shape)
+    chosen = next((options[opt.name] for opt in spec.options if opt.kind == "dtype"), None)
+    for o in outputs:
+        if tensors[o.name] is not None:
+            continue
+        width = (tensors[o.rows_of].shape[-1],) if o.rows_of else ()
+        dtype = torch_dtype(np.dtype(o.dtype)) if o.dtype else chosen or tensors[o.rows_of].dtype
+        tensors[o.name] = torch.zeros((*lead, *width), dtype=dtype, device=given.device)
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     tensors = {o.name: _as_operand(spec, o.name, a) for o, a in zip(spec.operands, arrays, strict=True)}
-    options = {name: _option(name, value) for name, value in options.items()}
+    declared = {o.name: o for o in spec.options}
+    options = {name: _option(declared[name], value) for name, value in options.items()}
     outputs = given_outputs(spec)
     target = cache_target(spec)
     op = getattr(getattr(torch.ops, NAMESPACE), op_name(spec))
@@ -128,9 +118,11 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
         return given[0] if len(given) == 1 else given
     if not any(tensors.get(o.name) is not None for o in outputs):
         result = op.default(*positional, **keyword)
-        if spec.name in RESULTS and not options.get("compact"):
-            return result[0]  # expand: counts only when compacting
-        return result
+        if not spec.conditional_results:
+            return result
+        wanted = {name: options[option] for name, option in spec.conditional_results.items()}
+        kept = [r for name, r in zip(all_results(spec), result, strict=True) if wanted.get(name, True)]
+        return kept[0] if len(kept) == 1 else tuple(kept)
     # Some output given: the others allocated here (torch ops only, so this
     # traces under torch.compile), then the .out overload.
     _missing_outputs(spec, tensors, options)
@@ -140,7 +132,3 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
 
 
 BINDING = Binding(name="torch", module="kpool_cupy.torch", array="Any", optional_array="Any", options=(), call=_call)
-
-
-def bind_all(specs: tuple[OpSpec, ...]) -> list[Any]:
-    return [bind(spec, BINDING) for spec in specs]

@@ -1,0 +1,141 @@
+# Written by kpool_cupy/tools/stubs.py from the module's exports (python -m kpool_cupy.tools.stubs);
+# tests/test_type_stubs.py checks it.
+import ctypes
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+BASE_FLAGS: tuple[str, ...]
+
+class CompilerNotFoundError(RuntimeError): ...
+
+FLAGS_VARIABLE: str
+
+def cache_dir() -> Path: ...
+def compiler() -> str: ...
+def hadamard_quant_fp8(
+    x: np.ndarray,
+    *,
+    round_scale: bool = True,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_compress(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    validate: bool = True,
+    out_dtype: Any = None,
+    rotate: bool = False,
+) -> np.ndarray: ...
+def kpool_compress_fp8(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    round_scale: bool = True,
+    cache: np.ndarray | None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_expand_topk(
+    pool_ids: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+) -> np.ndarray: ...
+def kpool_ring_close(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    out: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+    out_dtype: Any = None,
+    rotate: bool = False,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_ring_close_fp8(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray | None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def kpool_seed_tail(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    validate: bool = True,
+    kpool: int | None = None,
+) -> None: ...
+def kpool_tail_update(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    out: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+    out_dtype: Any = None,
+    rotate: bool = False,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_tail_update_fp8(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None: ...
+def load_variant(source_file: str, kernel_name: str) -> ctypes.CDLL: ...

@@ -1,0 +1,332 @@
+"""Every ``__global__`` function of kernels/, declared once: its file, template parameters and parameters.
+
+From a declaration come the instantiation name (``Kernel.instance``: the
+string NVRTC's name expressions, CuPy's ``get_function`` and the emulator's
+shim all get) and the argument tuple (``Kernel.arguments``: built from
+values given by name, each scalar at its C++ width). Nothing passes a kernel
+argument by position, so two swapped parameters of one type cannot go
+unnoticed; tests/test_kernel_declarations.py reads each ``__global__``
+signature in kernels/ and compares it with its declaration, name by name.
+
+A parameter group that several kernels share (a ring, an FP8 destination)
+is declared once here and spliced into each kernel that takes it, in the
+order the ``.cu`` signature lists it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import ELEMENT_CTYPES, INDEX_CTYPES, INT32
+from .codes import Fp8Destination, VectorAccess
+
+# C++ parameter types a launcher passes as a NumPy scalar, by their width.
+_SCALARS = {"long long": np.int64, "int": np.int32}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel parameter: its name and its C++ type as the ``.cu`` spells it, ``__restrict__`` left out."""
+
+    name: str
+    ctype: str
+
+    @property
+    def pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+
+@dataclass(frozen=True)
+class TemplateParam:
+    """One template parameter: ``typename`` (a dtype), ``int`` or ``bool``, and the value a name takes when the
+    caller leaves it out (None: required)."""
+
+    name: str
+    kind: str
+    default: Any = None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A ``__global__`` function template of ``kernels/<source>``."""
+
+    name: str
+    source: str
+    template: tuple[TemplateParam, ...]
+    params: tuple[Param, ...]
+    aligned: int = 0  # the VECTOR argument with every operand 16-byte accessible (tools' default variant)
+    _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.name}: a parameter is declared twice in {names}")
+        object.__setattr__(self, "_names", tuple(names))
+
+    def resolve(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Every template parameter by name: those given, the rest their defaults (index types int32, flags
+        off, VECTOR every operand aligned); a required one missing or an unknown name is an error."""
+        defaults = {t.name: (self.aligned if t.name == "VECTOR" else t.default) for t in self.template}
+        defaults = {name: value for name, value in defaults.items() if value is not None}
+        _require_names(self.name, "template parameter", [t.name for t in self.template], values, defaults)
+        return {t.name: values[t.name] if t.name in values else defaults[t.name] for t in self.template}
+
+    def instance(self, **values: Any) -> str:
+        """``name<...>``: the template parameters (``resolve``), dtypes as the kernels' storage or index C
+        types, integers and bools as integers."""
+        spelled = []
+        for t, value in zip(self.template, self.resolve(values).values(), strict=True):
+            if t.kind == "typename":
+                dtype = np.dtype(value)
+                spelled.append(ELEMENT_CTYPES.get(dtype) or INDEX_CTYPES[dtype])
+            else:
+                spelled.append(str(int(value)))
+        return f"{self.name}<{', '.join(spelled)}>"
+
+    def arguments(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The argument tuple in the ``.cu`` order from every parameter by name: arrays as given, ``long long``
+        and ``int`` as np.int64 and np.int32 (a value that does not fit is an error, not a wrapped number)."""
+        _require_names(self.name, "parameter", self._names, values, {})
+        listed = []
+        for p in self.params:
+            value = values[p.name]
+            if p.pointer:
+                if not hasattr(value, "shape"):
+                    raise TypeError(f"{self.name}: parameter {p.name} ({p.ctype}) takes an array, got {value!r}")
+                listed.append(value)
+                continue
+            scalar = _SCALARS[p.ctype]
+            limits = np.iinfo(scalar)
+            if not limits.min <= int(value) <= limits.max:
+                raise ValueError(f"{self.name}: parameter {p.name} ({p.ctype}) cannot hold {value!r}")
+            listed.append(scalar(int(value)))
+        return tuple(listed)
+
+
+def _require_names(kernel: str, what: str, declared: Any, given: Mapping[str, Any], defaults: Mapping[str, Any]):
+    missing = [n for n in declared if n not in given and n not in defaults]
+    unknown = [n for n in given if n not in declared]
+    if missing or unknown:
+        raise ValueError(f"{kernel}: {what}s missing {missing}, unknown {unknown}")
+
+
+def typename(name: str, default: Any = None) -> TemplateParam:
+    return TemplateParam(name, "typename", default)
+
+
+def integer(name: str, default: Any = None) -> TemplateParam:
+    return TemplateParam(name, "int", default)
+
+
+def boolean(name: str) -> TemplateParam:
+    return TemplateParam(name, "bool", False)
+
+
+def index(name: str) -> TemplateParam:
+    """An index array's element type, int32 unless given."""
+    return typename(name, INT32)
+
+
+def rows(name: str, ctype: str, stride: str | None = None) -> tuple[Param, ...]:
+    """A row-major array and its row stride in elements (``<name>_row_stride`` unless named)."""
+    return Param(name, ctype), Param(stride or f"{name}_row_stride", "long long")
+
+
+def longs(*names: str) -> tuple[Param, ...]:
+    return tuple(Param(n, "long long") for n in names)
+
+
+# The VECTOR bits of operands every kernel of a kind reads or writes.
+_V = VectorAccess
+_POOLING = _V.K | _V.GATE | _V.APE
+_RINGS = _V.TAIL | _V.GATE_RING
+
+# The element types and sizes every pooling kernel opens its template with.
+_ELEMENTS = (typename("KT"), typename("GT"))
+_SIZES = (integer("HEAD_DIM"), integer("KPOOL"), integer("VECTOR"))
+_RING_ELEMENTS = (typename("T"), typename("G"))
+
+# The pooling inputs of compress and its FP8 form: tokens, ape, offsets.
+_COMPRESS_INPUTS = (
+    *rows("k", "const KT*"),
+    *rows("gate", "const GT*"),
+    *rows("ape", "const float*"),
+    Param("input_row_offsets", "const IO*"),
+    Param("cache_lengths", "const IC*"),
+    Param("pool_row_offsets", "const IP*"),
+    *longs("batch", "total_tokens"),
+)
+
+
+def ring(writable: bool) -> tuple[Param, ...]:
+    """A ring as every ring kernel takes it (kernels/kpool_ring.cu): key ring, gate ring, the gate ring's
+    offset, slots, rows, the key ring's and the gate ring's slot and row strides."""
+    const = "" if writable else "const "
+    return (
+        Param("key_ring", f"{const}T*"),
+        Param("gate_ring", f"{const}G*"),
+        *longs("gate_offset", "max_slots", "ring_rows", "key_slot_stride", "key_row_stride"),
+        *longs("gate_slot_stride", "gate_row_stride"),
+    )
+
+
+# The call's token rows, as ring close and seed tail take them (gate's row
+# stride named apart from the ring's).
+_RING_TOKENS = (*rows("k", "const T*"), *rows("gate", "const G*", "gate_row_stride_tokens"))
+_REQUESTS = (
+    Param("input_row_offsets", "const IO*"),
+    Param("cache_lengths", "const IC*"),
+    Param("slot_idx", "const IS*"),
+    *longs("batch", "total_tokens"),
+)
+# The decode step's tokens [requests, next_n, head_dim] and where they sit.
+_STEP = (
+    Param("k", "const T*"),
+    *longs("k_request_stride", "k_token_stride"),
+    Param("gate", "const G*"),
+    *longs("gate_request_stride", "gate_token_stride"),
+    *rows("ape", "const float*"),
+    Param("positions", "const IPOS*"),
+    Param("slot_idx", "const IS*"),
+    Param("requests", "long long"),
+    Param("next_n", "int"),
+)
+
+# Where an FP8 writer's rows go (kp::Fp8Sink in kernels/kpool_fp8.cuh): rows
+# of values and scales, or a paged cache through slots or a block table.
+FP8_SINK = (
+    *rows("values", "unsigned char*", "values_stride"),
+    Param("scales", "float*"),
+    *longs("target_rows", "block_size"),
+    Param("destinations", "const ID*"),
+    *longs("destination_rows", "destination_columns", "destination_stride"),
+)
+
+
+def fp8_form(kernel: Kernel) -> Kernel:
+    """The FP8 sibling of a pool-writing kernel (``<name>_fp8``, same file): the same pooling, its rows
+    written through ``kp::Fp8Sink``. Its template drops the output type, takes TARGET where ROTATE was and
+    the destinations' index type last; its parameters take ``FP8_SINK`` where the pooled rows were and
+    ``round_scale`` last."""
+    template: list[TemplateParam] = []
+    for t in kernel.template:
+        if t.name == "ROTATE":
+            template.append(integer("TARGET", int(Fp8Destination.ROWS)))
+        elif t.name != "OT":
+            template.append(t)
+    params: list[Param] = []
+    for p in kernel.params:
+        if p.name == "pooled":
+            params += FP8_SINK
+        elif not p.name.startswith("pooled_"):
+            params.append(p)
+    return Kernel(
+        f"{kernel.name}_fp8",
+        kernel.source,
+        (*template, index("ID")),
+        (*params, Param("round_scale", "int")),
+        aligned=kernel.aligned,
+    )
+
+
+COMPRESS = Kernel(
+    "kpool_compress",
+    "kpool_compress.cu",
+    (*_ELEMENTS, typename("OT"), *_SIZES, boolean("ROTATE"), index("IO"), index("IC"), index("IP")),
+    (*_COMPRESS_INPUTS, *rows("pooled", "OT*"), Param("pooled_rows", "long long")),
+    aligned=_POOLING | _V.OUT,
+)
+RING_CLOSE = Kernel(
+    "kpool_ring_close",
+    "kpool_ring.cu",
+    (*_RING_ELEMENTS, typename("OT"), *_SIZES, boolean("ROTATE"), index("IO"), index("IC"), index("IS")),
+    (
+        *ring(writable=False),
+        *_RING_TOKENS,
+        *rows("ape", "const float*"),
+        *_REQUESTS,
+        *rows("pooled", "OT*"),
+        Param("closed", "int*"),
+    ),
+    aligned=_POOLING | _V.OUT | _RINGS,
+)
+SEED_TAIL = Kernel(
+    "kpool_seed_tail",
+    "kpool_ring.cu",
+    (*_RING_ELEMENTS, *_SIZES, index("IO"), index("IC"), index("IS")),
+    (*ring(writable=True), *_RING_TOKENS, *_REQUESTS),
+    aligned=_V.K | _V.GATE | _RINGS,
+)
+TAIL_UPDATE = Kernel(
+    "kpool_tail_update",
+    "kpool_ring.cu",
+    (*_RING_ELEMENTS, typename("OT"), *_SIZES, boolean("SPLIT"), boolean("ROTATE"), index("IPOS"), index("IS")),
+    (*ring(writable=True), *_STEP, Param("pooled", "OT*"), Param("closed", "int*"), Param("pools_per_request", "int")),
+    aligned=_POOLING | _V.OUT | _RINGS,
+)
+COMPRESS_FP8 = fp8_form(COMPRESS)
+RING_CLOSE_FP8 = fp8_form(RING_CLOSE)
+TAIL_UPDATE_FP8 = fp8_form(TAIL_UPDATE)
+EXPAND_TOPK = Kernel(
+    "kpool_expand_topk",
+    "kpool_expand.cu",
+    (integer("KPOOL"), index("IPID"), index("IO"), index("IC"), boolean("PAGED"), boolean("COMPACT")),
+    (
+        Param("pool_ids", "const IPID*"),
+        Param("pool_topk", "long long"),
+        Param("input_row_offsets", "const IO*"),
+        Param("cache_lengths", "const IC*"),
+        *longs("batch", "total_tokens"),
+        Param("block_table", "const int*"),
+        *longs("max_blocks", "block_size"),
+        Param("positions", "int*"),
+        Param("width", "long long"),
+        Param("counts", "int*"),
+    ),
+)
+HADAMARD_QUANT_FP8 = Kernel(
+    "kpool_hadamard_quant",
+    "kpool_hadamard_quant.cu",
+    (typename("T"), integer("HEAD_DIM"), integer("VECTOR")),
+    (
+        *rows("x", "const T*"),
+        Param("rows", "long long"),
+        *rows("values", "unsigned char*"),
+        Param("scales", "float*"),
+        Param("round_scale", "int"),
+    ),
+    aligned=_V.K | _V.OUT,
+)
+# The benchmark's baseline (kernels/bench/): upstream's geometry, one thread per channel.
+COMPRESS_BASELINE = Kernel(
+    "kpool_compress_baseline",
+    "bench/kpool_compress_baseline.cu",
+    (typename("T"), integer("HEAD_DIM"), integer("KPOOL")),
+    (
+        Param("k", "const T*"),
+        Param("gate", "const T*"),
+        Param("ape", "const float*"),
+        Param("input_row_offsets", "const long long*"),
+        Param("cache_lengths", "const long long*"),
+        Param("pool_row_offsets", "const long long*"),
+        Param("batch", "long long"),
+        Param("pooled", "T*"),
+    ),
+)
+
+KERNELS: tuple[Kernel, ...] = (
+    COMPRESS,
+    COMPRESS_FP8,
+    RING_CLOSE,
+    RING_CLOSE_FP8,
+    SEED_TAIL,
+    TAIL_UPDATE,
+    TAIL_UPDATE_FP8,
+    EXPAND_TOPK,
+    HADAMARD_QUANT_FP8,
+    COMPRESS_BASELINE,
+)

@@ -1,0 +1,143 @@
+"""An op's ``_fp8`` form: the same op with its pooled rows sent through the FP8 epilogue (``Fp8Rows``).
+
+Per pool, after the op's pooling (float32, unrounded)::
+
+    x = bf16(pooled);  y = bf16(B(x) * fl32(1/sqrt(D)));  s = ue8m0(max|y| / 448);  q = e4m3fn(y / s)
+
+(backends/reference_epilogue.py spells out every rounding.) ``fp8_form``
+builds the form's spec from the plain op's: its parameters with ``out`` in
+place of ``round_scale``, ``cache``, slots or ``block_table``, ``out`` and
+``out_scale`` (``out_dtype`` and ``rotate`` left out: the epilogue is the
+rotation), its checks with the destination's, its outputs with values and
+scales for the pooled rows, and its call flow (``pool_into``) with
+``Fp8Rows`` as the destination. What the form adds is where its rows may
+go (``RowsRule``) and the kernel of its family that writes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..dtypes import FLOAT32
+from ..kernel.declarations import Kernel
+from .checks import fail
+from .destinations import Fp8Rows
+from .fp8_target import (
+    BLOCK_TABLE_IN,
+    CACHE,
+    ROUND_SCALE,
+    SCALES_OUT,
+    UINT8,
+    VALUES_OUT,
+    Fp8Target,
+    check_rotation_head_dim,
+    check_target,
+)
+from .spec import Backend, Operand, OpSpec, OutputShape
+
+# The plain op's options the FP8 form does not take: the epilogue fixes both.
+_PLAIN_ONLY = ("out_dtype", "rotate")
+
+
+@dataclass(frozen=True)
+class Fp8Call:
+    """What the checks learned about an ``_fp8`` call: the plain op's record, where rows go, the scale rule."""
+
+    plain: Any
+    target: Fp8Target
+    round_scale: bool
+
+
+@dataclass(frozen=True)
+class RowsRule:
+    """Where an FP8 form's rows may go, from the plain call record.
+
+    ``leading`` is out's exact shape but the last dim (C-contiguous), None
+    for ``[rows, head_dim]`` at any row stride; ``min_rows`` out's least row
+    count with its reason; ``slot_rows`` the entries slots must have (None:
+    checked against the pools written); ``batch`` block_table's rows.
+    """
+
+    batch: int
+    leading: tuple[int, ...] | None = None
+    min_rows: tuple[int, str] | None = None
+    slot_rows: int | None = None
+
+
+@dataclass(frozen=True)
+class PlainOp:
+    """What an FP8 form takes from its plain op: the spec, the call flow that takes a destination, and where
+    rows may go."""
+
+    spec: OpSpec
+    pool_into: Callable[..., Any]  # pool_into(backend, call, arrays, *, validate, to)
+    rows_rule: Callable[[Any], RowsRule]
+
+
+def fp8_parameters(plain: OpSpec, slots: Operand | None) -> tuple[Any, ...]:
+    """The plain op's parameters, ``out`` replaced by the FP8 destination's, its dtype and rotation options
+    left out."""
+    listed: list[Any] = []
+    for p in plain.parameters:
+        if p.name == "out":
+            listed += [ROUND_SCALE, CACHE, *([slots] if slots is not None else []), BLOCK_TABLE_IN]
+            listed += [VALUES_OUT, SCALES_OUT]
+        elif p.name not in _PLAIN_ONLY:
+            listed.append(p)
+    return tuple(listed)
+
+
+def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, docs: Mapping[str, str]) -> OpSpec:
+    """The spec of ``plain``'s FP8 form, written by ``kernel`` (a sibling of the plain op's kernel)."""
+    spec = plain.spec
+    fp8_names = {"cache", "slots", "block_table", "out", "out_scale"}
+
+    def check(arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Fp8Call:
+        own = {n: a for n, a in arrays.items() if n not in fp8_names} | {"out": None}
+        plain_call = spec.check(own, {**options, "out_dtype": None, "rotate": False})
+        check_rotation_head_dim("k", plain_call.head_dim)
+        rule = plain.rows_rule(plain_call)
+        target = check_target(
+            plain_call.head_dim,
+            out=arrays["out"],
+            out_scale=arrays["out_scale"],
+            cache=arrays["cache"],
+            slots=arrays.get("slots"),
+            block_table=arrays["block_table"],
+            batch=rule.batch,
+            leading=rule.leading,
+            slot_rows=rule.slot_rows,
+            takes_slots=slots is not None,
+        )
+        out = arrays["out"]
+        if rule.min_rows is not None and out is not None and out.shape[0] < rule.min_rows[0]:
+            least, why = rule.min_rows
+            raise fail("out", f"at least {least} rows ({why})", f"{out.shape[0]} rows")
+        return Fp8Call(plain_call, target, bool(options["round_scale"]))
+
+    def run(backend: Backend, call: Fp8Call, arrays: dict[str, Any], *, validate: bool, **options: Any) -> Any:
+        to = Fp8Rows(kernel, call.target, call.round_scale)
+        return plain.pool_into(backend, call.plain, arrays, validate=validate, to=to)
+
+    def outputs(call: Fp8Call, **sizes: Any) -> dict[str, OutputShape]:
+        shapes = dict(spec.outputs(call.plain, **sizes))
+        rows, _ = shapes.pop("out")
+        if call.target.to_cache:
+            return shapes
+        return {"out": (rows, UINT8), "out_scale": (rows[:-1], FLOAT32), **shapes}
+
+    results = tuple(r for result in spec.results for r in (("values", "scales") if result == "pooled" else (result,)))
+    dynamic = {size: (lambda call, bound=bound: bound(call.plain)) for size, bound in spec.dynamic_sizes.items()}
+    return OpSpec(
+        name,
+        fp8_parameters(spec, slots),
+        results,
+        check,
+        run,
+        docs,
+        outputs,
+        extras=spec.extras,
+        dynamic_sizes=dynamic,
+    )

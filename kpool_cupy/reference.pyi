@@ -1,0 +1,133 @@
+# Written by kpool_cupy/tools/stubs.py from the module's exports (python -m kpool_cupy.tools.stubs);
+# tests/test_type_stubs.py checks it.
+from typing import Any
+
+import numpy as np
+
+def hadamard_quant_fp8(
+    x: np.ndarray,
+    *,
+    round_scale: bool = True,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_compress(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    validate: bool = True,
+    out_dtype: Any = None,
+    rotate: bool = False,
+    accumulate: str = "float32",
+) -> np.ndarray: ...
+def kpool_compress_fp8(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    round_scale: bool = True,
+    cache: np.ndarray | None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+    accumulate: str = "float32",
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_expand_topk(
+    pool_ids: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+) -> np.ndarray: ...
+def kpool_ring_close(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    out: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+    out_dtype: Any = None,
+    rotate: bool = False,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_ring_close_fp8(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray | None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def kpool_seed_tail(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    validate: bool = True,
+    kpool: int | None = None,
+) -> None: ...
+def kpool_tail_update(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    out: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+    out_dtype: Any = None,
+    rotate: bool = False,
+) -> tuple[np.ndarray, np.ndarray]: ...
+def kpool_tail_update_fp8(
+    tail: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any) -> Any: ...
+def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]) -> np.ndarray: ...
