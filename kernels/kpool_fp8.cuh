@@ -1,5 +1,5 @@
 // The FP8 epilogue every writer of an FP8 cache shares, and the query side
-// with it (issue 12): a row of D = 8 * LANES float32 values, 8 per thread,
+// with it: a row of D = 8 * LANES float32 values, 8 per thread,
 // across a group of LANES consecutive lanes of one warp.
 //
 //     y = bf16( B(x) * fl32(1/sqrt(D)) )        B: butterflies (a+b, a-b) at strides 1, 2, ..., D/2

@@ -25,7 +25,7 @@ _ENUM = re.compile(r"enum\s+(\w+)\s*:\s*int\s*\{([^}]*)\}")
 
 
 def _header_enums() -> dict[str, dict[str, int]]:
-    text = (kernels_dir() / "kpool_common.cuh").read_text()
+    text = "".join((kernels_dir() / name).read_text() for name in ("kpool_common.cuh", "kpool_fp8.cuh"))
     enums = {}
     for name, body in _ENUM.findall(text):
         entries = [entry.split("=") for entry in body.split(",") if entry.strip()]
@@ -37,6 +37,13 @@ def test_python_mirror_equals_the_header():
     header = _header_enums()["VectorAccess"]
     spelled = {re.sub(r"(?<!^)(?=[A-Z])", "_", key.removeprefix("kVector")).upper(): v for key, v in header.items()}
     assert spelled == {member.name: int(member.value) for member in codes.VectorAccess}
+
+
+def test_fp8_target_mirror_equals_the_header():
+    # kp::Fp8Target's kFp8Rows, kFp8Slots, kFp8Table as codes.Fp8Target's ROWS, SLOTS, TABLE.
+    header = _header_enums()["Fp8Target"]
+    spelled = {key.removeprefix("kFp8").upper(): value for key, value in header.items()}
+    assert spelled == {member.name: int(member.value) for member in codes.Fp8Target}
 
 
 def test_the_prefetch_sizes_are_the_headers():

@@ -5,7 +5,7 @@ kpool_compress_fp8 pools as kpool_compress does, with 16-byte loads of k,
 gate and ape, then runs the FP8 epilogue of kernels/kpool_fp8.cuh in
 registers: the butterflies and the row maximum cross a group of
 head_dim / 8 lanes by shuffles, and a thread's 8 e4m3fn bytes leave in one
-8-byte store. kpool_hadamard_quant is the same epilogue on a query row.
+8-byte store. kpool_hadamard_quant_fp8 is the same epilogue on a query row.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compiling needs CuPy's NVRTC bindings")
 
 from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
-from kpool_cupy.kernel.codes import Fp8Destination, VectorAccess
+from kpool_cupy.kernel.codes import Fp8Target, VectorAccess
 from kpool_cupy.kernel.declarations import COMPRESS_FP8, HADAMARD_QUANT_FP8
 from kpool_cupy.kernel.geometry import chunk_members
 from kpool_cupy.tools import sass
@@ -28,7 +28,7 @@ from kpool_cupy.tools.ptx_report import VECTOR_LOAD  # 16 bytes: ld.global[.nc].
 DTYPES = [BFLOAT16, FLOAT16, FLOAT32]
 DTYPE_IDS = ["bf16", "fp16", "fp32"]
 HEAD_DIMS = [8, 16, 64, 128, 256]  # every power of two the epilogue takes but 32
-TARGETS = list(Fp8Destination)
+TARGETS = list(Fp8Target)
 # Every operand allows vector access: 16-byte loads of k, gate and ape, 8-byte stores of values.
 ALIGNED = VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT
 QUERY_ALIGNED = VectorAccess.K | VectorAccess.OUT  # x and values
@@ -42,7 +42,7 @@ SHUFFLE = re.compile(r"\bshfl\.sync\.bfly\b")
 SASS_OPCODE = re.compile(r"^\s*/\*[0-9a-fA-F]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M)
 
 
-def _fused(k_dtype, gate_dtype, head_dim, kpool, vector=ALIGNED, target=Fp8Destination.ROWS) -> str:
+def _fused(k_dtype, gate_dtype, head_dim, kpool, vector=ALIGNED, target=Fp8Target.ROWS) -> str:
     return COMPRESS_FP8.instance(
         KT=k_dtype, GT=gate_dtype, HEAD_DIM=head_dim, KPOOL=kpool, VECTOR=vector, TARGET=target
     )
@@ -76,7 +76,7 @@ def _assert_no_spill(report, name: str) -> None:
 # A sweep of every variant the issue names, 1215 of kpool_compress_fp8
 # (k and gate dtypes {bf16, fp16, fp32}^2, head_dim 8, 16, 64, 128, 256,
 # kpool 1, 3, 4, 5, 7, 8, 16, 17, 64, the three targets) and 30 of
-# kpool_hadamard_quant (3 dtypes, those head_dims, VECTOR 0 and K|OUT),
+# kpool_hadamard_quant_fp8 (3 dtypes, those head_dims, VECTOR 0 and K|OUT),
 # found none that spills, so no variant is excused as KNOWN_SPLIT_SPILLS
 # excuses some in tests/test_ptx.py. The fused kernel peaks at the 128
 # registers the launch bound leaves in 53 variants, all of kpool 5, 7 or 8,

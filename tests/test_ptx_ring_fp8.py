@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="compiling needs CuPy's NVRTC bindings")
 
 from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
-from kpool_cupy.kernel.codes import Fp8Destination
+from kpool_cupy.kernel.codes import Fp8Target
 from kpool_cupy.kernel.declarations import COMPRESS, RING_CLOSE, RING_CLOSE_FP8, TAIL_UPDATE, TAIL_UPDATE_FP8
 from kpool_cupy.kernel.geometry import group_block_bound
 from kpool_cupy.tools.nvrtc import kernel_ptxas_report
@@ -37,9 +37,7 @@ SPLIT_BOUND, BOUND = group_block_bound(256), 512
 
 
 def _fp8_ring_variants():
-    for (key, gate), (head_dim, kpool), target in itertools.product(
-        PAIRS, CORNERS, [Fp8Destination.ROWS, Fp8Destination.TABLE]
-    ):
+    for (key, gate), (head_dim, kpool), target in itertools.product(PAIRS, CORNERS, [Fp8Target.ROWS, Fp8Target.TABLE]):
         sizes = {"T": key, "G": gate, "HEAD_DIM": head_dim, "KPOOL": kpool, "VECTOR": EVERY, "TARGET": target}
         yield RING_CLOSE_FP8.instance(**sizes), BOUND
         for split in (False, True) if key.itemsize == gate.itemsize else (True,):

@@ -1,6 +1,6 @@
 """The FP8 epilogue in NumPy: Walsh-Hadamard rotation, a power-of-two scale, e4m3fn bytes.
 
-Per row of ``head_dim`` D channels (issue 12, "The epilogue, exactly")::
+Per row of ``head_dim`` D channels::
 
     x = bf16(pooled)                                  # hadamard_quant: x's own dtype, exactly
     y = bf16( B(x) * fl32(1/sqrt(D)) )                # B: butterflies (a+b, a-b) at strides 1, 2, ..., D/2

@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 
 from ..dtypes import INT32_MAX
-from ..kernel.codes import Fp8Destination
+from ..kernel.codes import Fp8Target
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
 from ..ops.spec import Launch, is_pair
 from .reference_epilogue import epilogue, rotate
@@ -218,14 +218,14 @@ def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np
     call, o = kernel_scalars(launch), launch.operands
     with np.errstate(all="ignore"):
         values, scales = epilogue(pooled.astype(np.float32), bool(call.round_scale))
-    if call.target == Fp8Destination.ROWS:
+    if call.target == Fp8Target.ROWS:
         out = o["out"].reshape(-1, o["out"].shape[-1])  # [rows, D], or a C-contiguous [R, J, D]: views
         inside = rows < out.shape[0]
         out[rows[inside]] = values[inside]
         o["out_scale"].reshape(-1)[rows[inside]] = scales[inside]
         return
     size, pages = call.block_size, call.target_rows
-    if call.target == Fp8Destination.SLOTS:
+    if call.target == Fp8Target.SLOTS:
         slots_in = o["slots"]
         inside = rows < slots_in.shape[0]
         slot = np.where(inside, slots_in[np.where(inside, rows, 0)] if slots_in.size else -1, -1).astype(np.int64)
@@ -249,8 +249,8 @@ def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np
     page_bytes[page, size * head_dim + 4 * entry_in_page + np.arange(4)] = scale_bytes
 
 
-def hadamard_quant(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_hadamard_quant``: every row of x through the query side's epilogue."""
+def hadamard_quant_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_hadamard_quant_fp8``: every row of x through the query side's epilogue."""
     o = launch.operands
     with np.errstate(all="ignore"):
         values, scales = query_epilogue(o["x"], bool(kernel_scalars(launch).round_scale))
@@ -435,5 +435,5 @@ KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_compress_fp8": compress_fp8,
     "kpool_ring_close_fp8": ring_close_fp8,
     "kpool_tail_update_fp8": tail_update_fp8,
-    "kpool_hadamard_quant": hadamard_quant,
+    "kpool_hadamard_quant_fp8": hadamard_quant_fp8,
 }

@@ -1,4 +1,4 @@
-"""Benchmarks of the FP8 epilogue (issue 12): the fused kpool_compress_fp8 into a paged cache against the unfused
+"""Benchmarks of the FP8 epilogue: the fused kpool_compress_fp8 into a paged cache against the unfused
 sequence, and the query side's hadamard_quant_fp8 (GPU only, but for the host-side helpers).
 
 The unfused sequence is made of this package's own ops and CuPy indexing::

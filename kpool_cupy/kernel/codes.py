@@ -26,7 +26,7 @@ class VectorAccess(enum.IntFlag):
     GATE_RING = 32  # a ring's gate scores
 
 
-class Fp8Destination(enum.IntEnum):
+class Fp8Target(enum.IntEnum):
     """Where an FP8 writer's rows go (``kp::Fp8Target``): rows of values and scales, or a paged cache through
     per-pool slots or a block table."""
 

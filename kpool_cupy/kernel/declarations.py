@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, INDEX_CTYPES, INT32
-from .codes import Fp8Destination, VectorAccess
+from .codes import Fp8Target, VectorAccess
 
 # C++ parameter types a launcher passes as a NumPy scalar, by their width.
 _SCALARS = {"long long": np.int64, "int": np.int32}
@@ -215,7 +215,7 @@ def fp8_form(kernel: Kernel) -> Kernel:
     template: list[TemplateParam] = []
     for t in kernel.template:
         if t.name == "ROTATE":
-            template.append(integer("TARGET", int(Fp8Destination.ROWS)))
+            template.append(integer("TARGET", int(Fp8Target.ROWS)))
         elif t.name != "OT":
             template.append(t)
     params: list[Param] = []
@@ -289,8 +289,8 @@ EXPAND_TOPK = Kernel(
     ),
 )
 HADAMARD_QUANT_FP8 = Kernel(
-    "kpool_hadamard_quant",
-    "kpool_hadamard_quant.cu",
+    "kpool_hadamard_quant_fp8",
+    "kpool_hadamard_quant_fp8.cu",
     (typename("T"), integer("HEAD_DIM"), integer("VECTOR")),
     (
         *rows("x", "const T*"),

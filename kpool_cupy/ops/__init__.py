@@ -5,7 +5,7 @@ from __future__ import annotations
 from .compress import SPEC as COMPRESS
 from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
-from .hadamard_quant import SPEC as HADAMARD_QUANT_FP8
+from .hadamard_quant_fp8 import SPEC as HADAMARD_QUANT_FP8
 from .ring_close import SPEC as RING_CLOSE
 from .ring_close_fp8 import SPEC as RING_CLOSE_FP8
 from .seed_tail import SPEC as SEED_TAIL

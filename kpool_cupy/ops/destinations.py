@@ -21,7 +21,7 @@ from ..dtypes import FLOAT32
 from ..kernel import codes
 from ..kernel.declarations import Kernel
 from .checks import fail
-from .fp8_target import ROWS, SLOTS, UINT8, Fp8Target, check_destinations, sink_template, sink_values, sink_vector
+from .fp8_target import ROWS, SLOTS, UINT8, Fp8Placement, check_destinations, sink_template, sink_values, sink_vector
 from .spec import Backend
 
 # Which pools a call writes, for the checks of where they land (host arrays):
@@ -102,7 +102,7 @@ class Fp8Rows:
     rows or a paged cache through ``slots`` or ``block_table`` (``fp8_target``)."""
 
     kernel: Kernel
-    target: Fp8Target
+    target: Fp8Placement
     round_scale: bool
 
     def allocates(self, arrays: dict[str, Any]) -> bool:

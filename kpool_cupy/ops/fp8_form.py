@@ -31,7 +31,7 @@ from .fp8_target import (
     SCALES_OUT,
     UINT8,
     VALUES_OUT,
-    Fp8Target,
+    Fp8Placement,
     check_rotation_head_dim,
     check_target,
 )
@@ -46,7 +46,7 @@ class Fp8Call:
     """What the checks learned about an ``_fp8`` call: the plain op's record, where rows go, the scale rule."""
 
     plain: Any
-    target: Fp8Target
+    target: Fp8Placement
     round_scale: bool
 
 

@@ -1,4 +1,4 @@
-"""Where an FP8 op writes (issue 12): rows of e4m3fn bytes and scales, or a paged cache, checked and passed once.
+"""Where an FP8 op writes: rows of e4m3fn bytes and scales, or a paged cache, checked and passed once.
 
 Every FP8 writer (compress, ring close, tail update) and the query side
 share these checks, so a bad cache, slot list or block table gets the same
@@ -33,7 +33,7 @@ SLOT_DTYPES = (INT32, INT64)
 # The rotation runs across one warp's lanes, 8 channels each (kp::group_lanes).
 MIN_FP8_HEAD_DIM, MAX_FP8_HEAD_DIM = 8, 256
 
-ROWS, SLOTS, TABLE = (int(d) for d in codes.Fp8Destination)
+ROWS, SLOTS, TABLE = (int(d) for d in codes.Fp8Target)
 
 ROUND_SCALE = Option("round_scale", "bool", True)
 CACHE = Operand(
@@ -61,7 +61,7 @@ def check_rotation_head_dim(name: str, head_dim: int) -> None:
 
 
 @dataclass(frozen=True)
-class Fp8Target:
+class Fp8Placement:
     """What the checks learned about where an FP8 call writes."""
 
     kind: int  # ROWS, SLOTS or TABLE
@@ -143,7 +143,7 @@ def check_target(
     leading: tuple[int, ...] | None = None,
     slot_rows: int | None = None,
     takes_slots: bool = True,
-) -> Fp8Target:
+) -> Fp8Placement:
     """Rows (``out``/``out_scale``, or new ones) or a cache through ``slots`` or ``block_table``, exactly one way.
 
     ``leading``: out's exact shape but the last dim (C-contiguous), or None
@@ -160,8 +160,8 @@ def check_target(
             given, missing = ("out", "out_scale") if out is not None else ("out_scale", "out")
             raise fail(missing, f"an array with {given} (the two are written together)", "None")
         if out is None:
-            return Fp8Target(ROWS, 0, 1, INT32)
-        return Fp8Target(ROWS, _check_rows_out(out, out_scale, head_dim, leading), 1, INT32)
+            return Fp8Placement(ROWS, 0, 1, INT32)
+        return Fp8Placement(ROWS, _check_rows_out(out, out_scale, head_dim, leading), 1, INT32)
     for name, given in (("out", out), ("out_scale", out_scale)):
         if given is not None:
             raise fail(name, "None with cache (the cache holds the values and scales)", "an array")
@@ -174,7 +174,7 @@ def check_target(
     if slots is not None:
         rule = ">= total_pools" if slot_rows is None else str(slot_rows)
         _check_vector("slots", slots, SLOT_DTYPES, slot_rows, rule)
-        return Fp8Target(SLOTS, pages, block_size, np.dtype(slots.dtype))
+        return Fp8Placement(SLOTS, pages, block_size, np.dtype(slots.dtype))
     require_array("block_table", block_table)
     if np.dtype(block_table.dtype) != INT32:
         raise dtype_fail("block_table", "dtype int32", dtype_name(np.dtype(block_table.dtype)))
@@ -184,11 +184,11 @@ def check_target(
         raise fail("block_table", "a contiguous last dim", f"strides {block_table.strides}")
     if block_table.size and block_table.strides[0] % 4:
         raise fail("block_table", "a row stride in whole entries", f"strides {block_table.strides}")
-    return Fp8Target(TABLE, pages, block_size, INT32)
+    return Fp8Placement(TABLE, pages, block_size, INT32)
 
 
 def check_destinations(
-    target: Fp8Target,
+    target: Fp8Placement,
     slots: np.ndarray | None,
     block_table: np.ndarray | None,
     rows: np.ndarray,
@@ -236,7 +236,7 @@ def check_destinations(
         raise fail(name, "a slot of its own for every pool written", f"slot {int(unique[np.argmax(counts > 1)])} twice")
 
 
-def sink_values(target: Fp8Target, operands: dict[str, Any]) -> dict[str, Any]:
+def sink_values(target: Fp8Placement, operands: dict[str, Any]) -> dict[str, Any]:
     """``kp::Fp8Sink``'s parameters by name (``kernel.declarations.FP8_SINK``)."""
     if target.kind == ROWS:
         out, scales = operands["out"], operands["out_scale"]
@@ -259,12 +259,12 @@ def sink_values(target: Fp8Target, operands: dict[str, Any]) -> dict[str, Any]:
     return head | placed | {"destination_stride": codes.stride(table)}
 
 
-def sink_template(target: Fp8Target, operands: dict[str, Any]) -> dict[str, Any]:
+def sink_template(target: Fp8Placement, operands: dict[str, Any]) -> dict[str, Any]:
     """``kp::Fp8Sink``'s template parameters: where rows go, and the dtype of slots or the block table."""
     return {"TARGET": target.kind, "ID": target.destination_dtype}
 
 
-def sink_vector(target: Fp8Target, operands: dict[str, Any]) -> int:
+def sink_vector(target: Fp8Placement, operands: dict[str, Any]) -> int:
     """The VECTOR bit of the values (``VectorAccess.OUT``) where every row of values the kernel writes starts
     8-byte aligned (one 8-byte store per thread): out's rows, or the cache's pages."""
     if target.kind == ROWS:

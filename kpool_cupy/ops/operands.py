@@ -12,8 +12,8 @@ TOKEN_GATE = Operand("gate", "like k; any of the three element dtypes")
 RING_GATE = Operand("gate", "like k; in k's dtype with one ring array, the gate ring's with a pair")
 # The dtype of the pooled output, when neither out= nor k's dtype is wanted.
 OUT_DTYPE = Option("out_dtype", "Any", None, kind="dtype")
-# Write each pool's Hadamard rotation instead of the pool (issue 12: engines
-# with bf16 caches of rotated keys).
+# Write each pool's Hadamard rotation instead of the pool (for engines with
+# bf16 caches of rotated keys).
 ROTATE = Option("rotate", "bool", False)
 APE = Operand("ape", "float32 [kpool, head_dim]")
 INPUT_ROW_OFFSETS = Operand("input_row_offsets", "[batch + 1] int32, uint32 or int64")

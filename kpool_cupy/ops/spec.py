@@ -1,11 +1,13 @@
 """What an op is: its parameters, its call flow, and the launches it asks a backend to run.
 
-An op module (compress, ring close, seed tail, tail update, expand top-k)
-builds one ``OpSpec``. Its ``run`` is the call flow every backend shares:
-check the arguments into a call record, check array contents when asked,
-size and allocate the outputs, and hand ``Launch`` records to the backend.
-A backend only places memory and runs launches (``Backend``); the public
-functions are bound from the spec (``ops.binding``).
+Each op module of ``ops.OPS`` builds one ``OpSpec`` (an ``_fp8`` form builds
+its spec from its plain op's, ``fp8_form``). Its ``check`` turns the arrays
+(by name) and options into a call record; its ``run`` checks array contents
+when asked, sizes and allocates the outputs, and hands ``Launch`` records
+to the backend (``ops.binding.execute`` runs the two, with the overlap rule
+between them). A backend only places memory and runs launches
+(``Backend``); the public functions are bound from the spec
+(``ops.binding``).
 """
 
 from __future__ import annotations

@@ -2,11 +2,13 @@
 
 ``import kpool_cupy.torch`` registers, once per process:
 
-- ``torch.ops.kpool.compress``, ``ring_close``, ``seed_tail``,
-  ``tail_update``, ``expand_topk`` (schemas written from the op specs: the
+- every op of ``kpool_cupy.ops.OPS`` as ``torch.ops.kpool.<name without
+  kpool_>`` (``compress``, ``ring_close``, ..., ``compress_fp8``,
+  ``hadamard_quant_fp8``): schemas written from the op specs (the
   function's positional arguments, then its keyword-only ones; a ring as a
-  list ``[tail]`` or ``[key_ring, gate_ring]``), each with an ``.out``
-  overload that takes ``out``/``closed`` and writes them;
+  list ``[tail]`` or ``[key_ring, gate_ring]``), with an ``.out`` overload
+  that takes the outputs and writes them, and for an op that can write a
+  paged cache ``.cache`` (and ``.cache_out``);
 - ``torch.ops.kpool.pool_row_offsets``.
 
 CPU tensors run the NumPy reference on their own memory (bfloat16

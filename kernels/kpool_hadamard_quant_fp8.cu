@@ -1,4 +1,4 @@
-// kpool_hadamard_quant: the query side of the FP8 epilogue. Each row of x
+// kpool_hadamard_quant_fp8: the query side of the FP8 epilogue. Each row of x
 // [rows, HEAD_DIM] (bf16, fp16 or fp32, converted to float32 exactly, with
 // no bf16 rounding first) is rotated and quantized as a pooled key is
 // (kp::fp8_epilogue in kernels/kpool_fp8.cuh), so a query's scores against
@@ -13,7 +13,7 @@
 // kVectorOut for 8-byte stores of values. HEAD_DIM: a power of two, 8 to 256.
 template <typename T, int HEAD_DIM, int VECTOR>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_hadamard_quant(const T* __restrict__ x, long long x_row_stride, long long rows,
+    kpool_hadamard_quant_fp8(const T* __restrict__ x, long long x_row_stride, long long rows,
                          unsigned char* __restrict__ values, long long values_row_stride, float* __restrict__ scales,
                          int round_scale) {
     KP_THREADS_COOPERATE(true);

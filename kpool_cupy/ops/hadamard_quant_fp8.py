@@ -40,7 +40,7 @@ def output_shapes(call: HadamardQuantCall) -> dict[str, OutputShape]:
 
 
 def hadamard_quant_launch(call: HadamardQuantCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_hadamard_quant``."""
+    """The launch of ``kpool_hadamard_quant_fp8``."""
     o = operands
     values = codes.rows("x", o["x"]) | {"rows": call.rows} | codes.rows("values", o["out"])
     values |= {"scales": o["out_scale"], "round_scale": call.round_scale}
