@@ -3,7 +3,7 @@
     pooled[p, c] = sum_m softmax_m(gate[member m, c] + ape[m, c]) * k[member m, c]
 
 The kernels in kernels/ are compiled by the host C++ compiler (``CXX``,
-default ``c++``) with kernels/kpool_portability.h standing in for the CUDA
+default ``c++``) with kernels/emulator/ standing in for the CUDA
 built-ins, then launched over the grid and block geometry the GPU launcher
 computes, one thread after another. What this checks is the kernels' index
 math, bounds checks and arithmetic, not the GPU's timing: ``expf`` and FMA

@@ -10,16 +10,13 @@ or asserts a speed.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from double import ROOT, run_on_double
 from model import BF16, F32, make_batch
 
 from kpool_cupy import emulate, pool_row_offsets, reference
@@ -30,8 +27,6 @@ from kpool_cupy.bench.report import table
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep
 from kpool_cupy.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DOUBLE = ROOT / "tests" / "cupy_double"
 FP8_ROW = 128 + 4  # one FP8 row of head_dim 128: its bytes and a float32 scale
 
 
@@ -210,15 +205,16 @@ PREFILL = BenchShape("tiny-prefill", "prefill", (64, 23), (0, 0), 128, 4)
 """
 
 
+# A guard against a hang: the longest script (the query record) ran in 43 to 73 s (two busy cores, 2026-12-03).
+DOUBLE_TIMEOUT_S = 900
+
+
 def _on_the_double(body: str) -> None:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DOUBLE), str(ROOT)])}
-    script = _PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    done = run_on_double(_PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n", timeout=DOUBLE_TIMEOUT_S)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_compress_records_check_the_unfused_bytes_and_time_both():
     _on_the_double(
         """
@@ -240,6 +236,7 @@ def test_the_compress_records_check_the_unfused_bytes_and_time_both():
     )
 
 
+@pytest.mark.slow
 def test_an_unfused_sequence_that_misses_a_pool_is_reported_as_different():
     # The equality field is not vacuous: a scatter that drops the last pool
     # leaves that pool's FP8 row as the fill, and the record counts its bytes.
@@ -259,6 +256,7 @@ def test_an_unfused_sequence_that_misses_a_pool_is_reported_as_different():
     )
 
 
+@pytest.mark.slow
 def test_the_query_record_times_the_op_against_the_copy():
     _on_the_double(
         """

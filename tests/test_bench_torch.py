@@ -11,22 +11,18 @@ timed. No test here times anything or asserts a speed.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from double import run_on_double
 
 from kpool_cupy.backends.cupy import gpu_status
 from kpool_cupy.bench import impls, run
 from kpool_cupy.bench.shapes import BenchShape
 from kpool_cupy.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DOUBLE = ROOT / "tests" / "cupy_double"
 NAME = "torch.ops.kpool"
 
 
@@ -102,16 +98,18 @@ def pretend_torch_has_cuda():
 """
 
 
+# A guard against a hang: the longest script (a shape's bench with the torch row) ran in 9.5 to 24 s
+# (two busy cores, 2026-12-03).
+DOUBLE_TIMEOUT_S = 300
+
+
 def _on_the_double(body: str) -> None:
     pytest.importorskip("torch")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(DOUBLE), str(ROOT)])}
-    script = _PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n"
-    done = subprocess.run(
-        [sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
+    done = run_on_double(_PRELUDE + textwrap.dedent(body) + "\nprint('ok')\n", timeout=DOUBLE_TIMEOUT_S)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_the_torch_op_call_writes_the_reference_into_the_sets_out():
     # The call's wiring: positional operands in order, pool_row_offsets= and
     # out= by keyword, out a view of the set's own out (no copy). The CPU
@@ -155,6 +153,7 @@ def test_the_replay_check_passes_a_captured_launch_and_refuses_one_that_ran_at_o
     )
 
 
+@pytest.mark.slow
 def test_a_torch_op_row_whose_replay_writes_nothing_is_timed_by_events_and_says_why():
     # The row sets torch's stream to CuPy's current one for each call (the
     # capture stream while capturing, torch's default stream for the legacy
@@ -178,6 +177,7 @@ def test_a_torch_op_row_whose_replay_writes_nothing_is_timed_by_events_and_says_
     )
 
 
+@pytest.mark.slow
 def test_the_host_cost_measures_the_torch_op_where_torch_has_cuda():
     _on_the_double(
         """

@@ -87,6 +87,12 @@ _SANITIZED_RUN = textwrap.dedent(
 )
 
 
+# A guard against a hang, not a budget: the longest sanitized run (300
+# garbage calls of every family, about 200 instrumented builds) took 263 s
+# on a quiet machine and 437 s on a busy one.
+SANITIZED_TIMEOUT_S = 3600
+
+
 def _run_sanitized(script: str, tmp_path: Path, libasan: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ)
     env.update(
@@ -96,8 +102,9 @@ def _run_sanitized(script: str, tmp_path: Path, libasan: str) -> subprocess.Comp
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     )
     env[emulate.FLAGS_VARIABLE] = "-fsanitize=address -fno-omit-frame-pointer -g"
-    # About 200 instrumented builds of about a second each: 3 to 4 minutes on two busy cores.
-    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=480)
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=SANITIZED_TIMEOUT_S
+    )
 
 
 @pytest.mark.slow
@@ -155,6 +162,51 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert len(built) > 20, built
     assert all(b"__asan_report" in path.read_bytes() for path in built)
+
+
+# One garbage call of the FP8 kernels and expand, which between them cover
+# every family of kernels/*.cu, under the sanitizer: the default tier's
+# AddressSanitizer run, five instrumented builds (about a minute on two busy
+# cores); the two runs above are the long sweeps.
+_SANITIZED_FAMILIES_RUN = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from garbage import expand_garbage_cases, fp8_garbage_cases, fp8_ring_garbage_cases
+    from kpool_cupy import emulate
+    from kpool_cupy.emulator.launch import recording
+
+    cases = [("kpool_expand_topk", case) for case in expand_garbage_cases(0, 6)]
+    cases += [*fp8_garbage_cases(0, 12), *fp8_ring_garbage_cases(0, 6)]
+    launched = set()
+    for function, case in cases:
+        if function in launched:
+            continue  # one call that reaches its kernel per family
+        with recording() as launches:
+            getattr(emulate, function)(**case, validate=False)
+        if launches:
+            launched.add(function)
+    print("families:", sorted(launched))
+    """
+)
+
+
+def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path):
+    # compress (its FP8 form: the pooling and the sink), ring (ring close's
+    # and tail update's FP8 forms), expand (a garbage block table) and the
+    # query side, each with validate=False over garbage indices and each
+    # reaching its kernel (a call that launches nothing proves nothing).
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime")
+    done = _run_sanitized(_SANITIZED_FAMILIES_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    families = "['hadamard_quant_fp8', 'kpool_compress_fp8', 'kpool_expand_topk', 'kpool_ring_close_fp8', "
+    families += "'kpool_tail_update_fp8']"
+    assert f"families: {families}" in done.stdout, done.stdout
+    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
+    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
 
 
 _OUT_OF_BOUNDS = textwrap.dedent(

@@ -3,33 +3,24 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from model import BF16, make_batch
+from validation_tables import Row, table
 
 from kpool_cupy import emulate, reference
 
-TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
 FUNCTIONS = {
     "compress_fp8": "kpool_compress_fp8",
     "hadamard_quant": "hadamard_quant_fp8",
     "ring_close_fp8": "kpool_ring_close_fp8",
     "tail_update_fp8": "kpool_tail_update_fp8",
 }
-ROW = re.compile(rf"^\| ([a-z0-9-]+) \| ({'|'.join(FUNCTIONS)}) \| (\w+) \| .* \| (ValueError|TypeError) \|$")
-ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
 
 HEAD_DIM, KPOOL = 16, 4
 WIDTH = HEAD_DIM + 4  # a cache entry's bytes in its page: values, then (at the page's end) a float32 scale
 NUM_BLOCKS, BLOCK_SIZE = 4, 2  # 8 slots for the good call's 4 pools
-
-
-def table_rows():
-    """The rows of the "## FP8 functions" section, up to the next section."""
-    text = TABLE.read_text().split("## FP8 functions", 1)[1].split("\n## ", 1)[0]
-    return [m.groups() for m in map(ROW.match, text.splitlines()) if m]
 
 
 def good(function: str) -> dict:
@@ -220,21 +211,22 @@ HOST_ONLY = {
     "cache-shares-k": "copies share nothing",
 }
 
-ROWS = table_rows()
+ROWS = table("FP8 functions")
 
 
 def _call(module, function: str, args: dict):
     return getattr(module, FUNCTIONS[function])(**args)
 
 
-def _expect(module, function: str, args: dict, argument: str, error: str) -> None:
-    with pytest.raises(ERRORS[error], match=rf"^Invalid {re.escape(argument)}: expected .+, got .+"):
+def _expect(module, function: str, args: dict, argument: str, error: type[Exception]) -> None:
+    with pytest.raises(error, match=rf"^Invalid {re.escape(argument)}: expected .+, got .+"):
         _call(module, function, args)
 
 
 def test_table_and_mutations_match():
     assert len(ROWS) >= 30, "the FP8 table in docs/validation.md did not parse"
-    assert sorted(r[0] for r in ROWS) == sorted(MUTATIONS)
+    assert sorted(r.id for r in ROWS) == sorted(MUTATIONS)
+    assert {r.function for r in ROWS} <= set(FUNCTIONS), {r.function for r in ROWS}
     assert set(HOST_ONLY) <= set(MUTATIONS)
 
 
@@ -273,11 +265,11 @@ def test_good_calls_pass(module):
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
-@pytest.mark.parametrize(("row_id", "function", "argument", "error"), ROWS, ids=[r[0] for r in ROWS])
-def test_bad_call_names_the_argument(module, row_id, function, argument, error):
-    args = good(function)
-    MUTATIONS[row_id](args)
-    _expect(module, function, args, argument, error)
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_call_names_the_argument(module, row: Row):
+    args = good(row.function)
+    MUTATIONS[row.id](args)
+    _expect(module, row.function, args, row.argument, row.error)
 
 
 def _on_device(args: dict) -> dict:
@@ -295,12 +287,12 @@ def test_gpu_good_calls_pass():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("row_id", "function", "argument", "error"), ROWS, ids=[r[0] for r in ROWS])
-def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_gpu_bad_call_names_the_argument(row: Row):
     import kpool_cupy
 
-    if row_id in HOST_ONLY:
-        pytest.skip(HOST_ONLY[row_id])
-    args = good(function)
-    MUTATIONS[row_id](args)
-    _expect(kpool_cupy, function, _on_device(args), argument, error)
+    if row.id in HOST_ONLY:
+        pytest.skip(HOST_ONLY[row.id])
+    args = good(row.function)
+    MUTATIONS[row.id](args)
+    _expect(kpool_cupy, row.function, _on_device(args), row.argument, row.error)

@@ -25,6 +25,8 @@ from kpool_cupy import emulate, reference
 
 CASES = 120  # per family: every variant of tests/garbage.py, in seconds
 IDS = ["emulate", "reference"]
+# A sweep's chunks: the first in the default tier, the rest with --full.
+SWEEP_4 = [0, *(pytest.param(chunk, marks=pytest.mark.slow) for chunk in range(1, 4))]
 
 
 def _run(module, function: str, case: dict):
@@ -65,7 +67,7 @@ def _compare(function: str, case: dict, label: str) -> None:
             _assert_same(got_written[name], want_written[name], f"{label} {name}")
 
 
-@pytest.mark.parametrize("chunk", range(4))
+@pytest.mark.parametrize("chunk", SWEEP_4)
 def test_compress_garbage_lands_in_the_same_rows(chunk):
     compared = 0
     for i, case in enumerate(garbage_cases(seed=chunk, count=CASES // 4)):
@@ -88,6 +90,7 @@ def _shared_slot(function: str, case: dict) -> bool:
     return np.unique(inside).size != inside.size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(4))
 def test_lifecycle_garbage_lands_in_the_same_places(chunk):
     compared = 0
@@ -131,6 +134,7 @@ def _shared_cache_slot(case: dict) -> bool:
     return np.unique(inside).size != inside.size
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(2))
 def test_fp8_garbage_writes_the_same_bytes(chunk):
     # Garbage slots, block tables, caches and out rows for kpool_compress_fp8
@@ -204,7 +208,7 @@ def _assert_slots_follow_the_table(plain: np.ndarray, paged: np.ndarray, table: 
     assert from_table.all(), f"{label}: slot {slot[~from_table][0]} is no entry of its block's column"
 
 
-@pytest.mark.parametrize("chunk", range(4))
+@pytest.mark.parametrize("chunk", SWEEP_4)
 def test_expand_garbage_block_tables_land_in_the_same_places(chunk):
     # Garbage tables (0 columns, too few, INT32 extremes, entries whose slot
     # is just past int32) and block sizes from 1 to 2^20, paged, compacting
@@ -306,6 +310,7 @@ def test_seed_tail_at_the_int64_limit_writes_nothing(module):
     assert (tail[0] == 7).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(2))
 def test_fp8_ring_garbage_writes_the_same_bytes(chunk):
     # Ring close and tail update into FP8 rows or a cache, over ring and

@@ -10,34 +10,34 @@ double prints is a GPU figure.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from double import run_on_double
 
-ROOT = Path(__file__).resolve().parent.parent
-DOUBLE = ROOT / "tests" / "cupy_double"
-
-
-def _run(*args: str, timeout: int = 300, path: tuple[Path, ...] = ()) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, path), str(DOUBLE), str(ROOT)])}
-    return subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+# Guards against a hang, ten times a normal run or more (runs measured on two busy cores, -n 0, 2026-12-03):
+GPU_TESTS_TIMEOUT_S = 1200  # the gpu-marked tests on the double: 11 s, 113 s building every kernel (a cold cache)
+CHECK_TIMEOUT_S = 120  # kpool-cupy check --backend cupy: 1.8 to 8.9 s
+BENCH_TIMEOUT_S = 600  # bench --quick --samples 1: 36 to 51 s; the sweep with a broken alternative: 30 to 34 s
+STREAM_TESTS_TIMEOUT_S = 60  # test_gpu.py's 7 stream and graph tests with a plugin: 3.2 to 4.4 s
 
 
 @pytest.mark.slow
 def test_gpu_marked_tests_pass_on_the_double():
-    done = _run(
-        "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests", "--ignore=tests/test_gpu_path_on_cpu.py"
-    )
+    done = run_on_double(
+        ["-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "tests",
+         "--ignore=tests/test_gpu_path_on_cpu.py"], timeout=GPU_TESTS_TIMEOUT_S,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "failed" not in done.stdout
 
 
 @pytest.mark.slow
 def test_check_on_the_cupy_backend_passes_on_the_double():
-    done = _run("-m", "kpool_cupy", "check", "--backend", "cupy", "--json", "--dtype", "float16")
+    done = run_on_double(
+        ["-m", "kpool_cupy", "check", "--backend", "cupy", "--json", "--dtype", "float16"], timeout=CHECK_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["backend"] == "cupy" and report["ok"]
@@ -46,7 +46,9 @@ def test_check_on_the_cupy_backend_passes_on_the_double():
 @pytest.mark.slow
 def test_bench_runs_end_to_end_on_the_double(tmp_path):
     out = tmp_path / "bench.json"
-    done = _run("-m", "kpool_cupy", "bench", "--quick", "--samples", "1", "--json", str(out))
+    done = run_on_double(
+        ["-m", "kpool_cupy", "bench", "--quick", "--samples", "1", "--json", str(out)], timeout=BENCH_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())
     assert results["environment"]["gpu"] == "NumPy double"
@@ -140,9 +142,9 @@ def pytest_configure(config):
 
 def _stream_and_graph_tests(tmp_path: Path, plugin: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "broken_on_purpose.py").write_text(plugin)
-    return _run(
-        "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "broken_on_purpose", "tests/test_gpu.py",
-        "-k", "explicit_streams or graph", path=(tmp_path,),
+    return run_on_double(
+        ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "broken_on_purpose", "tests/test_gpu.py",
+         "-k", "explicit_streams or graph"], timeout=STREAM_TESTS_TIMEOUT_S, extra_path=(tmp_path,),
     )  # fmt: skip
 
 
@@ -188,7 +190,7 @@ except SystemExit as done:
 @pytest.mark.slow
 def test_a_failing_alternative_is_recorded_and_the_sweep_goes_on(tmp_path):
     out = tmp_path / "bench.json"
-    done = _run("-c", _BROKEN_ALTERNATIVE, str(out))
+    done = run_on_double(["-c", _BROKEN_ALTERNATIVE, str(out)], timeout=BENCH_TIMEOUT_S)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(out.read_text())
     for shape in results["shapes"]:

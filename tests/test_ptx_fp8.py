@@ -23,7 +23,7 @@ from kpool_cupy.kernel.declarations import COMPRESS_FP8, HADAMARD_QUANT_FP8
 from kpool_cupy.kernel.geometry import chunk_members
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.nvrtc import kernel_ptx, kernel_ptxas_report
-from kpool_cupy.tools.ptx_report import VECTOR_LOAD  # 16 bytes: ld.global[.nc].v4, as `kpool-cupy ptx` counts them
+from kpool_cupy.tools.ptx_report import PtxAccesses, count_accesses  # as `kpool-cupy ptx` counts them
 
 DTYPES = [BFLOAT16, FLOAT16, FLOAT32]
 DTYPE_IDS = ["bf16", "fp16", "fp32"]
@@ -33,10 +33,6 @@ TARGETS = list(Fp8Target)
 ALIGNED = VectorAccess.K | VectorAccess.GATE | VectorAccess.APE | VectorAccess.OUT
 QUERY_ALIGNED = VectorAccess.K | VectorAccess.OUT  # x and values
 
-# 8 bytes, a thread's 8 e4m3fn values: st.global.v2.u32 as NVRTC writes it today, or one 64-bit word.
-VALUE_STORE = re.compile(r"\bst\.global(?:\.L\w+::\w+)*\.(?:v2\.(?:u32|b32)|u64|b64)\b")
-BYTE_STORE = re.compile(r"\bst\.global\.u8\b")
-SHUFFLE = re.compile(r"\bshfl\.sync\.bfly\b")
 # An instruction's opcode with its modifiers, after its address and predicate, as nvdisasm prints it:
 #         /*2be0*/              @!P1 STG.E.64 desc[UR4][R2.64], R8 ;
 SASS_OPCODE = re.compile(r"^\s*/\*[0-9a-fA-F]+\*/\s+(?:@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)", re.M)
@@ -52,12 +48,17 @@ def _fused_ptx(*args, **kwargs) -> str:
     return kernel_ptx(COMPRESS_FP8.source, _fused(*args, **kwargs), "sm_90")
 
 
+def _fused_counts(*args, **kwargs) -> PtxAccesses:
+    """The fused kernel's accesses; a thread's 8 e4m3fn values leave in one 8-byte store (eight_byte_stores)."""
+    return count_accesses(_fused_ptx(*args, **kwargs))
+
+
 def _query(dtype, head_dim, vector) -> str:
     return HADAMARD_QUANT_FP8.instance(T=dtype, HEAD_DIM=head_dim, VECTOR=vector)
 
 
-def _query_ptx(dtype, head_dim, vector) -> str:
-    return kernel_ptx(HADAMARD_QUANT_FP8.source, _query(dtype, head_dim, vector), "sm_90")
+def _query_counts(dtype, head_dim, vector) -> PtxAccesses:
+    return count_accesses(kernel_ptx(HADAMARD_QUANT_FP8.source, _query(dtype, head_dim, vector), "sm_90"))
 
 
 def _shuffles_wanted(head_dim: int) -> int:
@@ -138,11 +139,9 @@ def test_the_fused_kernel_loads_k_and_gate_16_bytes_at_a_time(k_dtype, gate_dtyp
     # (gate's): a thread's 8 channels of a member row are one 16-byte word
     # of a 16-bit type, two of float32, and every member of a prefetch
     # chunk is loaded (test_ptx.py's count for kpool_compress).
-    loads = len(VECTOR_LOAD.findall(_fused_ptx(k_dtype, gate_dtype, 128, kpool)))
-    k_loads = loads - len(VECTOR_LOAD.findall(_fused_ptx(k_dtype, gate_dtype, 128, kpool, ALIGNED & ~VectorAccess.K)))
-    gate_loads = loads - len(
-        VECTOR_LOAD.findall(_fused_ptx(k_dtype, gate_dtype, 128, kpool, ALIGNED & ~VectorAccess.GATE))
-    )
+    loads = _fused_counts(k_dtype, gate_dtype, 128, kpool).vector_loads
+    k_loads = loads - _fused_counts(k_dtype, gate_dtype, 128, kpool, ALIGNED & ~VectorAccess.K).vector_loads
+    gate_loads = loads - _fused_counts(k_dtype, gate_dtype, 128, kpool, ALIGNED & ~VectorAccess.GATE).vector_loads
     members = chunk_members(kpool, 8 * (k_dtype.itemsize + gate_dtype.itemsize + 4))
     assert k_loads >= members * (k_dtype.itemsize // 2), (k_loads, members)
     assert gate_loads >= members * (gate_dtype.itemsize // 2), (gate_loads, members)
@@ -151,19 +150,19 @@ def test_the_fused_kernel_loads_k_and_gate_16_bytes_at_a_time(k_dtype, gate_dtyp
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name.lower())
 def test_the_fused_kernel_stores_a_thread_s_values_in_one_8_byte_store(target):
-    ptx = _fused_ptx(BFLOAT16, BFLOAT16, 128, 4, target=target)
-    assert len(VALUE_STORE.findall(ptx)) == 1 and not BYTE_STORE.search(ptx)
+    counts = _fused_counts(BFLOAT16, BFLOAT16, 128, 4, target=target)
+    assert counts.eight_byte_stores == 1 and counts.byte_stores == 0, counts
     # Control: without OUT's bit (a row not 8-byte aligned) the same 8 bytes go one by one.
-    unaligned = _fused_ptx(BFLOAT16, BFLOAT16, 128, 4, ALIGNED & ~VectorAccess.OUT, target)
-    assert not VALUE_STORE.search(unaligned) and len(BYTE_STORE.findall(unaligned)) == 8
+    unaligned = _fused_counts(BFLOAT16, BFLOAT16, 128, 4, ALIGNED & ~VectorAccess.OUT, target)
+    assert unaligned.eight_byte_stores == 0 and unaligned.byte_stores == 8, unaligned
 
 
 @pytest.mark.parametrize("target", TARGETS, ids=lambda t: t.name.lower())
 def test_without_vector_access_the_fused_kernel_has_no_wide_access(target):
     # VECTOR 0 (no operand aligned): every 16-byte load and the 8-byte store go.
-    ptx = _fused_ptx(BFLOAT16, FLOAT32, 128, 4, 0, target)
-    assert not VECTOR_LOAD.search(ptx) and not VALUE_STORE.search(ptx)
-    assert len(BYTE_STORE.findall(ptx)) == 8
+    counts = _fused_counts(BFLOAT16, FLOAT32, 128, 4, 0, target)
+    assert counts.vector_loads == 0 and counts.eight_byte_stores == 0, counts
+    assert counts.byte_stores == 8, counts
 
 
 @pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
@@ -171,24 +170,25 @@ def test_the_butterflies_and_the_row_maximum_are_shuffles(head_dim):
     # At head_dim 128 (16 lanes): 8 values x 4 cross-lane strides + 4 for the
     # maximum, 8 * 4 + 4; one stride fewer (head_dim 64) is 9 fewer.
     ptx = _fused_ptx(BFLOAT16, BFLOAT16, head_dim, 4)
-    assert len(SHUFFLE.findall(ptx)) >= _shuffles_wanted(head_dim), len(SHUFFLE.findall(ptx))
+    shuffles = count_accesses(ptx).butterfly_shuffles
+    assert shuffles >= _shuffles_wanted(head_dim), shuffles
     assert ".local" not in ptx  # the values stay in registers through the rotation
 
 
 def test_at_head_dim_8_a_row_is_one_thread_and_nothing_is_shuffled():
     # A group of one lane rotates in its own registers: the control that
     # says the count above is the epilogue's and not the pooling's.
-    assert not SHUFFLE.search(_fused_ptx(BFLOAT16, BFLOAT16, 8, 4))
+    assert _fused_counts(BFLOAT16, BFLOAT16, 8, 4).butterfly_shuffles == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_the_query_kernel_loads_16_bytes_stores_8_and_shuffles(dtype):
-    ptx = _query_ptx(dtype, 128, QUERY_ALIGNED)
-    assert len(VECTOR_LOAD.findall(ptx)) == dtype.itemsize // 2  # a thread's 8 channels of x
-    assert len(VALUE_STORE.findall(ptx)) == 1 and not BYTE_STORE.search(ptx)
-    assert len(SHUFFLE.findall(ptx)) >= _shuffles_wanted(128), len(SHUFFLE.findall(ptx))
-    scalar = _query_ptx(dtype, 128, 0)
-    assert not VECTOR_LOAD.search(scalar) and not VALUE_STORE.search(scalar)
+    counts = _query_counts(dtype, 128, QUERY_ALIGNED)
+    assert counts.vector_loads == dtype.itemsize // 2, counts  # a thread's 8 channels of x
+    assert counts.eight_byte_stores == 1 and counts.byte_stores == 0, counts
+    assert counts.butterfly_shuffles >= _shuffles_wanted(128), counts
+    scalar = _query_counts(dtype, 128, 0)
+    assert scalar.vector_loads == 0 and scalar.eight_byte_stores == 0, scalar
 
 
 # ---- The machine code (sm_90 SASS: ptxas and nvdisasm) ---------------------

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from model import BF16
+from validation_tables import Row, table
 
 from kpool_cupy import emulate, reference
 
-TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
-ROW = re.compile(r"^\| ([a-z0-9-]+) \| (\w+) \| ([\w\[\]]+) \| .* \| (ValueError|TypeError) \|$")
-ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
-
-
-def table_rows():
-    text = TABLE.read_text().split("## Ring and expand functions", 1)[1]
-    return [m.groups() for m in map(ROW.match, text.splitlines()) if m]
+FUNCTIONS = ("ring_close", "seed_tail", "tail_update", "expand_topk")
 
 
 def good(function: str) -> dict:
@@ -159,7 +152,7 @@ MUTATIONS = {
     "expand-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 5, 10], np.int32)),
 }
 
-ROWS = table_rows()
+ROWS = table("Ring and expand functions")
 
 
 def _call(module, function: str, args: dict):
@@ -175,32 +168,34 @@ def _call(module, function: str, args: dict):
 
 def test_table_and_mutations_match():
     assert len(ROWS) >= 20, "the ring table in docs/validation.md did not parse"
-    assert sorted(r[0] for r in ROWS) == sorted(MUTATIONS)
+    assert sorted(r.id for r in ROWS) == sorted(MUTATIONS)
+    assert {r.function for r in ROWS} <= set(FUNCTIONS), {r.function for r in ROWS}
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
 def test_good_calls_pass(module):
     # The control: each function accepts its unmutated call.
-    for function in ("ring_close", "seed_tail", "tail_update", "expand_topk"):
+    for function in FUNCTIONS:
         _call(module, function, good(function))
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
-@pytest.mark.parametrize(("row_id", "function", "argument", "error"), ROWS, ids=[r[0] for r in ROWS])
-def test_bad_call_names_the_argument(module, row_id, function, argument, error):
-    args = good(function)
-    MUTATIONS[row_id](args)
-    with pytest.raises(ERRORS[error], match=rf"^Invalid {re.escape(argument)}: expected .+, got .+"):
-        _call(module, function, args)
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_bad_call_names_the_argument(module, row: Row):
+    args = good(row.function)
+    MUTATIONS[row.id](args)
+    with pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+"):
+        _call(module, row.function, args)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("row_id", "function", "argument", "error"), ROWS, ids=[r[0] for r in ROWS])
-def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_gpu_bad_call_names_the_argument(row: Row):
     import cupy
 
     import kpool_cupy
 
+    row_id, function = row.id, row.function
     args = good(function)
     MUTATIONS[row_id](args)
     if row_id in ("tail-last-dim", "tail-self-overlap", "tail-slot-span", "tail-read-only", "closed-read-only",
@@ -217,5 +212,5 @@ def test_gpu_bad_call_names_the_argument(row_id, function, argument, error):
         return cupy.asarray(value) if isinstance(value, np.ndarray) else value
 
     device = {name: on_device(v) for name, v in args.items()}
-    with pytest.raises(ERRORS[error], match=rf"^Invalid {re.escape(argument)}: expected .+, got .+"):
+    with pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+"):
         _call(kpool_cupy, function, device)

@@ -20,7 +20,6 @@ from kpool_cupy.kernel.declarations import COMPRESS, RING_CLOSE
 from kpool_cupy.kernel.geometry import STREAM_BYTES, chunk_members
 from kpool_cupy.tools import sass
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -56,6 +55,7 @@ def test_the_headline_variant_is_half_its_old_size_with_one_round_trip():
 # ptxas, under the 128-register bound, may hold the last loads of the
 # largest ones behind the first exps, so the whole-pool claim is asserted up
 # to kpool 4 for every dtype; docs/benchmarks.md records the rest.
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [BFLOAT16, FLOAT16, FLOAT32], ids=["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("kpool", [2, 3, 4])
 def test_a_small_pool_issues_every_load_before_its_first_exp_and_never_branches(dtype, kpool):
@@ -66,6 +66,7 @@ def test_a_small_pool_issues_every_load_before_its_first_exp_and_never_branches(
     assert summary.branches_in_softmax == 0, summary
 
 
+@pytest.mark.slow
 def test_ring_close_pools_like_compress():
     # Ring close picks each member's row from the ring or from this call's
     # tokens with a select, not a branch; its pool is one round trip as well.
@@ -75,6 +76,7 @@ def test_ring_close_pools_like_compress():
     assert summary.branches_in_softmax == 0, summary
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kpool", [8, 16, 128])
 @pytest.mark.parametrize("dtype", [BFLOAT16, FLOAT32], ids=["bf16", "fp32"])
 def test_larger_pools_keep_at_least_128_bytes_of_keys_and_gates_in_flight(dtype, kpool):
@@ -88,6 +90,7 @@ def test_larger_pools_keep_at_least_128_bytes_of_keys_and_gates_in_flight(dtype,
     assert summary.spill_stores == summary.spill_loads == 0, summary
 
 
+@pytest.mark.slow
 def test_the_benchmark_model_in_the_docs_is_current():
     # docs/benchmarks.md's prediction table is scripts/bench_model.py's
     # output for today's kernel; a kernel change that moves the SASS counts

@@ -3,26 +3,15 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 from model import BF16, make_batch
+from validation_tables import Row, table
 
 from kpool_cupy import emulate, reference
 
-TABLE = Path(__file__).resolve().parent.parent / "docs" / "validation.md"
-ROW = re.compile(r"^\| ([a-z0-9_-]+) \| (\w+) \| .* \| (ValueError|TypeError) \| ([a-z-]+) \|$")
-
-
-def table_rows() -> list[tuple[str, str, type, str]]:
-    rows = []
-    for line in TABLE.read_text().splitlines():
-        match = ROW.match(line)
-        if match:
-            row_id, argument, error, backends = match.groups()
-            rows.append((row_id, argument, {"ValueError": ValueError, "TypeError": TypeError}[error], backends))
-    return rows
+BACKENDS = ("all", "host", "cupy", "multi-gpu")
 
 
 def good() -> dict:
@@ -123,13 +112,14 @@ MUTATIONS = {
     "two-devices": lambda a: None,  # moved to device 1 in the test itself
 }
 
-ROWS = table_rows()
-IDS = [row[0] for row in ROWS]
+ROWS = table("The validation contract")
+IDS = [row.id for row in ROWS]
 
 
 def test_table_and_mutations_match():
     assert len(ROWS) >= 30, "the table in docs/validation.md did not parse"
     assert sorted(IDS) == sorted(MUTATIONS)
+    assert {row.backends for row in ROWS} <= set(BACKENDS), {row.backends for row in ROWS}
 
 
 def bad_call(row_id: str) -> dict:
@@ -144,12 +134,12 @@ def _expect(run, args, argument, error):
 
 
 @pytest.mark.parametrize("backend", ["emulate", "reference"])
-@pytest.mark.parametrize(("row_id", "argument", "error", "backends"), ROWS, ids=IDS)
-def test_cpu_backends(backend, row_id, argument, error, backends):
-    if backends not in ("all", "host"):
-        pytest.skip(f"a {backends} row")
+@pytest.mark.parametrize("row", ROWS, ids=IDS)
+def test_cpu_backends(backend, row: Row):
+    if row.backends not in ("all", "host"):
+        pytest.skip(f"a {row.backends} row")
     run = {"emulate": emulate.kpool_compress, "reference": reference.kpool_compress}[backend]
-    _expect(run, bad_call(row_id), argument, error)
+    _expect(run, bad_call(row.id), row.argument, row.error)
 
 
 def test_the_good_call_passes_everywhere_on_the_cpu():
@@ -158,36 +148,36 @@ def test_the_good_call_passes_everywhere_on_the_cpu():
         assert run(**good()).shape == (3, 128)
 
 
-CUPY_ROWS = [row for row in ROWS if row[3] == "cupy"]
-DEVICE_ROWS = [row for row in ROWS if row[3] in ("all", "multi-gpu")]
+CUPY_ROWS = [row for row in ROWS if row.backends == "cupy"]
+DEVICE_ROWS = [row for row in ROWS if row.backends in ("all", "multi-gpu")]
 
 
-@pytest.mark.parametrize(("row_id", "argument", "error", "backends"), CUPY_ROWS, ids=[r[0] for r in CUPY_ROWS])
-def test_gpu_path_before_any_cuda_call(row_id, argument, error, backends):
+@pytest.mark.parametrize("row", CUPY_ROWS, ids=[r.id for r in CUPY_ROWS])
+def test_gpu_path_before_any_cuda_call(row: Row):
     # These errors come before the GPU path touches a device: they hold wherever CuPy imports.
     pytest.importorskip("cupy")
     import kpool_cupy
 
-    _expect(kpool_cupy.kpool_compress, bad_call(row_id), argument, error)
+    _expect(kpool_cupy.kpool_compress, bad_call(row.id), row.argument, row.error)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize(("row_id", "argument", "error", "backends"), DEVICE_ROWS, ids=[r[0] for r in DEVICE_ROWS])
-def test_gpu_path(row_id, argument, error, backends):
+@pytest.mark.parametrize("row", DEVICE_ROWS, ids=[r.id for r in DEVICE_ROWS])
+def test_gpu_path(row: Row):
     import cupy
 
     import kpool_cupy
 
-    if backends == "multi-gpu":
+    if row.backends == "multi-gpu":
         if cupy.cuda.runtime.getDeviceCount() < 2:
             pytest.skip("needs two CUDA devices")
         args = {name: cupy.asarray(value) for name, value in good().items()}
         with cupy.cuda.Device(1):
             args["gate"] = cupy.asarray(good()["gate"])
-        _expect(kpool_cupy.kpool_compress, args, argument, error)
+        _expect(kpool_cupy.kpool_compress, args, row.argument, row.error)
         return
     args = {
         name: cupy.asarray(value) if isinstance(value, np.ndarray) else value
-        for name, value in bad_call(row_id).items()
+        for name, value in bad_call(row.id).items()
     }
-    _expect(kpool_cupy.kpool_compress, args, argument, error)
+    _expect(kpool_cupy.kpool_compress, args, row.argument, row.error)

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 from model import BF16
 
 from kpool_cupy import emulate
@@ -177,6 +178,7 @@ _MISALIGNED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_misaligned_and_odd_stride_views_never_take_the_16_byte_path():
     script = _MISALIGNED.format(tests=str(ROOT / "tests"))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

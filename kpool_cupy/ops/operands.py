@@ -61,19 +61,19 @@ def ring_vector(operands: dict[str, Any]) -> dict[str, Any]:
     return {"tail": keys, "gate_ring": gates}
 
 
-def ring_and_tokens(operands: dict[str, Any], max_slots: int) -> dict[str, Any]:
-    """What ring close and seed tail open with: the ring (`ring`), then k and gate rows."""
-    tokens = codes.rows("k", operands["k"]) | codes.rows("gate", operands["gate"], "gate_row_stride_tokens")
-    return ring(operands, max_slots) | tokens
+def token_ring_values(operands: dict[str, Any], call: Any) -> dict[str, Any]:
+    """What ring close and seed tail open with: the ring (`ring`), k and gate rows, then what places each
+    request (offsets, lengths, slots, counts)."""
+    o = operands
+    tokens = codes.rows("k", o["k"]) | codes.rows("gate", o["gate"], "gate_row_stride_tokens")
+    places = {name: o[name] for name in ("input_row_offsets", "cache_lengths", "slot_idx")}
+    return ring(o, call.max_slots) | tokens | places | {"batch": call.batch, "total_tokens": call.total_tokens}
 
 
-def requests(operands: dict[str, Any], batch: int, total_tokens: int) -> dict[str, Any]:
-    """What places each request in a token-row ring kernel: offsets, lengths, slots and counts."""
-    names = ("input_row_offsets", "cache_lengths", "slot_idx")
-    return {name: operands[name] for name in names} | {"batch": batch, "total_tokens": total_tokens}
-
-
-def request_indexes(operands: dict[str, Any]) -> dict[str, Any]:
-    """The index template parameters of a token-row ring kernel: offsets', lengths' and slots' dtypes."""
-    names = {"IO": "input_row_offsets", "IC": "cache_lengths", "IS": "slot_idx"}
-    return {parameter: operands[name].dtype for parameter, name in names.items()}
+def token_ring_template(operands: dict[str, Any], call: Any) -> dict[str, Any]:
+    """Their template parameters: element types and sizes, the index types of offsets, lengths and slots, and
+    the VECTOR bits of k, gate and the ring."""
+    o = operands
+    indexes = {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype, "IS": o["slot_idx"].dtype}
+    vector = codes.vector_mask(k=o["k"], gate=o["gate"], **ring_vector(o))
+    return ring_template(o, call) | indexes | {"VECTOR": vector}

@@ -32,11 +32,8 @@ from .operands import (
     ROTATE,
     SLOT_IDX,
     TOKEN_K,
-    request_indexes,
-    requests,
-    ring_and_tokens,
-    ring_template,
-    ring_vector,
+    token_ring_template,
+    token_ring_values,
 )
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with
@@ -121,10 +118,10 @@ def pool_into(backend: Backend, call: RingCloseCall, a: dict[str, Any], *, valid
     if a["closed"] is None:
         a["closed"] = backend.zeros(*output_shapes(call)["closed"])
     if call.batch:
-        values = ring_and_tokens(a, call.max_slots) | codes.rows("ape", a["ape"])
-        values |= requests(a, call.batch, call.total_tokens) | to.launch_values(a) | {"closed": a["closed"]}
-        source = ring_template(a, call) | request_indexes(a)
-        source["VECTOR"] = codes.vector_mask(k=a["k"], gate=a["gate"], ape=a["ape"], **ring_vector(a))
+        values = token_ring_values(a, call) | codes.rows("ape", a["ape"]) | to.launch_values(a)
+        values["closed"] = a["closed"]
+        source = token_ring_template(a, call)
+        source["VECTOR"] |= codes.vector_mask(ape=a["ape"])
         template = launch_template(source, to, a)
         backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, call.batch), a))
     return returned(to, a, a["closed"])

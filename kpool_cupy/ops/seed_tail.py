@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import codes
 from ..kernel.declarations import SEED_TAIL
 from ..kernel.geometry import group_geometry
 from ..pool_offsets import check_kpool
@@ -19,11 +18,8 @@ from .operands import (
     RING_GATE,
     SLOT_IDX,
     TOKEN_K,
-    request_indexes,
-    requests,
-    ring_and_tokens,
-    ring_template,
-    ring_vector,
+    token_ring_template,
+    token_ring_values,
 )
 from .ring_checks import check_slot_values, check_slots, check_tail
 from .spec import VALIDATE, Backend, Launch, OpSpec, Option, check_with
@@ -59,9 +55,8 @@ def check_seed_tail_args(
 def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_seed_tail``."""
     o = operands
-    values = ring_and_tokens(o, call.max_slots) | requests(o, call.batch, call.total_tokens)
-    template = ring_template(o, call) | request_indexes(o)
-    template["VECTOR"] = codes.vector_mask(k=o["k"], gate=o["gate"], **ring_vector(o))
+    values = token_ring_values(o, call)
+    template = token_ring_template(o, call)
     return Launch(SEED_TAIL, template, values, group_geometry(call.head_dim, call.batch), operands)
 
 

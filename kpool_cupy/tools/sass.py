@@ -49,16 +49,12 @@ class SassCounts:
 
 
 @dataclass(frozen=True)
-class SassSummary:
+class SassSummary(SassCounts):
+    """A kernel's SASS counts with ptxas's register and spill report, and the SASS itself."""
+
     registers: int
     spill_stores: int
     spill_loads: int
-    instructions: int
-    vector_loads: int
-    vector_stores: int
-    vector_loads_before_first_exp: int
-    branches_in_softmax: int
-    exps: int
     sass: str
 
 
