@@ -107,6 +107,18 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
 
 }  // namespace kp
 
+// The pooling inputs both compress kernels take, in the order
+// kpool_cupy/kernel/declarations.py declares them (_COMPRESS_INPUTS), and
+// the same names passed on to kp::compress_pool.
+#define KP_COMPRESS_INPUT_PARAMS                                                                                  \
+    const KT *__restrict__ k, long long k_row_stride, const GT *__restrict__ gate, long long gate_row_stride,     \
+        const float *__restrict__ ape, long long ape_row_stride, const IO *__restrict__ input_row_offsets,        \
+        const IC *__restrict__ cache_lengths, const IP *__restrict__ pool_row_offsets, long long batch,           \
+        long long total_tokens
+#define KP_COMPRESS_INPUT_ARGS                                                                                    \
+    k, k_row_stride, gate, gate_row_stride, ape, ape_row_stride, input_row_offsets, cache_lengths, pool_row_offsets, \
+        batch, total_tokens
+
 // One group of head_dim / 8 threads per pool, several pools per block; each
 // thread owns 8 consecutive channels of its pool.
 //
@@ -124,11 +136,8 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
 template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool ROTATE, typename IO,
           typename IC, typename IP>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_compress(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
-                   long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
-                   const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
-                   const IP* __restrict__ pool_row_offsets, long long batch, long long total_tokens,
-                   OT* __restrict__ pooled, long long pooled_row_stride, long long pooled_rows) {
+    kpool_compress(KP_COMPRESS_INPUT_PARAMS, OT* __restrict__ pooled, long long pooled_row_stride,
+                   long long pooled_rows) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(ROTATE);
     long long pool;
@@ -137,9 +146,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     // Rows of `pooled` past the pool count are never written.
     float result[kp::kChannelsPerThread];
     long long request, number;
-    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, k, k_row_stride, gate, gate_row_stride,
-                                                            ape, ape_row_stride, input_row_offsets, cache_lengths,
-                                                            pool_row_offsets, batch, total_tokens, result, &request,
+    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, result, &request,
                                                             &number))
         return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
@@ -160,14 +167,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, typename IO, typename IC,
           typename IP, typename ID>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_compress_fp8(const KT* __restrict__ k, long long k_row_stride, const GT* __restrict__ gate,
-                       long long gate_row_stride, const float* __restrict__ ape, long long ape_row_stride,
-                       const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
-                       const IP* __restrict__ pool_row_offsets, long long batch, long long total_tokens,
-                       unsigned char* __restrict__ values, long long values_stride, float* __restrict__ scales,
-                       long long target_rows, long long block_size, const ID* __restrict__ destinations,
-                       long long destination_rows, long long destination_columns, long long destination_stride,
-                       int round_scale) {
+    kpool_compress_fp8(KP_COMPRESS_INPUT_PARAMS, KP_FP8_SINK_PARAMS(ID), int round_scale) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
     long long pool;
@@ -175,13 +175,9 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
     float v[kp::kChannelsPerThread];
     long long request, number;
-    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, k, k_row_stride, gate, gate_row_stride,
-                                                            ape, ape_row_stride, input_row_offsets, cache_lengths,
-                                                            pool_row_offsets, batch, total_tokens, v, &request,
+    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, v, &request,
                                                             &number))
         return;
-    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,       values_stride,    scales,
-                                                 target_rows,  block_size,       destinations,
-                                                 destination_rows, destination_columns, destination_stride};
+    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
     kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, pool, request, number, channel, round_scale, v);
 }

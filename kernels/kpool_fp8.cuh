@@ -220,6 +220,18 @@ struct Fp8Sink {
     }
 };
 
+// An FP8 writer kernel's destination parameters, in the order
+// kpool_cupy/kernel/declarations.py declares them (FP8_SINK), and the same
+// names passed on (to make its kp::Fp8Sink). ID: the index type of slots or
+// the block table.
+#define KP_FP8_SINK_PARAMS(ID)                                                                                    \
+    unsigned char *__restrict__ values, long long values_stride, float *__restrict__ scales, long long target_rows, \
+        long long block_size, const ID *__restrict__ destinations, long long destination_rows,                     \
+        long long destination_columns, long long destination_stride
+#define KP_FP8_SINK_ARGS                                                                                          \
+    values, values_stride, scales, target_rows, block_size, destinations, destination_rows, destination_columns, \
+        destination_stride
+
 // Writes this thread's 8 bytes of a row (channels `channel` ..) and, from the
 // group's first lane, the scale. VECTOR: one 8-byte store (the launcher found
 // the row addresses 8-byte aligned), else 8 byte stores.

@@ -24,6 +24,28 @@
 // the ring channels it wrote itself, so threads still never communicate.
 #include "kpool_fp8.cuh"
 
+// The parameters the ring kernels share, in the order
+// kpool_cupy/kernel/declarations.py declares them: the ring (ring(); CONST
+// is `const` where a kernel only reads it), then, for ring close and seed
+// tail, the call's token rows and what places each request (_RING_TOKENS,
+// _REQUESTS). KP_RING_ARGS passes the ring on; KP_RING_CLOSE_ARGS passes a
+// ring close kernel's inputs to kp::close_pending_pool.
+#define KP_RING_PARAMS(CONST)                                                                                    \
+    CONST T *__restrict__ key_ring, CONST G *__restrict__ gate_ring, long long gate_offset, long long max_slots, \
+        long long ring_rows, long long key_slot_stride, long long key_row_stride, long long gate_slot_stride,    \
+        long long gate_row_stride
+#define KP_RING_TOKEN_PARAMS \
+    const T *__restrict__ k, long long k_row_stride, const G *__restrict__ gate, long long gate_row_stride_tokens
+#define KP_REQUEST_PARAMS                                                                                            \
+    const IO *__restrict__ input_row_offsets, const IC *__restrict__ cache_lengths, const IS *__restrict__ slot_idx, \
+        long long batch, long long total_tokens
+#define KP_RING_ARGS                                                                                        \
+    key_ring, gate_ring, gate_offset, max_slots, ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, \
+        gate_row_stride
+#define KP_RING_CLOSE_ARGS                                                                                       \
+    KP_RING_ARGS, k, k_row_stride, gate, gate_row_stride_tokens, ape, ape_row_stride, input_row_offsets,          \
+        cache_lengths, slot_idx, batch, total_tokens, closed
+
 namespace kp {
 
 // A ring's rows, and the slot and row strides of its keys and gate scores,
@@ -54,19 +76,27 @@ __device__ __forceinline__ long long next_row(const RingLayout& ring, long long 
 
 namespace kp {
 
-// Ring close's work for one request: whether its pending pool c / KPOOL
-// closes in this call (the group's first thread writes closed[request]: the
-// id, or -1), and if so the pool, from the ring rows of positions
-// [c - c % KPOOL, c) and the call's first KPOOL - c % KPOOL tokens, into
-// result. Both ring close kernels pool through here. closed is written
-// before the pooling so that nothing but the pool's own state stays live
-// across it (a long pool's loads need every register).
-template <typename T, typename G, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
-__device__ __forceinline__ bool close_pending_pool(
-    long long request, int channel, const T* key_ring, const G* gate_ring, long long gate_offset, long long max_slots,
-    const RingLayout& ring, const T* k, long long k_row_stride, const G* gate, long long gate_row_stride_tokens,
-    const float* ape, long long ape_row_stride, const IO* input_row_offsets, const IC* cache_lengths,
-    const IS* slot_idx, long long total_tokens, int* closed, float (&result)[kChannelsPerThread]) {
+// Ring close's work for the calling thread, one of a group of HEAD_DIM / 8
+// per request: false when it has no request; else whether the request's
+// pending pool c / KPOOL closes in this call (the group's first thread
+// writes closed[request]: the id, or -1), and if so the pool, from the ring
+// rows of positions [c - c % KPOOL, c) and the call's first KPOOL - c %
+// KPOOL tokens, into result, with the thread's request and channel. Both
+// ring close kernels pool through here and take its parameters. closed is
+// written before the pooling so that nothing but the pool's own state stays
+// live across it (a long pool's loads need every register).
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
+__device__ __forceinline__ bool close_pending_pool(long long* thread_request, int* thread_channel,
+                                                   KP_RING_PARAMS(const), KP_RING_TOKEN_PARAMS, const float* ape,
+                                                   long long ape_row_stride, KP_REQUEST_PARAMS, int* closed,
+                                                   float (&result)[kChannelsPerThread]) {
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    long long request;
+    int channel;
+    if (!thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return false;
+    *thread_request = request;
+    *thread_channel = channel;
+    const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     long long row_begin, row_end, cached;
     bool closes = request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
     const long long slot = load_index(slot_idx, request);
@@ -113,25 +143,14 @@ __device__ __forceinline__ bool close_pending_pool(
 template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool ROTATE, typename IO,
           typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_ring_close(const T* __restrict__ key_ring, const G* __restrict__ gate_ring, long long gate_offset,
-                     long long max_slots, long long ring_rows, long long key_slot_stride, long long key_row_stride,
-                     long long gate_slot_stride, long long gate_row_stride, const T* __restrict__ k,
-                     long long k_row_stride, const G* __restrict__ gate, long long gate_row_stride_tokens,
-                     const float* __restrict__ ape, long long ape_row_stride,
-                     const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
-                     const IS* __restrict__ slot_idx, long long batch, long long total_tokens,
-                     OT* __restrict__ pooled, long long pooled_row_stride, int* __restrict__ closed) {
-    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    kpool_ring_close(KP_RING_PARAMS(const), KP_RING_TOKEN_PARAMS, const float* __restrict__ ape,
+                     long long ape_row_stride, KP_REQUEST_PARAMS, OT* __restrict__ pooled,
+                     long long pooled_row_stride, int* __restrict__ closed) {
     KP_THREADS_COOPERATE(ROTATE);
     long long request;
     int channel;
-    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
-    const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     float result[kp::kChannelsPerThread];
-    if (!kp::close_pending_pool<T, G, KPOOL, VECTOR>(request, channel, key_ring, gate_ring, gate_offset, max_slots,
-                                                     ring, k, k_row_stride, gate, gate_row_stride_tokens, ape,
-                                                     ape_row_stride, input_row_offsets, cache_lengths, slot_idx,
-                                                     total_tokens, closed, result))
+    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, result))
         return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
         pooled + request * pooled_row_stride + channel, channel, result);
@@ -148,35 +167,18 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, typename IO, typename IC,
           typename IS, typename ID>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_ring_close_fp8(const T* __restrict__ key_ring, const G* __restrict__ gate_ring, long long gate_offset,
-                         long long max_slots, long long ring_rows, long long key_slot_stride,
-                         long long key_row_stride, long long gate_slot_stride, long long gate_row_stride,
-                         const T* __restrict__ k, long long k_row_stride, const G* __restrict__ gate,
-                         long long gate_row_stride_tokens, const float* __restrict__ ape, long long ape_row_stride,
-                         const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
-                         const IS* __restrict__ slot_idx, long long batch, long long total_tokens,
-                         unsigned char* __restrict__ values, long long values_stride, float* __restrict__ scales,
-                         long long target_rows, long long block_size, const ID* __restrict__ destinations,
-                         long long destination_rows, long long destination_columns, long long destination_stride,
+    kpool_ring_close_fp8(KP_RING_PARAMS(const), KP_RING_TOKEN_PARAMS, const float* __restrict__ ape,
+                         long long ape_row_stride, KP_REQUEST_PARAMS, KP_FP8_SINK_PARAMS(ID),
                          int* __restrict__ closed, int round_scale) {
-    static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
     long long request;
     int channel;
-    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
-    const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     float v[kp::kChannelsPerThread];
-    if (!kp::close_pending_pool<T, G, KPOOL, VECTOR>(request, channel, key_ring, gate_ring, gate_offset, max_slots,
-                                                     ring, k, k_row_stride, gate, gate_row_stride_tokens, ape,
-                                                     ape_row_stride, input_row_offsets, cache_lengths, slot_idx,
-                                                     total_tokens, closed, v))
-        return;
+    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, v)) return;
     // The pool's id, read again rather than kept across the pooling (a
     // register the pool's loads need); the same value, which was checked.
     const long long pool_id = kp::load_index(cache_lengths, request) / KPOOL;
-    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,           values_stride,       scales,
-                                                 target_rows,      block_size,          destinations,
-                                                 destination_rows, destination_columns, destination_stride};
+    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
     kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, request, request, pool_id, channel, round_scale,
                                                                v);
 }
@@ -190,12 +192,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // IS as ring close.
 template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_seed_tail(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset, long long max_slots,
-                    long long ring_rows, long long key_slot_stride, long long key_row_stride,
-                    long long gate_slot_stride, long long gate_row_stride, const T* __restrict__ k,
-                    long long k_row_stride, const G* __restrict__ gate, long long gate_row_stride_tokens,
-                    const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths,
-                    const IS* __restrict__ slot_idx, long long batch, long long total_tokens) {
+    kpool_seed_tail(KP_RING_PARAMS(), KP_RING_TOKEN_PARAMS, KP_REQUEST_PARAMS) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     long long request;
     int channel;
@@ -301,6 +298,17 @@ __device__ __forceinline__ void tail_update_steps(
 
 }  // namespace kp
 
+// The decode step's tokens and where they sit, as both tail update kernels
+// take them (declarations.py's _STEP), and the names tail_update_steps reads.
+#define KP_STEP_PARAMS                                                                                             \
+    const T *__restrict__ k, long long k_request_stride, long long k_token_stride, const G *__restrict__ gate,     \
+        long long gate_request_stride, long long gate_token_stride, const float *__restrict__ ape,                 \
+        long long ape_row_stride, const IPOS *__restrict__ positions, const IS *__restrict__ slot_idx,            \
+        long long requests, int next_n
+#define KP_STEP_ARGS                                                                                               \
+    k, k_request_stride, k_token_stride, gate, gate_request_stride, gate_token_stride, ape, ape_row_stride,        \
+        positions, slot_idx, next_n
+
 // The decode step: k, gate [requests, next_n, HEAD_DIM], positions
 // [requests, next_n] (negative = padding). Walks each request's tokens in
 // order, stashes every real token at ring row pos % ring, and closes pool
@@ -320,23 +328,15 @@ __device__ __forceinline__ void tail_update_steps(
 template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, bool ROTATE,
           typename IPOS, typename IS>
 __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
-    kpool_tail_update(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset,
-                      long long max_slots, long long ring_rows, long long key_slot_stride, long long key_row_stride,
-                      long long gate_slot_stride, long long gate_row_stride, const T* __restrict__ k,
-                      long long k_request_stride, long long k_token_stride, const G* __restrict__ gate,
-                      long long gate_request_stride, long long gate_token_stride, const float* __restrict__ ape,
-                      long long ape_row_stride, const IPOS* __restrict__ positions,
-                      const IS* __restrict__ slot_idx, long long requests, int next_n, OT* __restrict__ pooled,
-                      int* __restrict__ closed, int pools_per_request) {
+    kpool_tail_update(KP_RING_PARAMS(), KP_STEP_PARAMS, OT* __restrict__ pooled, int* __restrict__ closed,
+                      int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(ROTATE);
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
     kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT>(
-        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring_rows, key_slot_stride, key_row_stride,
-        gate_slot_stride, gate_row_stride, k, k_request_stride, k_token_stride, gate, gate_request_stride,
-        gate_token_stride, ape, ape_row_stride, positions, slot_idx, next_n, closed, pools_per_request,
+        request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed, pools_per_request,
         [&](long long row, long long, const float (&result)[kp::kChannelsPerThread]) {
             kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
                 pooled + row * HEAD_DIM + channel, channel, result);
@@ -356,30 +356,16 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
 template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, int TARGET, typename IPOS,
           typename IS, typename ID>
 __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
-    kpool_tail_update_fp8(T* __restrict__ key_ring, G* __restrict__ gate_ring, long long gate_offset,
-                          long long max_slots, long long ring_rows, long long key_slot_stride,
-                          long long key_row_stride, long long gate_slot_stride, long long gate_row_stride,
-                          const T* __restrict__ k, long long k_request_stride, long long k_token_stride,
-                          const G* __restrict__ gate, long long gate_request_stride, long long gate_token_stride,
-                          const float* __restrict__ ape, long long ape_row_stride,
-                          const IPOS* __restrict__ positions, const IS* __restrict__ slot_idx, long long requests,
-                          int next_n, unsigned char* __restrict__ values, long long values_stride,
-                          float* __restrict__ scales, long long target_rows, long long block_size,
-                          const ID* __restrict__ destinations, long long destination_rows,
-                          long long destination_columns, long long destination_stride, int* __restrict__ closed,
+    kpool_tail_update_fp8(KP_RING_PARAMS(), KP_STEP_PARAMS, KP_FP8_SINK_PARAMS(ID), int* __restrict__ closed,
                           int pools_per_request, int round_scale) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
-    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{values,           values_stride,       scales,
-                                                 target_rows,      block_size,          destinations,
-                                                 destination_rows, destination_columns, destination_stride};
+    const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
     kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT>(
-        request, channel, key_ring, gate_ring, gate_offset, max_slots, ring_rows, key_slot_stride, key_row_stride,
-        gate_slot_stride, gate_row_stride, k, k_request_stride, k_token_stride, gate, gate_request_stride,
-        gate_token_stride, ape, ape_row_stride, positions, slot_idx, next_n, closed, pools_per_request,
+        request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed, pools_per_request,
         [&](long long row, long long pool_id, const float (&result)[kp::kChannelsPerThread]) {
             float v[kp::kChannelsPerThread];
 #pragma unroll

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -42,6 +44,11 @@ def _plot_file(ctx: click.Context, param: click.Parameter, value: str | None) ->
         except ImportError as error:
             raise click.BadParameter("drawing needs matplotlib: pip install 'kpool-cupy[plot]'") from error
     return _output_file(ctx, param, value)
+
+
+def _file_option(flag: str, callback: Callable[..., str | None], help: str) -> Callable[..., Any]:
+    """A file to write, ``--json`` into ``json_file``, its path checked by ``callback`` before any work."""
+    return click.option(flag, f"{flag[2:]}_file", type=click.Path(dir_okay=False), callback=callback, help=help)
 
 
 def _skip(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -163,13 +170,7 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
     is_flag=True,
     help="Report the machine code instead: CUDA 13's ptxas (on PATH) and nvdisasm (pip install 'kpool-cupy[sass]').",
 )
-@click.option(
-    "--out",
-    "out_file",
-    type=click.Path(dir_okay=False),
-    callback=_output_file,
-    help="Save the PTX here (the SASS with --sass).",
-)
+@_file_option("--out", _output_file, "Save the PTX here (the SASS with --sass).")
 def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: str | None) -> None:
     """Compile one variant through NVRTC (no GPU needed) and report its memory path."""
     if sass:
@@ -218,16 +219,8 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: 
 
 
 @main.command()
-@click.option(
-    "--json", "json_file", type=click.Path(dir_okay=False), callback=_output_file, help="Write all numbers here."
-)
-@click.option(
-    "--plot",
-    "plot_file",
-    type=click.Path(dir_okay=False),
-    callback=_plot_file,
-    help="Draw each shape's fractions of the copy and ratios to kpool-cupy here (PNG).",
-)
+@_file_option("--json", _output_file, "Write all numbers here.")
+@_file_option("--plot", _plot_file, "Draw each shape's fractions of the copy and ratios to kpool-cupy here (PNG).")
 @click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
 @click.option(
     "--samples", type=click.IntRange(min=1), default=30, show_default=True, help="Timed samples per implementation."

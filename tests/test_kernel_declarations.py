@@ -32,10 +32,36 @@ def _strip_comments(text: str) -> str:
     return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", "", text, flags=re.S))
 
 
+_DEFINE = re.compile(r"^[ \t]*#define[ \t]+(?P<name>KP_\w+_PARAMS)(?:\((?P<param>\w*)\))?(?P<body>.*)$", re.M)
+
+
+def _parameter_macros(text: str) -> dict[str, tuple[str | None, str]]:
+    """The ``KP_..._PARAMS`` macros a source defines (parameter lists the kernels of a family share)."""
+    joined = _strip_comments(text).replace("\\\n", " ")
+    return {m["name"]: (m["param"], m["body"]) for m in _DEFINE.finditer(joined)}
+
+
+def _expand(text: str, macros: dict[str, tuple[str | None, str]]) -> str:
+    """``text`` with every use of ``macros`` replaced by its body (an argument in place of the parameter)."""
+    for name, (param, body) in macros.items():
+        if param is None:
+            text = re.sub(rf"\b{name}\b", lambda _, body=body: body, text)
+        else:
+            use = re.compile(rf"\b{name}\((?P<arg>[^()]*)\)")
+            text = use.sub(lambda m, p=param, b=body: re.sub(rf"\b{p}\b", m["arg"], b), text)
+    return text
+
+
 def read_globals(text: str) -> dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]]:
-    """Every templated ``__global__`` of a source: name -> (template [(kind, name)], parameters [(ctype, name)])."""
+    """Every templated ``__global__`` of a source: name -> (template [(kind, name)], parameters [(ctype, name)]),
+    the shared parameter macros (of the source and of the headers in kernels/) expanded."""
     found = {}
+    macros = {}
+    for header in sorted([*kernels_dir().glob("*.cuh"), *kernels_dir().glob("*.h")]):
+        macros |= _parameter_macros(header.read_text())
+    macros |= _parameter_macros(text)
     text = _strip_comments(text)
+    text = _expand(re.sub(r"^[ \t]*#define[^\n]*(?:\\\n[^\n]*)*", "", text, flags=re.M), macros)
     for match in _GLOBAL.finditer(text):
         rest = match.end()
         if text.startswith("__launch_bounds__", rest):
@@ -87,9 +113,11 @@ def test_declaration_matches_the_cu_signature(kernel):
 
 def test_a_swapped_pair_of_same_typed_parameters_is_seen():
     # The comparison itself: swap batch and total_tokens (both long long) in
-    # compress's text and the reader sees a different order.
+    # the parameter list compress's kernels share and the reader sees a
+    # different order.
     text = (kernels_dir() / COMPRESS.source).read_text()
-    swapped = text.replace("long long batch, long long total_tokens,", "long long total_tokens, long long batch,", 1)
+    pair = r"long long batch,(\s*\\\n\s*)long long total_tokens"
+    swapped = re.sub(pair, r"long long total_tokens,\1long long batch", text)
     assert swapped != text
     _, params = read_globals(swapped)[COMPRESS.name]
     assert params != _declared(COMPRESS)[1]

@@ -142,13 +142,8 @@ def test_emulate_and_reference_agree(spec):
 
 def _call(batch):
     from kpool_cupy.ops.compress import check_compress_args
+    from kpool_cupy.ops.spec import CallArgs
 
-    return check_compress_args(
-        k=batch.k,
-        gate=batch.gate,
-        ape=batch.ape,
-        input_row_offsets=batch.input_row_offsets,
-        cache_lengths=batch.cache_lengths,
-        pool_row_offsets=None,
-        out=None,
-    )
+    arrays = dict(k=batch.k, gate=batch.gate, ape=batch.ape, input_row_offsets=batch.input_row_offsets)
+    arrays |= dict(cache_lengths=batch.cache_lengths, pool_row_offsets=None, out=None)
+    return check_compress_args(CallArgs(**arrays, out_dtype=None, rotate=False))

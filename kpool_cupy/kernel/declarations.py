@@ -136,8 +136,13 @@ def rows(name: str, ctype: str, stride: str | None = None) -> tuple[Param, ...]:
     return Param(name, ctype), Param(stride or f"{name}_row_stride", "long long")
 
 
+def pointers(ctype: str, *names: str) -> tuple[Param, ...]:
+    """Parameters of one C++ type, in order."""
+    return tuple(Param(n, ctype) for n in names)
+
+
 def longs(*names: str) -> tuple[Param, ...]:
-    return tuple(Param(n, "long long") for n in names)
+    return pointers("long long", *names)
 
 
 # The VECTOR bits of operands every kernel of a kind reads or writes.
@@ -307,12 +312,9 @@ COMPRESS_BASELINE = Kernel(
     "bench/kpool_compress_baseline.cu",
     (typename("T"), integer("HEAD_DIM"), integer("KPOOL")),
     (
-        Param("k", "const T*"),
-        Param("gate", "const T*"),
+        *pointers("const T*", "k", "gate"),
         Param("ape", "const float*"),
-        Param("input_row_offsets", "const long long*"),
-        Param("cache_lengths", "const long long*"),
-        Param("pool_row_offsets", "const long long*"),
+        *pointers("const long long*", "input_row_offsets", "cache_lengths", "pool_row_offsets"),
         Param("batch", "long long"),
         Param("pooled", "T*"),
     ),

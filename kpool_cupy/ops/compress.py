@@ -31,7 +31,7 @@ from .checks import (
 from .destinations import Destination, Landing, into_pooled_rows, launch_template, returned
 from .fp8_target import check_rotation_head_dim
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, OUT_DTYPE, ROTATE, TOKEN_GATE, TOKEN_K
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape, check_with
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
 
 
 @dataclass(frozen=True)
@@ -48,36 +48,30 @@ class CompressCall:
     rotate: bool = False
 
 
-def check_compress_args(
-    *,
-    k: Any,
-    gate: Any,
-    ape: Any,
-    input_row_offsets: Any,
-    cache_lengths: Any,
-    pool_row_offsets: Any,
-    out: Any,
-    out_dtype: Any = None,
-    rotate: Any = False,
-) -> CompressCall:
-    """Check everything about a call that needs no array contents."""
-    head_dim = check_keys(k, gate)
-    if rotate:
+def check_pooling_inputs(a: CallArgs) -> tuple[int, int, int]:
+    """head_dim, kpool and batch of a call that pools a ragged batch's tokens (k, gate, ape, offsets,
+    lengths, the rotation option): compress and ring close."""
+    head_dim = check_keys(a.k, a.gate)
+    if a.rotate:
         check_rotation_head_dim("k", head_dim)
-    kpool = check_ape(ape, head_dim)
-    batch = check_batch_index(input_row_offsets, cache_lengths)
-    if pool_row_offsets is not None:
-        check_index("pool_row_offsets", pool_row_offsets, batch + 1)
-    check_out(out, head_dim, ">= total_pools")
+    return head_dim, check_ape(a.ape, head_dim), check_batch_index(a.input_row_offsets, a.cache_lengths)
+
+
+def check_compress_args(a: CallArgs) -> CompressCall:
+    """Check everything about a call that needs no array contents."""
+    head_dim, kpool, batch = check_pooling_inputs(a)
+    if a.pool_row_offsets is not None:
+        check_index("pool_row_offsets", a.pool_row_offsets, batch + 1)
+    check_out(a.out, head_dim, ">= total_pools")
     return CompressCall(
         head_dim=head_dim,
         kpool=kpool,
         batch=batch,
-        total_tokens=int(k.shape[0]),
-        k_dtype=np.dtype(k.dtype),
-        gate_dtype=np.dtype(gate.dtype),
-        out_dtype=check_out_dtype(out_dtype, out, np.dtype(k.dtype)),
-        rotate=bool(rotate),
+        total_tokens=int(a.k.shape[0]),
+        k_dtype=np.dtype(a.k.dtype),
+        gate_dtype=np.dtype(a.gate.dtype),
+        out_dtype=check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype)),
+        rotate=bool(a.rotate),
     )
 
 
@@ -314,7 +308,7 @@ SPEC = OpSpec(
     "kpool_compress",
     PARAMETERS,
     ("pooled",),
-    check_with(check_compress_args, "out_dtype", "rotate"),
+    check_compress_args,
     into_pooled_rows(COMPRESS, pool_into),
     DOCS,
     output_shapes,

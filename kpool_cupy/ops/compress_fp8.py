@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..kernel.declarations import COMPRESS_FP8
 from .compress import SPEC as PLAIN_SPEC
 from .compress import CompressCall, pool_into
-from .fp8_form import PlainOp, RowsRule, fp8_form
+from .fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .spec import Operand
 
 GPU_DOC = """Pool each complete k-pool into an FP8 key: rotated, scaled, e4m3fn, into rows or a paged cache.
@@ -65,18 +65,14 @@ tuple of cupy.ndarray, or None
     ``(values, scales)`` without ``cache``; None when writing the cache.
 """
 
-EMULATE_DOC = """:func:`kpool_cupy.kpool_compress_fp8`, running the CUDA kernel on the CPU (host arrays)."""
-
-REFERENCE_DOC = """:func:`kpool_cupy.kpool_compress_fp8` in NumPy (host arrays).
-
-Parameters
+ACCUMULATE_DOC = """Parameters
 ----------
 accumulate
     ``"float32"`` (the kernel's arithmetic) or ``"float64"`` for the pooling.
 """
 
 SLOTS_IN = Operand("slots", "[>= total_pools] int64 or int32: each pool's cache slot, -1 to skip", optional=True)
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = fp8_docs("kpool_compress_fp8", GPU_DOC, ACCUMULATE_DOC)
 
 
 def rows_rule(call: CompressCall) -> RowsRule:

@@ -13,7 +13,7 @@ from ..kernel.geometry import flat_geometry
 from ..pool_offsets import check_kpool
 from .checks import check_batch_index, check_contiguous, check_rows_and_cache, dtype_fail, fail, require_array
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, Option, OutputShape, check_with
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
 
 
 @dataclass(frozen=True)
@@ -60,30 +60,20 @@ def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[i
     return int(block_table.shape[1]), int(block_size)
 
 
-def check_expand_args(
-    *,
-    pool_ids: Any,
-    input_row_offsets: Any,
-    cache_lengths: Any,
-    kpool: Any,
-    always_select_tail: bool,
-    block_table: Any = None,
-    block_size: Any = None,
-    compact: bool = False,
-) -> ExpandCall:
-    check_kpool(kpool)
-    require_array("pool_ids", pool_ids)
-    if pool_ids.dtype not in INDEX_DTYPES:
-        raise dtype_fail("pool_ids", "dtype int32, uint32 or int64", pool_ids.dtype)
-    if pool_ids.ndim != 2:
-        raise fail("pool_ids", "a 2-D array [total_tokens, pool_topk]", f"shape {tuple(pool_ids.shape)}")
-    check_contiguous("pool_ids", pool_ids)
-    batch = check_batch_index(input_row_offsets, cache_lengths)
-    kpool = int(kpool)
-    pool_topk = int(pool_ids.shape[1])
-    width = pool_topk * kpool + (kpool - 1 if always_select_tail else 0)
-    max_blocks, size = _check_block_table(block_table, block_size, batch)
-    return ExpandCall(kpool, batch, int(pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(compact))
+def check_expand_args(a: CallArgs) -> ExpandCall:
+    check_kpool(a.kpool)
+    require_array("pool_ids", a.pool_ids)
+    if a.pool_ids.dtype not in INDEX_DTYPES:
+        raise dtype_fail("pool_ids", "dtype int32, uint32 or int64", a.pool_ids.dtype)
+    if a.pool_ids.ndim != 2:
+        raise fail("pool_ids", "a 2-D array [total_tokens, pool_topk]", f"shape {tuple(a.pool_ids.shape)}")
+    check_contiguous("pool_ids", a.pool_ids)
+    batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
+    kpool = int(a.kpool)
+    pool_topk = int(a.pool_ids.shape[1])
+    width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
+    max_blocks, size = _check_block_table(a.block_table, a.block_size, batch)
+    return ExpandCall(kpool, batch, int(a.pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(a.compact))
 
 
 def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:
@@ -203,7 +193,7 @@ SPEC = OpSpec(
     "kpool_expand_topk",
     PARAMETERS,
     ("positions",),
-    check_with(check_expand_args, "kpool", "always_select_tail", "block_size", "compact"),
+    check_expand_args,
     run,
     DOCS,
     output_shapes,

@@ -35,7 +35,7 @@ from .fp8_target import (
     check_rotation_head_dim,
     check_target,
 )
-from .spec import Backend, Operand, OpSpec, OutputShape
+from .spec import Backend, CallArgs, Operand, OpSpec, OutputShape
 
 # The plain op's options the FP8 form does not take: the epilogue fixes both.
 _PLAIN_ONLY = ("out_dtype", "rotate")
@@ -89,33 +89,40 @@ def fp8_parameters(plain: OpSpec, slots: Operand | None) -> tuple[Any, ...]:
     return tuple(listed)
 
 
+def fp8_docs(name: str, gpu_doc: str, reference_more: str = "") -> dict[str, str]:
+    """An FP8 form's docstrings: its own on the GPU; the CPU backends' name the GPU's (the reference's with
+    ``reference_more``, its own options)."""
+    emulate = f":func:`kpool_cupy.{name}`, running the CUDA kernel on the CPU (host arrays)."
+    reference = "\n\n".join(filter(None, (f":func:`kpool_cupy.{name}` in NumPy (host arrays).", reference_more)))
+    return {"cupy": gpu_doc, "emulate": emulate, "reference": reference}
+
+
 def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, docs: Mapping[str, str]) -> OpSpec:
     """The spec of ``plain``'s FP8 form, written by ``kernel`` (a sibling of the plain op's kernel)."""
     spec = plain.spec
     fp8_names = {"cache", "slots", "block_table", "out", "out_scale"}
 
-    def check(arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Fp8Call:
-        own = {n: a for n, a in arrays.items() if n not in fp8_names} | {"out": None}
-        plain_call = spec.check(own, {**options, "out_dtype": None, "rotate": False})
+    def check_args(a: CallArgs) -> Fp8Call:
+        own = {n: v for n, v in vars(a).items() if n not in fp8_names}
+        plain_call = spec.check_args(CallArgs(**own, out=None, out_dtype=None, rotate=False))
         check_rotation_head_dim("k", plain_call.head_dim)
         rule = plain.rows_rule(plain_call)
         target = check_target(
             plain_call.head_dim,
-            out=arrays["out"],
-            out_scale=arrays["out_scale"],
-            cache=arrays["cache"],
-            slots=arrays.get("slots"),
-            block_table=arrays["block_table"],
+            out=a.out,
+            out_scale=a.out_scale,
+            cache=a.cache,
+            slots=getattr(a, "slots", None),
+            block_table=a.block_table,
             batch=rule.batch,
             leading=rule.leading,
             slot_rows=rule.slot_rows,
             takes_slots=slots is not None,
         )
-        out = arrays["out"]
-        if rule.min_rows is not None and out is not None and out.shape[0] < rule.min_rows[0]:
+        if rule.min_rows is not None and a.out is not None and a.out.shape[0] < rule.min_rows[0]:
             least, why = rule.min_rows
-            raise fail("out", f"at least {least} rows ({why})", f"{out.shape[0]} rows")
-        return Fp8Call(plain_call, target, bool(options["round_scale"]))
+            raise fail("out", f"at least {least} rows ({why})", f"{a.out.shape[0]} rows")
+        return Fp8Call(plain_call, target, bool(a.round_scale))
 
     def run(backend: Backend, call: Fp8Call, arrays: dict[str, Any], *, validate: bool, **options: Any) -> Any:
         to = Fp8Rows(kernel, call.target, call.round_scale)
@@ -134,7 +141,7 @@ def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, d
         name,
         fp8_parameters(spec, slots),
         results,
-        check,
+        check_args,
         run,
         docs,
         outputs,

@@ -14,7 +14,7 @@ from ..kernel.declarations import HADAMARD_QUANT_FP8
 from ..kernel.geometry import group_geometry
 from .checks import check_rows, fail
 from .fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
@@ -25,14 +25,14 @@ class HadamardQuantCall:
     round_scale: bool
 
 
-def check_hadamard_quant_args(*, x: Any, out: Any, out_scale: Any, round_scale: Any) -> HadamardQuantCall:
-    check_rows("x", x, tuple(ELEMENT_CTYPES))
-    rows, head_dim = (int(n) for n in x.shape)
+def check_hadamard_quant_args(a: CallArgs) -> HadamardQuantCall:
+    check_rows("x", a.x, tuple(ELEMENT_CTYPES))
+    rows, head_dim = (int(n) for n in a.x.shape)
     check_rotation_head_dim("x", head_dim)
-    check_target(head_dim, out=out, out_scale=out_scale)
-    if out is not None and out.shape[0] != rows:
-        raise fail("out", f"shape [{rows}, {head_dim}] (x's rows)", f"shape {tuple(out.shape)}")
-    return HadamardQuantCall(rows, head_dim, np.dtype(x.dtype), bool(round_scale))
+    check_target(head_dim, out=a.out, out_scale=a.out_scale)
+    if a.out is not None and a.out.shape[0] != rows:
+        raise fail("out", f"shape [{rows}, {head_dim}] (x's rows)", f"shape {tuple(a.out.shape)}")
+    return HadamardQuantCall(rows, head_dim, np.dtype(a.x.dtype), bool(a.round_scale))
 
 
 def output_shapes(call: HadamardQuantCall) -> dict[str, OutputShape]:
@@ -107,7 +107,7 @@ SPEC = OpSpec(
     "hadamard_quant_fp8",
     PARAMETERS,
     ("values", "scales"),
-    check_with(check_hadamard_quant_args, "round_scale"),
+    check_hadamard_quant_args,
     run,
     DOCS,
     output_shapes,

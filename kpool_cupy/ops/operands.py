@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from ..kernel import codes
 from .spec import Operand, Option, is_pair
@@ -61,7 +64,20 @@ def ring_vector(operands: dict[str, Any]) -> dict[str, Any]:
     return {"tail": keys, "gate_ring": gates}
 
 
-def token_ring_values(operands: dict[str, Any], call: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TokenRingCall:
+    """What ring close and seed tail both learn from their checks: sizes, the ring's slots, element dtypes."""
+
+    head_dim: int
+    kpool: int
+    batch: int
+    total_tokens: int
+    max_slots: int
+    dtype: np.dtype
+    gate_dtype: np.dtype
+
+
+def token_ring_values(operands: dict[str, Any], call: TokenRingCall) -> dict[str, Any]:
     """What ring close and seed tail open with: the ring (`ring`), k and gate rows, then what places each
     request (offsets, lengths, slots, counts)."""
     o = operands
@@ -70,7 +86,7 @@ def token_ring_values(operands: dict[str, Any], call: Any) -> dict[str, Any]:
     return ring(o, call.max_slots) | tokens | places | {"batch": call.batch, "total_tokens": call.total_tokens}
 
 
-def token_ring_template(operands: dict[str, Any], call: Any) -> dict[str, Any]:
+def token_ring_template(operands: dict[str, Any], call: TokenRingCall) -> dict[str, Any]:
     """Their template parameters: element types and sizes, the index types of offsets, lengths and slots, and
     the VECTOR bits of k, gate and the ring."""
     o = operands

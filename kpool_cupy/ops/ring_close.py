@@ -12,16 +12,13 @@ from ..kernel import codes
 from ..kernel.declarations import RING_CLOSE
 from ..kernel.geometry import group_geometry
 from .checks import (
-    check_ape,
-    check_batch_index,
-    check_keys,
     check_out,
     check_out_dtype,
     check_rows_and_cache,
     fail,
 )
+from .compress import check_pooling_inputs
 from .destinations import Destination, into_pooled_rows, launch_template, returned
-from .fp8_target import check_rotation_head_dim
 from .operands import (
     APE,
     CACHE_LENGTHS,
@@ -32,58 +29,35 @@ from .operands import (
     ROTATE,
     SLOT_IDX,
     TOKEN_K,
+    TokenRingCall,
     token_ring_template,
     token_ring_values,
 )
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
-class RingCloseCall:
-    """What the checks learned about a ring close call."""
+class RingCloseCall(TokenRingCall):
+    """What the checks learned about a ring close call: a token ring call and what it writes."""
 
-    head_dim: int
-    kpool: int
-    batch: int
-    total_tokens: int
-    max_slots: int
-    dtype: np.dtype
-    gate_dtype: np.dtype
     out_dtype: np.dtype
     rotate: bool = False
 
 
-def check_ring_close_args(
-    *,
-    tail: Any,
-    k: Any,
-    gate: Any,
-    ape: Any,
-    input_row_offsets: Any,
-    cache_lengths: Any,
-    slot_idx: Any,
-    out: Any,
-    closed: Any,
-    out_dtype: Any = None,
-    rotate: Any = False,
-) -> RingCloseCall:
+def check_ring_close_args(a: CallArgs) -> RingCloseCall:
     """Check everything about a call that needs no array contents."""
-    head_dim = check_keys(k, gate)
-    if rotate:
-        check_rotation_head_dim("k", head_dim)
-    kpool = check_ape(ape, head_dim)
-    batch = check_batch_index(input_row_offsets, cache_lengths)
-    max_slots, _, _ = check_tail(tail, np.dtype(k.dtype), np.dtype(gate.dtype), kpool, head_dim, writes=False)
-    check_slots(slot_idx, batch)
-    check_out(out, head_dim, ">= batch")
-    if out is not None and out.shape[0] < batch:
-        raise fail("out", f"at least {batch} rows (one per request)", f"{out.shape[0]} rows")
-    if closed is not None:
-        check_closed(closed, (batch,), exact=False)
-    written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
-    dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
-    return RingCloseCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, *dtypes, written, bool(rotate))
+    head_dim, kpool, batch = check_pooling_inputs(a)
+    max_slots, _, _ = check_tail(a.tail, np.dtype(a.k.dtype), np.dtype(a.gate.dtype), kpool, head_dim, writes=False)
+    check_slots(a.slot_idx, batch)
+    check_out(a.out, head_dim, ">= batch")
+    if a.out is not None and a.out.shape[0] < batch:
+        raise fail("out", f"at least {batch} rows (one per request)", f"{a.out.shape[0]} rows")
+    if a.closed is not None:
+        check_closed(a.closed, (batch,), exact=False)
+    written = check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype))
+    dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
+    return RingCloseCall(head_dim, kpool, batch, int(a.k.shape[0]), max_slots, *dtypes, written, bool(a.rotate))
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:
@@ -176,12 +150,5 @@ Same contract as :func:`kpool_cupy.kpool_ring_close`."""
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
-SPEC = OpSpec(
-    "kpool_ring_close",
-    PARAMETERS,
-    ("pooled", "closed"),
-    check_with(check_ring_close_args, "out_dtype", "rotate"),
-    into_pooled_rows(RING_CLOSE, pool_into),
-    DOCS,
-    output_shapes,
-)
+run = into_pooled_rows(RING_CLOSE, pool_into)
+SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), check_ring_close_args, run, DOCS, output_shapes)

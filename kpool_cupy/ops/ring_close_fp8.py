@@ -7,7 +7,7 @@ block table row b.
 from __future__ import annotations
 
 from ..kernel.declarations import RING_CLOSE_FP8
-from .fp8_form import PlainOp, RowsRule, fp8_form
+from .fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .ring_close import SPEC as PLAIN_SPEC
 from .ring_close import RingCloseCall, pool_into
 from .spec import Operand
@@ -44,12 +44,9 @@ Returns
     requests that close nothing are left alone.
 """
 
-EMULATE_DOC = """:func:`kpool_cupy.kpool_ring_close_fp8`, running the CUDA kernel on the CPU (host arrays)."""
-REFERENCE_DOC = """:func:`kpool_cupy.kpool_ring_close_fp8` in NumPy (host arrays)."""
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = fp8_docs("kpool_ring_close_fp8", GPU_DOC)
 
 RING_SLOTS = Operand("slots", "[batch] int64 or int32: each request's cache slot, -1 to skip", optional=True)
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 def rows_rule(call: RingCloseCall) -> RowsRule:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -18,38 +17,27 @@ from .operands import (
     RING_GATE,
     SLOT_IDX,
     TOKEN_K,
+    TokenRingCall,
     token_ring_template,
     token_ring_values,
 )
 from .ring_checks import check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, OpSpec, Option, check_with
+from .spec import VALIDATE, Backend, CallArgs, Launch, OpSpec, Option
+
+# What the checks learn about a seed tail call: the ring and the call's tokens, nothing written beside.
+SeedTailCall = TokenRingCall
 
 
-@dataclass(frozen=True)
-class SeedTailCall:
-    """What the checks learned about a seed tail call."""
-
-    head_dim: int
-    kpool: int
-    batch: int
-    total_tokens: int
-    max_slots: int
-    dtype: np.dtype
-    gate_dtype: np.dtype
-
-
-def check_seed_tail_args(
-    *, tail: Any, k: Any, gate: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: Any, kpool: Any = None
-) -> SeedTailCall:
+def check_seed_tail_args(a: CallArgs) -> SeedTailCall:
     """Check everything about a call that needs no array contents."""
-    head_dim = check_keys(k, gate)
-    batch = check_batch_index(input_row_offsets, cache_lengths)
-    if kpool is not None:
-        check_kpool(kpool)
-    dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
-    max_slots, _, kpool = check_tail(tail, *dtypes, kpool, head_dim, writes=True)
-    check_slots(slot_idx, batch)
-    return SeedTailCall(head_dim, kpool, batch, int(k.shape[0]), max_slots, *dtypes)
+    head_dim = check_keys(a.k, a.gate)
+    batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
+    if a.kpool is not None:
+        check_kpool(a.kpool)
+    dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
+    max_slots, _, kpool = check_tail(a.tail, *dtypes, a.kpool, head_dim, writes=True)
+    check_slots(a.slot_idx, batch)
+    return SeedTailCall(head_dim, kpool, batch, int(a.k.shape[0]), max_slots, *dtypes)
 
 
 def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
@@ -99,4 +87,4 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 # No results and no outputs: it writes only the ring.
-SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), check_with(check_seed_tail_args, "kpool"), run, DOCS, lambda call: {})
+SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), check_seed_tail_args, run, DOCS, lambda call: {})

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Protocol
 
 import numpy as np
@@ -135,14 +136,9 @@ def gather(operands: tuple[Operand, ...], given: tuple[Any, ...], flat: tuple[An
 OutputShape = tuple[tuple[int, ...], np.dtype]
 
 
-def check_with(function: Callable[..., Any], *option_names: str) -> Callable[[Mapping[str, Any], Any], Any]:
-    """An op's ``check`` from its argument check: a function of every operand and of ``option_names`` by
-    name."""
-
-    def check(arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
-        return function(**arrays, **{name: options[name] for name in option_names})
-
-    return check
+class CallArgs(SimpleNamespace):
+    """A call's arrays and options by name, read as attributes (``a.k``, ``a.rotate``): what an op's
+    argument check takes, so that it names no parameter list of its own."""
 
 
 VALIDATE = Option("validate", "bool", True)
@@ -220,7 +216,7 @@ class OpSpec:
     name: str
     parameters: tuple[Parameter, ...]
     results: tuple[str, ...]
-    check: Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+    check_args: Callable[[CallArgs], Any]
     run: Callable[..., Any]
     docs: Mapping[str, str]
     outputs: Callable[..., dict[str, OutputShape]]
@@ -244,6 +240,10 @@ class OpSpec:
     def named(self, arrays: tuple[Any, ...]) -> dict[str, Any]:
         """A call's arrays, in parameter order, by operand name."""
         return dict(zip(self.operand_names, arrays, strict=True))
+
+    def check(self, arrays: Mapping[str, Any], options: Mapping[str, Any]) -> Any:
+        """The call record of a call's arrays by name and its options (``check_args``)."""
+        return self.check_args(CallArgs(**arrays, **options))
 
     def describe(self, arrays: tuple[Any, ...], options: Mapping[str, Any]) -> Any:
         """The call record from the arrays in parameter order (or their metadata): what a framework that

@@ -26,7 +26,7 @@ from .destinations import Destination, into_pooled_rows, launch_template, return
 from .fp8_target import check_rotation_head_dim
 from .operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_template, ring_vector
 from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, Launch, Operand, OpSpec, OutputShape, check_with, is_pair
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape, is_pair
 
 
 @dataclass(frozen=True)
@@ -74,47 +74,35 @@ def _check_out(out: Any, shape: tuple[int, int, int]) -> None:
     check_writable("out", out)
 
 
-def check_tail_update_args(
-    *,
-    tail: Any,
-    k: Any,
-    gate: Any,
-    ape: Any,
-    positions: Any,
-    slot_idx: Any,
-    out: Any,
-    closed: Any,
-    out_dtype: Any = None,
-    rotate: Any = False,
-) -> TailUpdateCall:
+def check_tail_update_args(a: CallArgs) -> TailUpdateCall:
     """Check everything about a call that needs no array contents."""
-    _check_step_tokens("k", k, tuple(ELEMENT_CTYPES))
-    requests, next_n, head_dim = (int(d) for d in k.shape)
+    _check_step_tokens("k", a.k, tuple(ELEMENT_CTYPES))
+    requests, next_n, head_dim = (int(d) for d in a.k.shape)
     if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
         raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
-    if rotate:
+    if a.rotate:
         check_rotation_head_dim("k", head_dim)
-    _check_step_tokens("gate", gate, tuple(ELEMENT_CTYPES))
-    if tuple(gate.shape) != tuple(k.shape):
-        raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
-    kpool = check_ape(ape, head_dim)
-    dtypes = np.dtype(k.dtype), np.dtype(gate.dtype)
-    max_slots, _, _ = check_tail(tail, *dtypes, kpool, head_dim, writes=True)
-    require_array("positions", positions)
-    if positions.dtype not in INDEX_DTYPES:
-        raise dtype_fail("positions", "dtype int32, uint32 or int64", positions.dtype)
-    if tuple(positions.shape) != (requests, next_n):
+    _check_step_tokens("gate", a.gate, tuple(ELEMENT_CTYPES))
+    if tuple(a.gate.shape) != tuple(a.k.shape):
+        raise fail("gate", f"shape {tuple(a.k.shape)} like k", f"shape {tuple(a.gate.shape)}")
+    kpool = check_ape(a.ape, head_dim)
+    dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
+    max_slots, _, _ = check_tail(a.tail, *dtypes, kpool, head_dim, writes=True)
+    require_array("positions", a.positions)
+    if a.positions.dtype not in INDEX_DTYPES:
+        raise dtype_fail("positions", "dtype int32, uint32 or int64", a.positions.dtype)
+    if tuple(a.positions.shape) != (requests, next_n):
         raise fail(
-            "positions", f"shape [{requests}, {next_n}] like k's first two dims", f"shape {tuple(positions.shape)}"
+            "positions", f"shape [{requests}, {next_n}] like k's first two dims", f"shape {tuple(a.positions.shape)}"
         )
-    check_contiguous("positions", positions)
-    check_slots(slot_idx, requests)
+    check_contiguous("positions", a.positions)
+    check_slots(a.slot_idx, requests)
     pools = -(-next_n // kpool)
-    _check_out(out, (requests, pools, head_dim))
-    if closed is not None:
-        check_closed(closed, (requests, pools), exact=True)
-    written = check_out_dtype(out_dtype, out, np.dtype(k.dtype))
-    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, *dtypes, written, bool(rotate))
+    _check_out(a.out, (requests, pools, head_dim))
+    if a.closed is not None:
+        check_closed(a.closed, (requests, pools), exact=True)
+    written = check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype))
+    return TailUpdateCall(head_dim, kpool, requests, next_n, pools, max_slots, *dtypes, written, bool(a.rotate))
 
 
 def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
@@ -253,12 +241,5 @@ REFERENCE_DOC = "The decode step (NumPy); same contract as :func:`kpool_cupy.kpo
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
-SPEC = OpSpec(
-    "kpool_tail_update",
-    PARAMETERS,
-    ("pooled", "closed"),
-    check_with(check_tail_update_args, "out_dtype", "rotate"),
-    into_pooled_rows(TAIL_UPDATE, pool_into),
-    DOCS,
-    output_shapes,
-)
+run = into_pooled_rows(TAIL_UPDATE, pool_into)
+SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), check_tail_update_args, run, DOCS, output_shapes)

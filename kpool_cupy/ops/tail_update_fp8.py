@@ -7,7 +7,7 @@ block table row r.
 from __future__ import annotations
 
 from ..kernel.declarations import TAIL_UPDATE_FP8
-from .fp8_form import PlainOp, RowsRule, fp8_form
+from .fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .tail_update import SPEC as PLAIN_SPEC
 from .tail_update import TailUpdateCall, pool_into
 
@@ -43,9 +43,7 @@ Returns
     are left alone).
 """
 
-EMULATE_DOC = """:func:`kpool_cupy.kpool_tail_update_fp8`, running the CUDA kernel on the CPU (host arrays)."""
-REFERENCE_DOC = """:func:`kpool_cupy.kpool_tail_update_fp8` in NumPy (host arrays)."""
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = fp8_docs("kpool_tail_update_fp8", GPU_DOC)
 
 
 def rows_rule(call: TailUpdateCall) -> RowsRule:
