@@ -236,6 +236,17 @@ __device__ __forceinline__ long long load_index(const IT* array, long long i) {
     return static_cast<long long>(array[i]);
 }
 
+// A read of an index array in which a negative value means something
+// (positions' -1 padding, slots, pool ids): load_index, except that a uint32
+// array's all-ones value, the uint32 form of -1, reads as -1. Offsets and
+// lengths keep their full uint32 range through load_index.
+template <typename IT>
+__device__ __forceinline__ long long load_signed_index(const IT* array, long long i) {
+    const long long value = load_index(array, i);
+    if constexpr (sizeof(IT) == 4 && static_cast<IT>(-1) > 0) return value == 0xFFFFFFFFLL ? -1 : value;
+    return value;
+}
+
 // The request that owns `item`: the last b in [0, batch) with
 // offsets[b] <= item, by binary search (0 when none is). Offsets may be
 // garbage when the caller skipped validation: the answer is always in

@@ -39,7 +39,7 @@ __device__ __forceinline__ long long expanded(long long token, long long column,
         }
     }
     if (column < pool_topk * KPOOL) {
-        const long long pool = load_index(pool_ids, token * pool_topk + column / KPOOL);
+        const long long pool = load_signed_index(pool_ids, token * pool_topk + column / KPOOL);
         // The whole pool must fit int32, its last position included.
         const long long first = pool >= 0 && pool <= (2147483647LL - (KPOOL - 1)) / KPOOL ? pool * KPOOL : -1;
         value = first < 0 ? -1 : first + column % KPOOL;

@@ -99,7 +99,7 @@ __device__ __forceinline__ bool close_pending_pool(long long* thread_request, in
     const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     long long row_begin, row_end, cached;
     bool closes = request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
-    const long long slot = load_index(slot_idx, request);
+    const long long slot = load_signed_index(slot_idx, request);
     const long long phase = closes ? cached % KPOOL : 0;
     closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
              cached / KPOOL <= 2147483647LL;
@@ -183,17 +183,18 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
                                                                v);
 }
 
-// Stashes each request's trailing tokens, positions
-// [max(floor((c + n) / KPOOL) * KPOOL, c), c + n), into ring position
-// pos % ring of its slot: the start of the pool the next call completes.
-// At most KPOOL - 1 tokens per request.
+// Stashes each request's last min(n, ring) tokens, positions
+// [max(c + n - ring, c), c + n), into ring row pos % ring of its slot. It
+// needs no kpool: on a ring of ring >= kpool rows, every member a later
+// call's pools read from the ring (the pending pool's, fewer than kpool) is
+// among them, and seeding a prompt in two chunks leaves the ring as seeding
+// it in one.
 //
 // VECTOR: kp::VectorAccess bits of k, gate and the two rings. T, G, IO, IC,
 // IS as ring close.
-template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
+template <typename T, typename G, int HEAD_DIM, int VECTOR, typename IO, typename IC, typename IS>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     kpool_seed_tail(KP_RING_PARAMS(), KP_RING_TOKEN_PARAMS, KP_REQUEST_PARAMS) {
-    static_assert(KPOOL >= 1, "kpool must be at least 1");
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
@@ -201,17 +202,17 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     long long row_begin, row_end, cached;
     const bool rows_ok =
         kp::request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
-    const long long slot = kp::load_index(slot_idx, request);
+    const long long slot = kp::load_signed_index(slot_idx, request);
     if (!rows_ok || slot < 0 || slot >= max_slots || cached > 9223372036854775807LL - (row_end - row_begin)) return;
-    const long long end = cached + (row_end - row_begin);  // checked above not to overflow
-    const long long pool_start = (end / KPOOL) * KPOOL;
-    const long long start = pool_start > cached ? pool_start : cached;
+    const long long count = row_end - row_begin;
+    const long long end = cached + count;  // checked above not to overflow
+    const long long start = count > ring_rows ? end - ring_rows : cached;
 
     const kp::RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     T* const keys_ring = key_ring + slot * ring.key_slot_stride + channel;
     G* const gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
     long long ring_row = kp::ring_row_of(ring, start);
-    for (long long position = start; position < end; ++position) {  // fewer than KPOOL iterations
+    for (long long position = start; position < end; ++position) {  // at most ring rows iterations
         const long long row = row_begin + (position - cached);
         kp::copy8<kp::vector_bits(VECTOR, kp::kVectorTail), kp::vector_bits(VECTOR, kp::kVectorK)>(
             keys_ring + ring_row * ring.key_row_stride, k + row * k_row_stride + channel);
@@ -239,7 +240,7 @@ __device__ __forceinline__ void tail_update_steps(
     static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
     const bool lead = channel == 0;  // the group's first thread writes closed
 
-    const long long slot = load_index(slot_idx, request);
+    const long long slot = load_signed_index(slot_idx, request);
     const bool slot_ok = slot >= 0 && slot < max_slots;
     constexpr bool kKeyRingVector = vector_bits(VECTOR, kVectorTail);
     constexpr bool kGateRingVector = vector_bits(VECTOR, kVectorGateRing);
@@ -260,7 +261,7 @@ __device__ __forceinline__ void tail_update_steps(
     };
     int written = 0;
     for (int t = 0; t < next_n && slot_ok; ++t) {
-        const long long position = load_index(positions, request * next_n + t);
+        const long long position = load_signed_index(positions, request * next_n + t);
         if (position < 0) continue;  // padding: the ring stays byte-identical
         const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
         const int ring_row = static_cast<int>(ring_row_of(ring, position));

@@ -22,6 +22,18 @@ INDEX_DTYPES = (np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.int64))
 INDEX_CTYPES: dict[np.dtype, str] = dict(zip(INDEX_DTYPES, ("int", "unsigned int", "long long"), strict=True))
 INT32 = np.dtype(np.int32)
 INT32_MAX = 2**31 - 1
+UINT32 = np.dtype(np.uint32)
+
+
+def signed_index(values: np.ndarray, dtype: object) -> np.ndarray:
+    """int64 values of an index array in which a negative value means something (positions' -1 padding, a
+    slot, a pool id): in a uint32 array the all-ones value is -1, as every kernel reads it
+    (``kp::load_signed_index``). Offsets and lengths keep their full uint32 range and do not come here."""
+    wide = np.asarray(values).astype(np.int64)
+    if np.dtype(dtype) == UINT32:
+        wide[wide == 0xFFFFFFFF] = -1
+    return wide
+
 
 # The largest kpool any op accepts: far above the 4 to 128 indexers use, and
 # small enough that every instantiation compiles in seconds and every

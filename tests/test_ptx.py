@@ -23,9 +23,11 @@ from kpool_cupy.tools.ptx_report import count_accesses  # 16-byte accesses as `k
 
 
 def _one_dtype(kernel: Kernel, dtype, head_dim: int, kpool: int) -> str:
-    """``kernel``'s every-operand-aligned instance with ``dtype`` for each element type (key, gate, output)."""
+    """``kernel``'s every-operand-aligned instance with ``dtype`` for each element type (key, gate, output);
+    ``kpool`` where the kernel pools (seed tail takes none)."""
     elements = {t.name: dtype for t in kernel.template if t.kind == "typename" and t.default is None}
-    return kernel.instance(**elements, HEAD_DIM=head_dim, KPOOL=kpool)
+    sizes = {"KPOOL": kpool} if any(t.name == "KPOOL" for t in kernel.template) else {}
+    return kernel.instance(**elements, HEAD_DIM=head_dim, **sizes)
 
 
 @pytest.mark.parametrize(
@@ -142,12 +144,16 @@ def test_split_ring_tail_update_at_head_dim_4096_spills_only_as_recorded(key, ga
     assert report.registers <= 128, report
 
 
-@pytest.mark.parametrize("kernel", [RING_CLOSE, SEED_TAIL], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    ("kernel", "kpool"),
+    [(RING_CLOSE, 4), (RING_CLOSE, 7), (RING_CLOSE, 9), (SEED_TAIL, None)],
+    ids=["ring_close-4", "ring_close-7", "ring_close-9", "seed_tail"],
+)
 @pytest.mark.parametrize(("key", "gate"), [(BF16, F32), (F32, F16)], ids=str)
-@pytest.mark.parametrize("kpool", [4, 7, 9])
 def test_split_ring_close_and_seed_do_not_spill(kernel, key, gate, kpool):
-    output = {"OT": key} if kernel is RING_CLOSE else {}  # seed tail writes no pooled rows
-    name = kernel.instance(T=key, G=gate, **output, HEAD_DIM=4096, KPOOL=kpool)
+    # Seed tail pools nothing: no output type, no kpool.
+    sizes = {"OT": key, "KPOOL": kpool} if kernel is RING_CLOSE else {}
+    name = kernel.instance(T=key, G=gate, **sizes, HEAD_DIM=4096)
     report = kernel_ptxas_report(kernel.source, name)
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0, report
     assert report.registers <= 128, report

@@ -109,6 +109,8 @@ MUTATIONS = {
     "out-shares-fused-gate": _fused_out_over_gate,
     "host-array-on-gpu": lambda a: None,  # the GPU path gets the host arrays as they are
     "stream-type": _set(stream=lambda a: "default"),
+    "validate-not-bool": _set(validate=lambda a: "False"),
+    "rotate-not-bool": _set(rotate=lambda a: np.array([True, False])),
     "two-devices": lambda a: None,  # moved to device 1 in the test itself
 }
 

@@ -21,7 +21,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..dtypes import INT32_MAX
+from ..dtypes import INT32_MAX, signed_index
 from ..kernel.codes import Fp8Target
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
 from ..ops.spec import Launch, is_pair
@@ -262,7 +262,7 @@ def _requests(call: Any, input_row_offsets: Any, cache_lengths: Any, slot_idx: A
     """Per request: row range, cached length, slot, and whether all of them are usable."""
     offsets = np.asarray(input_row_offsets).astype(np.int64)
     cached = np.asarray(cache_lengths).astype(np.int64)
-    slots = np.asarray(slot_idx).astype(np.int64)
+    slots = signed_index(slot_idx, slot_idx.dtype)
     begin, end, cached, usable = request_rows(offsets, cached, np.arange(call.batch), call.total_tokens)
     usable &= (slots >= 0) & (slots < call.max_slots)
     return begin, end, cached, slots, usable
@@ -311,15 +311,16 @@ def ring_close_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
 
 
 def seed_tail(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_seed_tail``: each request's trailing tokens into its ring."""
+    """``kpool_seed_tail``: each request's last min(n, ring) tokens into its ring (no kpool)."""
     call, o = kernel_scalars(launch), launch.operands
     k, gate = o["k"], o["gate"]
     key_ring, gate_ring = _rings(o["tail"])
     begin, end, cached, slots, usable = _requests(call, o["input_row_offsets"], o["cache_lengths"], o["slot_idx"])
     usable &= cached <= np.iinfo(np.int64).max - (end - begin)  # c + n must not wrap
-    last = cached + np.where(usable, end - begin, 0)
-    start = np.maximum(last // call.kpool * call.kpool, cached)
-    for step in range(call.kpool - 1):  # at most kpool - 1 trailing tokens per request
+    count = np.where(usable, end - begin, 0)
+    last = cached + count
+    start = np.where(count > call.ring_rows, last - call.ring_rows, cached)
+    for step in range(int((last - start).max(initial=0))):  # at most ring rows per request
         # step < last - start, not start + step < last: near 2^63 the sum wraps.
         active = np.flatnonzero(usable & (step < last - start))
         position = start + step
@@ -334,12 +335,12 @@ def _tail_update_steps(call: Any, o: Any, accumulate: type[np.floating], emit: C
     and each closing's requests, output rows, pool ids and pools (unrounded) handed to ``emit``."""
     k, gate, ape, positions, closed = (o[name] for name in ("k", "gate", "ape", "positions", "closed"))
     key_ring, gate_ring = _rings(o["tail"])
-    slots = np.asarray(o["slot_idx"]).astype(np.int64)
+    slots = signed_index(o["slot_idx"], o["slot_idx"].dtype)
     slot_ok = (slots >= 0) & (slots < call.max_slots)
     written = np.zeros(call.requests, dtype=np.int64)
     closed[...] = -1
     for t in range(call.next_n):  # a step's tokens, in order
-        position = positions[:, t].astype(np.int64)
+        position = signed_index(positions[:, t], positions.dtype)
         real = np.flatnonzero(slot_ok & (position >= 0))  # padding touches nothing
         ring = position[real] % key_ring.shape[1]
         key_ring[slots[real], ring] = k[real, t]
@@ -384,7 +385,7 @@ def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     pool_ids, positions = o["pool_ids"], o["positions"]
     pool_topk, kpool, batch = call.pool_topk, call.kpool, call.batch
     tokens = positions.shape[0]
-    ids = pool_ids.astype(np.int64)
+    ids = signed_index(pool_ids, pool_ids.dtype)
     fits = (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)  # the last position included
     first = np.where(fits, ids * kpool, -1)[..., None]
     values = np.full((tokens, call.width), -1, np.int64)

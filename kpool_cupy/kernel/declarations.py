@@ -262,7 +262,7 @@ RING_CLOSE = Kernel(
 SEED_TAIL = Kernel(
     "kpool_seed_tail",
     "kpool_ring.cu",
-    (*_RING_ELEMENTS, *_SIZES, index("IO"), index("IC"), index("IS")),
+    (*_RING_ELEMENTS, integer("HEAD_DIM"), integer("VECTOR"), index("IO"), index("IC"), index("IS")),
     (*ring(writable=True), *_RING_TOKENS, *_REQUESTS),
     aligned=_V.K | _V.GATE | _RINGS,
 )

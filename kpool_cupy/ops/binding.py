@@ -113,9 +113,19 @@ def bind_into(namespace: dict[str, Any], specs: tuple[OpSpec, ...], binding: Bin
     return list(functions)
 
 
+def check_bool_options(spec: OpSpec, options: dict[str, Any]) -> None:
+    """A ``bool`` option takes True or False (a NumPy bool too), nothing else: a string such as "False" or an
+    array would otherwise read as true, or fail inside NumPy without naming the argument."""
+    for option in spec.options:
+        value = options[option.name]
+        if option.annotation == "bool" and not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"Invalid {option.name}: expected True or False, got {type(value).__name__} {value!r}")
+
+
 def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    """The call flow of every op on every backend: the op's checks, the overlap rule for every operand the
-    op writes, then the op's own run."""
+    """The call flow of every op on every backend: the options' types, the op's checks, the overlap rule for
+    every operand the op writes, then the op's own run."""
+    check_bool_options(spec, options)
     named = spec.named(arrays)
     call = spec.check(named, options)
     check_no_overlap(spec.operands, named)

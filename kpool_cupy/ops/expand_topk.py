@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INDEX_DTYPES, INT32
+from ..dtypes import INDEX_DTYPES, INT32, signed_index
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import flat_geometry
 from ..pool_offsets import check_kpool
@@ -128,7 +128,8 @@ def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool
         host = backend.host_copies(copies)
         check_rows_and_cache(call.total_tokens, host[0], host[1])
         if block_table is not None:
-            check_blocks_cover(call, host[2].reshape(call.total_tokens, call.pool_topk), host[0], host[1])
+            ids = signed_index(host[2], pool_ids.dtype).reshape(call.total_tokens, call.pool_topk)
+            check_blocks_cover(call, ids, host[0], host[1])
     # Every element is written, so no zero fill (ring close and tail update
     # zero theirs: the rows of pools that did not close are left alone).
     shapes = output_shapes(call)

@@ -52,8 +52,9 @@ def ring(operands: dict[str, Any], max_slots: int) -> dict[str, Any]:
 
 
 def ring_template(operands: dict[str, Any], call: Any) -> dict[str, Any]:
-    """The template parameters every ring kernel opens with: element types and sizes."""
-    return {"T": call.dtype, "G": call.gate_dtype, "HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
+    """The template parameters every ring kernel opens with: element types and head_dim (the kernels that pool
+    add KPOOL)."""
+    return {"T": call.dtype, "G": call.gate_dtype, "HEAD_DIM": call.head_dim}
 
 
 def ring_vector(operands: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +70,6 @@ class TokenRingCall:
     """What ring close and seed tail both learn from their checks: sizes, the ring's slots, element dtypes."""
 
     head_dim: int
-    kpool: int
     batch: int
     total_tokens: int
     max_slots: int

@@ -134,7 +134,7 @@ def check_closed(closed: Any, shape: tuple[int, ...], exact: bool) -> None:
 
 def check_slot_values(slots: np.ndarray, max_slots: int, *, writers: np.ndarray | None = None) -> None:
     """Slots inside the ring; requests that write it (``writers``, a mask) need a slot each, or their writes
-    would race. Requests that write nothing (all padding, no trailing tokens) may share one, as padded
+    would race. Requests that write nothing (all padding, no tokens to stash) may share one, as padded
     rows of a captured graph often do."""
     values = slots.astype(np.int64)
     bad = (values < 0) | (values >= max_slots)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INT32, INT32_MAX
+from ..dtypes import INT32, INT32_MAX, signed_index
 from ..kernel import codes
 from ..kernel.declarations import RING_CLOSE
 from ..kernel.geometry import group_geometry
@@ -41,6 +41,7 @@ from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputSh
 class RingCloseCall(TokenRingCall):
     """What the checks learned about a ring close call: a token ring call and what it writes."""
 
+    kpool: int
     out_dtype: np.dtype
     rotate: bool = False
 
@@ -57,7 +58,7 @@ def check_ring_close_args(a: CallArgs) -> RingCloseCall:
         check_closed(a.closed, (batch,), exact=False)
     written = check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype))
     dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
-    return RingCloseCall(head_dim, kpool, batch, int(a.k.shape[0]), max_slots, *dtypes, written, bool(a.rotate))
+    return RingCloseCall(head_dim, batch, int(a.k.shape[0]), max_slots, *dtypes, kpool, written, bool(a.rotate))
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:
@@ -81,6 +82,7 @@ def pool_into(backend: Backend, call: RingCloseCall, a: dict[str, Any], *, valid
     kernel that writes to ``to``; what kpool_ring_close and kpool_ring_close_fp8 both run."""
     if validate:
         offsets, lengths, slots = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], a["slot_idx"]])
+        slots = signed_index(slots, a["slot_idx"].dtype)
         check_rows_and_cache(call.total_tokens, offsets, lengths)
         check_slot_values(slots, call.max_slots)
         completes = (lengths % call.kpool != 0) & (np.diff(offsets) >= call.kpool - lengths % call.kpool)
@@ -94,7 +96,7 @@ def pool_into(backend: Backend, call: RingCloseCall, a: dict[str, Any], *, valid
     if call.batch:
         values = token_ring_values(a, call) | codes.rows("ape", a["ape"]) | to.launch_values(a)
         values["closed"] = a["closed"]
-        source = token_ring_template(a, call)
+        source = token_ring_template(a, call) | {"KPOOL": call.kpool}
         source["VECTOR"] |= codes.vector_mask(ape=a["ape"])
         template = launch_template(source, to, a)
         backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, call.batch), a))

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import signed_index
 from ..kernel.declarations import SEED_TAIL
 from ..kernel.geometry import group_geometry
 from ..pool_offsets import check_kpool
@@ -35,9 +36,9 @@ def check_seed_tail_args(a: CallArgs) -> SeedTailCall:
     if a.kpool is not None:
         check_kpool(a.kpool)
     dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
-    max_slots, _, kpool = check_tail(a.tail, *dtypes, a.kpool, head_dim, writes=True)
+    max_slots, _, _ = check_tail(a.tail, *dtypes, a.kpool, head_dim, writes=True)
     check_slots(a.slot_idx, batch)
-    return SeedTailCall(head_dim, kpool, batch, int(a.k.shape[0]), max_slots, *dtypes)
+    return SeedTailCall(head_dim, batch, int(a.k.shape[0]), max_slots, *dtypes)
 
 
 def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:
@@ -52,29 +53,31 @@ def run(backend: Backend, call: SeedTailCall, a: dict[str, Any], *, validate: bo
     """Check that every request that writes the ring has a slot of its own when asked, launch."""
     if validate:
         offsets, lengths, slots = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], a["slot_idx"]])
+        slots = signed_index(slots, a["slot_idx"].dtype)
         check_rows_and_cache(call.total_tokens, offsets, lengths)
-        end = lengths + np.diff(offsets)
-        check_slot_values(slots, call.max_slots, writers=end > np.maximum(end // call.kpool * call.kpool, lengths))
+        check_slot_values(slots, call.max_slots, writers=np.diff(offsets) > 0)
     if call.batch:
         backend.launch(seed_tail_launch(call, a))
 
 
-GPU_DOC = """Stash each request's trailing tokens into its ring, in place.
+GPU_DOC = """Stash each request's last tokens into its ring, in place.
 
-Positions ``[max(floor((c + n) / kpool) * kpool, c), c + n)`` go to ring
-row ``pos % ring`` of slot ``slot_idx[b]``: the start of the pool a later
-call completes. A prefill chunk calls ring close, then compress, then seed
-tail. ``tail`` is ``[max_slots, 2, ring, head_dim]`` in the dtype of k, or a
-pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]`` arrays in
-k's and gate's dtypes, any slot, half and row strides with the last dim
-contiguous; ``kpool`` defaults
-to its ``ring`` rows, and a ring longer than the pool (speculative decoding,
-see :func:`kpool_cupy.kpool_tail_update`) needs ``kpool=`` (the other ring
-ops take it from ``ape``). With ``validate=True`` each slot must belong to
-one request.
+Positions ``[max(c + n - ring, c), c + n)``, the call's last
+``min(n, ring)`` tokens, go to ring row ``pos % ring`` of slot
+``slot_idx[b]``. Seed tail needs no kpool: on a ring of any
+``ring >= kpool`` rows (a longer one for speculative decoding, see
+:func:`kpool_cupy.kpool_tail_update`) every member a later call's pools read
+from the ring is among them, and seeding a prompt in two chunks leaves the
+ring as seeding it in one. A prefill chunk calls ring close, then compress,
+then seed tail. ``tail`` is ``[max_slots, 2, ring, head_dim]`` in the dtype
+of k, or a pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]``
+arrays in k's and gate's dtypes, any slot, half and row strides with the
+last dim contiguous. ``kpool=`` is optional; given, the ring must have at
+least that many rows. With ``validate=True`` each request with tokens in
+the call needs a slot of its own (requests without tokens may share one).
 """
 
-# A ring may be longer than a pool; seed tail has no ape to tell kpool by.
+# Seed tail stashes whatever kpool is; a kpool given is checked against the ring (at least that many rows).
 SEED_KPOOL = Option("kpool", "int | None", None, check=check_kpool)
 PARAMETERS = (RING, TOKEN_K, RING_GATE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, VALIDATE, SEED_KPOOL)
 EMULATE_DOC = """Stash each request's trailing tokens into its ring, running the CUDA kernel on the CPU.

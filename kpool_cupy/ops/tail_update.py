@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name
+from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name, signed_index
 from ..kernel import codes
 from ..kernel.declarations import TAIL_UPDATE
 from ..kernel.geometry import group_geometry
@@ -150,7 +150,7 @@ def step_template(call: TailUpdateCall, operands: dict[str, Any]) -> dict[str, A
     o = operands
     indexes = {"IPOS": o["positions"].dtype, "IS": o["slot_idx"].dtype}
     vector = codes.vector_mask(k=o["k"], gate=o["gate"], ape=o["ape"], **ring_vector(o))
-    return ring_template(o, call) | {"SPLIT": is_pair(o["tail"]), "VECTOR": vector} | indexes
+    return ring_template(o, call) | {"KPOOL": call.kpool, "SPLIT": is_pair(o["tail"]), "VECTOR": vector} | indexes
 
 
 def closing_pools(steps: np.ndarray, kpool: int, pools_per_request: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +166,8 @@ def pool_into(backend: Backend, call: TailUpdateCall, a: dict[str, Any], *, vali
     writes to ``to``; what kpool_tail_update and kpool_tail_update_fp8 both run."""
     if validate:
         slots, flat = backend.host_copies([a["slot_idx"], a["positions"].reshape(-1)])
-        steps = flat.reshape(call.requests, call.next_n)
+        slots = signed_index(slots, a["slot_idx"].dtype)
+        steps = signed_index(flat, a["positions"].dtype).reshape(call.requests, call.next_n)
         check_position_values(steps, call.kpool, call.pools_per_request)
         check_slot_values(slots, call.max_slots, writers=(steps >= 0).any(axis=1))
 
@@ -230,7 +231,7 @@ Returns
 """
 
 STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last dim contiguous")
-POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 for padding")
+POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 (uint32: 0xFFFFFFFF) for padding")
 OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
 CLOSED = Operand("closed", "[R, ceil(next_n / kpool)] int32", optional=True, written=True, dtype="int32")
 PARAMETERS = (RING, STEP_K, RING_GATE, APE, POSITIONS, SLOT_IDX, OUT, CLOSED, VALIDATE, OUT_DTYPE, ROTATE)
