@@ -92,6 +92,9 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
         else:
             results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed)
     except (ValueError, TypeError, RuntimeError, ImportError) as error:
+        if as_json:  # a script reading stdout gets one JSON object whatever happened
+            click.echo(json.dumps({"backend": backend, "ok": False, "error": str(error), "cases": []}))
+            sys.exit(1)
         raise click.ClickException(str(error)) from error
     checked = [r for r in results if r.status != "skipped"]
     ok = bool(checked) and all(r.ok for r in results)
@@ -116,13 +119,13 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
     else:
         click.echo(f"backend {chosen}: {reason}")
         click.echo(f"{dtype}, head_dim {head_dim}, kpool {kpool}, seed {seed}")
-        columns = f"{'requests':>9}{'tokens':>8}{'pools':>7}{'max abs err':>13}{'max ulp':>9}{'err/bound':>10}"
+        columns = f"{'requests':>9}{'tokens':>8}{'pools':>7}{'max abs err':>13}{'max ulp':>9}{'err/bound':>11}"
         header = f"{'case':<24}{columns}  result"
         click.echo(header)
         for r in results:
             click.echo(
                 f"{r.name:<24}{r.requests:>9}{r.tokens:>8}{r.pools:>7}{r.max_abs_err:>13.3g}{r.max_ulp_err:>9.2f}"
-                f"{r.worst_error_over_bound:>10.3f}  {r.status if r.status != 'skipped' else 'skipped (no pools)'}"
+                f"{r.worst_error_over_bound:>11.3f}  {r.status if r.status != 'skipped' else 'skipped (no pools)'}"
             )
         skipped = len(results) - len(checked)
         if ok:

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from kpool_cupy import emulate
+from kpool_cupy.backends.cupy import _driver_loadable, gpu_status
 from kpool_cupy.cli import main
 
 
@@ -86,8 +87,24 @@ def test_auto_without_a_gpu_or_a_compiler_refuses_instead_of_checking_the_refere
     monkeypatch.setenv("CXX", "no-such-compiler-kpool")
     result = CliRunner().invoke(main, ["check", "--json"])
     assert result.exit_code == 1 and "--backend reference" in result.output, result.output
+    # Under --json the failure is one JSON object on stdout too, not an empty string.
+    report = json.loads(result.stdout)
+    assert report["ok"] is False and "--backend reference" in report["error"] and report["cases"] == []
     asked = CliRunner().invoke(main, ["check", "--backend", "reference", "--json", "--kpool", "2"])
     assert asked.exit_code == 0 and json.loads(asked.output)["reason"] == "asked for with --backend"
+
+
+@pytest.mark.skipif(gpu_status()[0], reason="this machine has a usable GPU")
+def test_no_gpu_is_said_in_plain_words_by_check_and_info():
+    # Not CUDA's "driver version is insufficient" on a machine with no driver at all.
+    result = CliRunner().invoke(main, ["check", "--backend", "cupy"])
+    assert result.exit_code == 1 and "--backend cupy needs a CUDA GPU: " in result.output, result.output
+    info = CliRunner().invoke(main, ["info"])
+    gpu_line = next(line for line in info.output.splitlines() if line.startswith("GPU "))
+    if not _driver_loadable():
+        assert "no CUDA GPU or driver found" in result.output
+        assert "no CUDA GPU or driver found" in gpu_line and "Insufficient" not in gpu_line
+    assert "cudaError" not in gpu_line or _driver_loadable()
 
 
 def test_a_case_without_pools_is_skipped_not_passed():
@@ -139,3 +156,22 @@ def test_plot_without_matplotlib_is_refused_up_front(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib now raises ImportError
     result = CliRunner().invoke(main, ["bench", "--plot", str(tmp_path / "b.png")])
     assert result.exit_code == 2 and "matplotlib" in result.output and "'--plot'" in result.output
+
+
+def test_check_cases_grow_linearly_with_kpool():
+    # Every phase of every pool was 4 * kpool^2 tokens (4.2 million at kpool
+    # 1024: minutes and gigabytes); a sample of phases past kpool 32 keeps
+    # the batches linear, so `check --kpool 1024` is seconds and a few
+    # hundred MB (measured in the closing note of issue 20).
+    from kpool_cupy.tools.cases import check_cases
+
+    def tokens(kpool):
+        return sum(case.tokens for case in check_cases(8, kpool, np.dtype(np.float32), seed=0))
+
+    assert tokens(1024) <= 2.2 * tokens(512) and tokens(512) <= 2.2 * tokens(256)
+    assert tokens(1024) <= 150 * 1024  # about 133 tokens per unit of kpool here
+    phases = {
+        int(c) % 32
+        for c in next(c for c in check_cases(8, 32, np.dtype(np.float32), 0) if c.name == "every-phase").cache_lengths
+    }
+    assert phases == set(range(32))  # up to kpool 32 every phase is there

@@ -114,8 +114,22 @@ BINDING = Binding(
 )
 
 
+def _driver_loadable() -> bool:
+    """Whether the NVIDIA driver's CUDA library is on this machine at all."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "nvcuda.dll"):
+        try:
+            ctypes.CDLL(name)
+        except OSError:
+            continue
+        return True
+    return False
+
+
 def gpu_status() -> tuple[bool, str]:
-    """Whether CuPy has a usable CUDA device, and if not, why."""
+    """Whether CuPy has a usable CUDA device, and if not, why, in plain words: no GPU or driver at all, a
+    driver older than CuPy's CUDA, or CUDA's own error."""
     try:
         import cupy
     except ImportError as error:
@@ -123,5 +137,13 @@ def gpu_status() -> tuple[bool, str]:
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as error:  # CuPy raises its own CUDA error types here
+        if not _driver_loadable():
+            return False, "no CUDA GPU or driver found (no NVIDIA driver is installed)"
+        if "InsufficientDriver" in str(error):
+            version = cupy.cuda.runtime.runtimeGetVersion()
+            runtime = f"{version // 1000}.{version % 1000 // 10}"
+            return False, f"the NVIDIA driver is older than CuPy's CUDA {runtime} needs ({error})"
+        if "NoDevice" in str(error):
+            return False, "no CUDA GPU found (the driver sees none)"
         return False, f"no usable CUDA device ({type(error).__name__}: {error})"
-    return (count > 0), ("ok" if count > 0 else "CUDA reports no device")
+    return (count > 0), ("ok" if count > 0 else "no CUDA GPU found (the driver sees none)")

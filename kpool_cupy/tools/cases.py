@@ -66,9 +66,19 @@ def check_cases(head_dim: int, kpool: int, dtype: np.dtype, seed: int) -> list[C
     def phases(count: int) -> list[int]:
         return [int(p) for p in rng.integers(0, 4, count) * kpool + np.arange(count) % kpool]
 
+    # Each phase of a pool the cached prefix opened, twice, in requests of
+    # their own; past kpool 32 the first and last 8 phases and 16 more at
+    # random, so the batch grows linearly with kpool (every phase would be
+    # 4 * kpool^2 tokens: 4.2 million at kpool 1024).
+    if kpool <= 32:
+        every_phase = phases(2 * kpool)
+    else:
+        middle = rng.choice(np.arange(8, kpool - 8), size=min(16, kpool - 16), replace=False)
+        sampled = np.concatenate([np.arange(8), np.arange(kpool - 8, kpool), np.sort(middle)])
+        every_phase = [int(p) for p in rng.integers(0, 4, sampled.size) * kpool + sampled]
     cases = [
         _batch(rng, "one-long-request", [16 * kpool + 3], [0], head_dim, kpool, dtype),
-        _batch(rng, "every-phase", [2 * kpool + 1] * (2 * kpool), phases(2 * kpool), head_dim, kpool, dtype),
+        _batch(rng, "every-phase", [2 * kpool + 1] * len(every_phase), every_phase, head_dim, kpool, dtype),
         _batch(rng, "ragged-tails", [7, 5, 3, 1, 3 * kpool - 1], [0, 0, 0, 0, 1], head_dim, kpool, dtype),
         _batch(rng, "empty-requests", [0, 3 * kpool + 2, 0, 0, kpool, 0], [5, 1, 0, 9, 0, 2], head_dim, kpool, dtype),
         _batch(rng, "decode-like", list(rng.integers(1, kpool + 2, 24)), phases(24), head_dim, kpool, dtype),

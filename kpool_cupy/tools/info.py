@@ -49,6 +49,11 @@ def _cuda_runtime() -> str:
 def _gpus() -> str:
     import cupy
 
+    from ..backends.cupy import gpu_status
+
+    usable, why = gpu_status()
+    if not usable:
+        return why
     count = cupy.cuda.runtime.getDeviceCount()
     described = []
     for device in range(count):

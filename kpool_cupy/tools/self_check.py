@@ -27,9 +27,11 @@ def pick_backend(name: str) -> tuple[str, str]:
     would claim a pass for kernels that never ran. Without a GPU and a host
     compiler it is a RuntimeError saying so.
     """
+    usable, why = gpu_status() if name in ("auto", "cupy") else (False, "")
+    if name == "cupy" and not usable:
+        raise RuntimeError(f"--backend cupy needs a CUDA GPU: {why}")
     if name != "auto":
         return name, "asked for with --backend"
-    usable, why = gpu_status()
     if usable:
         return "cupy", "CuPy sees a usable CUDA device"
     try:
