@@ -34,6 +34,15 @@ def dtype_fail(name: str, expected: str, got: object) -> TypeError:
     return TypeError(f"Invalid {name}: expected {expected}, got {got}")
 
 
+def as_size(value: Any) -> Any:
+    """A size or stride as the checks keep it: a Python int; under torch.compile's tracing, torch's symbolic
+    size as it is (``int()`` on it would fix the compiled graph to this one size; a comparison only
+    records the relation it relied on)."""
+    if isinstance(value, int) or hasattr(value, "node"):  # torch.SymInt carries its expression in .node
+        return value
+    return int(value)
+
+
 def require_array(name: str, array: Any) -> None:
     if not all(hasattr(array, attr) for attr in ("shape", "dtype", "strides")):
         raise dtype_fail(name, "an array", type(array).__name__)
@@ -98,7 +107,7 @@ def check_keys(k: Any, gate: Any, *, same_dtype: bool = False) -> int:
     """k and gate as token rows ``[total_tokens, head_dim]``; returns head_dim."""
     elements = tuple(ELEMENT_CTYPES)
     check_rows("k", k, elements)
-    head_dim = int(k.shape[1])
+    head_dim = as_size(k.shape[1])
     if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
         raise fail("k", f"head_dim (k.shape[1]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
     check_rows("gate", gate, (np.dtype(k.dtype),) if same_dtype else elements)
@@ -110,7 +119,7 @@ def check_keys(k: Any, gate: Any, *, same_dtype: bool = False) -> int:
 def check_ape(ape: Any, head_dim: int) -> int:
     """ape as float32 ``[kpool, head_dim]``; returns kpool."""
     check_rows("ape", ape, (FLOAT32,))
-    kpool = int(ape.shape[0])
+    kpool = as_size(ape.shape[0])
     if not 1 <= kpool <= MAX_KPOOL:
         raise fail("ape", f"kpool (ape.shape[0]) in [1, {MAX_KPOOL}]", kpool)
     if ape.shape[1] != head_dim:
@@ -123,7 +132,7 @@ def check_batch_index(input_row_offsets: Any, cache_lengths: Any) -> int:
     check_index("input_row_offsets", input_row_offsets, None)
     if input_row_offsets.shape[0] < 1:
         raise fail("input_row_offsets", "length batch + 1 >= 1", "length 0")
-    batch = int(input_row_offsets.shape[0]) - 1
+    batch = as_size(input_row_offsets.shape[0]) - 1
     check_index("cache_lengths", cache_lengths, batch)
     return batch
 

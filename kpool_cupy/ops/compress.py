@@ -19,6 +19,7 @@ from ..kernel.declarations import COMPRESS
 from ..kernel.geometry import group_geometry
 from ..pool_offsets import pool_row_offsets as compute_pool_row_offsets
 from .checks import (
+    as_size,
     check_ape,
     check_batch_index,
     check_index,
@@ -67,7 +68,7 @@ def check_compress_args(a: CallArgs) -> CompressCall:
         head_dim=head_dim,
         kpool=kpool,
         batch=batch,
-        total_tokens=int(a.k.shape[0]),
+        total_tokens=as_size(a.k.shape[0]),
         k_dtype=np.dtype(a.k.dtype),
         gate_dtype=np.dtype(a.gate.dtype),
         out_dtype=check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype)),

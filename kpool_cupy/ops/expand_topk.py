@@ -11,7 +11,7 @@ from ..dtypes import INDEX_DTYPES, INT32, signed_index
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import flat_geometry
 from ..pool_offsets import check_kpool
-from .checks import check_batch_index, check_contiguous, check_rows_and_cache, dtype_fail, fail, require_array
+from .checks import as_size, check_batch_index, check_contiguous, check_rows_and_cache, dtype_fail, fail, require_array
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
 from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
 
@@ -57,7 +57,7 @@ def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[i
     if block_table.ndim != 2 or block_table.shape[0] != batch:
         raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", f"shape {block_table.shape}")
     check_contiguous("block_table", block_table)
-    return int(block_table.shape[1]), int(block_size)
+    return as_size(block_table.shape[1]), int(block_size)
 
 
 def check_expand_args(a: CallArgs) -> ExpandCall:
@@ -70,10 +70,10 @@ def check_expand_args(a: CallArgs) -> ExpandCall:
     check_contiguous("pool_ids", a.pool_ids)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     kpool = int(a.kpool)
-    pool_topk = int(a.pool_ids.shape[1])
+    pool_topk = as_size(a.pool_ids.shape[1])
     width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
     max_blocks, size = _check_block_table(a.block_table, a.block_size, batch)
-    return ExpandCall(kpool, batch, int(a.pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(a.compact))
+    return ExpandCall(kpool, batch, as_size(a.pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(a.compact))
 
 
 def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:

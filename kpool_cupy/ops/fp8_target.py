@@ -24,7 +24,7 @@ import numpy as np
 
 from ..dtypes import FLOAT32, INT32, dtype_name
 from ..kernel import codes
-from .checks import check_contiguous, check_writable, dtype_fail, fail, require_array
+from .checks import as_size, check_contiguous, check_writable, dtype_fail, fail, require_array
 from .spec import Operand, Option
 
 UINT8 = np.dtype(np.uint8)
@@ -89,7 +89,7 @@ def _check_cache(cache: Any, head_dim: int) -> tuple[int, int]:
     if cache.size and codes.data_pointer(cache) % 4:
         raise fail("cache", "a 4-byte aligned first byte (the scales are float32)", "an unaligned one")
     check_writable("cache", cache)
-    return int(cache.shape[0]), int(cache.shape[1])
+    return as_size(cache.shape[0]), as_size(cache.shape[1])
 
 
 def _check_vector(name: str, array: Any, dtypes: tuple[np.dtype, ...], length: int | None, rule: str) -> None:

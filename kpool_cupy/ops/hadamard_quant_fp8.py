@@ -12,7 +12,7 @@ from ..dtypes import ELEMENT_CTYPES, FLOAT32
 from ..kernel import codes
 from ..kernel.declarations import HADAMARD_QUANT_FP8
 from ..kernel.geometry import group_geometry
-from .checks import check_rows, fail
+from .checks import as_size, check_rows, fail
 from .fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
 from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
@@ -27,7 +27,7 @@ class HadamardQuantCall:
 
 def check_hadamard_quant_args(a: CallArgs) -> HadamardQuantCall:
     check_rows("x", a.x, tuple(ELEMENT_CTYPES))
-    rows, head_dim = (int(n) for n in a.x.shape)
+    rows, head_dim = (as_size(n) for n in a.x.shape)
     check_rotation_head_dim("x", head_dim)
     check_target(head_dim, out=a.out, out_scale=a.out_scale)
     if a.out is not None and a.out.shape[0] != rows:

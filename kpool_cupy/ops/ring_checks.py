@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import INT32, dtype_name
-from .checks import check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
+from .checks import as_size, check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
 from .spec import is_pair, pair_error
 
 # The most rows a ring may have: far above kpool + next_n - 1 for any real
@@ -57,7 +57,7 @@ def _check_ring_array(name: str, array: Any, dtype: np.dtype, what: str, head_di
         raise dtype_fail(name, f"dtype {dtype_name(dtype)} like {what}", dtype_name(array.dtype))
     if array.ndim != 3 or array.shape[2] != head_dim or not 1 <= array.shape[1] <= MAX_RING:
         raise fail(name, f"shape [max_slots, ring, {head_dim}], 1 <= ring <= {MAX_RING}", f"shape {tuple(array.shape)}")
-    rows = int(array.shape[1])
+    rows = as_size(array.shape[1])
     _check_layout(name, array, rows, rows * abs(array.strides[1]) // array.dtype.itemsize + head_dim)
     if writes:
         check_writable(name, array)
@@ -84,7 +84,7 @@ def check_tail(
         _check_ring_array("tail[1]", gates, gate_dtype, "gate (the gate ring)", head_dim, writes=writes)
         if tuple(gates.shape) != tuple(keys.shape):
             raise fail("tail[1]", f"shape {tuple(keys.shape)} like the key ring", f"shape {tuple(gates.shape)}")
-        slots = int(keys.shape[0])
+        slots = as_size(keys.shape[0])
     else:
         require_array("tail", tail)
         if np.dtype(tail.dtype) != dtype:
@@ -101,13 +101,13 @@ def check_tail(
                 "a pair tail=(key_ring, gate_ring) keeps gate scores in gate's)",
                 dtype_name(gate_dtype),
             )
-        rows = int(tail.shape[2])
+        rows = as_size(tail.shape[2])
         half, row = (abs(tail.strides[axis]) // tail.dtype.itemsize for axis in (1, 2))
         _check_layout("tail", tail, rows, rows * row + half + head_dim)
         if writes:
             check_writable("tail", tail)
             check_no_internal_overlap("tail", tail)
-        slots = int(tail.shape[0])
+        slots = as_size(tail.shape[0])
     if kpool is not None and rows < kpool:
         raise fail("tail", f"at least kpool = {kpool} ring rows", f"{rows} rows")
     return slots, rows, rows if kpool is None else kpool

@@ -12,6 +12,7 @@ from ..kernel import codes
 from ..kernel.declarations import RING_CLOSE
 from ..kernel.geometry import group_geometry
 from .checks import (
+    as_size,
     check_out,
     check_out_dtype,
     check_rows_and_cache,
@@ -58,7 +59,7 @@ def check_ring_close_args(a: CallArgs) -> RingCloseCall:
         check_closed(a.closed, (batch,), exact=False)
     written = check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype))
     dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
-    return RingCloseCall(head_dim, batch, int(a.k.shape[0]), max_slots, *dtypes, kpool, written, bool(a.rotate))
+    return RingCloseCall(head_dim, batch, as_size(a.k.shape[0]), max_slots, *dtypes, kpool, written, bool(a.rotate))
 
 
 def check_closed_pool_ids(cache_lengths: np.ndarray, closes: np.ndarray, kpool: int) -> None:

@@ -10,7 +10,7 @@ from ..dtypes import signed_index
 from ..kernel.declarations import SEED_TAIL
 from ..kernel.geometry import group_geometry
 from ..pool_offsets import check_kpool
-from .checks import check_batch_index, check_keys, check_rows_and_cache
+from .checks import as_size, check_batch_index, check_keys, check_rows_and_cache
 from .operands import (
     CACHE_LENGTHS,
     INPUT_ROW_OFFSETS,
@@ -38,7 +38,7 @@ def check_seed_tail_args(a: CallArgs) -> SeedTailCall:
     dtypes = np.dtype(a.k.dtype), np.dtype(a.gate.dtype)
     max_slots, _, _ = check_tail(a.tail, *dtypes, a.kpool, head_dim, writes=True)
     check_slots(a.slot_idx, batch)
-    return SeedTailCall(head_dim, batch, int(a.k.shape[0]), max_slots, *dtypes)
+    return SeedTailCall(head_dim, batch, as_size(a.k.shape[0]), max_slots, *dtypes)
 
 
 def seed_tail_launch(call: SeedTailCall, operands: dict[str, Any]) -> Launch:

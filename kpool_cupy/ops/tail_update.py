@@ -14,6 +14,7 @@ from ..kernel.geometry import group_geometry
 from .checks import (
     MAX_HEAD_DIM,
     OUTPUT_DTYPES,
+    as_size,
     check_ape,
     check_contiguous,
     check_out_dtype,
@@ -77,7 +78,7 @@ def _check_out(out: Any, shape: tuple[int, int, int]) -> None:
 def check_tail_update_args(a: CallArgs) -> TailUpdateCall:
     """Check everything about a call that needs no array contents."""
     _check_step_tokens("k", a.k, tuple(ELEMENT_CTYPES))
-    requests, next_n, head_dim = (int(d) for d in a.k.shape)
+    requests, next_n, head_dim = (as_size(d) for d in a.k.shape)
     if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
         raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
     if a.rotate:

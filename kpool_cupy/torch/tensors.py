@@ -8,6 +8,7 @@ torch takes no ml_dtypes array. A tensor that requires grad (an
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -84,13 +85,32 @@ def from_cupy(array: Any) -> torch.Tensor:
     return torch.from_dlpack(array)
 
 
-def metadata(name: str, tensor: torch.Tensor) -> np.ndarray:
-    """A NumPy array with the tensor's shape, dtype and strides over one element: for checks that read no
-    element (fake tensors have none). Never read or write it."""
+class SymbolicMetadata:
+    """A tensor's shape, byte strides and NumPy dtype as torch.compile traces them, sizes left symbolic:
+    what the checks read of an array (they read no element), with no guard that fixes a size. int() on a
+    symbolic size would compile the graph for that one size (a recompile per batch size)."""
+
+    def __init__(self, tensor: torch.Tensor, dtype: np.dtype) -> None:
+        self.dtype = dtype
+        self.shape = tuple(tensor.shape)
+        self.strides = tuple(s * dtype.itemsize for s in tensor.stride())
+        self.ndim = len(self.shape)
+        self.size = tensor.numel()
+        # A traced tensor has no address; the checks see address 0 (aligned), as they see the NumPy
+        # metadata's one fresh element: alignment is the real call's to check.
+        self.ctypes = SimpleNamespace(data=0)
+
+
+def metadata(name: str, tensor: torch.Tensor) -> Any:
+    """What the checks read of a tensor without reading an element (fake tensors have none): a NumPy array
+    with its shape, dtype and strides over one element, or, where torch.compile traces symbolic sizes,
+    ``SymbolicMetadata``. Never read or write it."""
     try:
         dtype = numpy_dtype(tensor.dtype)
     except TypeError:
         raise TypeError(f"Invalid {name}: expected a dtype the kernels read, got {tensor.dtype}") from None
+    if any(isinstance(n, torch.SymInt) for n in (*tensor.shape, *tensor.stride())):
+        return SymbolicMetadata(tensor, dtype)
     strides = tuple(int(s) * dtype.itemsize for s in tensor.stride())
     shape = tuple(int(n) for n in tensor.shape)
     return np.lib.stride_tricks.as_strided(np.zeros(1, dtype), shape, strides)

@@ -1,0 +1,77 @@
+"""torch.compile(dynamic=True) over changing batch sizes: each op compiles at most twice, and equals eager.
+
+An engine compiles its decode step once and feeds it every batch size. A
+fake kernel that calls int() on a symbolic size installs a guard per size:
+one recompile per batch size, and with fullgraph=True the 9th size was a
+hard error (FailOnRecompileLimitHit). The checks now keep symbolic sizes
+symbolic (``ops.checks.as_size``, ``torch.tensors.SymbolicMetadata``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kpool_cupy.torch as kt  # noqa: E402  (after the skip)
+
+HEAD_DIM, KPOOL, NEXT_N = 16, 4, 2
+SIZES = range(1, 21)
+
+
+def _decode(tail, k, gate, ape, positions, slots):
+    return kt.kpool_tail_update(tail, k, gate, ape, positions, slots)
+
+
+def _decode_fp8(tail, k, gate, ape, positions, slots):
+    return kt.kpool_tail_update_fp8(tail, k, gate, ape, positions, slots)
+
+
+def _prefill(tail, k, gate, ape, offsets, cache, slots):
+    pooled, closed = kt.kpool_ring_close(tail, k, gate, ape, offsets, cache, slots)
+    inner = kt.kpool_compress(k, gate, ape, offsets, cache)
+    kt.kpool_seed_tail(tail, k, gate, offsets, cache, slots)
+    return pooled, closed, inner
+
+
+def _expand(tail, ids, offsets, cache):
+    return kt.kpool_expand_topk(ids, offsets, cache, kpool=KPOOL)
+
+
+def _arguments(step, requests: int, tail):
+    """One call of ``step`` for ``requests`` requests (the ring first, where the step takes one)."""
+    g = torch.Generator().manual_seed(requests)
+    ape = torch.randn(KPOOL, HEAD_DIM, generator=g)
+    slots = torch.arange(requests, dtype=torch.int32)
+    if step in (_decode, _decode_fp8):
+        k = torch.randn(requests, NEXT_N, HEAD_DIM, generator=g).to(torch.bfloat16)
+        positions = (torch.arange(NEXT_N)[None] + 4 * torch.arange(requests)[:, None] + 2).to(torch.int32)
+        return tail, k, k.clone(), ape, positions, slots
+    lengths = torch.randint(1, 9, (requests,), generator=g)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    if step is _prefill:
+        k = torch.randn(int(offsets[-1]), HEAD_DIM, generator=g).to(torch.bfloat16)
+        cache = torch.randint(0, 9, (requests,), generator=g).to(torch.int32)
+        return tail, k, k.clone(), ape, offsets, cache, slots
+    ids = torch.randint(-1, 5, (int(offsets[-1]), 3), generator=g).to(torch.int32)
+    return tail, ids, offsets, torch.full((requests,), 20, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("step", [_decode, _decode_fp8, _prefill, _expand], ids=lambda s: s.__name__[1:])
+def test_twenty_batch_sizes_compile_at_most_twice_and_equal_eager(step):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")  # AOTAutograd's fake tensors, without inductor's codegen
+    compiled = torch.compile(step, backend=counter, dynamic=True, fullgraph=True)
+    for requests in SIZES:
+        ring = torch.randn((32, 2, 8, HEAD_DIM), generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+        eager_ring = ring.clone()
+        got = compiled(*_arguments(step, requests, ring))
+        want = step(*_arguments(step, requests, eager_ring))
+        got, want = (got if isinstance(got, tuple) else (got,)), (want if isinstance(want, tuple) else (want,))
+        for a, b in zip(got, want, strict=True):
+            assert a.shape == b.shape and torch.equal(a.float(), b.float()), (requests, a.shape, b.shape)
+        assert torch.equal(ring.float(), eager_ring.float()), requests  # the ring written in place alike
+    # The first call may compile for its static sizes; every later size reuses one dynamic graph.
+    assert counter.frame_count <= 2, counter.frame_count
