@@ -10,6 +10,7 @@
 # (pytest-xdist): most of the suite's time is compiling and sanitized
 # emulator runs, one core each; KPOOL_TEST_WORKERS sets another count (0: in
 # this process).
+KPOOL_VENV=test
 source "$(dirname "${BASH_SOURCE[0]}")/_venv.sh"
 tier=(-m "not slow")
 if [[ "${1:-}" == "--full" ]]; then

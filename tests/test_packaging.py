@@ -116,3 +116,40 @@ def test_importing_the_package_imports_no_torch():
     script = "import sys, kpool_cupy, kpool_cupy.emulate, kpool_cupy.reference; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "False", done.stderr
+
+
+@pytest.mark.slow
+def test_the_main_job_installs_the_package_alone_and_passes(tmp_path):
+    # scripts/check.sh, the README's main job, on a copy of the tracked tree
+    # in a new .venv: on a machine without an NVIDIA driver it installs the
+    # package alone (about 100 MB; it installed the test stack and torch,
+    # 1.7 GB) and checks the kernels on the emulator.
+    if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode == 0:
+        pytest.skip("this machine has an NVIDIA driver: the main job installs CuPy there too")
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    copy = tmp_path / "clone"
+    for name in filter(None, tracked.decode().split("\0")):
+        target = copy / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if (ROOT / name).is_file():
+            target.write_bytes((ROOT / name).read_bytes())
+    (copy / "scripts").joinpath("check.sh").chmod(0o755)
+    environment = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    environment |= {"XDG_CACHE_HOME": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin:" + environment.get("PATH", "")}
+    done = subprocess.run(
+        ["bash", "scripts/check.sh", "--kpool", "2", "--head-dim", "16"],
+        cwd=copy,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=1800,  # a hang guard: the install and check take about 30 s here
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "all" in done.stdout and "pass" in done.stdout
+    installed = subprocess.run(
+        [str(copy / ".venv/bin/python"), "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True
+    ).stdout.lower()
+    for heavy in ("torch", "pytest", "cupy", "hypothesis"):
+        assert f"\n{heavy}" not in "\n" + installed, installed
+    size = sum(f.stat().st_size for f in (copy / ".venv").rglob("*") if f.is_file() and not f.is_symlink())
+    assert size < 400 * 2**20, f"{size / 2**20:.0f} MB"  # the bound for the main job
