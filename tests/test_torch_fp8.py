@@ -102,3 +102,50 @@ def test_the_query_side_and_a_compiled_decode_step_equal_eager():
     assert torch.equal(compiled_cache, eager_cache) and not torch.equal(eager_cache, _tensor(cache))
     assert torch.equal(compiled_args[0][0], eager_args[0][0])  # the ring, written in place by both
     _same((want[1], want[2]), reference.hadamard_quant_fp8(queries.numpy()))
+
+
+def test_row_forms_take_no_slots_or_block_table_and_tail_updates_cache_form_needs_its_table():
+    # The schemas say what each overload takes: slots and a block table only
+    # place pools in a cache, and tail update writes a cache through its
+    # block table alone.
+    import kpool_cupy.torch.registry  # noqa: F401  (defines torch.ops.kpool)
+
+    kpool_cupy_torch_ops = torch.ops.kpool
+    for name in ("compress_fp8", "ring_close_fp8", "tail_update_fp8"):
+        op = getattr(kpool_cupy_torch_ops, name)
+        for overload in ("default", "out"):
+            arguments = {a.name for a in getattr(op, overload)._schema.arguments}
+            assert not arguments & {"slots", "block_table"}, (name, overload, arguments)
+        assert "block_table" in {a.name for a in op.cache._schema.arguments}
+    table = next(a for a in kpool_cupy_torch_ops.tail_update_fp8.cache._schema.arguments if a.name == "block_table")
+    assert str(table.type) == "Tensor" and not table.has_default_value()
+
+
+@pytest.mark.parametrize(
+    ("name", "given", "named"),
+    [
+        ("kpool_compress_fp8", {"slots": np.zeros(4, np.int64)}, "slots"),
+        ("kpool_ring_close_fp8", {"block_table": np.zeros((2, 1), np.int32)}, "block_table"),
+        ("kpool_tail_update_fp8", {"cache": "cache"}, "block_table"),
+    ],
+)
+def test_a_placement_without_its_cache_or_a_cache_without_its_table_is_the_ops_error(name, given, named):
+    args, kwargs = calls(BF16)[name]
+    cache, _ = fp8_cache()
+    given = {k: (cache if isinstance(v, str) else v) for k, v in given.items()}
+    with pytest.raises(ValueError) as cpu:
+        getattr(reference, name)(*copy.deepcopy(args), **kwargs, **given)
+    with pytest.raises(ValueError) as on_torch:
+        getattr(kt, name)(*(_tensor(a) for a in args), **kwargs, **{k: _tensor(v) for k, v in given.items()})
+    assert str(on_torch.value) == str(cpu.value) and f"Invalid {named}" in str(cpu.value)
+
+
+def test_a_string_for_a_bool_is_refused_by_the_torch_functions_too():
+    args, kwargs = calls(BF16)["kpool_compress_fp8"]
+    with pytest.raises(TypeError, match="Invalid round_scale: expected True or False"):
+        kt.kpool_compress_fp8(*(_tensor(a) for a in args), **kwargs, round_scale="False")
+
+
+def test_the_module_namespace_holds_no_stray_names():
+    # dir(kpool_cupy.torch) showed a stray `annotations` (a __future__ import).
+    assert "annotations" not in dir(kt)

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .checks import check_no_overlap
+from .checks import check_bool, check_no_overlap
 from .spec import REQUIRED, Backend, Operand, OpSpec, Option
 
 # (spec, operand arrays in parameter order, op options, binding options) -> result
@@ -117,9 +117,8 @@ def check_bool_options(spec: OpSpec, options: dict[str, Any]) -> None:
     """A ``bool`` option takes True or False (a NumPy bool too), nothing else: a string such as "False" or an
     array would otherwise read as true, or fail inside NumPy without naming the argument."""
     for option in spec.options:
-        value = options[option.name]
-        if option.annotation == "bool" and not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"Invalid {option.name}: expected True or False, got {type(value).__name__} {value!r}")
+        if option.annotation == "bool":
+            check_bool(option.name, options[option.name])
 
 
 def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:

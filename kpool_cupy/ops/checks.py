@@ -34,6 +34,23 @@ def dtype_fail(name: str, expected: str, got: object) -> TypeError:
     return TypeError(f"Invalid {name}: expected {expected}, got {got}")
 
 
+def check_bool(name: str, value: Any) -> None:
+    """True or False (a NumPy bool too), nothing else: a string such as "False" would read as true, an array
+    fail inside NumPy without naming the argument."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"Invalid {name}: expected True or False, got {type(value).__name__} {value!r}")
+
+
+def given_without(name: str, partner: str) -> ValueError:
+    """An input given without the operand it goes with (``Operand.with_operand``: slots without a cache)."""
+    return fail(name, f"None without {partner} (it places pools in a {partner})", "an array")
+
+
+def missing_with(name: str, partner: str) -> ValueError:
+    """An input missing beside the operand that needs it (``Operand.required_with``)."""
+    return fail(name, f"an array with {partner} (it places each pool)", "None")
+
+
 def as_size(value: Any) -> Any:
     """A size or stride as the checks keep it: a Python int; under torch.compile's tracing, torch's symbolic
     size as it is (``int()`` on it would fix the compiled graph to this one size; a comparison only

@@ -17,7 +17,7 @@ go (``RowsRule``) and the kernel of its family that writes them.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..dtypes import FLOAT32
@@ -82,8 +82,10 @@ def fp8_parameters(plain: OpSpec, slots: Operand | None) -> tuple[Any, ...]:
     listed: list[Any] = []
     for p in plain.parameters:
         if p.name == "out":
-            listed += [ROUND_SCALE, CACHE, *([slots] if slots is not None else []), BLOCK_TABLE_IN]
-            listed += [VALUES_OUT, SCALES_OUT]
+            # Slots and the block table go with the cache; without slots the block table is how it goes.
+            placing = [replace(slots, with_operand="cache")] if slots is not None else []
+            placing.append(replace(BLOCK_TABLE_IN, with_operand="cache", required_with=slots is None))
+            listed += [ROUND_SCALE, CACHE, *placing, VALUES_OUT, SCALES_OUT]
         elif p.name not in _PLAIN_ONLY:
             listed.append(p)
     return tuple(listed)

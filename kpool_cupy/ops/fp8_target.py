@@ -24,7 +24,16 @@ import numpy as np
 
 from ..dtypes import FLOAT32, INT32, dtype_name
 from ..kernel import codes
-from .checks import as_size, check_contiguous, check_writable, dtype_fail, fail, require_array
+from .checks import (
+    as_size,
+    check_contiguous,
+    check_writable,
+    dtype_fail,
+    fail,
+    given_without,
+    missing_with,
+    require_array,
+)
 from .spec import Operand, Option
 
 UINT8 = np.dtype(np.uint8)
@@ -155,7 +164,7 @@ def check_target(
     if cache is None:
         for name, given in (("slots", slots), ("block_table", block_table)):
             if given is not None:
-                raise fail(name, "None without cache (it places pools in a cache)", "an array")
+                raise given_without(name, "cache")
         if (out is None) != (out_scale is None):
             given, missing = ("out", "out_scale") if out is not None else ("out_scale", "out")
             raise fail(missing, f"an array with {given} (the two are written together)", "None")
@@ -170,7 +179,7 @@ def check_target(
         given = "both" if slots is not None else "neither"
         raise fail("slots", "exactly one of slots and block_table with cache", given)
     if not takes_slots and block_table is None:
-        raise fail("block_table", "an array with cache (it places each pool)", "None")
+        raise missing_with("block_table", "cache")
     if slots is not None:
         rule = ">= total_pools" if slot_rows is None else str(slot_rows)
         _check_vector("slots", slots, SLOT_DTYPES, slot_rows, rule)

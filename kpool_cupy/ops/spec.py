@@ -44,6 +44,12 @@ class Operand:
     shape alone), ``dtype`` its fixed dtype (empty: the op's dtype option,
     else ``rows_of``'s dtype), ``together`` the output it is only given with
     (FP8 values and scales).
+
+    ``with_operand`` names the operand an input is only taken with (an FP8
+    op's slots and block table go with its cache): a torch overload without
+    that operand leaves this one out of its schema; ``required_with`` makes
+    it required there (tail update writes a cache through a block table
+    only).
     """
 
     name: str
@@ -55,6 +61,8 @@ class Operand:
     rows_of: str = ""
     dtype: str = ""
     together: str = ""
+    with_operand: str = ""
+    required_with: bool = False
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required

@@ -8,8 +8,14 @@
   function's positional arguments, then its keyword-only ones; a ring as a
   list ``[tail]`` or ``[key_ring, gate_ring]``), with an ``.out`` overload
   that takes the outputs and writes them, and for an op that can write a
-  paged cache ``.cache`` (and ``.cache_out``);
+  paged cache ``.cache`` (and ``.cache_out``), the only overloads that
+  take ``slots`` or ``block_table``;
 - ``torch.ops.kpool.pool_row_offsets``.
+
+``torch.ops.kpool.expand_topk`` returns ``(positions, counts)`` always (a
+schema has one return type; ``counts`` is empty without ``compact=True``);
+``kpool_expand_topk`` below returns ``positions`` alone without
+``compact``, as the package's function does.
 
 CPU tensors run the NumPy reference on their own memory (bfloat16
 included); CUDA tensors run the kernels on torch's current stream of their
@@ -21,8 +27,6 @@ gradient: asking for one raises.
 The functions below take what the package's functions take, as tensors,
 and give the same errors for the same bad call.
 """
-
-from __future__ import annotations
 
 try:
     import torch as _torch  # noqa: F401  (the package's own module is kpool_cupy.torch)

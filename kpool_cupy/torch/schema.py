@@ -107,6 +107,7 @@ def _overload(spec: OpSpec, name: str) -> Overload:
     left_out = {o.name for o in given_outputs(spec)} - given
     if target is not None and not with_cache:
         left_out.add(target.name)
+    left_out |= {o.name for o in spec.operands if o.with_operand in left_out}  # slots without the cache
     letters = iter(string.ascii_lowercase)
     positional, keyword, operands = [], [], []
     for parameter in spec.parameters:
@@ -117,7 +118,7 @@ def _overload(spec: OpSpec, name: str) -> Overload:
             continue
         operands.append(parameter)
         mutable = f"({next(letters)}!)" if parameter.written else ""
-        if parameter.name in given:  # required, keyword-only
+        if parameter.name in given or parameter.required_with:  # required, keyword-only
             keyword.append(f"Tensor{mutable} {parameter.name}")
         elif parameter.optional:
             keyword.append(f"Tensor? {parameter.name}=None")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..ops.binding import Binding
-from ..ops.checks import check_out_dtype, dtype_fail, fail
+from ..ops.checks import check_bool, check_out_dtype, dtype_fail, fail, given_without, missing_with
 from ..ops.spec import OpSpec, Option, is_pair, pair_error
 from .schema import NAMESPACE, all_results, cache_target, given_outputs, op_name
 from .tensors import torch_dtype
@@ -59,10 +59,11 @@ def _dtype(option: Option, value: Any) -> Any:
 
 def _option(option: Option, value: Any) -> Any:
     """An option as the schema takes it, refused as the other backends refuse it (the option's own check):
-    bools are read for their truth as Python reads them, integers must be integers."""
+    a bool must be True or False, integers must be integers."""
     if option.kind == "dtype":
         return _dtype(option, value)
     if option.annotation == "bool":
+        check_bool(option.name, value)
         return bool(value)
     if value is None:
         return None
@@ -96,6 +97,11 @@ def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, A
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     tensors = {o.name: _as_operand(spec, o.name, a) for o, a in zip(spec.operands, arrays, strict=True)}
+    for o in spec.operands:  # inputs that go with another operand: the overload that takes them says
+        if o.with_operand and tensors[o.name] is not None and tensors[o.with_operand] is None:
+            raise given_without(o.name, o.with_operand)
+        if o.required_with and tensors[o.with_operand] is not None and tensors[o.name] is None:
+            raise missing_with(o.name, o.with_operand)
     declared = {o.name: o for o in spec.options}
     options = {name: _option(declared[name], value) for name, value in options.items()}
     outputs = given_outputs(spec)
