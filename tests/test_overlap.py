@@ -145,3 +145,75 @@ def test_device_views_that_alias_are_refused_on_the_gpu_path():
     call = {n: cupy.asarray(v) for n, v in _ring_call("tail_update", ring).items()}
     with pytest.raises(ValueError, match=r"^Invalid tail: expected memory that out does not use"):
         kpool_cupy.kpool_tail_update(**call, out=ring.reshape(-1, HEAD_DIM)[:2].reshape(2, 1, HEAD_DIM))
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("function", ["ring_close", "seed_tail", "tail_update"])
+def test_a_split_ring_of_one_buffers_interleaved_halves_is_accepted_and_equals_separate_rings(backend, function):
+    # [slots, ring, 2, D]: keys at [:, :, 0], gate scores at [:, :, 1]. The
+    # two halves span the same extent but share no byte; they were refused.
+    buffer = np.random.default_rng(5).standard_normal((2, KPOOL, 2, HEAD_DIM)).astype(F32)
+    apart = (buffer[:, :, 0].copy(), buffer[:, :, 1].copy())
+    module = getattr(BACKENDS[backend], f"kpool_{function}")
+    got = module(**_ring_call(function, (buffer[:, :, 0], buffer[:, :, 1])))
+    want = module(**_ring_call(function, apart))
+    for g, w in zip(got or (), want or (), strict=True):
+        assert g.tobytes() == w.tobytes()
+    assert buffer[:, :, 0].tobytes() == apart[0].tobytes() and buffer[:, :, 1].tobytes() == apart[1].tobytes()
+
+
+def _views(rng, buffer):
+    """A random view of ``buffer`` as the ops take arrays: up to three outer dims at any strides (negative
+    ones too), the last dim contiguous."""
+    flat = buffer.reshape(-1)
+    width = int(rng.integers(1, 5))
+    outer = [int(rng.integers(1, 4)) for _ in range(int(rng.integers(1, 4)))]
+    strides = [int(rng.integers(-24, 25)) for _ in outer]
+    span = sum(abs(s) * (n - 1) for s, n in zip(strides, outer, strict=True))
+    start = int(rng.integers(span, flat.size - width - span)) if flat.size - width - span > span else None
+    if start is None:
+        return None
+    item = flat.itemsize
+    return np.lib.stride_tricks.as_strided(
+        flat[start:], (*outer, width), (*(s * item for s in strides), item), writeable=False
+    )
+
+
+def test_the_overlap_rule_is_exact_on_random_strided_views():
+    # Against the bytes each view really covers: no false refusal, no missed overlap.
+    rng = np.random.default_rng(11)
+    buffer = np.zeros(400, np.int16)
+    checked = shared = 0
+    while checked < 600:
+        a, b = _views(rng, buffer), _views(rng, buffer)
+        if a is None or b is None:
+            continue
+        base = buffer.ctypes.data
+        covers = []
+        for view in (a, b):
+            mask = np.zeros(buffer.nbytes, bool)
+            for index in np.ndindex(view.shape):
+                address = view.ctypes.data + sum(i * s for i, s in zip(index, view.strides, strict=True)) - base
+                mask[address : address + view.itemsize] = True
+            covers.append(mask)
+        truth = bool((covers[0] & covers[1]).any())
+        assert shares_memory(a, b) is truth, (a.shape, a.strides, b.shape, b.strides)
+        checked += 1
+        shared += truth
+    assert shared >= 30 and checked - shared >= 30  # both answers were asked for, many times
+
+
+def test_a_huge_layout_is_settled_without_touching_its_elements():
+    # The rule reads addresses, shapes and strides: 2^40 bytes of interleaved
+    # halves (never allocated) are settled like four rows are.
+    from kpool_cupy.ops.checks import _address_view  # noqa: F401  (the solver's input)
+
+    class Fake:
+        def __init__(self, offset):
+            slots, ring, head_dim = 2**20, 2**10, 256
+            self.shape, self.dtype, self.size = (slots, ring, head_dim), np.dtype(np.float16), slots * ring * head_dim
+            self.strides = (ring * 2 * head_dim * 2, 2 * head_dim * 2, 2)
+            self.ctypes = type("C", (), {"data": 2**44 + offset})()
+
+    assert shares_memory(Fake(0), Fake(512)) is False  # the other half of each row pair
+    assert shares_memory(Fake(0), Fake(2)) is True  # one element on

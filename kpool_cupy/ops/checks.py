@@ -7,6 +7,7 @@ checked on host copies, which the GPU path fetches in one transfer.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -213,40 +214,41 @@ def _extent(array: Any) -> tuple[int, int]:
     return first, end + array.dtype.itemsize
 
 
-def _interleaved_rows_disjoint(a: Any, b: Any) -> bool:
-    """True when ``a`` and ``b`` are row sets of one buffer at one row stride whose columns never meet.
+# The most work NumPy's exact overlap solver may do for one pair: a constant,
+# so the check costs the same for any array size. Every layout the ops take
+# (rows at any strides, a ring's interleaved halves) needs a few dozen steps.
+MAX_OVERLAP_WORK = 4096
 
-    The fused-projection case: k, gate and out as column slices of one
-    ``[tokens, 3 * head_dim]`` buffer span overlapping extents but share no
-    byte. Row r of ``a`` covers [pa + r*S, pa + r*S + wa), row q of ``b``
-    [pb + q*S, pb + q*S + wb); they meet iff -wb < (pb - pa) + j*S < wa for
-    some j = q - r in [-(rows_a - 1), rows_b - 1].
-    """
-    if a.ndim != 2 or b.ndim != 2 or a.strides[0] != b.strides[0] or a.strides[0] <= 0:
-        return False
-    stride = a.strides[0]
-    widths = []
-    for array in (a, b):
-        if array.shape[1] > 1 and array.strides[1] != array.dtype.itemsize:
-            return False
-        widths.append(array.shape[1] * array.dtype.itemsize)
-    if max(widths) > stride:
-        return False
-    shift = data_pointer(b) - data_pointer(a)
-    low = max(-(a.shape[0] - 1), (-widths[1] - shift) // stride + 1)
-    high = min(b.shape[0] - 1, -((shift - widths[0]) // stride) - 1)
-    return low > high
+
+def _address_view(array: Any) -> np.ndarray:
+    """A NumPy array over ``array``'s addresses, shape and byte strides, never read (elements as opaque
+    bytes): what NumPy's exact overlap solver takes, for device arrays too."""
+
+    interface = {
+        "data": (data_pointer(array), True),
+        "shape": tuple(int(n) for n in array.shape),
+        "strides": tuple(int(s) for s in array.strides),
+        "typestr": f"|V{array.dtype.itemsize}",
+        "version": 3,
+    }
+    return np.asarray(SimpleNamespace(__array_interface__=interface))
 
 
 def shares_memory(a: Any, b: Any) -> bool:
-    """Whether two arrays may share a byte: their extents meet, unless they are disjoint column slices of one buffer."""
+    """Whether two arrays share a byte, exactly: their extents meet and some element of one overlaps one of
+    the other (``np.shares_memory`` on their addresses alone, bounded work). Column slices of one fused
+    buffer, or a split ring's two interleaved halves, share none. A pair the solver cannot settle within
+    ``MAX_OVERLAP_WORK`` counts as sharing: an overlap is never missed."""
     if a.size == 0 or b.size == 0:
         return False
     a_first, a_end = _extent(a)
     b_first, b_end = _extent(b)
     if a_end <= b_first or b_end <= a_first:
         return False
-    return not _interleaved_rows_disjoint(a, b)
+    try:
+        return bool(np.shares_memory(_address_view(a), _address_view(b), max_work=MAX_OVERLAP_WORK))
+    except np.exceptions.TooHardError:
+        return True
 
 
 def check_no_overlap(operands: tuple[Operand, ...], arrays: dict[str, Any]) -> None:
