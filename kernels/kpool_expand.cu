@@ -14,7 +14,8 @@ namespace kp {
 
 // Column `column` of token `token`'s row: the logical position (or -1), then,
 // with PAGED, its cache slot through the request's block table row:
-// block_table[b, p / block_size] * block_size + p % block_size, -1 for a
+// block_table[b, p / block_size] * block_size + p % block_size (row b at
+// b * table_stride entries), -1 for a
 // block past the table, a negative entry, or a slot past int32. Every index
 // read may be garbage when the caller skipped validation; each is checked
 // before it forms an address.
@@ -22,7 +23,8 @@ template <int KPOOL, bool PAGED, typename IPID, typename IO, typename IC>
 __device__ __forceinline__ long long expanded(long long token, long long column, const IPID* pool_ids,
                                               long long pool_topk, const IO* input_row_offsets,
                                               const IC* cache_lengths, long long batch, long long total_tokens,
-                                              const int* block_table, long long max_blocks, long long block_size) {
+                                              const int* block_table, long long max_blocks, long long table_stride,
+                                              long long block_size) {
     long long value = -1;
     long long request = -1;  // the token's request, when its rows hold the token
     if (batch > 0 && (PAGED || column >= pool_topk * KPOOL)) {
@@ -47,7 +49,7 @@ __device__ __forceinline__ long long expanded(long long token, long long column,
     if (value > 2147483647LL) value = -1;
     if (PAGED && value >= 0) {
         const long long block = value / block_size;
-        const long long entry = request >= 0 && block < max_blocks ? block_table[request * max_blocks + block] : -1;
+        const long long entry = request >= 0 && block < max_blocks ? block_table[request * table_stride + block] : -1;
         value = entry >= 0 && entry <= (2147483647LL - (block_size - 1)) / block_size
                     ? entry * block_size + value % block_size
                     : -1;
@@ -66,7 +68,8 @@ template <int KPOOL, typename IPID, typename IO, typename IC, bool PAGED, bool C
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     kpool_expand_topk(const IPID* __restrict__ pool_ids, long long pool_topk, const IO* __restrict__ input_row_offsets,
                       const IC* __restrict__ cache_lengths, long long batch, long long total_tokens,
-                      const int* __restrict__ block_table, long long max_blocks, long long block_size,
+                      const int* __restrict__ block_table, long long max_blocks, long long block_table_stride,
+                      long long block_size,
                       int* __restrict__ positions, long long width, int* __restrict__ counts) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     const long long index = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
         if (index >= total_tokens * width) return;
         positions[index] = static_cast<int>(kp::expanded<KPOOL, PAGED>(
             index / width, index % width, pool_ids, pool_topk, input_row_offsets, cache_lengths, batch, total_tokens,
-            block_table, max_blocks, block_size));
+            block_table, max_blocks, block_table_stride, block_size));
         return;
     }
     if (index >= total_tokens) return;
@@ -84,7 +87,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     for (long long column = 0; column < width; ++column) {
         const long long value = kp::expanded<KPOOL, PAGED>(index, column, pool_ids, pool_topk, input_row_offsets,
                                                            cache_lengths, batch, total_tokens, block_table,
-                                                           max_blocks, block_size);
+                                                           max_blocks, block_table_stride, block_size);
         if (value >= 0) row[kept++] = static_cast<int>(value);
     }
     for (long long column = kept; column < width; ++column) row[column] = -1;

@@ -252,3 +252,30 @@ def test_a_decode_step_on_a_split_ring_takes_a_plan_that_keeps_both_rings_apart(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ok" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_call_that_returns_none_replays_to_none_by_its_plans_own_word():
+    # A cache form returns None. Its plan said so only because the result's
+    # index happened to land on an operand left None; now the plan records
+    # that the call returns nothing, and the replay writes what the full call wrote.
+    done = _run(
+        """
+        k, gate, ape = on_device(*batch(1))
+        n = int(pools[-1])
+        slots = cupy.asarray(np.arange(n, dtype=np.int64))
+        def cached_call(cache):
+            return kpool_cupy.kpool_compress_fp8(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                                 cache=cache, slots=slots, validate=False)
+        first = cupy.zeros((8, 4, 128 + 4), np.uint8)
+        assert cached_call(first) is None
+        (plan,) = cupy_plans._plans.values()
+        assert plan.results is None, plan.results
+        again = cupy.zeros((8, 4, 128 + 4), np.uint8)
+        assert cached_call(again) is None
+        assert np.asarray(again).tobytes() == np.asarray(first).tobytes() and np.asarray(first).any()
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout

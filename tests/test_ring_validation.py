@@ -147,6 +147,7 @@ MUTATIONS = {
     "expand-block-size-range": lambda a: a.update(block_table=np.zeros((2, 8), np.int32), block_size=0),
     "expand-block-table-dtype": lambda a: a.update(block_table=np.zeros((2, 8), np.int64), block_size=4),
     "expand-block-table-shape": lambda a: a.update(block_table=np.zeros((3, 8), np.int32), block_size=4),
+    "expand-block-table-last-dim": lambda a: a.update(block_table=np.zeros((2, 16), np.int32)[:, ::2], block_size=4),
     "expand-block-past-table": lambda a: a.update(block_table=np.zeros((2, 1), np.int32), block_size=4),
     "expand-kpool-too-large": lambda a: a.update(kpool=2**31),
     "expand-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 5, 10], np.int32)),

@@ -37,7 +37,7 @@ class LaunchPlan:
     block: tuple[int]
     slots: tuple[int, ...]  # per kernel argument: the operand it passes, or -1 for a constant
     constants: tuple[Any, ...]  # per kernel argument: the constant, or None where an operand goes
-    results: tuple[int, ...]  # the operands the call returns, in order
+    results: tuple[int, ...] | None  # the operands the call returns, in order; None: it returns None
     single: bool  # one result, returned bare
     extents: tuple[tuple[int, int], ...]  # per operand: bytes it spans from its data pointer, (0, 0) if none
     written: tuple[int, ...]  # the operands the kernel writes
@@ -99,10 +99,12 @@ def make_plan(
             return None
         slots.append(owner)
         constants.append(None if owner >= 0 else argument)
-    returned = result if isinstance(result, tuple) else (result,)
-    results = [next((i for i, array in enumerate(arrays) if r is array), -1) for r in returned]
-    if -1 in results:
-        return None
+    results: list[int] | None = None  # a call that returns None (a cache form) replays to None
+    if result is not None:
+        returned = result if isinstance(result, tuple) else (result,)
+        results = [next((i for i, array in enumerate(arrays) if r is not None and r is array), -1) for r in returned]
+        if -1 in results:
+            return None
     written = tuple(i for i, writes_it in enumerate(writes) if writes_it and arrays[i] is not None)
     return LaunchPlan(
         function=function,
@@ -111,7 +113,7 @@ def make_plan(
         block=(launch.geometry.block,),
         slots=tuple(slots),
         constants=tuple(constants),
-        results=tuple(results),
+        results=None if results is None else tuple(results),
         single=not isinstance(result, tuple),
         extents=tuple(extent(a) for a in arrays),
         written=written,
@@ -160,6 +162,8 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any) -> Any:
             arguments[position] = arrays[slots[position]]
     with cupy.cuda.Device(plan.device_id):
         plan.function(plan.grid, plan.block, tuple(arguments))
+    if plan.results is None:
+        return None
     if plan.single:
         return arrays[plan.results[0]]
     return tuple([arrays[i] for i in plan.results])

@@ -287,7 +287,7 @@ EXPAND_TOPK = Kernel(
         Param("cache_lengths", "const IC*"),
         *longs("batch", "total_tokens"),
         Param("block_table", "const int*"),
-        *longs("max_blocks", "block_size"),
+        *longs("max_blocks", "block_table_stride", "block_size"),
         Param("positions", "int*"),
         Param("width", "long long"),
         Param("counts", "int*"),

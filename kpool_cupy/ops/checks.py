@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, MAX_KPOOL, dtype_name, element_dtype
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, dtype_name, element_dtype
 from ..kernel.codes import data_pointer
 from .spec import Operand, spread
 
@@ -106,6 +106,20 @@ def check_writable_rows(name: str, array: Any) -> None:
     row_bytes = array.shape[1] * array.dtype.itemsize
     if array.shape[0] > 1 and abs(array.strides[0]) < row_bytes:
         raise fail(name, f"rows that do not overlap (|row stride| >= {row_bytes} bytes)", f"{array.strides[0]} bytes")
+
+
+def check_block_table(block_table: Any, batch: int) -> None:
+    """A block table as every op reads it: int32 ``[batch, max_blocks]``, the last dim contiguous, rows at any
+    stride in whole entries (a column slice of a wider table works as it is)."""
+    require_array("block_table", block_table)
+    if np.dtype(block_table.dtype) != INT32:
+        raise dtype_fail("block_table", "dtype int32", dtype_name(np.dtype(block_table.dtype)))
+    if block_table.ndim != 2 or block_table.shape[0] != batch:
+        raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", tuple(block_table.shape))
+    if block_table.size and block_table.shape[1] > 1 and block_table.strides[1] != 4:
+        raise fail("block_table", "a contiguous last dim", f"strides {block_table.strides}")
+    if block_table.size and block_table.strides[0] % 4:
+        raise fail("block_table", "a row stride in whole entries", f"strides {block_table.strides}")
 
 
 def check_index(name: str, array: Any, length: int | None) -> None:

@@ -8,10 +8,20 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import INDEX_DTYPES, INT32, signed_index
+from ..kernel import codes
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import flat_geometry
 from ..pool_offsets import check_kpool
-from .checks import as_size, check_batch_index, check_contiguous, check_rows_and_cache, dtype_fail, fail, require_array
+from .checks import (
+    as_size,
+    check_batch_index,
+    check_block_table,
+    check_contiguous,
+    check_rows_and_cache,
+    dtype_fail,
+    fail,
+    require_array,
+)
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
 from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
 
@@ -44,19 +54,15 @@ def check_block_size(block_size: Any) -> None:
 
 
 def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
-    """block_table int32 ``[batch, max_blocks]`` C-contiguous with a block_size, or neither; (max_blocks, size)."""
+    """block_table int32 ``[batch, max_blocks]`` (``checks.check_block_table``, as the FP8 ops take it) with a
+    block_size, or neither; (max_blocks, size)."""
     if (block_table is None) != (block_size is None):
         given, missing = ("block_table", "block_size") if block_table is not None else ("block_size", "block_table")
         raise fail(missing, f"given with {given}", "None")
     if block_table is None:
         return 0, 0
     check_block_size(block_size)
-    require_array("block_table", block_table)
-    if block_table.dtype != INT32:
-        raise dtype_fail("block_table", "dtype int32", block_table.dtype)
-    if block_table.ndim != 2 or block_table.shape[0] != batch:
-        raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", f"shape {block_table.shape}")
-    check_contiguous("block_table", block_table)
+    check_block_table(block_table, batch)
     return as_size(block_table.shape[1]), int(block_size)
 
 
@@ -90,7 +96,8 @@ def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
     values = {name: o[name] for name in ("pool_ids", "input_row_offsets", "cache_lengths", "positions")}
     values |= {"pool_topk": call.pool_topk, "batch": call.batch, "total_tokens": call.total_tokens}
     values |= {"block_table": o["block_table"] if paged else o["positions"]}  # any int32 array where none is read
-    values |= {"max_blocks": call.max_blocks, "block_size": max(call.block_size, 1), "width": call.width}
+    values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
+    values |= {"block_size": max(call.block_size, 1), "width": call.width}
     values |= {"counts": o["counts"] if call.compact else o["positions"]}  # written only when compacting
     template = {"KPOOL": call.kpool, "IPID": o["pool_ids"].dtype, "IO": o["input_row_offsets"].dtype}
     template |= {"IC": o["cache_lengths"].dtype, "PAGED": paged, "COMPACT": call.compact}

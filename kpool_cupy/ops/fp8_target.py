@@ -26,6 +26,7 @@ from ..dtypes import FLOAT32, INT32, dtype_name
 from ..kernel import codes
 from .checks import (
     as_size,
+    check_block_table,
     check_contiguous,
     check_writable,
     dtype_fail,
@@ -184,15 +185,7 @@ def check_target(
         rule = ">= total_pools" if slot_rows is None else str(slot_rows)
         _check_vector("slots", slots, SLOT_DTYPES, slot_rows, rule)
         return Fp8Placement(SLOTS, pages, block_size, np.dtype(slots.dtype))
-    require_array("block_table", block_table)
-    if np.dtype(block_table.dtype) != INT32:
-        raise dtype_fail("block_table", "dtype int32", dtype_name(np.dtype(block_table.dtype)))
-    if block_table.ndim != 2 or block_table.shape[0] != batch:
-        raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", tuple(block_table.shape))
-    if block_table.size and block_table.shape[1] > 1 and block_table.strides[1] != 4:
-        raise fail("block_table", "a contiguous last dim", f"strides {block_table.strides}")
-    if block_table.size and block_table.strides[0] % 4:
-        raise fail("block_table", "a row stride in whole entries", f"strides {block_table.strides}")
+    check_block_table(block_table, batch)
     return Fp8Placement(TABLE, pages, block_size, INT32)
 
 
