@@ -37,6 +37,15 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
     A request whose tokens complete no pool gets zero rows, never a negative
     count. NumPy in, NumPy out; CuPy in, CuPy out, computed on the device
     without a host sync.
+
+    Raises
+    ------
+    TypeError
+        Offsets or lengths of another dtype than int32, uint32 or int64, or a
+        ``kpool`` that is not an integer.
+    ValueError
+        Offsets or lengths of the wrong rank or length, or ``kpool`` outside
+        [1, 1024].
     """
     check_kpool(kpool)
     for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):

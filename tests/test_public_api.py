@@ -87,3 +87,10 @@ def test_a_wrong_call_fails_like_a_plain_function():
         reference.kpool_compress(k, k, k[:4], np.array([0, 4]), np.array([0]), None)
     with pytest.raises(TypeError, match="unexpected keyword argument 'stream'"):
         reference.kpool_compress(k, k, k[:4], np.array([0, 4]), np.array([0]), stream=None)
+
+
+@pytest.mark.parametrize("qualified", FUNCTIONS)
+def test_every_public_function_says_what_it_raises(qualified):
+    _, function = _function(qualified)
+    doc = inspect.getdoc(function)
+    assert "\nRaises\n------\n" in doc and "ValueError" in doc.split("\nRaises\n------\n")[1], qualified

@@ -59,6 +59,19 @@ def signature(spec: OpSpec, binding: Binding) -> inspect.Signature:
     return inspect.Signature(listed, return_annotation=_result_annotation(spec, binding))
 
 
+# Every op's errors, the same on every backend (docs/validation.md lists each check), in the docstring's
+# Raises section (one it has already, such as the emulator's CompilerNotFoundError, takes them first).
+RAISES_HEADER = "\nRaises\n------\n"
+RAISES = """TypeError
+    An argument of the wrong kind or dtype, or a bool option given anything
+    but True or False; the message names the argument.
+ValueError
+    A bad shape, stride, length or value (offsets, positions, slots with
+    ``validate=True``), or an output that shares memory with another
+    argument; the message names the argument.
+"""
+
+
 def _result_annotation(spec: OpSpec, binding: Binding) -> str:
     if not spec.results:
         return "None"
@@ -95,7 +108,11 @@ def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
     function = namespace[spec.name]
     function.__module__ = binding.module
     function.__qualname__ = spec.name
-    function.__doc__ = spec.docs.get(binding.name) or f"Same contract as :func:`kpool_cupy.{spec.name}`."
+    doc = spec.docs.get(binding.name) or f"Same contract as :func:`kpool_cupy.{spec.name}`."
+    if RAISES_HEADER in doc:
+        function.__doc__ = doc.replace(RAISES_HEADER, RAISES_HEADER + RAISES, 1)
+    else:
+        function.__doc__ = doc.rstrip("\n") + "\n" + RAISES_HEADER + RAISES
     function.__signature__ = signature(spec, binding)
     function.__annotations__ = {
         **{p.name: p.annotation for p in function.__signature__.parameters.values()},

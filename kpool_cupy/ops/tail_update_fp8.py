@@ -18,6 +18,13 @@ ring form, speculative steps included); each closed pool's bytes and scale
 are :func:`kpool_compress_fp8`'s for the same pool, bit for bit (head_dim a
 power of two from 8 to 256).
 
+Speculative steps write every pool their tokens close, drafts included: with
+``cache`` a pool closed by a draft that is then rejected stays in its slot
+until the pool closes again with accepted tokens, which rewrites it. A
+scorer reads only the pools the accepted length makes visible
+(``q < accepted // kpool``), and the block table must cover the drafts'
+positions too (the README's FP8 example runs such a schedule).
+
 Parameters
 ----------
 round_scale

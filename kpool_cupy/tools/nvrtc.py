@@ -83,6 +83,14 @@ def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str
 
     Needs NVRTC (the ``nvidia-cuda-nvrtc`` wheel or a CUDA toolkit) and CuPy's
     NVRTC bindings, but no GPU and no driver.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A ``head_dim``, ``kpool``, ``dtype`` or ``arch`` outside what the
+        kernels take, named in the message.
+    RuntimeError
+        NVRTC is missing or fails to compile, with its log.
     """
     ptx, _ = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
     return ptx.decode()
