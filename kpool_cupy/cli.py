@@ -14,6 +14,7 @@ import click
 from .dtypes import MAX_KPOOL, dtype_name, element_dtype
 from .ops.checks import MAX_HEAD_DIM
 from .tools.self_check import BACKENDS, pick_backend, run_check
+from .tools.variants import OP_KERNELS as OP_NAMES
 
 # Every spelling kpool_cupy's Python functions accept, so the CLI and the API agree.
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32")
@@ -173,25 +174,42 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
     is_flag=True,
     help="Report the machine code instead: CUDA 13's ptxas (on PATH) and nvdisasm (pip install 'kpool-cupy[sass]').",
 )
+@click.option(
+    "--op",
+    type=click.Choice(list(OP_NAMES)),
+    default="compress",
+    show_default=True,
+    help="The op whose kernel to compile (its every-operand-aligned variant; FP8 ops write rows).",
+)
 @_file_option("--out", _output_file, "Save the PTX here (the SASS with --sass).")
-def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: str | None) -> None:
-    """Compile one variant through NVRTC (no GPU needed) and report its memory path."""
+def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, out_file: str | None) -> None:
+    """Compile one op's variant through NVRTC (no GPU needed) and report its memory path."""
+    # What the op's kernel is built for: seed tail and the query side take no kpool, expand no head_dim.
+    sizes = ", ".join(
+        [
+            *([f"head_dim {head_dim}"] if op != "expand_topk" else []),
+            *([f"kpool {kpool}"] if op not in ("seed_tail", "hadamard_quant_fp8") else []),
+        ]
+    )
     if sass:
-        from .tools.sass import sm_arch, summarize_compress_sass
+        from .tools.sass import sm_arch, summarize_sass
+        from .tools.variants import op_variant
 
         try:
-            machine = summarize_compress_sass(head_dim, kpool, dtype, arch=sm_arch(arch))
+            kernel, name = op_variant(op, head_dim, kpool, dtype)
+            machine = summarize_sass(kernel.source, name, arch=sm_arch(arch))
         except (ValueError, TypeError, RuntimeError) as error:
             raise click.ClickException(str(error)) from error
         # Static counts: a loop's body counts once, NOP padding and the end-of-kernel self-branch not at all.
-        click.echo(f"kpool_compress {dtype}, head_dim {head_dim}, kpool {kpool}, {sm_arch(arch)} SASS")
+        click.echo(f"kpool_{op} {dtype}, {sizes}, {sm_arch(arch)} SASS")
+        softmax = machine.exps > 0  # the ops that pool; seed tail, expand and the query side have no softmax
         rows = [
             ("registers", machine.registers),
             ("spill stores/loads", f"{machine.spill_stores} / {machine.spill_loads} bytes"),
             ("16-byte loads", machine.vector_loads),
             ("16-byte stores", machine.vector_stores),
-            ("16-byte loads before the first exp", machine.vector_loads_before_first_exp),
-            ("branches, first 16-byte load to last exp", machine.branches_in_softmax),
+            ("16-byte loads before the first exp", machine.vector_loads_before_first_exp if softmax else "no softmax"),
+            ("branches, first 16-byte load to last exp", machine.branches_in_softmax if softmax else "no softmax"),
             ("static instructions", machine.instructions),
             ("exps (MUFU.EX2)", machine.exps),
         ]
@@ -205,15 +223,18 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, out_file: 
     from .tools.ptx_report import summarize
 
     try:
-        summary = summarize(head_dim, kpool, dtype, arch)
+        summary = summarize(head_dim, kpool, dtype, arch, op=op)
     except (ValueError, TypeError, RuntimeError) as error:
         raise click.ClickException(str(error)) from error
-    click.echo(f"kpool_compress {dtype}, head_dim {head_dim}, kpool {kpool}, {arch}")
+    click.echo(f"kpool_{op} {dtype}, {sizes}, {arch}")
     click.echo(f"registers           {summary.registers}")
     click.echo(f"spill stores/loads  {summary.spill_stores} / {summary.spill_loads} bytes")
     click.echo(f"128-bit loads       {summary.vector_loads}")
     click.echo(f"128-bit stores      {summary.vector_stores}")
+    click.echo(f"64-bit stores       {summary.eight_byte_stores} (FP8 value rows, 8 bytes a thread)")
+    click.echo(f"byte stores         {summary.byte_stores} (FP8 values where rows are not 8-byte aligned)")
     click.echo(f"scalar loads        {summary.scalar_loads} (index reads and the unaligned fallback)")
+    click.echo(f"shuffles (bfly)     {summary.butterfly_shuffles} (the rotation's and the row maximum's)")
     click.echo(f"local memory        {'yes' if summary.local_memory else 'none'}")
     if out_file:
         with open(out_file, "w") as handle:

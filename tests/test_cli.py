@@ -175,3 +175,30 @@ def test_check_cases_grow_linearly_with_kpool():
         for c in next(c for c in check_cases(8, 32, np.dtype(np.float32), 0) if c.name == "every-phase").cache_lengths
     }
     assert phases == set(range(32))  # up to kpool 32 every phase is there
+
+
+@pytest.mark.parametrize(
+    ("op", "shuffles", "eight_byte_stores"),
+    [
+        ("compress", False, False),
+        ("compress_fp8", True, True),
+        ("ring_close", False, False),
+        ("ring_close_fp8", True, True),
+        ("seed_tail", False, False),
+        ("tail_update", False, False),
+        ("tail_update_fp8", True, True),
+        ("expand_topk", False, False),
+        ("hadamard_quant_fp8", True, True),
+    ],
+)
+def test_ptx_reports_every_kernel_family_with_its_store_widths_and_shuffles(op, shuffles, eight_byte_stores):
+    # Every op's kernel, FP8 writers and the query side included: the FP8
+    # epilogue's butterflies and 8-byte value stores show, the plain kernels'
+    # 16-byte paths show no shuffle.
+    result = CliRunner().invoke(main, ["ptx", "--op", op, "--head-dim", "64", "--kpool", "4"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"kpool_{op} bfloat16")
+    lines = {line[:20].strip(): line[20:].split()[0] for line in result.output.splitlines()[1:]}
+    assert (int(lines["shuffles (bfly)"]) > 0) is shuffles
+    assert (int(lines["64-bit stores"]) > 0) is eight_byte_stores
+    assert lines["local memory"] == "none" and lines["spill stores/loads"] == "0"

@@ -157,11 +157,11 @@ FAKE = SassSummary(
 def fake_summary(monkeypatch):
     calls = []
 
-    def summarize(head_dim, kpool, dtype, *, arch):
-        calls.append((head_dim, kpool, dtype, arch))
+    def summarize(source, name, arch):
+        calls.append((source, name, arch))
         return FAKE
 
-    monkeypatch.setattr(sass, "summarize_compress_sass", summarize)
+    monkeypatch.setattr(sass, "summarize_sass", summarize)
     return calls
 
 
@@ -169,7 +169,10 @@ def test_ptx_sass_prints_each_count_on_its_line(fake_summary):
     result = CliRunner().invoke(main, ["ptx", "--sass", "--head-dim", "64", "--kpool", "8", "--arch", "compute_90"])
     assert result.exit_code == 0, result.output
     # compute_90 asks for sm_90's machine code.
-    assert fake_summary == [(64, 8, "bfloat16", "sm_90")]
+    from kpool_cupy.tools.variants import op_variant
+
+    kernel, name = op_variant("compress", 64, 8, "bfloat16")
+    assert fake_summary == [(kernel.source, name, "sm_90")]
     lines = {line[:42].strip(): line[42:].strip() for line in result.output.splitlines()[1:]}
     assert lines == {
         "registers": "61",

@@ -9,7 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .nvrtc import compile_ptx, ptxas_report
+from .nvrtc import kernel_ptx, kernel_ptxas_report
+from .variants import op_variant
 
 # A 16-byte global access: one v4 of 32-bit lanes (ld.global.nc when read-only).
 VECTOR_LOAD = re.compile(r"\bld\.global(?:\.nc)?(?:\.L\w+::\w+)*\.v4\.(?:u32|b32|f32|s32)\b")
@@ -53,28 +54,26 @@ def count_accesses(ptx: str) -> PtxAccesses:
 
 
 @dataclass(frozen=True)
-class PtxSummary:
+class PtxSummary(PtxAccesses):
+    """One op's variant: ptxas's registers and spills, and the PTX's static access counts."""
+
+    kernel: str  # the instance compiled
     registers: int
     spill_stores: int
     spill_loads: int
-    vector_loads: int
-    vector_stores: int
-    scalar_loads: int
-    local_memory: bool
     ptx: str
 
 
-def summarize(head_dim: int, kpool: int, dtype: str, arch: str) -> PtxSummary:
-    ptx = compile_ptx(head_dim, kpool, dtype, arch=arch)
-    report = ptxas_report(head_dim, kpool, dtype, arch=arch)
-    accesses = count_accesses(ptx)
+def summarize(head_dim: int, kpool: int, dtype: str, arch: str, op: str = "compress") -> PtxSummary:
+    """`kpool-cupy ptx` for ``op``'s variant (``tools.variants``): what NVRTC's PTX and ptxas say."""
+    kernel, name = op_variant(op, head_dim, kpool, dtype)
+    ptx = kernel_ptx(kernel.source, name, arch)
+    report = kernel_ptxas_report(kernel.source, name, arch)
     return PtxSummary(
+        **count_accesses(ptx).__dict__,
+        kernel=name,
         registers=report.registers,
         spill_stores=report.spill_stores,
         spill_loads=report.spill_loads,
-        vector_loads=accesses.vector_loads,
-        vector_stores=accesses.vector_stores,
-        scalar_loads=accesses.scalar_loads,
-        local_memory=accesses.local_memory,
         ptx=ptx,
     )

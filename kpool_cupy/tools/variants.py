@@ -1,0 +1,54 @@
+"""The kernel variant each op's tools look at: `kpool-cupy ptx --op` and the static-evidence tests.
+
+One instance per op at a head_dim, kpool and element dtype: every element
+type that dtype, every operand 16-byte aligned (the declaration's VECTOR
+default), int32 indices, rows as the FP8 destination. Seed tail, expand and
+the query side take no kpool (expand's is the pool width it expands).
+"""
+
+from __future__ import annotations
+
+from ..dtypes import element_dtype
+from ..kernel.declarations import (
+    COMPRESS,
+    COMPRESS_FP8,
+    EXPAND_TOPK,
+    HADAMARD_QUANT_FP8,
+    RING_CLOSE,
+    RING_CLOSE_FP8,
+    SEED_TAIL,
+    TAIL_UPDATE,
+    TAIL_UPDATE_FP8,
+    Kernel,
+)
+from ..ops.fp8_target import check_rotation_head_dim
+from .nvrtc import check_variant
+
+# Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool).
+OP_KERNELS: dict[str, Kernel] = {
+    "compress": COMPRESS,
+    "compress_fp8": COMPRESS_FP8,
+    "ring_close": RING_CLOSE,
+    "ring_close_fp8": RING_CLOSE_FP8,
+    "seed_tail": SEED_TAIL,
+    "tail_update": TAIL_UPDATE,
+    "tail_update_fp8": TAIL_UPDATE_FP8,
+    "expand_topk": EXPAND_TOPK,
+    "hadamard_quant_fp8": HADAMARD_QUANT_FP8,
+}
+_ELEMENTS = ("T", "G", "KT", "GT", "OT")
+
+
+def op_variant(op: str, head_dim: int, kpool: int, dtype: str) -> tuple[Kernel, str]:
+    """``op``'s kernel and the instance the tools compile; a ValueError naming the argument out of range."""
+    if op not in OP_KERNELS:
+        raise ValueError(f"Invalid op: expected one of {', '.join(OP_KERNELS)}, got {op!r}")
+    kernel = OP_KERNELS[op]
+    check_variant(head_dim, kpool)
+    if op.endswith("_fp8"):
+        check_rotation_head_dim("head_dim", head_dim)
+    names = {t.name for t in kernel.template}
+    element = element_dtype(dtype)
+    template = {name: element for name in _ELEMENTS if name in names}
+    template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
+    return kernel, kernel.instance(**template)
