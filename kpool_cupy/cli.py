@@ -13,6 +13,7 @@ import click
 
 from .dtypes import MAX_KPOOL, dtype_name, element_dtype
 from .ops.checks import MAX_HEAD_DIM
+from .tools.op_checks import OP_CHECKS
 from .tools.self_check import BACKENDS, pick_backend, run_check
 from .tools.variants import OP_KERNELS as OP_NAMES
 
@@ -79,9 +80,16 @@ def main() -> None:
 @click.option("--head-dim", type=int, callback=_head_dim, default=128, show_default=True)
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--op",
+    type=click.Choice(list(OP_NAMES)),
+    default="compress",
+    show_default=True,
+    help="The op to check: pooled values against float64, ids, rings, positions and FP8 bytes bit for bit.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
-def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_json: bool) -> None:
-    """Run a backend over random ragged batches against the float64 reference."""
+def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: str, as_json: bool) -> None:
+    """Run a backend's op over random ragged batches against the float64 reference."""
     try:
         chosen, reason = pick_backend(backend)
         if sys.stderr.isatty():  # a bar for a person watching; nothing in captured output
@@ -89,14 +97,15 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
             def progress(cases):
                 return click.progressbar(cases, label="check", file=sys.stderr, item_show_func=lambda c: c and c.name)
 
-            results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, progress)
+            results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, progress, op)
         else:
-            results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed)
+            results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, op=op)
     except (ValueError, TypeError, RuntimeError, ImportError) as error:
         if as_json:  # a script reading stdout gets one JSON object whatever happened
-            click.echo(json.dumps({"backend": backend, "ok": False, "error": str(error), "cases": []}))
+            click.echo(json.dumps({"backend": backend, "op": op, "ok": False, "error": str(error), "cases": []}))
             sys.exit(1)
         raise click.ClickException(str(error)) from error
+    unit = OP_CHECKS[op][1]
     checked = [r for r in results if r.status != "skipped"]
     ok = bool(checked) and all(r.ok for r in results)
     if as_json:
@@ -106,6 +115,7 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
                 "requests": r.requests,
                 "tokens": r.tokens,
                 "pools": r.pools,
+                "mismatches": r.mismatches,
                 "status": r.status,
                 "max_abs_err": r.max_abs_err,
                 "max_ulp_err": r.max_ulp_err,
@@ -116,25 +126,32 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, as_jso
             for r in results
         ]
         configuration = {"dtype": dtype_name(element_dtype(dtype)), "head_dim": head_dim, "kpool": kpool, "seed": seed}
-        click.echo(json.dumps({"backend": chosen, "reason": reason, **configuration, "ok": ok, "cases": cases}))
+        described = {"op": op, "unit": unit}
+        click.echo(
+            json.dumps({"backend": chosen, "reason": reason, **described, **configuration, "ok": ok, "cases": cases})
+        )
     else:
         click.echo(f"backend {chosen}: {reason}")
-        click.echo(f"{dtype}, head_dim {head_dim}, kpool {kpool}, seed {seed}")
-        columns = f"{'requests':>9}{'tokens':>8}{'pools':>7}{'max abs err':>13}{'max ulp':>9}{'err/bound':>11}"
-        header = f"{'case':<24}{columns}  result"
-        click.echo(header)
+        click.echo(f"kpool_{op}, {dtype}, head_dim {head_dim}, kpool {kpool}, seed {seed}")
+        columns = (
+            f"{'requests':>9}{'tokens':>8}{unit:>10}{'max abs err':>13}{'max ulp':>9}{'err/bound':>11}{'unequal':>9}"
+        )
+        click.echo(f"{'case':<24}{columns}  result")
         for r in results:
-            click.echo(
-                f"{r.name:<24}{r.requests:>9}{r.tokens:>8}{r.pools:>7}{r.max_abs_err:>13.3g}{r.max_ulp_err:>9.2f}"
-                f"{r.worst_error_over_bound:>11.3f}  {r.status if r.status != 'skipped' else 'skipped (no pools)'}"
+            pooled = (
+                f"{r.max_abs_err:>13.3g}{r.max_ulp_err:>9.2f}{r.worst_error_over_bound:>11.3f}"
+                if r.max_abs_err is not None and r.max_ulp_err is not None and r.worst_error_over_bound is not None
+                else f"{'-':>13}{'-':>9}{'-':>11}"  # nothing pooled: every output compared bit for bit
             )
+            status = r.status if r.status != "skipped" else f"skipped (no {unit})"
+            click.echo(f"{r.name:<24}{r.requests:>9}{r.tokens:>8}{r.pools:>10}{pooled}{r.mismatches:>9}  {status}")
         skipped = len(results) - len(checked)
         if ok:
             click.echo(
-                f"all {len(checked)} checked cases pass" + (f" ({skipped} skipped: no pools)" if skipped else "")
+                f"all {len(checked)} checked cases pass" + (f" ({skipped} skipped: no {unit})" if skipped else "")
             )
         elif not checked:
-            click.echo("no case built a pool: nothing was checked")
+            click.echo(f"no case had {unit} to compare: nothing was checked")
         else:
             click.echo("some cases FAILED")
     if not ok:

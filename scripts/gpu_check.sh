@@ -42,12 +42,12 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 
 steps=(environment pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
-    [environment]=10     # nvidia-smi and versions; torch's read from its metadata, not imported
+    [environment]=5      # nvidia-smi and versions; torch's read from its metadata, not imported
     [pytest-gpu]=65      # the gpu-marked tests: NVRTC compiles dozens of kernel variants, cold
-    [check]=20           # kpool-cupy check on bfloat16, float16 and float32
+    [check]=40           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs)
     [memcheck]=50        # compute-sanitizer over tests/run_memcheck.py
-    [bench]=75           # the full sweep without torch.compile
-    [bench-compile]=65   # the quick sweep's three shapes with torch.compile, from a cold start
+    [bench]=65           # the full sweep without torch.compile
+    [bench-compile]=60   # the quick sweep's three shapes with torch.compile, from a cold start
 )
 kill_after=2
 declare -A status seconds
@@ -84,7 +84,7 @@ summary() {  # the whole summary.txt, from what is done so far
     echo
     echo "== check"
     grep '^{"backend"' "$logs/check.log" 2>/dev/null | sed -E \
-        's/^.*"dtype": "([^"]*)", "head_dim": ([0-9]+), "kpool": ([0-9]+), "seed": [0-9]+, "ok": ([a-z]+).*$/\1, head_dim \2, kpool \3: ok \4/'
+        's/^.*"op": "([^"]*)".*"dtype": "([^"]*)", "head_dim": ([0-9]+), "kpool": ([0-9]+), "seed": [0-9]+, "ok": ([a-z]+).*$/\1 \2, head_dim \3, kpool \4: ok \5/'
     echo "== memcheck"
     grep -E "ERROR SUMMARY|garbage calls per op|strided|check cases|never called" "$logs/memcheck.log" 2>/dev/null
     echo "== bench"
@@ -132,12 +132,16 @@ fi
 
 # stdout of each check is its JSON report, one line, in the log with what CuPy says.
 run check bash -c '
-    passed=0
-    for dtype in bfloat16 float16 float32; do
-        "$1" -m kpool_cupy check --backend cupy --dtype "$dtype" --json && passed=$((passed + 1))
+    passed=0 runs=0
+    for run in "compress bfloat16" "compress float16" "compress float32" "ring_close bfloat16" \
+        "seed_tail bfloat16" "tail_update bfloat16" "expand_topk bfloat16" "compress_fp8 bfloat16" \
+        "ring_close_fp8 bfloat16" "tail_update_fp8 bfloat16" "hadamard_quant_fp8 bfloat16"; do
+        read -r op dtype <<< "$run"
+        runs=$((runs + 1))
+        "$1" -m kpool_cupy check --backend cupy --op "$op" --dtype "$dtype" --json && passed=$((passed + 1))
     done
-    echo "checks passed: $passed of 3"
-    [[ $passed == 3 ]]
+    echo "checks passed: $passed of $runs"
+    [[ $passed == "$runs" ]]
 ' check "$py"
 
 if command -v compute-sanitizer > /dev/null; then

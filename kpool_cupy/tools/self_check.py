@@ -12,9 +12,8 @@ import numpy as np
 from .. import emulate, reference
 from ..backends.cupy import gpu_status
 from ..emulator.toolchain import CompilerNotFoundError, compiler
-from ..pool_offsets import pool_row_offsets
-from .accuracy import compare
-from .cases import SENTINEL, Case, check_cases
+from .cases import Case, check_cases
+from .op_checks import OP_CHECKS, Backend
 
 BACKENDS = ("auto", "cupy", "emulate", "reference")
 
@@ -43,7 +42,10 @@ def pick_backend(name: str) -> tuple[str, str]:
     return "emulate", f"no GPU ({why}); running the CUDA source on the CPU, built by {cxx}"
 
 
-def _run_cupy(case: Case) -> np.ndarray:
+def backend_for(name: str) -> Backend:
+    """The op module a check runs, with NumPy arrays as they are or copied to the device."""
+    if name != "cupy":
+        return Backend({"emulate": emulate, "reference": reference}[name], lambda array: array, np.asarray)
     import kpool_cupy
 
     from ..backends.cupy_arrays import import_cupy
@@ -58,28 +60,7 @@ def _run_cupy(case: Case) -> np.ndarray:
         start = (array.ctypes.data - base.ctypes.data) // array.itemsize
         return cupy.asarray(base)[:, start : start + array.shape[1]]
 
-    extra = {name: device(value) for name, value in case.extra.items()}
-    result = kpool_cupy.kpool_compress(
-        device(case.k),
-        device(case.gate),
-        device(case.ape),
-        device(case.input_row_offsets),
-        device(case.cache_lengths),
-        **extra,
-    )
-    return cupy.asnumpy(result)
-
-
-def runner(backend: str) -> Callable[[Case], np.ndarray]:
-    if backend == "cupy":
-        return _run_cupy
-    module = {"emulate": emulate, "reference": reference}[backend]
-
-    def run(case: Case) -> np.ndarray:
-        extra = {name: value.copy() if name == "out" else value for name, value in case.extra.items()}
-        return module.kpool_compress(case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths, **extra)
-
-    return run
+    return Backend(kpool_cupy, device, cupy.asnumpy)
 
 
 @dataclass
@@ -87,52 +68,37 @@ class CaseResult:
     name: str
     requests: int
     tokens: int
-    pools: int
-    max_abs_err: float
-    max_ulp_err: float
-    max_allowed_abs: float  # the largest per-element bound (tools/accuracy.py)
-    worst_error_over_bound: float  # max of error / bound; at most 1 when the case passes
-    status: str  # "pass", "FAIL", or "skipped" when the case builds no pool
+    pools: int  # the rows compared: pools, or what the op's unit says (ring rows, ids, rows)
+    mismatches: int  # elements that had to be equal bit for bit and were not
+    # Against the float64 reference (tools/accuracy.py); None for an op that pools nothing.
+    max_abs_err: float | None
+    max_ulp_err: float | None
+    max_allowed_abs: float | None  # the largest per-element bound
+    worst_error_over_bound: float | None  # max of error / bound; at most 1 when the case passes
+    status: str  # "pass", "FAIL", or "skipped" when the case compares nothing
 
     @property
     def ok(self) -> bool:
         return self.status != "FAIL"
 
 
-def check_case(run: Callable[[Case], np.ndarray], case: Case, head_dim: int, kpool: int) -> CaseResult:
-    """One case on one backend against the float64 reference, rounded once to the dtype the backend wrote."""
-    pools = int(pool_row_offsets(case.input_row_offsets, case.cache_lengths, kpool)[-1])
-    got = run(case)
-    want = reference.kpool_compress(
-        case.k,
-        case.gate,
-        case.ape,
-        case.input_row_offsets,
-        case.cache_lengths,
-        out=np.empty((pools, head_dim), dtype=got.dtype),
-        accumulate="float64",
-    )
-    max_key = float(np.abs(case.k.astype(np.float32)).max(initial=0.0))
-    # |gate + ape| over every row and member slot: a bound on each pool's logits.
-    max_gate = float(np.abs(case.gate.astype(np.float32)).max(initial=0.0))
-    max_logit = max_gate + float(np.abs(case.ape).max(initial=0.0))
-    verdict = compare(got[:pools], want.astype(np.float64), got.dtype, kpool, max_key, max_logit)
-    surplus_kept = bool(np.all(got[pools:].astype(np.float32) == SENTINEL))
-    shape_ok = got.shape[1] == head_dim and (got.shape[0] == pools or "out" in case.extra)
-    if not (verdict["ok"] and surplus_kept and shape_ok):
-        status = "FAIL"
-    else:
-        status = "pass" if pools else "skipped"  # nothing was compared: no pass to claim
+def check_case(backend: Backend, case: Case, kpool: int, op: str, rng: np.random.Generator) -> CaseResult:
+    """One case of ``op`` on one backend (see tools/op_checks.py for what is compared)."""
+    check, _ = OP_CHECKS[op]
+    verdict = check(backend, case, kpool, rng)
+    accuracy = verdict.accuracy or {}
     return CaseResult(
         name=case.name,
         requests=case.requests,
         tokens=case.tokens,
-        pools=pools,
-        max_abs_err=verdict["max_abs_err"],
-        max_ulp_err=verdict["max_ulp_err"],
-        max_allowed_abs=verdict["max_allowed_abs"],
-        worst_error_over_bound=verdict["worst_error_over_bound"],
-        status=status,
+        pools=verdict.rows,
+        mismatches=verdict.mismatches,
+        max_abs_err=accuracy.get("max_abs_err"),
+        max_ulp_err=accuracy.get("max_ulp_err"),
+        max_allowed_abs=accuracy.get("max_allowed_abs"),
+        worst_error_over_bound=accuracy.get("worst_error_over_bound"),
+        # nothing compared is no pass to claim
+        status="FAIL" if not verdict.ok else ("pass" if verdict.rows else "skipped"),
     )
 
 
@@ -143,8 +109,12 @@ def run_check(
     kpool: int,
     seed: int,
     progress: Callable[[list[Case]], contextlib.AbstractContextManager[Iterable[Case]]] = contextlib.nullcontext,
+    op: str = "compress",
 ) -> list[CaseResult]:
-    """Every check case on ``backend``; ``progress`` wraps the cases (a progress bar, or nothing)."""
-    run = runner(backend)
+    """Every check case of ``op`` on ``backend``; ``progress`` wraps the cases (a progress bar, or nothing)."""
+    if op not in OP_CHECKS:
+        raise ValueError(f"Invalid op: expected one of {', '.join(OP_CHECKS)}, got {op!r}")
+    chosen = backend_for(backend)
+    rng = np.random.default_rng([seed, 1])  # the ring noise, selected ids and round_scale choices
     with progress(check_cases(head_dim, kpool, dtype, seed)) as cases:
-        return [check_case(run, case, head_dim, kpool) for case in cases]
+        return [check_case(chosen, case, kpool, op, rng) for case in cases]

@@ -1,0 +1,362 @@
+"""What `kpool-cupy check --op` compares for each op, on one check case.
+
+Pooled values meet the float64 reference within ``accuracy.allowed_error``;
+everything else must be equal bit for bit: the pool ids a call reports, the
+rows it leaves alone, the ring after a stash, expanded positions, and FP8
+bytes and scales, which must be the NumPy epilogue of the backend's own
+float32 pooling (the GPU's exp2 and reciprocal are approximations, so the
+FP8 ops are checked against the pooling they fuse, and that pooling against
+float64). The ring ops start from a ring of noise that holds each request's
+pending tokens at rows ``pos % ring``, on a ring one row longer than kpool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import reference
+from ..backends.reference_epilogue import epilogue
+from ..pool_offsets import pool_row_offsets
+from .accuracy import compare
+from .cases import SENTINEL, Case
+
+
+@dataclass
+class Backend:
+    """An op module with its way in and out: NumPy arrays as they are, or copies on the device."""
+
+    ops: Any
+    put: Callable[[np.ndarray], Any]
+    get: Callable[[Any], np.ndarray]
+
+
+@dataclass
+class Verdict:
+    rows: int  # the rows compared: pools, ring rows, selected ids or quantized rows
+    mismatches: int  # elements that had to be equal bit for bit and were not
+    accuracy: dict[str, float] | None  # accuracy.compare of the pooled values; None where nothing pools
+
+    @property
+    def ok(self) -> bool:
+        return self.mismatches == 0 and (self.accuracy is None or bool(self.accuracy["ok"]))
+
+
+def _differ(got: np.ndarray, want: np.ndarray) -> int:
+    """Elements whose bytes differ; a shape mismatch counts every element."""
+    got, want = np.asarray(got), np.asarray(want)
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return max(got.size, want.size, 1)
+    if got.size == 0:
+        return 0
+    width = got.dtype.itemsize
+    raw = np.ascontiguousarray(got).view(np.uint8).reshape(-1, width)
+    expected = np.ascontiguousarray(want).view(np.uint8).reshape(-1, width)
+    return int(np.any(raw != expected, axis=1).sum())
+
+
+def _bounds(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray) -> tuple[float, float]:
+    """The largest |key| and |gate + ape| bound accuracy.compare takes."""
+    max_key = float(np.abs(keys.astype(np.float32)).max(initial=0.0))
+    return max_key, float(np.abs(gates.astype(np.float32)).max(initial=0.0)) + float(np.abs(ape).max(initial=0.0))
+
+
+def _lengths(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    offsets = case.input_row_offsets.astype(np.int64)
+    return np.diff(offsets), case.cache_lengths.astype(np.int64)
+
+
+@dataclass
+class Pending:
+    """Each request's unfinished pool before the call, put in a ring, and the sequence it continues."""
+
+    ring: np.ndarray  # [R, 2, kpool + 1, D] noise, the pending tokens at rows pos % ring
+    slots: np.ndarray  # request b's ring is slot slots[b]
+    k: np.ndarray  # per request: its pending tokens, then the call's
+    gate: np.ndarray
+    offsets: np.ndarray
+    starts: np.ndarray  # the position of each request's first pending token: its pool's start
+
+
+def pending(case: Case, kpool: int, rng: np.random.Generator) -> Pending:
+    lengths, cache = _lengths(case)
+    head_dim, dtype = case.k.shape[1], case.k.dtype
+    requests, ring = len(lengths), kpool + 1
+    pending_counts = cache % kpool
+    starts = cache - pending_counts
+    noise = rng.standard_normal((requests, 2, ring, head_dim)).astype(np.float32).astype(dtype)
+    slots = rng.permutation(requests).astype(np.int32)
+    before = (rng.standard_normal((2, int(pending_counts.sum()), head_dim)) * [[[1.0]], [[3.0]]]).astype(dtype)
+    keys, gates, row = [], [], 0
+    offsets = case.input_row_offsets.astype(np.int64)
+    for b in range(requests):
+        count = int(pending_counts[b])
+        for m in range(count):
+            noise[slots[b], :, (int(starts[b]) + m) % ring] = before[:, row + m]
+        keys += [before[0, row : row + count], case.k[offsets[b] : offsets[b + 1]]]
+        gates += [before[1, row : row + count], case.gate[offsets[b] : offsets[b + 1]]]
+        row += count
+    joined = np.concatenate([[0], np.cumsum(pending_counts + lengths)]).astype(np.int64)
+    return Pending(noise, slots, np.concatenate(keys), np.concatenate(gates), joined, starts)
+
+
+def within_closed_ids(case: Case, kpool: int) -> Case:
+    """The case with each cache moved down by a multiple of ``kpool * (kpool + 1)`` until its pool ids fit int32.
+
+    The ring ops report pool ids in int32 ``closed`` and refuse a call whose
+    ids would not fit; the move keeps each position's phase in its pool and
+    its ring row, and at kpool >= 2 keeps positions past 2^32.
+    """
+    lengths, cache = _lengths(case)
+    period = kpool * (kpool + 1)
+    last = (2**31 - 1) * kpool  # the first position of pool 2^31 - 1; its pool is the last that fits
+    over = np.maximum(cache + lengths - last, 0)
+    moved = cache - -(-over // period) * period
+    if not over.any():
+        return case
+    return Case(case.name, case.k, case.gate, case.ape, case.input_row_offsets, moved.astype(case.cache_lengths.dtype))
+
+
+def _whole_pools(state: Pending, ape: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Every pool of the pending-and-new sequences from float64 math, rounded once to ``dtype``; their row offsets."""
+    kpool = ape.shape[0]
+    rows = pool_row_offsets(state.offsets, state.starts, kpool)
+    out = np.empty((int(rows[-1]), ape.shape[1]), dtype)
+    want = reference.kpool_compress(
+        state.k, state.gate, ape, state.offsets, state.starts, out=out, accumulate="float64"
+    )
+    return want, rows
+
+
+def check_compress(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    extra = {name: backend.put(value.copy() if name == "out" else value) for name, value in case.extra.items()}
+    args = [backend.put(a) for a in (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)]
+    got = backend.get(backend.ops.kpool_compress(*args, **extra))
+    pools = int(pool_row_offsets(case.input_row_offsets, case.cache_lengths, kpool)[-1])
+    want = reference.kpool_compress(
+        case.k,
+        case.gate,
+        case.ape,
+        case.input_row_offsets,
+        case.cache_lengths,
+        out=np.empty((pools, case.k.shape[1]), got.dtype),
+        accumulate="float64",
+    )
+    surplus = got[pools:]  # an over-sized out's extra rows stay as they were
+    mismatches = int((surplus.astype(np.float32) != SENTINEL).sum())
+    if got.shape[1] != case.k.shape[1] or (got.shape[0] != pools and "out" not in case.extra):
+        mismatches += max(got.size, 1)
+    accuracy = compare(got[:pools], want.astype(np.float64), got.dtype, kpool, *_bounds(case.k, case.gate, case.ape))
+    return Verdict(pools, mismatches, accuracy)
+
+
+def _closes(case: Case, kpool: int) -> list[list[int]]:
+    """The pools each request's call closes: q with a closing position (q + 1) * kpool - 1 among its tokens."""
+    lengths, cache = _lengths(case)
+    return [list(range(int(c) // kpool, int(c + n) // kpool)) for c, n in zip(cache, lengths, strict=True)]
+
+
+def _ring_close(backend: Backend, case: Case, state: Pending, round_scale: bool | None) -> tuple[np.ndarray, ...]:
+    """Ring close on a copy of the pending ring: into a float32 out of sentinels, or the FP8 form at ``round_scale``."""
+    inputs = (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths, state.slots)
+    args = (backend.put(state.ring.copy()), *(backend.put(a) for a in inputs))
+    if round_scale is not None:
+        return tuple(backend.get(r) for r in backend.ops.kpool_ring_close_fp8(*args, round_scale=round_scale))
+    out = backend.put(np.full((len(state.slots), case.k.shape[1]), SENTINEL, np.float32))
+    return tuple(backend.get(r) for r in backend.ops.kpool_ring_close(*args, out=out))
+
+
+def _pooled_verdict(
+    pooled: np.ndarray,
+    closed: np.ndarray,
+    want_closed: np.ndarray,
+    want: np.ndarray,
+    bounds: tuple[float, float],
+    kpool: int,
+    fused: Callable[[bool], tuple[np.ndarray, ...]] | None,
+    rng: np.random.Generator,
+) -> Verdict:
+    """Pool ids exactly, rows nothing closed into left alone, closed rows within the bound.
+
+    ``fused`` runs the op's FP8 form with a round_scale: its ids must match and
+    its bytes and scales be the epilogue of the float32 rows.
+    """
+    done = want_closed >= 0
+    mismatches = _differ(closed, want_closed) + int((pooled[~done] != SENTINEL).sum())
+    accuracy = compare(pooled[done], want.astype(np.float64), np.float32, kpool, *bounds)
+    if fused is not None:
+        round_scale = bool(rng.integers(2))
+        values, scales, fp8_closed = fused(round_scale)
+        want_values, want_scales = epilogue(pooled[done], round_scale)
+        mismatches += _differ(fp8_closed, want_closed) + _differ(values[done], want_values)
+        mismatches += _differ(scales[done].reshape(-1), want_scales)
+    return Verdict(int(done.sum()), mismatches, accuracy)
+
+
+def check_ring_close(backend: Backend, case: Case, kpool: int, rng: np.random.Generator, fp8: bool = False) -> Verdict:
+    case = within_closed_ids(case, kpool)
+    state = pending(case, kpool, rng)
+    pooled, closed = _ring_close(backend, case, state, None)
+    # The pool the cached prefix opened, where the call completes it.
+    cache = case.cache_lengths.astype(np.int64)
+    closes = _closes(case, kpool)
+    want_closed = np.array([q[0] if q and q[0] * kpool < c else -1 for q, c in zip(closes, cache, strict=True)])
+    whole, rows = _whole_pools(state, case.ape, np.dtype(np.float32))
+    want = whole[rows[:-1][want_closed >= 0]]  # each request's first pool of the pending-and-new sequence
+    fused = (lambda round_scale: _ring_close(backend, case, state, round_scale)) if fp8 else None
+    bounds = _bounds(state.k, state.gate, case.ape)
+    return _pooled_verdict(pooled, closed, want_closed.astype(np.int32), want, bounds, kpool, fused, rng)
+
+
+def _decode(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The case as one decode step: k, gate ``[R, next_n, D]`` and positions, padded with -1 (unsigned: all ones)."""
+    lengths, cache = _lengths(case)
+    next_n = max(int(lengths.max(initial=0)), 1)
+    top = int((cache + lengths).max(initial=0))
+    dtype = case.input_row_offsets.dtype
+    if top >= (np.iinfo(dtype).max if dtype.kind == "u" else np.iinfo(dtype).max + 1):
+        dtype = np.dtype(np.int64)  # the case's dtype cannot hold every position
+    head_dim = case.k.shape[1]
+    k = np.zeros((len(lengths), next_n, head_dim), case.k.dtype)
+    gate = np.zeros_like(k)
+    positions = np.full((len(lengths), next_n), -1, np.int64)
+    offsets = case.input_row_offsets.astype(np.int64)
+    for b, (c, n) in enumerate(zip(cache, lengths, strict=True)):
+        k[b, :n] = case.k[offsets[b] : offsets[b] + n]
+        gate[b, :n] = case.gate[offsets[b] : offsets[b] + n]
+        positions[b, :n] = np.arange(c, c + n)
+    return k, gate, positions.astype(dtype)
+
+
+def check_tail_update(backend: Backend, case: Case, kpool: int, rng: np.random.Generator, fp8: bool = False) -> Verdict:
+    case = within_closed_ids(case, kpool)
+    state = pending(case, kpool, rng)
+    k, gate, positions = _decode(case)
+    requests, next_n, head_dim = k.shape
+    per_request = -(-next_n // kpool)
+    ring = backend.put(state.ring.copy())
+    inputs = tuple(backend.put(a) for a in (k, gate, case.ape, positions, state.slots))
+    out = backend.put(np.full((requests, per_request, head_dim), SENTINEL, np.float32))
+    pooled, closed = (backend.get(r) for r in backend.ops.kpool_tail_update(ring, *inputs, out=out))
+    want_closed = np.full((requests, per_request), -1, np.int32)
+    whole, rows = _whole_pools(state, case.ape, np.dtype(np.float32))
+    picked = np.zeros(whole.shape[0], bool)
+    for b, pools in enumerate(_closes(case, kpool)):
+        want_closed[b, : len(pools)] = pools
+        picked[rows[b] : rows[b] + len(pools)] = True
+
+    def fused(round_scale: bool) -> tuple[np.ndarray, ...]:
+        fresh = backend.put(state.ring.copy())
+        return tuple(backend.get(r) for r in backend.ops.kpool_tail_update_fp8(fresh, *inputs, round_scale=round_scale))
+
+    bounds = _bounds(state.k, state.gate, case.ape)
+    verdict = _pooled_verdict(pooled, closed, want_closed, whole[picked], bounds, kpool, fused if fp8 else None, rng)
+    want_ring = state.ring.copy()  # every real token at row pos % ring, in order
+    for b in range(requests):
+        for j in np.flatnonzero(_real(positions[b])):
+            want_ring[state.slots[b], :, int(positions[b, j]) % want_ring.shape[2]] = (k[b, j], gate[b, j])
+    verdict.mismatches += _differ(backend.get(ring), want_ring)
+    return verdict
+
+
+def _real(positions: np.ndarray) -> np.ndarray:
+    """Entries that are tokens: not -1, nor its unsigned all-ones form."""
+    return positions != (np.iinfo(positions.dtype).max if positions.dtype.kind == "u" else -1)
+
+
+def check_seed_tail(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    state = pending(case, kpool, rng)
+    ring = backend.put(state.ring.copy())
+    args = (case.k, case.gate, case.input_row_offsets, case.cache_lengths, state.slots)
+    backend.ops.kpool_seed_tail(ring, *(backend.put(a) for a in args))
+    lengths, cache = _lengths(case)
+    offsets = case.input_row_offsets.astype(np.int64)
+    want, rows = state.ring.copy(), state.ring.shape[2]
+    stashed = 0
+    for b, (c, n) in enumerate(zip(cache, lengths, strict=True)):
+        for pos in range(max(c + n - rows, c), c + n):  # the call's last min(n, ring) tokens
+            token = offsets[b] + pos - c
+            want[state.slots[b], :, pos % rows] = (case.k[token], case.gate[token])
+            stashed += 1
+    return Verdict(stashed, _differ(backend.get(ring), want), None)
+
+
+def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """Random ids among each token's visible pools (and -1), plain, with the tail and compact, and paged."""
+    lengths, cache = _lengths(case)
+    visible = np.concatenate([(c + np.arange(n) + 1) // kpool for c, n in zip(cache, lengths, strict=True)])
+    ids = rng.integers(-1, visible[:, None], (len(visible), 3))  # -1 alone where no pool is visible yet
+    ids = ids.astype(np.int32 if ids.max(initial=0) < 2**31 else np.int64)
+    calls: list[dict[str, Any]] = [{}, {"always_select_tail": True, "compact": True}]
+    top = int((cache + lengths).max(initial=0))
+    if top <= 2**16:  # a block table over every position: small caches only
+        block_size = 16
+        blocks = -(-top // block_size) + 1
+        table = rng.permutation(len(lengths) * blocks).astype(np.int32).reshape(len(lengths), blocks)
+        calls.append({"always_select_tail": True, "block_table": table, "block_size": block_size})
+    base = (ids, case.input_row_offsets, case.cache_lengths)
+    mismatches = 0
+    for options in calls:
+        on_device = {n: backend.put(v) if isinstance(v, np.ndarray) else v for n, v in options.items()}
+        got = backend.ops.kpool_expand_topk(*(backend.put(a) for a in base), kpool=kpool, **on_device)
+        want = reference.kpool_expand_topk(*base, kpool=kpool, **options)
+        if options.get("compact"):  # (positions, counts)
+            mismatches += _differ(backend.get(got[0]), want[0]) + _differ(backend.get(got[1]), want[1])
+        else:
+            mismatches += _differ(backend.get(got), want)
+    return Verdict(int((ids >= 0).sum()), mismatches, None)
+
+
+def check_compress_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """The fused rows against the epilogue of the backend's own float32 compress, which meets float64."""
+    extra = {n: backend.put(v) for n, v in case.extra.items() if n == "pool_row_offsets"}
+    args = [backend.put(a) for a in (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)]
+    round_scale = bool(rng.integers(2))
+    values, scales = (backend.get(r) for r in backend.ops.kpool_compress_fp8(*args, round_scale=round_scale, **extra))
+    pooled = backend.get(backend.ops.kpool_compress(*args, out_dtype="float32", **extra))
+    want_values, want_scales = epilogue(pooled, round_scale)
+    want = reference.kpool_compress(
+        case.k,
+        case.gate,
+        case.ape,
+        case.input_row_offsets,
+        case.cache_lengths,
+        out_dtype="float32",
+        accumulate="float64",
+    )
+    accuracy = compare(pooled, want.astype(np.float64), np.float32, kpool, *_bounds(case.k, case.gate, case.ape))
+    mismatches = _differ(values, want_values) + _differ(scales.reshape(-1), want_scales)
+    return Verdict(pooled.shape[0], mismatches, accuracy)
+
+
+def check_hadamard_quant_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """The query side has no approximation in it: the reference's bytes and scales exactly."""
+    round_scale = bool(rng.integers(2))
+    result = backend.ops.hadamard_quant_fp8(backend.put(case.k), round_scale=round_scale)
+    values, scales = (backend.get(r) for r in result)
+    want_values, want_scales = reference.hadamard_quant_fp8(case.k, round_scale=round_scale)
+    return Verdict(case.k.shape[0], _differ(values, want_values) + _differ(scales, want_scales), None)
+
+
+def _fp8(check: Callable[..., Verdict]) -> Callable[[Backend, Case, int, np.random.Generator], Verdict]:
+    def fused(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+        return check(backend, case, kpool, rng, fp8=True)
+
+    return fused
+
+
+# Each op's check, by the op's name without ``kpool_`` (as under torch.ops.kpool), and what its rows are.
+OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], Verdict], str]] = {
+    "compress": (check_compress, "pools"),
+    "compress_fp8": (check_compress_fp8, "pools"),
+    "ring_close": (check_ring_close, "pools"),
+    "ring_close_fp8": (_fp8(check_ring_close), "pools"),
+    "seed_tail": (check_seed_tail, "ring rows"),
+    "tail_update": (check_tail_update, "pools"),
+    "tail_update_fp8": (_fp8(check_tail_update), "pools"),
+    "expand_topk": (check_expand_topk, "ids"),
+    "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
+}

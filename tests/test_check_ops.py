@@ -1,0 +1,85 @@
+"""`kpool-cupy check --op`: every op family passes on the CPU backends, and one wrong element fails it."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from model import BF16
+
+from kpool_cupy import reference
+from kpool_cupy.cli import main
+from kpool_cupy.tools import self_check
+from kpool_cupy.tools.cases import check_cases
+from kpool_cupy.tools.op_checks import OP_CHECKS, Backend, within_closed_ids
+from kpool_cupy.tools.variants import OP_KERNELS
+
+OPS = list(OP_CHECKS)
+
+
+def test_every_op_with_a_kernel_has_a_check():
+    assert OPS == list(OP_KERNELS)
+
+
+def _spoiled(op: str) -> SimpleNamespace:
+    """The reference with ``op`` changed in one element of what it returns (or, for seed tail, of the ring)."""
+    real = getattr(reference, f"kpool_{op}" if op != "hadamard_quant_fp8" else op)
+
+    def spoil(array: np.ndarray) -> None:
+        flat = array.reshape(-1).view(np.uint8)  # one bit of one element: any bit-exact check sees it
+        if flat.size:
+            flat[flat.size // 2] ^= 0x40
+
+    def wrong(*args, **kwargs):
+        result = real(*args, **kwargs)
+        spoil(args[0] if result is None else result[0] if isinstance(result, tuple) else result)
+        return result
+
+    names = {name: getattr(reference, name) for name in dir(reference) if name.startswith(("kpool_", "hadamard"))}
+    return SimpleNamespace(**{**names, real.__name__: wrong})
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_one_wrong_element_fails_the_op_check(op, monkeypatch):
+    monkeypatch.setattr(self_check, "backend_for", lambda name: Backend(_spoiled(op), lambda a: a, np.asarray))
+    results = self_check.run_check("reference", BF16, 64, 4, 0, op=op)
+    assert any(r.status == "FAIL" for r in results), [(r.name, r.status) for r in results]
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_passes_on_the_reference_with_something_compared(op):
+    results = self_check.run_check("reference", BF16, 64, 4, 0, op=op)
+    assert all(r.ok for r in results) and sum(r.status == "pass" for r in results) >= 8
+    pooling = op not in ("seed_tail", "expand_topk", "hadamard_quant_fp8")
+    assert all((r.worst_error_over_bound is not None) == pooling for r in results)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("op", OPS)
+def test_every_op_passes_on_the_emulator(op):
+    results = self_check.run_check("emulate", BF16, 128, 4, 0, op=op)
+    assert all(r.ok for r in results) and sum(r.status == "pass" for r in results) >= 8, [
+        (r.name, r.status, r.mismatches, r.worst_error_over_bound) for r in results
+    ]
+
+
+def test_ring_checks_move_caches_to_ids_closed_can_hold_and_keep_positions_past_2_32():
+    case = next(c for c in check_cases(8, 4, np.dtype(np.float32), 0) if c.name == "cache-past-2^32")
+    moved = within_closed_ids(case, 4)
+    ends = moved.cache_lengths + np.diff(moved.input_row_offsets)
+    assert ends.max() // 4 <= 2**31 - 1 < case.cache_lengths.max() // 4
+    assert moved.cache_lengths.max() > 2**32  # still 64-bit positions
+    assert np.array_equal(moved.cache_lengths % 20, case.cache_lengths % 20)  # each position's pool phase and ring row
+
+
+def test_check_op_on_the_cli_says_the_op_and_its_unit():
+    result = CliRunner().invoke(main, ["check", "--backend", "emulate", "--op", "seed_tail", "--json", "--kpool", "3"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["op"] == "seed_tail" and report["unit"] == "ring rows" and report["ok"] is True
+    assert all(c["max_abs_err"] is None and c["mismatches"] == 0 for c in report["cases"])
+    table = CliRunner().invoke(main, ["check", "--backend", "reference", "--op", "expand_topk", "--kpool", "3"])
+    assert table.exit_code == 0 and "kpool_expand_topk" in table.output and "ids" in table.output, table.output
