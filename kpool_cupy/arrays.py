@@ -2,9 +2,32 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+
+class CudaArrayInterface(Protocol):
+    """An array that describes its device memory with CUDA's array interface (CuPy, Numba, PyTorch)."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]: ...
+
+
+class DLPackArray(Protocol):
+    """An array that exports itself through DLPack (CuPy, PyTorch, JAX)."""
+
+    def __dlpack__(self, *, stream: Any = None) -> Any: ...
+    def __dlpack_device__(self) -> Any: ...
+
+
+# What the GPU path takes as an array; it returns CuPy arrays. At run time
+# CuPy may be missing, so CupyArray is Any there; a type checker sees cupy.ndarray.
+DeviceArray = CudaArrayInterface | DLPackArray
+if TYPE_CHECKING:
+    from cupy import ndarray as CupyArray
+else:
+    CupyArray = Any
 
 
 def is_cupy_array(array: Any) -> bool:

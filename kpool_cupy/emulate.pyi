@@ -64,7 +64,7 @@ def kpool_expand_topk(
     compact: bool = False,
 ) -> np.ndarray: ...
 def kpool_ring_close(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,
@@ -79,7 +79,7 @@ def kpool_ring_close(
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def kpool_ring_close_fp8(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,
@@ -97,7 +97,7 @@ def kpool_ring_close_fp8(
     validate: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def kpool_seed_tail(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     input_row_offsets: np.ndarray,
@@ -108,7 +108,7 @@ def kpool_seed_tail(
     kpool: int | None = None,
 ) -> None: ...
 def kpool_tail_update(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,
@@ -122,7 +122,7 @@ def kpool_tail_update(
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def kpool_tail_update_fp8(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,

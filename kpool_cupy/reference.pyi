@@ -56,7 +56,7 @@ def kpool_expand_topk(
     compact: bool = False,
 ) -> np.ndarray: ...
 def kpool_ring_close(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,
@@ -71,7 +71,7 @@ def kpool_ring_close(
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def kpool_ring_close_fp8(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,
@@ -89,7 +89,7 @@ def kpool_ring_close_fp8(
     validate: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 def kpool_seed_tail(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     input_row_offsets: np.ndarray,
@@ -100,7 +100,7 @@ def kpool_seed_tail(
     kpool: int | None = None,
 ) -> None: ...
 def kpool_tail_update(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,
@@ -114,7 +114,7 @@ def kpool_tail_update(
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
 def kpool_tail_update_fp8(
-    tail: np.ndarray,
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
     gate: np.ndarray,
     ape: np.ndarray,

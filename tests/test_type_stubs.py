@@ -59,3 +59,51 @@ def test_a_stale_stub_is_seen(monkeypatch):
     grown = replace(spec, parameters=(*spec.parameters, Option("brand_new", "bool", False)))
     monkeypatch.setattr(kpool_cupy, spec.name, bind(grown, BINDING))
     assert stub_text("kpool_cupy") != stub_path("kpool_cupy").read_text()
+
+
+USER_CODE = """
+from typing import Any
+
+import numpy as np
+
+import kpool_cupy
+import kpool_cupy.reference
+
+
+class Interface:  # a device array as another framework hands it over
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return {}
+
+
+x = Interface()
+kpool_cupy.kpool_compress(x, x, x, x, x)
+kpool_cupy.kpool_ring_close((x, x), x, x, x, x, x, x, out=x)
+kpool_cupy.reference.kpool_compress(*[np.zeros(1)] * 5)
+kpool_cupy.kpool_compress(1, x, x, x, x)  # error: not an array
+kpool_cupy.reference.kpool_compress(x, *[np.zeros(1)] * 4)  # error: not a NumPy array
+kpool_cupy.kpool_tail_update_fp8(x, x, x, x, x, x, cache=[1])  # error: not an array
+"""
+
+
+def test_a_type_checker_tells_device_arrays_from_anything_else(tmp_path):
+    # The GPU path takes an object with CUDA's array interface or DLPack
+    # (kpool_cupy.arrays.DeviceArray); the CPU backends NumPy arrays.
+    pytest.importorskip("mypy")
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    user = tmp_path / "user.py"
+    user.write_text(USER_CODE)
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", "--no-error-summary", str(user)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,  # a hang guard: 7 s here
+    )
+    flagged = sorted({int(line.split(":")[1]) for line in done.stdout.splitlines() if ": error:" in line})
+    marked = [number for number, line in enumerate(USER_CODE.splitlines(), 1) if "# error" in line]
+    assert len(marked) == 3 and flagged == marked, done.stdout + done.stderr

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..arrays import CupyArray, DeviceArray
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
 from ..ops.binding import Binding, execute
 from ..ops.spec import Launch, OpSpec, Option, gather, spread
@@ -107,10 +108,11 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
 BINDING = Binding(
     name="cupy",
     module="kpool_cupy",
-    array="Any",
-    optional_array="Any",
+    array="DeviceArray",
+    result="CupyArray",
     options=(Option("stream", "Any", None),),
     call=_call,
+    names=(("DeviceArray", DeviceArray), ("CupyArray", CupyArray)),
 )
 
 

@@ -51,4 +51,4 @@ def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Bin
         check_host_arrays(name, placed.names, placed.arrays)
         return execute(spec, chosen, arrays, options)
 
-    return Binding(name, f"kpool_cupy.{name}", "np.ndarray", "np.ndarray | None", (), call)
+    return Binding(name, f"kpool_cupy.{name}", array="np.ndarray", result="np.ndarray", options=(), call=call)

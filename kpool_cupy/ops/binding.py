@@ -31,10 +31,11 @@ class Binding:
 
     name: str  # "cupy", "emulate", "reference": the key of OpSpec.docs and OpSpec.extras
     module: str  # where the bound functions are public
-    array: str  # annotation of an array parameter
-    optional_array: str  # annotation of an optional one
+    array: str  # annotation of an array parameter (an optional one adds ``| None``)
+    result: str  # annotation of a returned array
     options: tuple[Option, ...]  # options every op takes on this backend, after the op's own
     call: CallFn
+    names: tuple[tuple[str, Any], ...] = ()  # what the annotations name, so typing.get_type_hints resolves them
 
 
 def parameters(spec: OpSpec, binding: Binding) -> list[Operand | Option]:
@@ -46,11 +47,17 @@ def signature(spec: OpSpec, binding: Binding) -> inspect.Signature:
     """The bound function's signature, annotations as strings like those of a module with postponed annotations."""
     listed = []
     for p in parameters(spec, binding):
+        # A split ring is a pair of arrays.
+        array = (
+            f"{binding.array} | tuple[{binding.array}, {binding.array}]"
+            if isinstance(p, Operand) and p.pair
+            else binding.array
+        )
         if isinstance(p, Operand) and not p.optional:
-            listed.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=binding.array))
+            listed.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=array))
         elif isinstance(p, Operand):
             kind = inspect.Parameter.KEYWORD_ONLY
-            listed.append(inspect.Parameter(p.name, kind, default=None, annotation=binding.optional_array))
+            listed.append(inspect.Parameter(p.name, kind, default=None, annotation=f"{array} | None"))
         else:
             default = inspect.Parameter.empty if p.default is REQUIRED else p.default
             listed.append(
@@ -76,8 +83,8 @@ def _result_annotation(spec: OpSpec, binding: Binding) -> str:
     if not spec.results:
         return "None"
     if len(spec.results) == 1:
-        return binding.array
-    return f"tuple[{', '.join([binding.array] * len(spec.results))}]"
+        return binding.result
+    return f"tuple[{', '.join([binding.result] * len(spec.results))}]"
 
 
 def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
@@ -104,6 +111,7 @@ def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
     # The function's globals: its helpers, and the names its string annotations
     # use, so typing.get_type_hints resolves them.
     namespace: dict[str, Any] = {"__call": binding.call, "__spec": spec, "__defaults": defaults, "Any": Any, "np": np}
+    namespace.update(binding.names)
     exec(compile(text, filename, "exec"), namespace)
     function = namespace[spec.name]
     function.__module__ = binding.module

@@ -31,8 +31,11 @@ _IMPORTS = {
     "Path": "from pathlib import Path",
     "Any": "from typing import Any",
     "np.": "import numpy as np",
+    "torch.": "import torch",
+    "DeviceArray": "from .arrays import CupyArray, DeviceArray",  # the GPU path's arrays (kpool_cupy/__init__.pyi only)
 }
 _STDLIB = ("import ctypes", "from pathlib import Path", "from typing import Any")
+_OURS = ("from .arrays import CupyArray, DeviceArray",)
 WIDTH = 120
 
 
@@ -92,8 +95,8 @@ def stub_text(module_name: str) -> str:
     used = [line for needle, line in _IMPORTS.items() if needle in body]
     groups = [
         sorted((i for i in used if i in _STDLIB), key=lambda i: (i.startswith("from "), i)),
-        [i for i in used if i not in _STDLIB],
-        submodules,
+        [i for i in used if i not in _STDLIB + _OURS],
+        [*submodules, *(i for i in used if i in _OURS)],
     ]
     imports = "\n\n".join("\n".join(group) for group in groups if group)
     return _HEADER + imports + "\n\n" + body + "\n"

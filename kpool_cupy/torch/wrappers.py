@@ -137,4 +137,12 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     return written[0] if len(written) == 1 else tuple(written)
 
 
-BINDING = Binding(name="torch", module="kpool_cupy.torch", array="Any", optional_array="Any", options=(), call=_call)
+BINDING = Binding(
+    name="torch",
+    module="kpool_cupy.torch",
+    array="torch.Tensor",
+    result="torch.Tensor",
+    options=(),
+    call=_call,
+    names=(("torch", torch),),
+)
