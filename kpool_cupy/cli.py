@@ -53,6 +53,11 @@ def _file_option(flag: str, callback: Callable[..., str | None], help: str) -> C
     return click.option(flag, f"{flag[2:]}_file", type=click.Path(dir_okay=False), callback=callback, help=help)
 
 
+def _op_option(help: str) -> Callable[..., Any]:
+    """``--op``: one op by its name without ``kpool_`` (as under torch.ops.kpool), compress by default."""
+    return click.option("--op", type=click.Choice(list(OP_NAMES)), default="compress", show_default=True, help=help)
+
+
 def _skip(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     from .bench.impls import IMPLEMENTATIONS
 
@@ -80,13 +85,7 @@ def main() -> None:
 @click.option("--head-dim", type=int, callback=_head_dim, default=128, show_default=True)
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
-@click.option(
-    "--op",
-    type=click.Choice(list(OP_NAMES)),
-    default="compress",
-    show_default=True,
-    help="The op to check: pooled values against float64, ids, rings, positions and FP8 bytes bit for bit.",
-)
+@_op_option("The op to check: pooled values against float64, ids, rings, positions and FP8 bytes bit for bit.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object and nothing else.")
 def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: str, as_json: bool) -> None:
     """Run a backend's op over random ragged batches against the float64 reference."""
@@ -191,13 +190,7 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
     is_flag=True,
     help="Report the machine code instead: CUDA 13's ptxas (on PATH) and nvdisasm (pip install 'kpool-cupy[sass]').",
 )
-@click.option(
-    "--op",
-    type=click.Choice(list(OP_NAMES)),
-    default="compress",
-    show_default=True,
-    help="The op whose kernel to compile (its every-operand-aligned variant; FP8 ops write rows).",
-)
+@_op_option("The op whose kernel to compile (its every-operand-aligned variant; FP8 ops write rows).")
 @_file_option("--out", _output_file, "Save the PTX here (the SASS with --sass).")
 def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, out_file: str | None) -> None:
     """Compile one op's variant through NVRTC (no GPU needed) and report its memory path."""

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from model import BF16
 
-from kpool_cupy import reference
+from kpool_cupy import ops, reference
 from kpool_cupy.cli import main
 from kpool_cupy.tools import self_check
 from kpool_cupy.tools.cases import check_cases
@@ -20,8 +20,9 @@ from kpool_cupy.tools.variants import OP_KERNELS
 OPS = list(OP_CHECKS)
 
 
-def test_every_op_with_a_kernel_has_a_check():
-    assert OPS == list(OP_KERNELS)
+def test_every_op_has_its_kernel_and_a_check():
+    names = [spec.name.removeprefix("kpool_") for spec in ops.OPS]
+    assert list(OP_KERNELS) == names and OPS == names
 
 
 def _spoiled(op: str) -> SimpleNamespace:

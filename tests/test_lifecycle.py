@@ -135,40 +135,32 @@ def test_padding_leaves_the_ring_byte_identical(backend):
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_seeding_in_two_chunks_equals_seeding_in_one(backend):
-    rng = np.random.default_rng(6)
-    keys = rng.standard_normal((7, 32)).astype(BF16)
-    gates = rng.standard_normal((7, 32)).astype(BF16)
-    one, two = np.zeros((1, 2, 8, 32), BF16), np.zeros((1, 2, 8, 32), BF16)
-    slot = np.array([0], np.int32)
-    run = BACKENDS[backend].kpool_seed_tail
-    run(one, keys, gates, np.array([0, 7], np.int64), np.array([0], np.int64), slot)
-    run(two, keys[:3], gates[:3], np.array([0, 3], np.int64), np.array([0], np.int64), slot)
-    run(two, keys[3:], gates[3:], np.array([0, 4], np.int64), np.array([3], np.int64), slot)
-    assert np.array_equal(one.view(np.uint16), two.view(np.uint16))
-    assert np.array_equal(one[0, 0, :7], keys)  # positions 0..6 of an 8-pool
-
-
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-@pytest.mark.parametrize("split", [(18,), (10, 8), (15, 3), (1, 16, 1), (5, 5, 5, 3)])
-def test_seeding_a_ring_longer_than_the_pool_in_chunks_equals_seeding_it_at_once(backend, split):
+@pytest.mark.parametrize(
+    ("ring", "split"),
+    [(8, (3, 4)), (6, (18,)), (6, (10, 8)), (6, (15, 3)), (6, (1, 16, 1)), (6, (5, 5, 5, 3))],
+)
+def test_seeding_a_ring_in_chunks_equals_seeding_it_at_once(backend, ring, split):
     # Seed tail takes no kpool: it stashes each call's last min(n, ring)
     # tokens, so however a prompt is chunked the ring ends the same (18
-    # tokens into a 6-row ring: positions 12..17, rows 0..5).
-    rng = np.random.default_rng(sum(split) + len(split))
-    keys = rng.standard_normal((18, 16)).astype(BF16)
-    gates = rng.standard_normal((18, 16)).astype(BF16)
-    once, chunked = np.zeros((1, 2, 6, 16), BF16), np.zeros((1, 2, 6, 16), BF16)
+    # tokens into a 6-row ring: positions 12..17, rows 0..5; 7 tokens into
+    # an 8-row ring: rows 0..6, row 7 untouched).
+    tokens = sum(split)
+    rng = np.random.default_rng(tokens + len(split))
+    keys = rng.standard_normal((tokens, 16)).astype(BF16)
+    gates = rng.standard_normal((tokens, 16)).astype(BF16)
+    once, chunked = np.zeros((1, 2, ring, 16), BF16), np.zeros((1, 2, ring, 16), BF16)
     slot = np.array([0], np.int32)
     run = BACKENDS[backend].kpool_seed_tail
-    run(once, keys, gates, np.array([0, 18], np.int64), np.array([0], np.int64), slot)
+    run(once, keys, gates, np.array([0, tokens], np.int64), np.array([0], np.int64), slot)
     start = 0
     for n in split:
         end = start + n
         run(chunked, keys[start:end], gates[start:end], np.array([0, n], np.int64), np.array([start]), slot)
         start = end
     assert np.array_equal(once.view(np.uint16), chunked.view(np.uint16))
-    assert np.array_equal(once[0, 0], keys[[12 + (row - 12) % 6 for row in range(6)]])  # position p at row p % 6
+    last = range(max(tokens - ring, 0), tokens)  # position p at row p % ring
+    assert np.array_equal(once[0, 0, [p % ring for p in last]], keys[list(last)])
+    assert not once[0, :, tokens:].any()  # rows no position reached
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

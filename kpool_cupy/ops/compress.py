@@ -315,4 +315,5 @@ SPEC = OpSpec(
     output_shapes,
     extras={"reference": (ACCUMULATE,)},
     dynamic_sizes={"total_pools": most_pools},
+    kernel=COMPRESS,
 )

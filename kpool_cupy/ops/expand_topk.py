@@ -206,4 +206,5 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     conditional_results={"counts": "compact"},
+    kernel=EXPAND_TOPK,
 )

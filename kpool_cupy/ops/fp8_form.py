@@ -149,4 +149,5 @@ def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, d
         outputs,
         extras=spec.extras,
         dynamic_sizes=dynamic,
+        kernel=kernel,
     )

@@ -111,4 +111,5 @@ SPEC = OpSpec(
     run,
     DOCS,
     output_shapes,
+    kernel=HADAMARD_QUANT_FP8,
 )

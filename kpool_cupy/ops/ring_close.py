@@ -154,4 +154,13 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 run = into_pooled_rows(RING_CLOSE, pool_into)
-SPEC = OpSpec("kpool_ring_close", PARAMETERS, ("pooled", "closed"), check_ring_close_args, run, DOCS, output_shapes)
+SPEC = OpSpec(
+    "kpool_ring_close",
+    PARAMETERS,
+    ("pooled", "closed"),
+    check_ring_close_args,
+    run,
+    DOCS,
+    output_shapes,
+    kernel=RING_CLOSE,
+)

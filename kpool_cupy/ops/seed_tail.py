@@ -90,4 +90,4 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 # No results and no outputs: it writes only the ring.
-SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), check_seed_tail_args, run, DOCS, lambda call: {})
+SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), check_seed_tail_args, run, DOCS, lambda call: {}, kernel=SEED_TAIL)

@@ -218,7 +218,8 @@ class OpSpec:
     the sizes ``outputs`` takes that only the data decides, each with its
     upper bound from the call record. ``conditional_results`` are results
     returned after ``results`` only when a bool option is set (expand's
-    ``counts`` with ``compact``), each with that option's name.
+    ``counts`` with ``compact``), each with that option's name. ``kernel`` is
+    the kernel the op launches (what ``kpool-cupy ptx --op`` compiles).
     """
 
     name: str
@@ -231,6 +232,7 @@ class OpSpec:
     extras: Mapping[str, tuple[Option, ...]] = field(default_factory=dict)
     dynamic_sizes: Mapping[str, Callable[[Any], int]] = field(default_factory=dict)
     conditional_results: Mapping[str, str] = field(default_factory=dict)
+    kernel: Kernel | None = None
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:

@@ -244,4 +244,13 @@ DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
 run = into_pooled_rows(TAIL_UPDATE, pool_into)
-SPEC = OpSpec("kpool_tail_update", PARAMETERS, ("pooled", "closed"), check_tail_update_args, run, DOCS, output_shapes)
+SPEC = OpSpec(
+    "kpool_tail_update",
+    PARAMETERS,
+    ("pooled", "closed"),
+    check_tail_update_args,
+    run,
+    DOCS,
+    output_shapes,
+    kernel=TAIL_UPDATE,
+)

@@ -131,20 +131,18 @@ def _whole_pools(state: Pending, ape: np.ndarray, dtype: np.dtype) -> tuple[np.n
     return want, rows
 
 
+def _float64_pools(case: Case, dtype: np.dtype) -> np.ndarray:
+    """The case's pools from float64 math, rounded once to ``dtype``."""
+    arrays = (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)
+    return reference.kpool_compress(*arrays, out_dtype=dtype, accumulate="float64")
+
+
 def check_compress(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
     extra = {name: backend.put(value.copy() if name == "out" else value) for name, value in case.extra.items()}
     args = [backend.put(a) for a in (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)]
     got = backend.get(backend.ops.kpool_compress(*args, **extra))
-    pools = int(pool_row_offsets(case.input_row_offsets, case.cache_lengths, kpool)[-1])
-    want = reference.kpool_compress(
-        case.k,
-        case.gate,
-        case.ape,
-        case.input_row_offsets,
-        case.cache_lengths,
-        out=np.empty((pools, case.k.shape[1]), got.dtype),
-        accumulate="float64",
-    )
+    want = _float64_pools(case, got.dtype)
+    pools = want.shape[0]
     surplus = got[pools:]  # an over-sized out's extra rows stay as they were
     mismatches = int((surplus.astype(np.float32) != SENTINEL).sum())
     if got.shape[1] != case.k.shape[1] or (got.shape[0] != pools and "out" not in case.extra):
@@ -318,15 +316,7 @@ def check_compress_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.
     values, scales = (backend.get(r) for r in backend.ops.kpool_compress_fp8(*args, round_scale=round_scale, **extra))
     pooled = backend.get(backend.ops.kpool_compress(*args, out_dtype="float32", **extra))
     want_values, want_scales = epilogue(pooled, round_scale)
-    want = reference.kpool_compress(
-        case.k,
-        case.gate,
-        case.ape,
-        case.input_row_offsets,
-        case.cache_lengths,
-        out_dtype="float32",
-        accumulate="float64",
-    )
+    want = _float64_pools(case, np.dtype(np.float32))
     accuracy = compare(pooled, want.astype(np.float64), np.float32, kpool, *_bounds(case.k, case.gate, case.ape))
     mismatches = _differ(values, want_values) + _differ(scales.reshape(-1), want_scales)
     return Verdict(pooled.shape[0], mismatches, accuracy)
@@ -351,12 +341,12 @@ def _fp8(check: Callable[..., Verdict]) -> Callable[[Backend, Case, int, np.rand
 # Each op's check, by the op's name without ``kpool_`` (as under torch.ops.kpool), and what its rows are.
 OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], Verdict], str]] = {
     "compress": (check_compress, "pools"),
-    "compress_fp8": (check_compress_fp8, "pools"),
     "ring_close": (check_ring_close, "pools"),
-    "ring_close_fp8": (_fp8(check_ring_close), "pools"),
     "seed_tail": (check_seed_tail, "ring rows"),
     "tail_update": (check_tail_update, "pools"),
-    "tail_update_fp8": (_fp8(check_tail_update), "pools"),
     "expand_topk": (check_expand_topk, "ids"),
+    "compress_fp8": (check_compress_fp8, "pools"),
+    "ring_close_fp8": (_fp8(check_ring_close), "pools"),
+    "tail_update_fp8": (_fp8(check_tail_update), "pools"),
     "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
 }

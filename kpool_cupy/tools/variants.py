@@ -9,33 +9,13 @@ the query side take no kpool (expand's is the pool width it expands).
 from __future__ import annotations
 
 from ..dtypes import element_dtype
-from ..kernel.declarations import (
-    COMPRESS,
-    COMPRESS_FP8,
-    EXPAND_TOPK,
-    HADAMARD_QUANT_FP8,
-    RING_CLOSE,
-    RING_CLOSE_FP8,
-    SEED_TAIL,
-    TAIL_UPDATE,
-    TAIL_UPDATE_FP8,
-    Kernel,
-)
+from ..kernel.declarations import Kernel
+from ..ops import OPS
 from ..ops.fp8_target import check_rotation_head_dim
 from .nvrtc import check_variant
 
-# Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool).
-OP_KERNELS: dict[str, Kernel] = {
-    "compress": COMPRESS,
-    "compress_fp8": COMPRESS_FP8,
-    "ring_close": RING_CLOSE,
-    "ring_close_fp8": RING_CLOSE_FP8,
-    "seed_tail": SEED_TAIL,
-    "tail_update": TAIL_UPDATE,
-    "tail_update_fp8": TAIL_UPDATE_FP8,
-    "expand_topk": EXPAND_TOPK,
-    "hadamard_quant_fp8": HADAMARD_QUANT_FP8,
-}
+# Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
+OP_KERNELS: dict[str, Kernel] = {spec.name.removeprefix("kpool_"): spec.kernel for spec in OPS if spec.kernel}
 _ELEMENTS = ("T", "G", "KT", "GT", "OT")
 
 
