@@ -282,9 +282,21 @@ def check_seed_tail(backend: Backend, case: Case, kpool: int, rng: np.random.Gen
     return Verdict(stashed, _differ(backend.get(ring), want), None)
 
 
+EXPAND_TOKENS = 64
+
+
 def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
-    """Random ids among each token's visible pools (and -1), plain, with the tail and compact, and paged."""
+    """Random ids among each token's visible pools (and -1), plain, with the tail and compact, and paged.
+
+    Each request keeps its last ``EXPAND_TOKENS`` tokens at their positions
+    (the cache grows by what is dropped): a row of positions is about
+    ``4 * kpool`` wide, so the whole case would grow with kpool squared.
+    """
     lengths, cache = _lengths(case)
+    kept = np.minimum(lengths, EXPAND_TOKENS)
+    cache, lengths = cache + lengths - kept, kept
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(case.input_row_offsets.dtype)
+    case = Case(case.name, case.k, case.gate, case.ape, offsets, cache.astype(case.cache_lengths.dtype))
     visible = np.concatenate([(c + np.arange(n) + 1) // kpool for c, n in zip(cache, lengths, strict=True)])
     ids = rng.integers(-1, visible[:, None], (len(visible), 3))  # -1 alone where no pool is visible yet
     ids = ids.astype(np.int32 if ids.max(initial=0) < 2**31 else np.int64)
