@@ -73,7 +73,21 @@ def main() -> None:
     """k-pool compression kernels for CuPy: correctness checks and tools."""
 
 
-@main.command()
+class _JsonUsageErrors(click.Command):
+    """A command whose ``--json`` holds for a usage error too: one JSON object on stdout, exit status 2."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        wants_json = "--json" in args
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as error:
+            if not wants_json:
+                raise
+            click.echo(json.dumps({"ok": False, "error": error.format_message(), "cases": []}))
+            ctx.exit(2)
+
+
+@main.command(cls=_JsonUsageErrors)
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),

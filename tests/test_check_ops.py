@@ -50,6 +50,53 @@ def test_one_wrong_element_fails_the_op_check(op, monkeypatch):
     assert any(r.status == "FAIL" for r in results), [(r.name, r.status) for r in results]
 
 
+def _roll_ring(result, args, kwargs):
+    args[0][...] = np.roll(args[0], 1, axis=2)
+
+
+def _shift_cache(result, args, kwargs):
+    kwargs["cache"][...] = np.roll(kwargs["cache"], 1, axis=1)
+
+
+def _zero_positions(result, args, kwargs):
+    result[0][...] = 0
+
+
+# (op, which calls go wrong, how): kernels wrong only in one form or only in what they write in place.
+PLANTED = {
+    "ring-close-writes-its-ring": ("ring_close", lambda kw: True, _roll_ring),
+    "fp8-ring-close-writes-its-ring": ("ring_close_fp8", lambda kw: True, _roll_ring),
+    "fp8-tail-update-ring-rows": ("tail_update_fp8", lambda kw: "cache" not in kw, _roll_ring),
+    "compress-fp8-cache-slots": ("compress_fp8", lambda kw: "cache" in kw, _shift_cache),
+    "ring-close-fp8-cache-slots": ("ring_close_fp8", lambda kw: "cache" in kw, _shift_cache),
+    "tail-update-fp8-cache-slots": ("tail_update_fp8", lambda kw: "cache" in kw, _shift_cache),
+    "expand-paged-compact": ("expand_topk", lambda kw: kw.get("compact") and "block_table" in kw, _zero_positions),
+    "expand-compact-without-tail": (
+        "expand_topk",
+        lambda kw: kw.get("compact") and not kw.get("always_select_tail"),
+        _zero_positions,
+    ),
+}
+
+
+@pytest.mark.parametrize("planted", PLANTED)
+def test_a_kernel_wrong_in_one_form_fails_the_op_check(planted, monkeypatch):
+    op, when, spoil = PLANTED[planted]
+    real = getattr(reference, f"kpool_{op}")
+
+    def wrong(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if when(kwargs):
+            spoil(result, args, kwargs)
+        return result
+
+    names = {name: getattr(reference, name) for name in dir(reference) if name.startswith(("kpool_", "hadamard"))}
+    ops_module = SimpleNamespace(**{**names, f"kpool_{op}": wrong})
+    monkeypatch.setattr(self_check, "backend_for", lambda name: Backend(ops_module, lambda a: a, np.asarray))
+    results = self_check.run_check("reference", BF16, 64, 4, 0, op=op)
+    assert any(r.status == "FAIL" for r in results), [(r.name, r.status) for r in results]
+
+
 @pytest.mark.parametrize("op", OPS)
 def test_every_op_passes_on_the_reference_with_something_compared(op):
     results = self_check.run_check("reference", BF16, 64, 4, 0, op=op)
@@ -84,3 +131,17 @@ def test_check_op_on_the_cli_says_the_op_and_its_unit():
     assert all(c["max_abs_err"] is None and c["mismatches"] == 0 for c in report["cases"])
     table = CliRunner().invoke(main, ["check", "--backend", "reference", "--op", "expand_topk", "--kpool", "3"])
     assert table.exit_code == 0 and "kpool_expand_topk" in table.output and "ids" in table.output, table.output
+
+
+@pytest.mark.parametrize("bad", [["--op", "nope"], ["--head-dim", "7"], ["--kpool", "0"]])
+def test_a_usage_error_under_json_is_one_json_object(bad):
+    result = CliRunner().invoke(main, ["check", "--json", *bad])
+    report = json.loads(result.output)
+    assert result.exit_code == 2 and report["ok"] is False and "Invalid value for" in report["error"]
+
+
+@pytest.mark.parametrize("op", ["ring_close", "ring_close_fp8"])
+def test_ring_close_at_kpool_1_is_refused_not_reported_as_nothing_checked(op):
+    result = CliRunner().invoke(main, ["check", "--backend", "reference", "--op", op, "--kpool", "1", "--json"])
+    report = json.loads(result.output)
+    assert result.exit_code == 1 and report["error"].startswith("Invalid kpool: expected at least 2")

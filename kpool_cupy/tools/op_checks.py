@@ -22,6 +22,7 @@ from .. import reference
 from ..backends.reference_epilogue import epilogue
 from ..pool_offsets import pool_row_offsets
 from .accuracy import compare
+from .cache_places import empty_cache, filled_cache, places
 from .cases import SENTINEL, Case
 
 
@@ -88,7 +89,7 @@ def pending(case: Case, kpool: int, rng: np.random.Generator) -> Pending:
     pending_counts = cache % kpool
     starts = cache - pending_counts
     noise = rng.standard_normal((requests, 2, ring, head_dim)).astype(np.float32).astype(dtype)
-    slots = rng.permutation(requests).astype(np.int32)
+    slots = rng.permutation(requests).astype(index_dtype(requests, rng))
     before = (rng.standard_normal((2, int(pending_counts.sum()), head_dim)) * [[[1.0]], [[3.0]]]).astype(dtype)
     keys, gates, row = [], [], 0
     offsets = case.input_row_offsets.astype(np.int64)
@@ -157,14 +158,64 @@ def _closes(case: Case, kpool: int) -> list[list[int]]:
     return [list(range(int(c) // kpool, int(c + n) // kpool)) for c, n in zip(cache, lengths, strict=True)]
 
 
-def _ring_close(backend: Backend, case: Case, state: Pending, round_scale: bool | None) -> tuple[np.ndarray, ...]:
-    """Ring close on a copy of the pending ring: into a float32 out of sentinels, or the FP8 form at ``round_scale``."""
+def _ring_close(
+    backend: Backend, case: Case, state: Pending, round_scale: bool | None, **target: Any
+) -> tuple[Any, np.ndarray]:
+    """Ring close on a copy of the pending ring: into a float32 out of sentinels, or the FP8 form at ``round_scale``
+    (into ``target``'s cache, if any); what it returned and the ring after it."""
     inputs = (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths, state.slots)
-    args = (backend.put(state.ring.copy()), *(backend.put(a) for a in inputs))
+    ring = backend.put(state.ring.copy())
+    args = (ring, *(backend.put(a) for a in inputs))
     if round_scale is not None:
-        return tuple(backend.get(r) for r in backend.ops.kpool_ring_close_fp8(*args, round_scale=round_scale))
-    out = backend.put(np.full((len(state.slots), case.k.shape[1]), SENTINEL, np.float32))
-    return tuple(backend.get(r) for r in backend.ops.kpool_ring_close(*args, out=out))
+        result = backend.ops.kpool_ring_close_fp8(*args, round_scale=round_scale, **target)
+    else:
+        out = backend.put(np.full((len(state.slots), case.k.shape[1]), SENTINEL, np.float32))
+        result = backend.ops.kpool_ring_close(*args, out=out)
+    return _got(backend, result), backend.get(ring)
+
+
+def _got(backend: Backend, result: Any) -> Any:
+    """An op's result on the host: an array, a tuple of them, or None."""
+    if result is None:
+        return None
+    return tuple(backend.get(r) for r in result) if isinstance(result, tuple) else backend.get(result)
+
+
+# An FP8 form run at a round_scale, into the rows or the cache in its keyword arguments:
+# what it returned and the ring after it (None for an op without one).
+Fused = Callable[..., tuple[Any, "np.ndarray | None"]]
+
+
+def fp8_mismatches(
+    backend: Backend,
+    fused: Fused,
+    pooled: np.ndarray,
+    want_closed: np.ndarray | None,
+    pools: list[list[int]],
+    rng: np.random.Generator,
+    slot_per: str | None,
+    ring: np.ndarray | None,
+) -> int:
+    """The FP8 form into rows, then into a paged cache, against the epilogue of the float32 ``pooled`` rows.
+
+    Rows: the closed ids, bytes and scales of the rows something closed into.
+    Cache (``cache_places``): those bytes and scales at each pool's slot,
+    nothing else written, the same ids. Both leave ``ring`` as the plain op did.
+    """
+    round_scale = bool(rng.integers(2))
+    done = np.ones(len(pooled), bool) if want_closed is None else want_closed >= 0
+    want_values, want_scales = epilogue(pooled[done], round_scale)
+    (values, scales, *closed), ring_after = fused(round_scale)
+    mismatches = _differ(values[done], want_values) + _differ(scales[done].reshape(-1), want_scales)
+    mismatches += sum(_differ(c, want_closed) for c in closed) + (_differ(ring_after, ring) if ring is not None else 0)
+    where = places(pools, rng, slot_per)
+    if where is not None:
+        cache = backend.put(empty_cache(where, pooled.shape[-1]))
+        result, ring_after = fused(round_scale, cache=cache, **{n: backend.put(v) for n, v in where.target.items()})
+        mismatches += _differ(backend.get(cache), filled_cache(where, want_values, want_scales))
+        mismatches += _differ(result, want_closed) if want_closed is not None else int(result is not None)
+        mismatches += _differ(ring_after, ring) if ring is not None else 0
+    return mismatches
 
 
 def _pooled_verdict(
@@ -174,49 +225,40 @@ def _pooled_verdict(
     want: np.ndarray,
     bounds: tuple[float, float],
     kpool: int,
-    fused: Callable[[bool], tuple[np.ndarray, ...]] | None,
-    rng: np.random.Generator,
 ) -> Verdict:
-    """Pool ids exactly, rows nothing closed into left alone, closed rows within the bound.
-
-    ``fused`` runs the op's FP8 form with a round_scale: its ids must match and
-    its bytes and scales be the epilogue of the float32 rows.
-    """
+    """Pool ids exactly, rows nothing closed into left alone, closed rows within the bound."""
     done = want_closed >= 0
     mismatches = _differ(closed, want_closed) + int((pooled[~done] != SENTINEL).sum())
     accuracy = compare(pooled[done], want.astype(np.float64), np.float32, kpool, *bounds)
-    if fused is not None:
-        round_scale = bool(rng.integers(2))
-        values, scales, fp8_closed = fused(round_scale)
-        want_values, want_scales = epilogue(pooled[done], round_scale)
-        mismatches += _differ(fp8_closed, want_closed) + _differ(values[done], want_values)
-        mismatches += _differ(scales[done].reshape(-1), want_scales)
     return Verdict(int(done.sum()), mismatches, accuracy)
 
 
 def check_ring_close(backend: Backend, case: Case, kpool: int, rng: np.random.Generator, fp8: bool = False) -> Verdict:
     case = within_closed_ids(case, kpool)
     state = pending(case, kpool, rng)
-    pooled, closed = _ring_close(backend, case, state, None)
+    (pooled, closed), ring = _ring_close(backend, case, state, None)
     # The pool the cached prefix opened, where the call completes it.
     cache = case.cache_lengths.astype(np.int64)
-    closes = _closes(case, kpool)
-    want_closed = np.array([q[0] if q and q[0] * kpool < c else -1 for q, c in zip(closes, cache, strict=True)])
+    first = [q[:1] if q and q[0] * kpool < c else [] for q, c in zip(_closes(case, kpool), cache, strict=True)]
+    want_closed = np.array([q[0] if q else -1 for q in first], np.int32)
     whole, rows = _whole_pools(state, case.ape, np.dtype(np.float32))
     want = whole[rows[:-1][want_closed >= 0]]  # each request's first pool of the pending-and-new sequence
-    fused = (lambda round_scale: _ring_close(backend, case, state, round_scale)) if fp8 else None
-    bounds = _bounds(state.k, state.gate, case.ape)
-    return _pooled_verdict(pooled, closed, want_closed.astype(np.int32), want, bounds, kpool, fused, rng)
+    verdict = _pooled_verdict(pooled, closed, want_closed, want, _bounds(state.k, state.gate, case.ape), kpool)
+    verdict.mismatches += _differ(ring, state.ring)  # read, never written
+    if fp8:
+
+        def fused(round_scale: bool, **target: Any) -> tuple[Any, np.ndarray]:
+            return _ring_close(backend, case, state, round_scale, **target)
+
+        verdict.mismatches += fp8_mismatches(backend, fused, pooled, want_closed, first, rng, "request", state.ring)
+    return verdict
 
 
-def _decode(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _decode(case: Case, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The case as one decode step: k, gate ``[R, next_n, D]`` and positions, padded with -1 (unsigned: all ones)."""
     lengths, cache = _lengths(case)
     next_n = max(int(lengths.max(initial=0)), 1)
-    top = int((cache + lengths).max(initial=0))
-    dtype = case.input_row_offsets.dtype
-    if top >= (np.iinfo(dtype).max if dtype.kind == "u" else np.iinfo(dtype).max + 1):
-        dtype = np.dtype(np.int64)  # the case's dtype cannot hold every position
+    dtype = index_dtype(int((cache + lengths).max(initial=0)), rng)
     head_dim = case.k.shape[1]
     k = np.zeros((len(lengths), next_n, head_dim), case.k.dtype)
     gate = np.zeros_like(k)
@@ -232,7 +274,7 @@ def _decode(case: Case) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def check_tail_update(backend: Backend, case: Case, kpool: int, rng: np.random.Generator, fp8: bool = False) -> Verdict:
     case = within_closed_ids(case, kpool)
     state = pending(case, kpool, rng)
-    k, gate, positions = _decode(case)
+    k, gate, positions = _decode(case, rng)
     requests, next_n, head_dim = k.shape
     per_request = -(-next_n // kpool)
     ring = backend.put(state.ring.copy())
@@ -242,22 +284,34 @@ def check_tail_update(backend: Backend, case: Case, kpool: int, rng: np.random.G
     want_closed = np.full((requests, per_request), -1, np.int32)
     whole, rows = _whole_pools(state, case.ape, np.dtype(np.float32))
     picked = np.zeros(whole.shape[0], bool)
-    for b, pools in enumerate(_closes(case, kpool)):
-        want_closed[b, : len(pools)] = pools
-        picked[rows[b] : rows[b] + len(pools)] = True
-
-    def fused(round_scale: bool) -> tuple[np.ndarray, ...]:
-        fresh = backend.put(state.ring.copy())
-        return tuple(backend.get(r) for r in backend.ops.kpool_tail_update_fp8(fresh, *inputs, round_scale=round_scale))
-
+    pools = _closes(case, kpool)
+    for b, closes in enumerate(pools):
+        want_closed[b, : len(closes)] = closes
+        picked[rows[b] : rows[b] + len(closes)] = True
     bounds = _bounds(state.k, state.gate, case.ape)
-    verdict = _pooled_verdict(pooled, closed, want_closed, whole[picked], bounds, kpool, fused if fp8 else None, rng)
+    verdict = _pooled_verdict(pooled, closed, want_closed, whole[picked], bounds, kpool)
     want_ring = state.ring.copy()  # every real token at row pos % ring, in order
     for b in range(requests):
         for j in np.flatnonzero(_real(positions[b])):
             want_ring[state.slots[b], :, int(positions[b, j]) % want_ring.shape[2]] = (k[b, j], gate[b, j])
     verdict.mismatches += _differ(backend.get(ring), want_ring)
+    if fp8:
+
+        def fused(round_scale: bool, **target: Any) -> tuple[Any, np.ndarray]:
+            fresh = backend.put(state.ring.copy())
+            result = backend.ops.kpool_tail_update_fp8(fresh, *inputs, round_scale=round_scale, **target)
+            return _got(backend, result), backend.get(fresh)
+
+        verdict.mismatches += fp8_mismatches(backend, fused, pooled, want_closed, pools, rng, None, want_ring)
     return verdict
+
+
+def index_dtype(end: int, rng: np.random.Generator) -> np.dtype:
+    """int32, uint32 or int64 at random, among those that hold values below ``end`` and -1 (uint32: all ones)."""
+    fits = [
+        np.dtype(t) for t, top in ((np.int32, 2**31 - 1), (np.uint32, 2**32 - 1), (np.int64, 2**63 - 1)) if end <= top
+    ]
+    return fits[int(rng.integers(len(fits)))]
 
 
 def _real(positions: np.ndarray) -> np.ndarray:
@@ -299,14 +353,14 @@ def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.G
     case = Case(case.name, case.k, case.gate, case.ape, offsets, cache.astype(case.cache_lengths.dtype))
     visible = np.concatenate([(c + np.arange(n) + 1) // kpool for c, n in zip(cache, lengths, strict=True)])
     ids = rng.integers(-1, visible[:, None], (len(visible), 3))  # -1 alone where no pool is visible yet
-    ids = ids.astype(np.int32 if ids.max(initial=0) < 2**31 else np.int64)
-    calls: list[dict[str, Any]] = [{}, {"always_select_tail": True, "compact": True}]
+    ids = ids.astype(index_dtype(int(ids.max(initial=0)) + 1, rng))
+    calls = [{"always_select_tail": tail, "compact": compact} for tail in (False, True) for compact in (False, True)]
     top = int((cache + lengths).max(initial=0))
     if top <= 2**16:  # a block table over every position: small caches only
         block_size = 16
         blocks = -(-top // block_size) + 1
         table = rng.permutation(len(lengths) * blocks).astype(np.int32).reshape(len(lengths), blocks)
-        calls.append({"always_select_tail": True, "block_table": table, "block_size": block_size})
+        calls += [{**options, "block_table": table, "block_size": block_size} for options in calls]
     base = (ids, case.input_row_offsets, case.cache_lengths)
     mismatches = 0
     for options in calls:
@@ -321,17 +375,19 @@ def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.G
 
 
 def check_compress_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
-    """The fused rows against the epilogue of the backend's own float32 compress, which meets float64."""
+    """The fused rows and cache against the epilogue of the backend's own float32 compress, which meets float64."""
     extra = {n: backend.put(v) for n, v in case.extra.items() if n == "pool_row_offsets"}
     args = [backend.put(a) for a in (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)]
-    round_scale = bool(rng.integers(2))
-    values, scales = (backend.get(r) for r in backend.ops.kpool_compress_fp8(*args, round_scale=round_scale, **extra))
     pooled = backend.get(backend.ops.kpool_compress(*args, out_dtype="float32", **extra))
-    want_values, want_scales = epilogue(pooled, round_scale)
     want = _float64_pools(case, np.dtype(np.float32))
     accuracy = compare(pooled, want.astype(np.float64), np.float32, kpool, *_bounds(case.k, case.gate, case.ape))
-    mismatches = _differ(values, want_values) + _differ(scales.reshape(-1), want_scales)
-    return Verdict(pooled.shape[0], mismatches, accuracy)
+    lengths, cache = _lengths(case)
+    pools = [list(range(-(-int(c) // kpool), int(c + n) // kpool)) for c, n in zip(cache, lengths, strict=True)]
+
+    def fused(round_scale: bool, **target: Any) -> tuple[Any, None]:
+        return _got(backend, backend.ops.kpool_compress_fp8(*args, round_scale=round_scale, **extra, **target)), None
+
+    return Verdict(len(pooled), fp8_mismatches(backend, fused, pooled, None, pools, rng, "pool", None), accuracy)
 
 
 def check_hadamard_quant_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:

@@ -114,6 +114,10 @@ def run_check(
     """Every check case of ``op`` on ``backend``; ``progress`` wraps the cases (a progress bar, or nothing)."""
     if op not in OP_CHECKS:
         raise ValueError(f"Invalid op: expected one of {', '.join(OP_CHECKS)}, got {op!r}")
+    if op.startswith("ring_close") and kpool < 2:
+        raise ValueError(
+            f"Invalid kpool: expected at least 2 for {op} (at kpool 1 no pool is left pending), got {kpool}"
+        )
     chosen = backend_for(backend)
     rng = np.random.default_rng([seed, 1])  # the ring noise, selected ids and round_scale choices
     with progress(check_cases(head_dim, kpool, dtype, seed)) as cases:
