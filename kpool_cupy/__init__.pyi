@@ -1,6 +1,6 @@
 # Written by kpool_cupy/tools/stubs.py from the module's exports (python -m kpool_cupy.tools.stubs);
 # tests/test_type_stubs.py checks it.
-from typing import Any
+from typing import Any, Literal, overload
 
 from . import emulate as emulate
 from . import reference as reference
@@ -32,6 +32,43 @@ def kpool_compress(
     rotate: bool = False,
     stream: Any = None,
 ) -> CupyArray: ...
+@overload
+def kpool_compress_fp8(
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    pool_row_offsets: DeviceArray | None = None,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: DeviceArray | None = None,
+    block_table: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    out_scale: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> tuple[CupyArray, CupyArray]: ...
+@overload
+def kpool_compress_fp8(
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    pool_row_offsets: DeviceArray | None = None,
+    round_scale: bool = True,
+    cache: DeviceArray,
+    slots: DeviceArray | None = None,
+    block_table: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    out_scale: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> None: ...
+@overload
 def kpool_compress_fp8(
     k: DeviceArray,
     gate: DeviceArray,
@@ -48,7 +85,36 @@ def kpool_compress_fp8(
     out_scale: DeviceArray | None = None,
     validate: bool = True,
     stream: Any = None,
+) -> tuple[CupyArray, CupyArray] | None: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    stream: Any = None,
+) -> CupyArray: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    stream: Any = None,
 ) -> tuple[CupyArray, CupyArray]: ...
+@overload
 def kpool_expand_topk(
     pool_ids: DeviceArray,
     input_row_offsets: DeviceArray,
@@ -61,7 +127,7 @@ def kpool_expand_topk(
     block_size: int | None = None,
     compact: bool = False,
     stream: Any = None,
-) -> CupyArray: ...
+) -> CupyArray | tuple[CupyArray, CupyArray]: ...
 def kpool_ring_close(
     tail: DeviceArray | tuple[DeviceArray, DeviceArray],
     k: DeviceArray,
@@ -78,6 +144,47 @@ def kpool_ring_close(
     rotate: bool = False,
     stream: Any = None,
 ) -> tuple[CupyArray, CupyArray]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: DeviceArray | tuple[DeviceArray, DeviceArray],
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    slot_idx: DeviceArray,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: DeviceArray | None = None,
+    block_table: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    out_scale: DeviceArray | None = None,
+    closed: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> tuple[CupyArray, CupyArray, CupyArray]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: DeviceArray | tuple[DeviceArray, DeviceArray],
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    slot_idx: DeviceArray,
+    *,
+    round_scale: bool = True,
+    cache: DeviceArray,
+    slots: DeviceArray | None = None,
+    block_table: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    out_scale: DeviceArray | None = None,
+    closed: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray: ...
+@overload
 def kpool_ring_close_fp8(
     tail: DeviceArray | tuple[DeviceArray, DeviceArray],
     k: DeviceArray,
@@ -96,7 +203,7 @@ def kpool_ring_close_fp8(
     closed: DeviceArray | None = None,
     validate: bool = True,
     stream: Any = None,
-) -> tuple[CupyArray, CupyArray, CupyArray]: ...
+) -> tuple[CupyArray, CupyArray, CupyArray] | CupyArray: ...
 def kpool_seed_tail(
     tail: DeviceArray | tuple[DeviceArray, DeviceArray],
     k: DeviceArray,
@@ -124,6 +231,43 @@ def kpool_tail_update(
     rotate: bool = False,
     stream: Any = None,
 ) -> tuple[CupyArray, CupyArray]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: DeviceArray | tuple[DeviceArray, DeviceArray],
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    positions: DeviceArray,
+    slot_idx: DeviceArray,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    block_table: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    out_scale: DeviceArray | None = None,
+    closed: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> tuple[CupyArray, CupyArray, CupyArray]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: DeviceArray | tuple[DeviceArray, DeviceArray],
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    positions: DeviceArray,
+    slot_idx: DeviceArray,
+    *,
+    round_scale: bool = True,
+    cache: DeviceArray,
+    block_table: DeviceArray | None = None,
+    out: DeviceArray | None = None,
+    out_scale: DeviceArray | None = None,
+    closed: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray: ...
+@overload
 def kpool_tail_update_fp8(
     tail: DeviceArray | tuple[DeviceArray, DeviceArray],
     k: DeviceArray,
@@ -140,5 +284,5 @@ def kpool_tail_update_fp8(
     closed: DeviceArray | None = None,
     validate: bool = True,
     stream: Any = None,
-) -> tuple[CupyArray, CupyArray, CupyArray]: ...
+) -> tuple[CupyArray, CupyArray, CupyArray] | CupyArray: ...
 def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> Any: ...

@@ -23,6 +23,8 @@ class DLPackArray(Protocol):
 
 # What the GPU path takes as an array; it returns CuPy arrays. At run time
 # CuPy may be missing, so CupyArray is Any there; a type checker sees cupy.ndarray.
+# NumPy arrays export DLPack too, so a checker lets one through where the GPU
+# path refuses it at run time (a TypeError naming the argument).
 DeviceArray = CudaArrayInterface | DLPackArray
 if TYPE_CHECKING:
     from cupy import ndarray as CupyArray

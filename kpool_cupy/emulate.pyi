@@ -2,7 +2,7 @@
 # tests/test_type_stubs.py checks it.
 import ctypes
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -35,6 +35,41 @@ def kpool_compress(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> np.ndarray: ...
+@overload
+def kpool_compress_fp8(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_compress_fp8(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    round_scale: bool = True,
+    cache: np.ndarray,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+) -> None: ...
+@overload
 def kpool_compress_fp8(
     k: np.ndarray,
     gate: np.ndarray,
@@ -50,7 +85,34 @@ def kpool_compress_fp8(
     out: np.ndarray | None = None,
     out_scale: np.ndarray | None = None,
     validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray] | None: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+) -> np.ndarray: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
 def kpool_expand_topk(
     pool_ids: np.ndarray,
     input_row_offsets: np.ndarray,
@@ -62,7 +124,7 @@ def kpool_expand_topk(
     block_table: np.ndarray | None = None,
     block_size: int | None = None,
     compact: bool = False,
-) -> np.ndarray: ...
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def kpool_ring_close(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -78,6 +140,45 @@ def kpool_ring_close(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray: ...
+@overload
 def kpool_ring_close_fp8(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -95,7 +196,7 @@ def kpool_ring_close_fp8(
     out_scale: np.ndarray | None = None,
     closed: np.ndarray | None = None,
     validate: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray: ...
 def kpool_seed_tail(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -121,6 +222,41 @@ def kpool_tail_update(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray: ...
+@overload
 def kpool_tail_update_fp8(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -136,6 +272,6 @@ def kpool_tail_update_fp8(
     out_scale: np.ndarray | None = None,
     closed: np.ndarray | None = None,
     validate: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray: ...
 def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None: ...
 def load_variant(source_file: str, kernel_name: str) -> ctypes.CDLL: ...

@@ -1,6 +1,6 @@
 # Written by kpool_cupy/tools/stubs.py from the module's exports (python -m kpool_cupy.tools.stubs);
 # tests/test_type_stubs.py checks it.
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 
@@ -26,6 +26,43 @@ def kpool_compress(
     rotate: bool = False,
     accumulate: str = "float32",
 ) -> np.ndarray: ...
+@overload
+def kpool_compress_fp8(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+    accumulate: str = "float32",
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_compress_fp8(
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    round_scale: bool = True,
+    cache: np.ndarray,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    validate: bool = True,
+    accumulate: str = "float32",
+) -> None: ...
+@overload
 def kpool_compress_fp8(
     k: np.ndarray,
     gate: np.ndarray,
@@ -42,7 +79,34 @@ def kpool_compress_fp8(
     out_scale: np.ndarray | None = None,
     validate: bool = True,
     accumulate: str = "float32",
+) -> tuple[np.ndarray, np.ndarray] | None: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+) -> np.ndarray: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
 def kpool_expand_topk(
     pool_ids: np.ndarray,
     input_row_offsets: np.ndarray,
@@ -54,7 +118,7 @@ def kpool_expand_topk(
     block_table: np.ndarray | None = None,
     block_size: int | None = None,
     compact: bool = False,
-) -> np.ndarray: ...
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def kpool_ring_close(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -70,6 +134,45 @@ def kpool_ring_close(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray,
+    slots: np.ndarray | None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray: ...
+@overload
 def kpool_ring_close_fp8(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -87,7 +190,7 @@ def kpool_ring_close_fp8(
     out_scale: np.ndarray | None = None,
     closed: np.ndarray | None = None,
     validate: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray: ...
 def kpool_seed_tail(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -113,6 +216,41 @@ def kpool_tail_update(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: np.ndarray | tuple[np.ndarray, np.ndarray],
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    positions: np.ndarray,
+    slot_idx: np.ndarray,
+    *,
+    round_scale: bool = True,
+    cache: np.ndarray,
+    block_table: np.ndarray | None = None,
+    out: np.ndarray | None = None,
+    out_scale: np.ndarray | None = None,
+    closed: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray: ...
+@overload
 def kpool_tail_update_fp8(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,
@@ -128,6 +266,6 @@ def kpool_tail_update_fp8(
     out_scale: np.ndarray | None = None,
     closed: np.ndarray | None = None,
     validate: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | np.ndarray: ...
 def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any) -> Any: ...
 def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]) -> np.ndarray: ...

@@ -83,6 +83,15 @@ kpool_cupy.reference.kpool_compress(*[np.zeros(1)] * 5)
 kpool_cupy.kpool_compress(1, x, x, x, x)  # error: not an array
 kpool_cupy.reference.kpool_compress(x, *[np.zeros(1)] * 4)  # error: not a NumPy array
 kpool_cupy.kpool_tail_update_fp8(x, x, x, x, x, x, cache=[1])  # error: not an array
+# What a call returns follows how it is called: a cache form, expand's compact.
+host = np.zeros(1)
+values, scales, closed = kpool_cupy.reference.kpool_tail_update_fp8(host, host, host, host, host, host)
+closed = kpool_cupy.reference.kpool_tail_update_fp8(host, host, host, host, host, host, cache=host, block_table=host)
+print(closed.shape)
+kpool_cupy.reference.kpool_compress_fp8(host, host, host, host, host, cache=host, slots=host).shape  # error: None
+positions, counts = kpool_cupy.reference.kpool_expand_topk(host, host, host, kpool=4, compact=True)
+print(kpool_cupy.reference.kpool_expand_topk(host, host, host, kpool=4).shape)
+kpool_cupy.reference.kpool_expand_topk(host, host, host, kpool=4, compact=True).shape  # error: a tuple
 """
 
 
@@ -97,13 +106,25 @@ def test_a_type_checker_tells_device_arrays_from_anything_else(tmp_path):
     user = tmp_path / "user.py"
     user.write_text(USER_CODE)
     root = Path(__file__).resolve().parents[1]
+    stubs = [str(stub_path(name)) for name in MODULES if not name.endswith(".torch")]  # their overloads too
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--no-incremental", "--no-error-summary", str(user)],
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--follow-imports=silent",
+            "--no-incremental",
+            "--no-error-summary",
+            str(user),
+            *stubs,
+        ],
         cwd=root,
         capture_output=True,
         text=True,
         timeout=300,  # a hang guard: 7 s here
     )
-    flagged = sorted({int(line.split(":")[1]) for line in done.stdout.splitlines() if ": error:" in line})
+    errors = [line for line in done.stdout.splitlines() if ": error:" in line]
+    flagged = sorted({int(line.split(":")[1]) for line in errors if line.startswith(str(user))})
     marked = [number for number, line in enumerate(USER_CODE.splitlines(), 1) if "# error" in line]
-    assert len(marked) == 3 and flagged == marked, done.stdout + done.stderr
+    assert len(marked) == 5 and flagged == marked, done.stdout + done.stderr
+    assert all(line.startswith(str(user)) for line in errors), done.stdout  # nothing wrong in the stubs

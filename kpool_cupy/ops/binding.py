@@ -14,11 +14,12 @@ import inspect
 import linecache
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
 from .checks import check_bool, check_no_overlap
+from .results import cache_target, remaining_results
 from .spec import REQUIRED, Backend, Operand, OpSpec, Option
 
 # (spec, operand arrays in parameter order, op options, binding options) -> result
@@ -79,12 +80,55 @@ ValueError
 """
 
 
-def _result_annotation(spec: OpSpec, binding: Binding) -> str:
-    if not spec.results:
+def _returns(results: tuple[str, ...], binding: Binding) -> str:
+    if not results:
         return "None"
-    if len(spec.results) == 1:
+    if len(results) == 1:
         return binding.result
-    return f"tuple[{', '.join([binding.result] * len(spec.results))}]"
+    return f"tuple[{', '.join([binding.result] * len(results))}]"
+
+
+# A parameter that decides what the op returns: its name, and for each way it is
+# given (annotation, default) what the op then returns.
+Switch = tuple[str, tuple[tuple[str, Any, tuple[str, ...]], ...]]
+
+
+def _switch(spec: OpSpec, binding: Binding) -> Switch | None:
+    """The FP8 ops return less with a cache (``Operand.replaces``); expand returns counts with ``compact``."""
+    target = cache_target(spec)
+    if target is not None:
+        forms = (("None", None, spec.results), (binding.array, inspect.Parameter.empty, remaining_results(spec)))
+        return target.name, forms
+    if spec.conditional_results:
+        ((result, option),) = spec.conditional_results.items()
+        with_it = (*spec.results, result)
+        return option, (("Literal[False]", False, spec.results), ("Literal[True]", inspect.Parameter.empty, with_it))
+    return None
+
+
+def _result_annotation(spec: OpSpec, binding: Binding) -> str:
+    switch = _switch(spec, binding)
+    if switch is None:
+        return _returns(spec.results, binding)
+    return " | ".join(dict.fromkeys(_returns(results, binding) for _, _, results in switch[1]))
+
+
+def typed_forms(spec: OpSpec, binding: Binding) -> tuple[inspect.Signature, ...]:
+    """The bound function's forms for a stub's ``@overload``s: one for each way its switch is given, with what
+    it then returns, and last the plain signature, which returns any of them; none for an op with one form."""
+    switch = _switch(spec, binding)
+    if switch is None:
+        return ()
+    name, forms = switch
+    plain = signature(spec, binding)
+    typed = []
+    for annotation, default, results in forms:
+        listed = [
+            p.replace(annotation=annotation, default=default) if p.name == name else p
+            for p in plain.parameters.values()
+        ]
+        typed.append(plain.replace(parameters=listed, return_annotation=_returns(results, binding)))
+    return (*typed, plain)
 
 
 def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
@@ -110,7 +154,14 @@ def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
     linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # for inspect.getsource
     # The function's globals: its helpers, and the names its string annotations
     # use, so typing.get_type_hints resolves them.
-    namespace: dict[str, Any] = {"__call": binding.call, "__spec": spec, "__defaults": defaults, "Any": Any, "np": np}
+    namespace: dict[str, Any] = {
+        "__call": binding.call,
+        "__spec": spec,
+        "__defaults": defaults,
+        "Any": Any,
+        "Literal": Literal,
+        "np": np,
+    }
     namespace.update(binding.names)
     exec(compile(text, filename, "exec"), namespace)
     function = namespace[spec.name]
@@ -122,6 +173,7 @@ def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
     else:
         function.__doc__ = doc.rstrip("\n") + "\n" + RAISES_HEADER + RAISES
     function.__signature__ = signature(spec, binding)
+    function.__kpool_forms__ = typed_forms(spec, binding)  # type: ignore[attr-defined]  # the stubs' overloads
     function.__annotations__ = {
         **{p.name: p.annotation for p in function.__signature__.parameters.values()},
         "return": function.__signature__.return_annotation,

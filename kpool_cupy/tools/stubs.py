@@ -30,11 +30,14 @@ _IMPORTS = {
     "ctypes.": "import ctypes",
     "Path": "from pathlib import Path",
     "Any": "from typing import Any",
+    "Literal[": "from typing import Literal",
+    "@overload": "from typing import overload",
     "np.": "import numpy as np",
     "torch.": "import torch",
     "DeviceArray": "from .arrays import CupyArray, DeviceArray",  # the GPU path's arrays (kpool_cupy/__init__.pyi only)
 }
-_STDLIB = ("import ctypes", "from pathlib import Path", "from typing import Any")
+_STDLIB = ("import ctypes", "from pathlib import Path")
+_TYPING = ("Any", "Literal", "overload")  # one ``from typing import`` line, in isort's order
 _OURS = ("from .arrays import CupyArray, DeviceArray",)
 WIDTH = 120
 
@@ -58,7 +61,15 @@ def _parameter(p: inspect.Parameter) -> str:
 
 
 def _function(name: str, function: object) -> str:
-    signature = inspect.signature(function)  # type: ignore[arg-type]
+    """The function's stub: its signature, or where what it returns depends on how it is called (``ops.binding.
+    typed_forms``), an ``@overload`` a form."""
+    forms = getattr(function, "__kpool_forms__", ())
+    if forms:
+        return "\n".join(f"@overload\n{_def(name, form)}" for form in forms)
+    return _def(name, inspect.signature(function))  # type: ignore[arg-type]
+
+
+def _def(name: str, signature: inspect.Signature) -> str:
     listed, star_done = [], False
     for p in signature.parameters.values():
         if p.kind is p.KEYWORD_ONLY and not star_done:
@@ -91,11 +102,17 @@ def stub_text(module_name: str) -> str:
     # Functions follow each other without a blank line; anything else stands apart (ruff's stub style).
     body = lines[0] if lines else ""
     for previous, line in itertools.pairwise(lines):
-        body += ("\n" if previous.startswith("def ") and line.startswith("def ") else "\n\n") + line
+        functions = previous.startswith(("def ", "@overload")) and line.startswith(("def ", "@overload"))
+        body += ("\n" if functions else "\n\n") + line
     used = [line for needle, line in _IMPORTS.items() if needle in body]
+    typing = [name for name in _TYPING if f"from typing import {name}" in used]
+    used = [line for line in used if not line.startswith("from typing import")]
+    used += [f"from typing import {', '.join(typing)}"] if typing else []
     groups = [
-        sorted((i for i in used if i in _STDLIB), key=lambda i: (i.startswith("from "), i)),
-        [i for i in used if i not in _STDLIB + _OURS],
+        sorted(
+            (i for i in used if i in _STDLIB or i.startswith("from typing")), key=lambda i: (i.startswith("from "), i)
+        ),
+        [i for i in used if i not in _STDLIB + _OURS and not i.startswith("from typing")],
         [*submodules, *(i for i in used if i in _OURS)],
     ]
     imports = "\n\n".join("\n".join(group) for group in groups if group)

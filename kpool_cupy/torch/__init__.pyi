@@ -1,6 +1,6 @@
 # Written by kpool_cupy/tools/stubs.py from the module's exports (python -m kpool_cupy.tools.stubs);
 # tests/test_type_stubs.py checks it.
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -25,6 +25,41 @@ def kpool_compress(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> torch.Tensor: ...
+@overload
+def kpool_compress_fp8(
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    pool_row_offsets: torch.Tensor | None = None,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_compress_fp8(
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    pool_row_offsets: torch.Tensor | None = None,
+    round_scale: bool = True,
+    cache: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    validate: bool = True,
+) -> None: ...
+@overload
 def kpool_compress_fp8(
     k: torch.Tensor,
     gate: torch.Tensor,
@@ -40,7 +75,34 @@ def kpool_compress_fp8(
     out: torch.Tensor | None = None,
     out_scale: torch.Tensor | None = None,
     validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+) -> torch.Tensor: ...
+@overload
+def kpool_expand_topk(
+    pool_ids: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    always_select_tail: bool = False,
+    validate: bool = True,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
 def kpool_expand_topk(
     pool_ids: torch.Tensor,
     input_row_offsets: torch.Tensor,
@@ -52,7 +114,7 @@ def kpool_expand_topk(
     block_table: torch.Tensor | None = None,
     block_size: int | None = None,
     compact: bool = False,
-) -> torch.Tensor: ...
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def kpool_ring_close(
     tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     k: torch.Tensor,
@@ -68,6 +130,45 @@ def kpool_ring_close(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    slot_idx: torch.Tensor,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    slots: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    closed: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_ring_close_fp8(
+    tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    slot_idx: torch.Tensor,
+    *,
+    round_scale: bool = True,
+    cache: torch.Tensor,
+    slots: torch.Tensor | None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    closed: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor: ...
+@overload
 def kpool_ring_close_fp8(
     tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     k: torch.Tensor,
@@ -85,7 +186,7 @@ def kpool_ring_close_fp8(
     out_scale: torch.Tensor | None = None,
     closed: torch.Tensor | None = None,
     validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor: ...
 def kpool_seed_tail(
     tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     k: torch.Tensor,
@@ -111,6 +212,41 @@ def kpool_tail_update(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    positions: torch.Tensor,
+    slot_idx: torch.Tensor,
+    *,
+    round_scale: bool = True,
+    cache: None = None,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    closed: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_tail_update_fp8(
+    tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    positions: torch.Tensor,
+    slot_idx: torch.Tensor,
+    *,
+    round_scale: bool = True,
+    cache: torch.Tensor,
+    block_table: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    out_scale: torch.Tensor | None = None,
+    closed: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor: ...
+@overload
 def kpool_tail_update_fp8(
     tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     k: torch.Tensor,
@@ -126,4 +262,4 @@ def kpool_tail_update_fp8(
     out_scale: torch.Tensor | None = None,
     closed: torch.Tensor | None = None,
     validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | torch.Tensor: ...
