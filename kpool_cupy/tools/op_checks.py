@@ -16,10 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .. import reference
-from ..backends.reference_epilogue import epilogue
+from ..backends.reference_epilogue import epilogue, rotate
+from ..ops.fp8_target import check_rotation_head_dim
 from ..pool_offsets import pool_row_offsets
 from .accuracy import compare
 from .cache_places import empty_cache, filled_cache, places
@@ -149,7 +151,27 @@ def check_compress(backend: Backend, case: Case, kpool: int, rng: np.random.Gene
     if got.shape[1] != case.k.shape[1] or (got.shape[0] != pools and "out" not in case.extra):
         mismatches += max(got.size, 1)
     accuracy = compare(got[:pools], want.astype(np.float64), got.dtype, kpool, *_bounds(case.k, case.gate, case.ape))
+    if rotates(case.k.shape[1]):
+        offsets = {n: v for n, v in extra.items() if n == "pool_row_offsets"}
+        pooled = backend.get(backend.ops.kpool_compress(*args, out_dtype="float32", **offsets))
+        rotated = backend.get(backend.ops.kpool_compress(*args, rotate=True, **offsets))
+        mismatches += _differ(rotated, rotation(pooled, rotated.dtype))
     return Verdict(pools, mismatches, accuracy)
+
+
+def rotates(head_dim: int) -> bool:
+    """Whether ``rotate=True`` takes this head_dim (a power of two from 8 to 256)."""
+    try:
+        check_rotation_head_dim("head_dim", head_dim)
+    except ValueError:
+        return False
+    return True
+
+
+def rotation(pooled: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """What ``rotate=True`` writes for float32 pools: the bf16 rotation of their bf16 rounding, in ``dtype``."""
+    x = pooled.reshape(-1, pooled.shape[-1]).astype(ml_dtypes.bfloat16).astype(np.float32)
+    return rotate(x, ml_dtypes.bfloat16).astype(dtype).reshape(pooled.shape)
 
 
 def _closes(case: Case, kpool: int) -> list[list[int]]:
@@ -159,18 +181,18 @@ def _closes(case: Case, kpool: int) -> list[list[int]]:
 
 
 def _ring_close(
-    backend: Backend, case: Case, state: Pending, round_scale: bool | None, **target: Any
+    backend: Backend, case: Case, state: Pending, round_scale: bool | None, **options: Any
 ) -> tuple[Any, np.ndarray]:
-    """Ring close on a copy of the pending ring: into a float32 out of sentinels, or the FP8 form at ``round_scale``
-    (into ``target``'s cache, if any); what it returned and the ring after it."""
+    """Ring close on a copy of the pending ring, with ``options``: into a float32 out of sentinels, or the FP8
+    form at ``round_scale``; what it returned and the ring after it."""
     inputs = (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths, state.slots)
     ring = backend.put(state.ring.copy())
     args = (ring, *(backend.put(a) for a in inputs))
     if round_scale is not None:
-        result = backend.ops.kpool_ring_close_fp8(*args, round_scale=round_scale, **target)
+        result = backend.ops.kpool_ring_close_fp8(*args, round_scale=round_scale, **options)
     else:
         out = backend.put(np.full((len(state.slots), case.k.shape[1]), SENTINEL, np.float32))
-        result = backend.ops.kpool_ring_close(*args, out=out)
+        result = backend.ops.kpool_ring_close(*args, out=out, **options)
     return _got(backend, result), backend.get(ring)
 
 
@@ -245,6 +267,11 @@ def check_ring_close(backend: Backend, case: Case, kpool: int, rng: np.random.Ge
     want = whole[rows[:-1][want_closed >= 0]]  # each request's first pool of the pending-and-new sequence
     verdict = _pooled_verdict(pooled, closed, want_closed, want, _bounds(state.k, state.gate, case.ape), kpool)
     verdict.mismatches += _differ(ring, state.ring)  # read, never written
+    if rotates(case.k.shape[1]):  # the same rows rotated, the others left alone
+        (rotated, _), _ = _ring_close(backend, case, state, None, rotate=True)
+        done = want_closed >= 0
+        verdict.mismatches += _differ(rotated[done], rotation(pooled[done], np.dtype(np.float32)))
+        verdict.mismatches += int((rotated[~done] != SENTINEL).sum())
     if fp8:
 
         def fused(round_scale: bool, **target: Any) -> tuple[Any, np.ndarray]:
@@ -295,6 +322,12 @@ def check_tail_update(backend: Backend, case: Case, kpool: int, rng: np.random.G
         for j in np.flatnonzero(_real(positions[b])):
             want_ring[state.slots[b], :, int(positions[b, j]) % want_ring.shape[2]] = (k[b, j], gate[b, j])
     verdict.mismatches += _differ(backend.get(ring), want_ring)
+    if rotates(head_dim):  # the same rows rotated, the others left alone
+        fresh, done = backend.put(state.ring.copy()), want_closed >= 0
+        out = backend.put(np.full((requests, per_request, head_dim), SENTINEL, np.float32))
+        rotated, _ = (backend.get(r) for r in backend.ops.kpool_tail_update(fresh, *inputs, out=out, rotate=True))
+        verdict.mismatches += _differ(rotated[done], rotation(pooled[done], np.dtype(np.float32)))
+        verdict.mismatches += int((rotated[~done] != SENTINEL).sum())
     if fp8:
 
         def fused(round_scale: bool, **target: Any) -> tuple[Any, np.ndarray]:
