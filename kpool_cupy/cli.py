@@ -208,11 +208,13 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @_file_option("--out", _output_file, "Save the PTX here (the SASS with --sass).")
 def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, out_file: str | None) -> None:
     """Compile one op's variant through NVRTC (no GPU needed) and report its memory path."""
-    # What the op's kernel is built for: seed tail and the query side take no kpool, expand no head_dim.
+    # What the op's kernel is built for, from its template: seed tail and the query side take no kpool,
+    # expand no head_dim.
+    template = {t.name for t in OP_NAMES[op].template}
     sizes = ", ".join(
         [
-            *([f"head_dim {head_dim}"] if op != "expand_topk" else []),
-            *([f"kpool {kpool}"] if op not in ("seed_tail", "hadamard_quant_fp8") else []),
+            *([f"head_dim {head_dim}"] if "HEAD_DIM" in template else []),
+            *([f"kpool {kpool}"] if "KPOOL" in template else []),
         ]
     )
     if sass:

@@ -66,7 +66,7 @@ def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[i
     return as_size(block_table.shape[1]), int(block_size)
 
 
-def check_expand_args(a: CallArgs) -> ExpandCall:
+def check_expand_topk_args(a: CallArgs) -> ExpandCall:
     check_kpool(a.kpool)
     require_array("pool_ids", a.pool_ids)
     if a.pool_ids.dtype not in INDEX_DTYPES:
@@ -201,7 +201,7 @@ SPEC = OpSpec(
     "kpool_expand_topk",
     PARAMETERS,
     ("positions",),
-    check_expand_args,
+    check_expand_topk_args,
     run,
     DOCS,
     output_shapes,

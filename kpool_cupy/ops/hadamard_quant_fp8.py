@@ -18,28 +18,28 @@ from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputSh
 
 
 @dataclass(frozen=True)
-class HadamardQuantCall:
+class HadamardQuantFp8Call:
     rows: int
     head_dim: int
     dtype: np.dtype
     round_scale: bool
 
 
-def check_hadamard_quant_args(a: CallArgs) -> HadamardQuantCall:
+def check_hadamard_quant_fp8_args(a: CallArgs) -> HadamardQuantFp8Call:
     check_rows("x", a.x, tuple(ELEMENT_CTYPES))
     rows, head_dim = (as_size(n) for n in a.x.shape)
     check_rotation_head_dim("x", head_dim)
     check_target(head_dim, out=a.out, out_scale=a.out_scale)
     if a.out is not None and a.out.shape[0] != rows:
         raise fail("out", f"shape [{rows}, {head_dim}] (x's rows)", f"shape {tuple(a.out.shape)}")
-    return HadamardQuantCall(rows, head_dim, np.dtype(a.x.dtype), bool(a.round_scale))
+    return HadamardQuantFp8Call(rows, head_dim, np.dtype(a.x.dtype), bool(a.round_scale))
 
 
-def output_shapes(call: HadamardQuantCall) -> dict[str, OutputShape]:
+def output_shapes(call: HadamardQuantFp8Call) -> dict[str, OutputShape]:
     return {"out": ((call.rows, call.head_dim), UINT8), "out_scale": ((call.rows,), FLOAT32)}
 
 
-def hadamard_quant_launch(call: HadamardQuantCall, operands: dict[str, Any]) -> Launch:
+def hadamard_quant_fp8_launch(call: HadamardQuantFp8Call, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_hadamard_quant_fp8``."""
     o = operands
     values = codes.rows("x", o["x"]) | {"rows": call.rows} | codes.rows("values", o["out"])
@@ -51,13 +51,13 @@ def hadamard_quant_launch(call: HadamardQuantCall, operands: dict[str, Any]) -> 
     return Launch(HADAMARD_QUANT_FP8, template, values, group_geometry(call.head_dim, call.rows), o)
 
 
-def run(backend: Backend, call: HadamardQuantCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
+def run(backend: Backend, call: HadamardQuantFp8Call, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
     """Allocate, launch; ``validate`` has no contents to check here (no index arrays)."""
     if a["out"] is None:
         shapes = output_shapes(call)
         a["out"], a["out_scale"] = backend.empty(*shapes["out"]), backend.empty(*shapes["out_scale"])
     if call.rows:
-        backend.launch(hadamard_quant_launch(call, a))
+        backend.launch(hadamard_quant_fp8_launch(call, a))
     return a["out"], a["out_scale"]
 
 
@@ -107,7 +107,7 @@ SPEC = OpSpec(
     "hadamard_quant_fp8",
     PARAMETERS,
     ("values", "scales"),
-    check_hadamard_quant_args,
+    check_hadamard_quant_fp8_args,
     run,
     DOCS,
     output_shapes,
