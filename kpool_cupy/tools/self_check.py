@@ -53,12 +53,13 @@ def backend_for(name: str) -> Backend:
     cupy = import_cupy()  # a clear error when CuPy is missing
 
     def device(array: np.ndarray) -> Any:
-        # A column slice of a fused buffer stays a strided view on the device too.
+        # A block of a fused buffer's rows and columns stays a strided view on the device too.
         base = array.base if isinstance(array.base, np.ndarray) and array.base.ndim == 2 else None
-        if base is None or array.flags.c_contiguous:
+        if base is None or array.flags.c_contiguous or array.strides != base.strides:
             return cupy.asarray(array)
-        start = (array.ctypes.data - base.ctypes.data) // array.itemsize
-        return cupy.asarray(base)[:, start : start + array.shape[1]]
+        row, column = divmod(array.ctypes.data - base.ctypes.data, base.strides[0])
+        column //= array.itemsize
+        return cupy.asarray(base)[row : row + array.shape[0], column : column + array.shape[1]]
 
     return Backend(kpool_cupy, device, cupy.asnumpy)
 
