@@ -14,7 +14,9 @@ from kpool_cupy import ops, reference
 from kpool_cupy.cli import main
 from kpool_cupy.tools import self_check
 from kpool_cupy.tools.cases import check_cases
-from kpool_cupy.tools.op_checks import OP_CHECKS, Backend, within_closed_ids
+from kpool_cupy.tools.op_check_parts import Backend
+from kpool_cupy.tools.op_checks import OP_CHECKS
+from kpool_cupy.tools.ring_op_checks import within_closed_ids
 from kpool_cupy.tools.variants import OP_KERNELS
 
 OPS = list(OP_CHECKS)

@@ -13,7 +13,8 @@ from .. import emulate, reference
 from ..backends.cupy import gpu_status
 from ..emulator.toolchain import CompilerNotFoundError, compiler
 from .cases import Case, check_cases
-from .op_checks import OP_CHECKS, Backend
+from .op_check_parts import Backend
+from .op_checks import OP_CHECKS
 
 BACKENDS = ("auto", "cupy", "emulate", "reference")
 
