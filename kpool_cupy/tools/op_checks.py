@@ -18,21 +18,10 @@ from typing import Any
 import numpy as np
 
 from .. import reference
+from . import op_check_parts as parts
 from .accuracy import compare
 from .cases import SENTINEL, Case
-from .op_check_parts import (
-    Backend,
-    Verdict,
-    accuracy_bounds,
-    differ,
-    float64_pools,
-    fp8_mismatches,
-    index_dtype,
-    on_host,
-    rotates,
-    rotation,
-    token_counts,
-)
+from .op_check_parts import Backend, Verdict
 from .ring_op_checks import check_ring_close, check_seed_tail, check_tail_update
 
 
@@ -40,20 +29,20 @@ def check_compress(backend: Backend, case: Case, kpool: int, rng: np.random.Gene
     extra = {name: backend.put(value.copy() if name == "out" else value) for name, value in case.extra.items()}
     args = [backend.put(a) for a in (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)]
     got = backend.get(backend.ops.kpool_compress(*args, **extra))
-    want = float64_pools(case, got.dtype)
+    want = parts.float64_pools(case, got.dtype)
     pools = want.shape[0]
     surplus = got[pools:]  # an over-sized out's extra rows stay as they were
     mismatches = int((surplus.astype(np.float32) != SENTINEL).sum())
     if got.shape[1] != case.k.shape[1] or (got.shape[0] != pools and "out" not in case.extra):
         mismatches += max(got.size, 1)
     accuracy = compare(
-        got[:pools], want.astype(np.float64), got.dtype, kpool, *accuracy_bounds(case.k, case.gate, case.ape)
+        got[:pools], want.astype(np.float64), got.dtype, kpool, *parts.accuracy_bounds(case.k, case.gate, case.ape)
     )
-    if rotates(case.k.shape[1]):
+    if parts.rotates(case.k.shape[1]):
         offsets = {n: v for n, v in extra.items() if n == "pool_row_offsets"}
         pooled = backend.get(backend.ops.kpool_compress(*args, out_dtype="float32", **offsets))
         rotated = backend.get(backend.ops.kpool_compress(*args, rotate=True, **offsets))
-        mismatches += differ(rotated, rotation(pooled, rotated.dtype))
+        mismatches += parts.differ(rotated, parts.rotation(pooled, rotated.dtype))
     return Verdict(pools, mismatches, accuracy)
 
 
@@ -67,14 +56,14 @@ def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.G
     (the cache grows by what is dropped): a row of positions is about
     ``4 * kpool`` wide, so the whole case would grow with kpool squared.
     """
-    lengths, cache = token_counts(case)
+    lengths, cache = parts.token_counts(case)
     kept = np.minimum(lengths, EXPAND_TOKENS)
     cache, lengths = cache + lengths - kept, kept
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(case.input_row_offsets.dtype)
     case = Case(case.name, case.k, case.gate, case.ape, offsets, cache.astype(case.cache_lengths.dtype))
     visible = np.concatenate([(c + np.arange(n) + 1) // kpool for c, n in zip(cache, lengths, strict=True)])
     ids = rng.integers(-1, visible[:, None], (len(visible), 3))  # -1 alone where no pool is visible yet
-    ids = ids.astype(index_dtype(int(ids.max(initial=0)) + 1, rng))
+    ids = ids.astype(parts.index_dtype(int(ids.max(initial=0)) + 1, rng))
     calls = [{"always_select_tail": tail, "compact": compact} for tail in (False, True) for compact in (False, True)]
     top = int((cache + lengths).max(initial=0))
     if top <= 2**16:  # a block table over every position: small caches only
@@ -89,9 +78,9 @@ def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.G
         got = backend.ops.kpool_expand_topk(*(backend.put(a) for a in base), kpool=kpool, **on_device)
         want = reference.kpool_expand_topk(*base, kpool=kpool, **options)
         if options.get("compact"):  # (positions, counts)
-            mismatches += differ(backend.get(got[0]), want[0]) + differ(backend.get(got[1]), want[1])
+            mismatches += parts.differ(backend.get(got[0]), want[0]) + parts.differ(backend.get(got[1]), want[1])
         else:
-            mismatches += differ(backend.get(got), want)
+            mismatches += parts.differ(backend.get(got), want)
     return Verdict(int((ids >= 0).sum()), mismatches, None)
 
 
@@ -100,17 +89,19 @@ def check_compress_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.
     extra = {n: backend.put(v) for n, v in case.extra.items() if n == "pool_row_offsets"}
     args = [backend.put(a) for a in (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)]
     pooled = backend.get(backend.ops.kpool_compress(*args, out_dtype="float32", **extra))
-    want = float64_pools(case, np.dtype(np.float32))
+    want = parts.float64_pools(case, np.dtype(np.float32))
     accuracy = compare(
-        pooled, want.astype(np.float64), np.float32, kpool, *accuracy_bounds(case.k, case.gate, case.ape)
+        pooled, want.astype(np.float64), np.float32, kpool, *parts.accuracy_bounds(case.k, case.gate, case.ape)
     )
-    lengths, cache = token_counts(case)
+    lengths, cache = parts.token_counts(case)
     pools = [list(range(-(-int(c) // kpool), int(c + n) // kpool)) for c, n in zip(cache, lengths, strict=True)]
 
     def fused(round_scale: bool, **target: Any) -> tuple[Any, None]:
-        return on_host(backend, backend.ops.kpool_compress_fp8(*args, round_scale=round_scale, **extra, **target)), None
+        return parts.on_host(
+            backend, backend.ops.kpool_compress_fp8(*args, round_scale=round_scale, **extra, **target)
+        ), None
 
-    return Verdict(len(pooled), fp8_mismatches(backend, fused, pooled, None, pools, rng, "pool", None), accuracy)
+    return Verdict(len(pooled), parts.fp8_mismatches(backend, fused, pooled, None, pools, rng, "pool", None), accuracy)
 
 
 QUERY_ROWS = 4096
@@ -127,7 +118,7 @@ def check_hadamard_quant_fp8(backend: Backend, case: Case, kpool: int, rng: np.r
     result = backend.ops.hadamard_quant_fp8(backend.put(x), round_scale=round_scale)
     values, scales = (backend.get(r) for r in result)
     want_values, want_scales = reference.hadamard_quant_fp8(x, round_scale=round_scale)
-    return Verdict(x.shape[0], differ(values, want_values) + differ(scales, want_scales), None)
+    return Verdict(x.shape[0], parts.differ(values, want_values) + parts.differ(scales, want_scales), None)
 
 
 def _fp8(check: Callable[..., Verdict]) -> Callable[[Backend, Case, int, np.random.Generator], Verdict]:
