@@ -4,7 +4,9 @@ The ops are bound at import from the op list (``ops.binding.bind_into``),
 so an editor or a type checker reading the source sees no ``def``; the stub
 beside each public module gives them their real signatures. It is written
 from what the module exports (``__all__``): an op or another function by
-its ``inspect.signature``, a submodule as an import, a class by its base.
+its ``inspect.signature`` (an op whose results depend on how it is called
+by an ``@overload`` a form, ``ops.binding.typed_forms``), a submodule as an
+import, a class by its base.
 ``tests/test_type_stubs.py`` compares each stub with this text, so a new op,
 keyword or default that is not in the stubs fails there;
 ``python -m kpool_cupy.tools.stubs`` writes them again.
