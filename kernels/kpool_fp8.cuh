@@ -25,29 +25,26 @@
 namespace kp {
 
 // The e4m3fn byte of a float32, rounded to nearest even after clamping to
-// [-448, 448]; NaN gives 0x7f whatever its sign, -0 gives 0x80. Integer
-// operations only, so the GPU and the host round alike.
+// [-448, 448]; NaN gives 0x7f whatever its sign, -0 gives 0x80. Every case
+// is computed and one is selected: no branch per value. The value is never
+// a float32 subnormal (the build flushes them; the emulator too).
 __device__ __forceinline__ unsigned int e4m3fn_bits(float value) {
     const unsigned int bits = kp_float_to_bits(value);
     const unsigned int sign = (bits >> 24) & 0x80u;
     const unsigned int magnitude = bits & 0x7fffffffu;
-    if (magnitude > 0x7f800000u) return 0x7fu;          // NaN
-    if (magnitude >= 0x43e00000u) return sign | 0x7eu;  // 448 and above (inf too): the largest finite
-    if (magnitude >= 0x3c800000u) {                     // 2^-6 and above: a normal e4m3
-        // Keep 3 of the 23 mantissa bits, ties to even, then rebias 127 -> 7.
-        const unsigned int rounded = (magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) >> 20;
-        return sign | (rounded - (120u << 3));
-    }
-    // Below 2^-6: multiples of 2^-9 (code 8 is 2^-6 itself, the first normal).
-    const int exponent = static_cast<int>(magnitude >> 23) - 127;
-    const int shift = 14 - exponent;  // significand (24 bits) * 2^(exponent - 23) * 2^9
-    if (magnitude == 0u || shift > 25) return sign;
-    const unsigned int significand = (magnitude & 0x7fffffu) | 0x800000u;
-    unsigned int code = significand >> shift;
-    const unsigned int remainder = significand & ((1u << shift) - 1u);
-    const unsigned int half = 1u << (shift - 1);
-    if (remainder > half || (remainder == half && (code & 1u))) ++code;
-    return sign | code;
+    // 2^-6 and above, a normal e4m3: keep 3 of the 23 mantissa bits, ties to
+    // even, then rebias 127 -> 7.
+    const unsigned int normal = ((magnitude + 0x7ffffu + ((magnitude >> 20) & 1u)) >> 20) - (120u << 3);
+    // Below 2^-6, multiples of 2^-9: |value| * 2^9 is exact (a power-of-two
+    // scaling of a normal float32 below 2^-6 stays below 8), and its nearest
+    // integer, ties to even, is the code (8 for 2^-6 itself, the first normal).
+    // Larger values are capped first, so the conversion never overflows.
+    const float below = fminf(kp_bits_to_float(magnitude), 0.015625f);
+    const unsigned int small = static_cast<unsigned int>(kp_round_to_int(below * 512.0f));
+    const unsigned int code = magnitude >= 0x43e00000u ? 0x7eu  // 448 and above (inf too): the largest finite
+                              : magnitude >= 0x3c800000u ? normal
+                                                         : small;
+    return magnitude > 0x7f800000u ? 0x7fu : sign | code;  // NaN: 0x7f
 }
 
 // The smallest power of two >= v, for a positive normal v: from the bits, so

@@ -51,6 +51,8 @@ __device__ __forceinline__ float kp_rcp_rn(float x) { return __frcp_rn(x); }
 // a / b correctly rounded (IEEE division, whatever --prec-div says): the FP8
 // epilogue's y / s.
 __device__ __forceinline__ float kp_div_rn(float a, float b) { return __fdiv_rn(a, b); }
+// x rounded to the nearest int, ties to even (one F2I on the GPU).
+__device__ __forceinline__ int kp_round_to_int(float x) { return __float2int_rn(x); }
 // Only the emulator needs telling that a kernel's threads cooperate.
 #define KP_THREADS_COOPERATE(when) \
     do {                           \

@@ -93,6 +93,43 @@ def test_rows_spread_over_most_e4m3_codes_convert_as_the_reference_does(round_sc
     assert len(np.unique(values)) > 150, len(np.unique(values))  # the comparison covered many codes
 
 
+def _conversion_inputs() -> np.ndarray:
+    """float32 values around every place the e4m3fn conversion can go wrong, both signs.
+
+    Every exponent from 2^-30 to 2^12 at 64 mantissas each; each normal
+    code's rounding midpoint (low 20 mantissa bits 0x80000) and its two
+    neighbours, at every exponent; each subnormal code's midpoint (k + 1/2)
+    * 2^-9 and its neighbours; 2^-6 and 448 with their neighbours; zero,
+    infinities, NaN, and float32 subnormals (which the build flushes).
+    """
+    exponents = np.arange(127 - 30, 127 + 13, dtype=np.uint32)[:, None] << 23
+    spread = (exponents | (np.arange(64, dtype=np.uint32) << 17)[None, :]).ravel()
+    kept = (np.arange(8, dtype=np.uint32) << 20)[None, :]
+    midpoints = (exponents | kept | 0x80000).ravel()
+    around = np.concatenate([midpoints - 1, midpoints, midpoints + 1]).view(np.float32)
+    small = (np.arange(8, dtype=np.float32) + np.float32(0.5)) * np.float32(2.0**-9)
+    edges = np.array([2.0**-6, 448.0, 464.0, 480.0], np.float32)
+    near = np.concatenate([small, edges])
+    near = np.concatenate([near, np.nextafter(near, np.float32(0)), np.nextafter(near, np.float32(np.inf))])
+    special = np.array([0.0, np.inf, np.nan, 1e-40, 2.0**-126], np.float32)
+    values = np.concatenate([spread.view(np.float32), around, near, special])
+    return np.concatenate([values, -values])
+
+
+def test_the_conversion_to_e4m3fn_equals_the_reference_on_every_rounding_edge():
+    x = _conversion_inputs()
+    out = np.full(x.size, 0xAA, np.uint8)
+    code = kernel_source("kpool_fp8.cuh") + '#line 1 "tests/kernels/e4m3_bits.cu"\n'
+    code += (ROOT / "tests" / "kernels" / "e4m3_bits.cu").read_text()
+    launch_code(code, "e4m3_bits_of", -(-x.size // 256), 256, (x, np.int64(x.size), out))
+    want = ref.quantize_e4m3fn(np.where(np.abs(x) < np.float32(2.0**-126), np.copysign(np.float32(0), x), x))  # flushed
+    wrong = np.flatnonzero(out != want)
+    assert wrong.size == 0, [
+        (float(x[i]), hex(int(x[i : i + 1].view(np.uint32)[0])), out[i], want[i]) for i in wrong[:5]
+    ]
+    assert len(np.unique(out)) == 255  # all 254 finite codes and the NaN byte met
+
+
 def test_the_epilogue_compiles_for_the_gpu_with_its_shuffles_and_no_spills():
     # NVRTC's PTX through ptxas for sm_90: the test kernel at D = 128 keeps
     # everything in registers, and the cross-lane steps are shuffles.

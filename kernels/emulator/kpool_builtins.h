@@ -62,6 +62,8 @@ inline float kp_exp2(float x) {
 inline float kp_rcp_rn(float x) { return 1.0f / x; }
 inline float kp_div_rn(float a, float b) { return a / b; }
 inline float kp_rcp(float x) { return kp_nudge_ulps(1.0f / x, kp_float_to_bits(x), KP_APPROX_WORST_ULPS / 2); }
+// Ties to even, as __float2int_rn: the emulator never changes the rounding mode.
+inline int kp_round_to_int(float x) { return static_cast<int>(std::nearbyint(x)); }
 
 // A GPU faults on a misaligned 16-byte access; memcpy would not, so the
 // emulator stops here instead, and a wrong vector_mask cannot pass unseen.
