@@ -197,20 +197,30 @@ __device__ __forceinline__ void store8(T* target, const float (&values)[kChannel
     }
 }
 
-// Copies 8 consecutive elements bit for bit (a ring stores raw values, so a
-// pool closed from it is the pool built in one call); 16-byte words when both
-// sides allow them.
-template <bool TARGET_VECTOR, bool SOURCE_VECTOR, typename T>
-__device__ __forceinline__ void copy8(T* target, const T* source) {
-    constexpr int kWords = sizeof(T) * kChannelsPerThread / 16;
+// Stores 8 elements as loaded, bit for bit (a ring stores raw values, so a
+// pool closed from it is the pool built in one call); 16-byte words when
+// both the row was loaded as words and the target allows them.
+template <bool TARGET_VECTOR, typename T, bool SOURCE_VECTOR>
+__device__ __forceinline__ void store_raw8(T* target, const Row8<T, SOURCE_VECTOR>& row) {
     if constexpr (TARGET_VECTOR && SOURCE_VECTOR) {
 #pragma unroll
-        for (int w = 0; w < kWords; ++w)
-            kp_store16(target + w * (16 / sizeof(T)), kp_load16(source + w * (16 / sizeof(T))));
+        for (int w = 0; w < static_cast<int>(sizeof(row.words) / sizeof(uint4)); ++w)
+            kp_store16(target + w * (16 / sizeof(T)), row.words[w]);
+    } else if constexpr (SOURCE_VECTOR) {
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) target[i] = element_from_words<T>(row.words, i);
     } else {
 #pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i) target[i] = source[i];
+        for (int i = 0; i < kChannelsPerThread; ++i) target[i] = row.elements[i];
     }
+}
+
+// Copies 8 consecutive elements bit for bit: a load, then store_raw8.
+template <bool TARGET_VECTOR, bool SOURCE_VECTOR, typename T>
+__device__ __forceinline__ void copy8(T* target, const T* source) {
+    Row8<T, SOURCE_VECTOR> row;
+    row.load(source);
+    store_raw8<TARGET_VECTOR>(target, row);
 }
 
 // This thread's group (one pool or one request) and its first channel: a group

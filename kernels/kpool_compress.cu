@@ -76,21 +76,25 @@ __device__ __forceinline__ bool locate_pool(long long pool, long long total_pool
 }
 
 // The pool `pool` of the batch into result (float32, unrounded): false, and
-// result untouched, when it is past the count or cannot be located. Both
-// compress kernels pool through here, so their pools are the same bits.
-template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP>
+// result untouched, when it is past the count or cannot be located, or when
+// prepare(request, number) — called once the pool is located, before its
+// loads — says it goes nowhere. Both compress kernels pool through here, so
+// their pools are the same bits.
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP,
+          typename Prepare>
 __device__ __forceinline__ bool compress_pool(long long pool, int channel, const KT* k, long long k_row_stride,
                                               const GT* gate, long long gate_row_stride, const float* ape,
                                               long long ape_row_stride, const IO* input_row_offsets,
                                               const IC* cache_lengths, const IP* pool_row_offsets, long long batch,
                                               long long total_tokens, float (&result)[kChannelsPerThread],
-                                              long long* request, long long* number) {
+                                              Prepare prepare) {
     // The last offset is the exact pool count, so surplus groups leave here.
     const long long total_pools = load_index(pool_row_offsets, batch);
     if (pool >= total_pools) return false;
-    long long first_row;
+    long long first_row, request, number;
     if (!locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
-                            total_tokens, &first_row, request, number))
+                            total_tokens, &first_row, &request, &number) ||
+        !prepare(request, number))
         return false;
     // Members of a located pool all exist, so nothing below is masked.
     const KT* k_member = k + first_row * k_row_stride + channel;
@@ -145,9 +149,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0 || pool >= pooled_rows) return;
     // Rows of `pooled` past the pool count are never written.
     float result[kp::kChannelsPerThread];
-    long long request, number;
-    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, result, &request,
-                                                            &number))
+    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, result,
+                                                            [](long long, long long) { return true; }))
         return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
         pooled + pool * pooled_row_stride + channel, channel, result);
@@ -156,28 +159,33 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // kpool_compress with the FP8 epilogue fused: each pool's float32 result
 // goes through kp::fp8_epilogue (bf16 x, the rotation, the scale, e4m3fn
 // bytes) in registers, and only its bytes and scale are written, to output
-// row `pool` or to the pool's cache slot (kp::Fp8Sink, TARGET). The values
-// equal the epilogue applied to kpool_compress's own float32 result.
+// row `pool` or to the pool's cache slot (kp::Fp8Sink, TARGET), found before
+// the pool's loads. The values equal the epilogue applied to kpool_compress's
+// own float32 result.
 //
-// A group's lanes exchange values by shuffles naming the group alone
-// (kp::group_lanes), so a group with no pool to write leaves as a whole and
-// its warp's other group goes on. HEAD_DIM: a power of two, 8 to 256.
-// VECTOR: kp::VectorAccess bits of k, gate and ape, and kVectorOut for 8-byte
-// value stores. ID: the element type of slots or the block table.
-template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, typename IO, typename IC,
-          typename IP, typename ID>
+// The epilogue's shuffles name the whole warp (kp::kWarpLanes): a group with
+// no pool to write leaves the kernel, and the warp's other group goes on.
+// HEAD_DIM: a power of two, 8 to 256. VECTOR: kp::VectorAccess bits of k,
+// gate and ape, and kVectorOut for 8-byte value stores. ID: the element type
+// of slots or the block table. ROUND_SCALE: power-of-two scales.
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, bool ROUND_SCALE, typename IO,
+          typename IC, typename IP, typename ID>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
-    kpool_compress_fp8(KP_COMPRESS_INPUT_PARAMS, KP_FP8_SINK_PARAMS(ID), int round_scale) {
+    kpool_compress_fp8(KP_COMPRESS_INPUT_PARAMS, KP_FP8_SINK_PARAMS(ID)) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
     long long pool;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
-    float v[kp::kChannelsPerThread];
-    long long request, number;
-    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, v, &request,
-                                                            &number))
-        return;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, pool, request, number, channel, round_scale, v);
+    unsigned char* value_row;
+    float* scale_address;
+    float v[kp::kChannelsPerThread];
+    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(
+            pool, channel, KP_COMPRESS_INPUT_ARGS, v, [&](long long request, long long number) {
+                return sink.place(pool, request, number, &value_row, &scale_address);
+            }))
+        return;
+    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
+                                                                                     channel, true, v);
 }

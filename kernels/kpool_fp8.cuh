@@ -4,7 +4,7 @@
 //
 //     y = bf16( B(x) * fl32(1/sqrt(D)) )        B: butterflies (a+b, a-b) at strides 1, 2, ..., D/2
 //     v = fl32( max(max_c |y_c|, 1e-4) * fl32(1/448) )
-//     s = the smallest power of two >= v        (round_scale; else s = v)
+//     s = the smallest power of two >= v        (ROUND_SCALE; else s = v)
 //     q = e4m3fn( clamp( fl32(y / s), -448, 448 ) )
 //
 // Strides 1, 2 and 4 stay in a thread's registers; strides 8 .. D/2 pair a
@@ -13,9 +13,9 @@
 // (-ftz=true; the emulator sets the host's flush-to-zero to match), so the
 // bytes equal kpool_cupy/backends/reference_epilogue.py's.
 //
-// Every lane of a row's group must reach the rotation and the quantization
-// together (their shuffles name the group's lanes, kp::group_lanes); a
-// kernel that calls them opens with KP_THREADS_COOPERATE(true) for the
+// Every lane of a warp must reach the rotation and the quantization together
+// or have left the kernel (their shuffles name the whole warp, kp::kWarpLanes);
+// a kernel that calls them opens with KP_THREADS_COOPERATE(true) for the
 // emulator.
 #ifndef KPOOL_FP8_CUH
 #define KPOOL_FP8_CUH
@@ -74,21 +74,23 @@ __host__ __device__ constexpr float inverse_sqrt() {
     return (k % 2) ? scale * 0.70710677f : scale;  // 0x3f3504f3, the float32 nearest 1/sqrt(2)
 }
 
-// The lanes of this thread's group of LANES consecutive lanes, as the mask
-// its shuffles name: a group starts at a multiple of LANES within its warp
-// (a group of HEAD_DIM / 8 threads, kp::thread_group). Naming the group and
-// not the warp lets one group run the epilogue while its warp's other group
-// has left or waits elsewhere (no pool to write, another decode step).
+// The mask every shuffle of the epilogue names: the whole warp, known at
+// compile time. A row's group of LANES lanes exchanges values within its own
+// segment of the warp (the shuffles' width), never with another group, so
+// the warp's groups only have to meet: each lane of the warp either reaches
+// each shuffle with the others or has left the kernel (CUDA waits for the
+// non-exited lanes a mask names). Every caller keeps to that: a group with
+// no row to write leaves the kernel before the epilogue, and the decode
+// step, whose groups close pools at different steps, runs the epilogue at
+// every step where any lane of the warp closes one (kp::tail_update_steps).
+// A run-time mask of the group alone would cost every shuffle a check that
+// the named lanes have converged and a divergent fallback.
+constexpr unsigned int kWarpLanes = 0xffffffffu;
+
 template <int LANES>
-__device__ __forceinline__ unsigned int group_lanes() {
+__device__ __forceinline__ void check_row_lanes() {
     static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0,
                   "a row's lanes: a power of two within one warp (head_dim 8 to 256)");
-    if constexpr (LANES == 32) {
-        return 0xffffffffu;
-    } else {
-        const unsigned int first = (threadIdx.x % 32u) & ~static_cast<unsigned int>(LANES - 1);
-        return ((1u << LANES) - 1u) << first;
-    }
 }
 
 // The rotation of one row: v holds this thread's 8 values (channels
@@ -97,7 +99,7 @@ __device__ __forceinline__ unsigned int group_lanes() {
 // group must call it together.
 template <int LANES>
 __device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], int lane) {
-    const unsigned int group = group_lanes<LANES>();
+    check_row_lanes<LANES>();
 #pragma unroll
     for (int stride = 1; stride < kChannelsPerThread; stride *= 2)
 #pragma unroll
@@ -112,7 +114,7 @@ __device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], 
         const bool low = (lane & lanes) == 0;  // this thread holds a (the a+b half), its partner b
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) {
-            const float partner = __shfl_xor_sync(group, v[i], lanes, LANES);
+            const float partner = __shfl_xor_sync(kWarpLanes, v[i], lanes, LANES);
             v[i] = low ? v[i] + partner : partner - v[i];
         }
     }
@@ -123,19 +125,20 @@ __device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], 
 
 // The quantization of one rotated row y (this thread's 8 values in v): the
 // row's scale s (every lane of the group gets it) and this thread's 8 e4m3fn
-// bytes in q. round_scale: s is the power of two ue8m0 gives, else v itself.
-template <int LANES>
-__device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThread], bool round_scale,
+// bytes in q. ROUND_SCALE: s is the power of two ue8m0 gives, else v itself;
+// a template argument, so a kernel carries one of the two paths.
+template <int LANES, bool ROUND_SCALE>
+__device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThread],
                                               unsigned char (&q)[kChannelsPerThread]) {
-    const unsigned int group = group_lanes<LANES>();
+    check_row_lanes<LANES>();
     float amax = 0.0f;
 #pragma unroll
     for (int i = 0; i < kChannelsPerThread; ++i)
         amax = fmaxf(amax, fabsf(v[i]));  // fmaxf skips a NaN, as the reference's row maximum does
 #pragma unroll
-    for (int lanes = 1; lanes < LANES; lanes *= 2) amax = fmaxf(amax, __shfl_xor_sync(group, amax, lanes, LANES));
+    for (int lanes = 1; lanes < LANES; lanes *= 2) amax = fmaxf(amax, __shfl_xor_sync(kWarpLanes, amax, lanes, LANES));
     const float bound = fmaxf(amax, 1e-4f) * (1.0f / 448.0f);
-    if (round_scale) {
+    if constexpr (ROUND_SCALE) {
         // y / s with s a power of two in [2^-22, 2^120] (or inf): y times
         // 2^-e is the same float32, rounding and flushing included, and a
         // multiply where IEEE division costs a subroutine's worth per value.
@@ -144,19 +147,21 @@ __device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThrea
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) q[i] = static_cast<unsigned char>(e4m3fn_bits(v[i] * inverse));
         return scale;
-    }
+    } else {
 #pragma unroll
-    for (int i = 0; i < kChannelsPerThread; ++i) q[i] = static_cast<unsigned char>(e4m3fn_bits(kp_div_rn(v[i], bound)));
-    return bound;
+        for (int i = 0; i < kChannelsPerThread; ++i)
+            q[i] = static_cast<unsigned char>(e4m3fn_bits(kp_div_rn(v[i], bound)));
+        return bound;
+    }
 }
 
 // One row's whole epilogue, rotation then quantization: v (x) is consumed,
 // q gets this thread's bytes, and the row's scale is returned.
-template <int LANES>
-__device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], int lane, bool round_scale,
+template <int LANES, bool ROUND_SCALE>
+__device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], int lane,
                                               unsigned char (&q)[kChannelsPerThread]) {
     hadamard_rotate<LANES>(v, lane);
-    return fp8_quantize<LANES>(v, round_scale, q);
+    return fp8_quantize<LANES, ROUND_SCALE>(v, q);
 }
 
 // Where a writer's FP8 rows go (kpool_cupy/ops/fp8_target.py builds the
@@ -254,37 +259,36 @@ __device__ __forceinline__ void store_fp8(unsigned char* value_row, float* scale
 // rounded once to T: the pooled key itself, or with ROTATE its rotation y =
 // bf16(B(bf16(pooled)) * fl32(1/sqrt(D))), for engines whose cache keeps
 // rotated bf16 keys (the `rotate=` option). With ROTATE every lane of the
-// group must call it together.
+// warp that has not left calls it together; WRITE false: the rotation runs
+// and nothing is stored.
 template <bool ROTATE, bool VECTOR, int HEAD_DIM, typename T>
-__device__ __forceinline__ void store_pooled(T* target, int channel, const float (&result)[kChannelsPerThread]) {
+__device__ __forceinline__ void store_pooled(T* target, int channel, const float (&result)[kChannelsPerThread],
+                                             bool write = true) {
     if constexpr (ROTATE) {
         float v[kChannelsPerThread];
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(result[i]));
         hadamard_rotate<HEAD_DIM / kChannelsPerThread>(v, channel / kChannelsPerThread);
-        store8<VECTOR>(target, v);
-    } else {
+        if (write) store8<VECTOR>(target, v);
+    } else if (write) {
         store8<VECTOR>(target, result);
     }
 }
 
-// The FP8 row of one pooled result, written where the sink puts output row
-// `row` (request `request`'s pool `pool`), or nowhere: v (float32) is
-// rounded to bf16 first, as a pooled key's x always is. Every lane of the
-// group calls it together; the group leaves together when the row goes
-// nowhere.
-template <bool VECTOR, int HEAD_DIM, int TARGET, typename ID>
-__device__ __forceinline__ void write_fp8_row(const Fp8Sink<HEAD_DIM, TARGET, ID>& sink, long long row,
-                                              long long request, long long pool, int channel, int round_scale,
-                                              float (&v)[kChannelsPerThread]) {
-    unsigned char* value_row;
-    float* scale_address;
-    if (!sink.place(row, request, pool, &value_row, &scale_address)) return;
+// The FP8 row of one pooled result (v, float32, rounded to bf16 first, as a
+// pooled key's x always is) into value_row and scale_address, which the
+// caller found through its kp::Fp8Sink before reducing the pool (so the
+// slot or block-table read overlaps the pool's loads); WRITE false: the
+// epilogue runs (its shuffles meet the warp's other groups) and nothing is
+// stored. Every lane of the group calls it together.
+template <bool VECTOR, bool ROUND_SCALE, int HEAD_DIM>
+__device__ __forceinline__ void write_fp8_row(unsigned char* value_row, float* scale_address, int channel,
+                                              bool write, float (&v)[kChannelsPerThread]) {
 #pragma unroll
     for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(v[i]));
     unsigned char q[kChannelsPerThread];
-    const float scale = fp8_epilogue<HEAD_DIM / kChannelsPerThread>(v, channel / kChannelsPerThread, round_scale != 0, q);
-    store_fp8<VECTOR>(value_row, scale_address, channel, q, scale);
+    const float scale = fp8_epilogue<HEAD_DIM / kChannelsPerThread, ROUND_SCALE>(v, channel / kChannelsPerThread, q);
+    if (write) store_fp8<VECTOR>(value_row, scale_address, channel, q, scale);
 }
 
 }  // namespace kp

@@ -11,15 +11,16 @@
 
 // VECTOR: kp::VectorAccess bits, kVectorK for 16-byte loads of x and
 // kVectorOut for 8-byte stores of values. HEAD_DIM: a power of two, 8 to 256.
-template <typename T, int HEAD_DIM, int VECTOR>
+// ROUND_SCALE: power-of-two scales (kp::fp8_quantize).
+template <typename T, int HEAD_DIM, int VECTOR, bool ROUND_SCALE>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     kpool_hadamard_quant_fp8(const T* __restrict__ x, long long x_row_stride, long long rows,
-                         unsigned char* __restrict__ values, long long values_row_stride, float* __restrict__ scales,
-                         int round_scale) {
+                         unsigned char* __restrict__ values, long long values_row_stride, float* __restrict__ scales) {
     KP_THREADS_COOPERATE(true);
     long long row;
     int channel;
-    // A group leaves as a whole: its shuffles name its own lanes only.
+    // A group leaves as a whole (the shuffles wait for the warp's lanes that
+    // have not left).
     if (!kp::thread_group<HEAD_DIM>(&row, &channel) || row >= rows) return;
     kp::Row8<T, kp::vector_bits(VECTOR, kp::kVectorK)> input;
     input.load(x + row * x_row_stride + channel);
@@ -28,7 +29,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     for (int i = 0; i < kp::kChannelsPerThread; ++i) v[i] = input[i];
     unsigned char q[kp::kChannelsPerThread];
     const float scale =
-        kp::fp8_epilogue<HEAD_DIM / kp::kChannelsPerThread>(v, channel / kp::kChannelsPerThread, round_scale != 0, q);
+        kp::fp8_epilogue<HEAD_DIM / kp::kChannelsPerThread, ROUND_SCALE>(v, channel / kp::kChannelsPerThread, q);
     kp::store_fp8<kp::vector_bits(VECTOR, kp::kVectorOut)>(values + row * values_row_stride, scales + row, channel, q,
                                                            scale);
 }

@@ -81,15 +81,18 @@ namespace kp {
 // pending pool c / KPOOL closes in this call (the group's first thread
 // writes closed[request]: the id, or -1), and if so the pool, from the ring
 // rows of positions [c - c % KPOOL, c) and the call's first KPOOL - c %
-// KPOOL tokens, into result, with the thread's request and channel. Both
-// ring close kernels pool through here and take its parameters. closed is
-// written before the pooling so that nothing but the pool's own state stays
-// live across it (a long pool's loads need every register).
-template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS>
+// KPOOL tokens, into result, with the thread's request and channel; false
+// too when prepare(request, pool id), called before the pool's loads, says
+// the pool goes nowhere. Both ring close kernels pool through here and take
+// its parameters. closed is written before the pooling so that nothing but
+// the pool's own state stays live across it (a long pool's loads need every
+// register).
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS,
+          typename Prepare>
 __device__ __forceinline__ bool close_pending_pool(long long* thread_request, int* thread_channel,
                                                    KP_RING_PARAMS(const), KP_RING_TOKEN_PARAMS, const float* ape,
                                                    long long ape_row_stride, KP_REQUEST_PARAMS, int* closed,
-                                                   float (&result)[kChannelsPerThread]) {
+                                                   float (&result)[kChannelsPerThread], Prepare prepare) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     long long request;
     int channel;
@@ -104,7 +107,7 @@ __device__ __forceinline__ bool close_pending_pool(long long* thread_request, in
     closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
              cached / KPOOL <= 2147483647LL;
     if (channel == 0) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
-    if (!closes) return false;
+    if (!closes || !prepare(request, cached / KPOOL)) return false;
 
     const T* keys_ring = key_ring + slot * ring.key_slot_stride + channel;
     const G* gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
@@ -150,7 +153,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     long long request;
     int channel;
     float result[kp::kChannelsPerThread];
-    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, result))
+    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, result,
+                                                                [](long long, long long) { return true; }))
         return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
         pooled + request * pooled_row_stride + channel, channel, result);
@@ -159,28 +163,32 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // kpool_ring_close with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
 // each closed pool's bytes and scale go to output row b, or to its cache
 // slot through slots[b] or request b's block table row (kp::Fp8Sink,
-// TARGET); the same bytes kpool_compress_fp8 writes for the same pool.
-// closed as kpool_ring_close. A group's shuffles name its own lanes, so a
-// request that closes nothing leaves as a whole. HEAD_DIM: a power of two,
-// 8 to 256; VECTOR's kVectorOut: 8-byte value stores. ID: the element type
-// of slots or the block table.
-template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, typename IO, typename IC,
-          typename IS, typename ID>
+// TARGET, read before the pool's loads); the same bytes kpool_compress_fp8
+// writes for the same pool. closed as kpool_ring_close. A request that
+// closes nothing leaves the kernel (the epilogue's shuffles wait for the
+// warp's lanes that have not left). HEAD_DIM: a power of two, 8 to 256;
+// VECTOR's kVectorOut: 8-byte value stores. ID: the element type of slots or
+// the block table. ROUND_SCALE: power-of-two scales.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, bool ROUND_SCALE, typename IO,
+          typename IC, typename IS, typename ID>
 __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     kpool_ring_close_fp8(KP_RING_PARAMS(const), KP_RING_TOKEN_PARAMS, const float* __restrict__ ape,
                          long long ape_row_stride, KP_REQUEST_PARAMS, KP_FP8_SINK_PARAMS(ID),
-                         int* __restrict__ closed, int round_scale) {
+                         int* __restrict__ closed) {
     KP_THREADS_COOPERATE(true);
     long long request;
     int channel;
     float v[kp::kChannelsPerThread];
-    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, v)) return;
-    // The pool's id, read again rather than kept across the pooling (a
-    // register the pool's loads need); the same value, which was checked.
-    const long long pool_id = kp::load_index(cache_lengths, request) / KPOOL;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, request, request, pool_id, channel, round_scale,
-                                                               v);
+    unsigned char* value_row;
+    float* scale_address;
+    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(
+            &request, &channel, KP_RING_CLOSE_ARGS, v, [&](long long pool_request, long long pool_id) {
+                return sink.place(pool_request, pool_request, pool_id, &value_row, &scale_address);
+            }))
+        return;
+    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
+                                                                                     channel, true, v);
 }
 
 // Stashes each request's last min(n, ring) tokens, positions
@@ -226,17 +234,33 @@ namespace kp {
 
 // The decode step of one request: walks its tokens in order, stashes every
 // real token at ring row pos % ring, and whenever pos % KPOOL == KPOOL - 1
-// pools pool pos / KPOOL from its members' rows and hands it to
-// emit(row, pool_id, result), row = request * pools_per_request + the
-// pools closed so far; closed gets the ids, padded with -1. Both tail
-// update kernels run through here. See kpool_tail_update for SPLIT.
-template <typename T, typename G, int KPOOL, int VECTOR, bool SPLIT, typename IPOS, typename IS, typename Emit>
+// pools pool pos / KPOOL from its members' rows, as output row
+// row = request * pools_per_request + the pools closed so far; closed gets
+// the ids, padded with -1. Both tail update kernels run through here. See
+// kpool_tail_update for SPLIT.
+//
+// The writer says where a pool goes and writes it: writer.prepare(row,
+// pool_id) before the pool's loads (false: nowhere; an FP8 cache's block
+// table entry is read there, beside the ring's), writer.write(row, write,
+// result) after. MEET (the writer's stores shuffle): at every step where any lane of
+// the warp closes a pool, every lane of the warp that has not left calls
+// write, with write false where its own request closes none, so that the
+// shuffles name the whole warp (kp::kWarpLanes) and each meets in one step.
+//
+// Global loads wait on each other at most once on the path of a closing
+// pool: the slot, each step's position and tokens and ape depend on the
+// request alone and are issued together, whatever the slot and position
+// turn out to be (the token rows exist either way); the ring's members, the
+// writer's table entry and the token's own ring row need the slot and the
+// position, and the ring stores before them carry this step's tokens.
+template <typename T, typename G, int KPOOL, int VECTOR, bool SPLIT, bool MEET, typename IPOS, typename IS,
+          typename Writer>
 __device__ __forceinline__ void tail_update_steps(
     long long request, int channel, T* key_ring, G* gate_ring, long long gate_offset, long long max_slots,
     long long ring_rows, long long key_slot_stride, long long key_row_stride, long long gate_slot_stride,
     long long gate_row_stride, const T* k, long long k_request_stride, long long k_token_stride, const G* gate,
     long long gate_request_stride, long long gate_token_stride, const float* ape, long long ape_row_stride,
-    const IPOS* positions, const IS* slot_idx, int next_n, int* closed, int pools_per_request, Emit emit) {
+    const IPOS* positions, const IS* slot_idx, int next_n, int* closed, int pools_per_request, Writer& writer) {
     static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
     const bool lead = channel == 0;  // the group's first thread writes closed
 
@@ -259,39 +283,52 @@ __device__ __forceinline__ void tail_update_steps(
         if constexpr (SPLIT) return gates_ring + row_offset * gate_row;
         return reinterpret_cast<G*>(key_row_address) + half;
     };
+    const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     int written = 0;
-    for (int t = 0; t < next_n && slot_ok; ++t) {
+    for (int t = 0; t < next_n; ++t) {  // the same count for every lane of the warp: no early exit
         const long long position = load_signed_index(positions, request * next_n + t);
-        if (position < 0) continue;  // padding: the ring stays byte-identical
-        const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
-        const int ring_row = static_cast<int>(ring_row_of(ring, position));
-        T* const key_slot_row = keys_ring + ring_row * key_row;
-        copy8<kKeyRingVector, vector_bits(VECTOR, kVectorK)>(
-            key_slot_row, k + request * k_request_stride + t * k_token_stride + channel);
-        copy8<kGateRingVector, vector_bits(VECTOR, kVectorGate)>(
-            gate_beside(key_slot_row, ring_row), gate + request * gate_request_stride + t * gate_token_stride + channel);
-        if (position % KPOOL != KPOOL - 1 || written >= pools_per_request) continue;
-
-        // The pool's members, positions position - KPOOL + 1 .. position, sit
-        // at ring rows from first_row on (one wrap at most: KPOOL <= ring
-        // rows); this thread wrote their 8 channels, in this call or earlier.
-        const int first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + rows;
-        T* const first_key = keys_ring + first_row * key_row;
-        const int unwrapped = rows - first_row;  // members before the ring's end
-        float result[kChannelsPerThread];
-        pool8<KPOOL, T, G, kKeyRingVector, kGateRingVector, vector_bits(VECTOR, kVectorApe)>(
-            [&](int m, const T** key_member, const G** gate_member) {
-                // Member m at first_row + m, less the ring's length past its end.
-                const int member_row = m < unwrapped ? m : m - rows;
-                T* const key_address = first_key + member_row * key_row;
-                *key_member = key_address;
-                *gate_member = gate_beside(key_address, first_row + member_row);
-            },
-            ape + channel, ape_row_stride, result);
+        Row8<T, vector_bits(VECTOR, kVectorK)> token_key;
+        Row8<G, vector_bits(VECTOR, kVectorGate)> token_gate;
+        token_key.load(k + request * k_request_stride + t * k_token_stride + channel);
+        token_gate.load(gate + request * gate_request_stride + t * gate_token_stride + channel);
+        const bool real = slot_ok && position >= 0;  // padding leaves the ring byte-identical
+        const int ring_row = real ? static_cast<int>(ring_row_of(ring, position)) : 0;
+        if (real) {
+            T* const key_slot_row = keys_ring + ring_row * key_row;
+            store_raw8<kKeyRingVector>(key_slot_row, token_key);
+            store_raw8<kGateRingVector>(gate_beside(key_slot_row, ring_row), token_gate);
+        }
+        const bool closes = real && position % KPOOL == KPOOL - 1 && written < pools_per_request;
         const long long row = request * pools_per_request + written;
-        emit(row, position / KPOOL, result);
-        if (lead) closed[row] = static_cast<int>(position / KPOOL);  // fits: checked with validate=True
-        ++written;
+        const bool pools = closes && writer.prepare(row, position / KPOOL);
+        float result[kChannelsPerThread] = {};
+        if (pools) {
+            // The pool's members, positions position - KPOOL + 1 .. position,
+            // sit at ring rows from first_row on (one wrap at most: KPOOL <=
+            // ring rows); this thread wrote their 8 channels, in this call or
+            // earlier (the last just now).
+            const int first_row = ring_row >= KPOOL - 1 ? ring_row - (KPOOL - 1) : ring_row - (KPOOL - 1) + rows;
+            T* const first_key = keys_ring + first_row * key_row;
+            const int unwrapped = rows - first_row;  // members before the ring's end
+            pool8<KPOOL, T, G, kKeyRingVector, kGateRingVector, vector_bits(VECTOR, kVectorApe)>(
+                [&](int m, const T** key_member, const G** gate_member) {
+                    // Member m at first_row + m, less the ring's length past its end.
+                    const int member_row = m < unwrapped ? m : m - rows;
+                    T* const key_address = first_key + member_row * key_row;
+                    *key_member = key_address;
+                    *gate_member = gate_beside(key_address, first_row + member_row);
+                },
+                ape + channel, ape_row_stride, result);
+        }
+        if constexpr (MEET) {
+            if (__any_sync(kWarpLanes, pools)) writer.write(row, pools, result);
+        } else if (pools) {
+            writer.write(row, true, result);
+        }
+        if (closes) {
+            if (lead) closed[row] = static_cast<int>(position / KPOOL);  // fits: checked with validate=True
+            ++written;
+        }
     }
     if (lead)
         for (int w = written; w < pools_per_request; ++w) closed[request * pools_per_request + w] = -1;
@@ -326,6 +363,44 @@ __device__ __forceinline__ void tail_update_steps(
 // (two would cost the registers that keep the pool's loads from spilling).
 // ROTATE: as kpool_compress. IPOS, IS: the element types of positions and
 // slot_idx.
+namespace kp {
+
+// Where kpool_tail_update's pools go: pooled row `row`, rounded once to OT
+// (ROTATE: the rotation, whose shuffles need tail_update_steps' MEET).
+template <typename OT, int HEAD_DIM, bool ROTATE, bool VECTOR>
+struct PooledRowWriter {
+    OT* pooled;
+    int channel;
+
+    __device__ __forceinline__ bool prepare(long long, long long) { return true; }
+    __device__ __forceinline__ void write(long long row, bool write, const float (&result)[kChannelsPerThread]) {
+        store_pooled<ROTATE, VECTOR, HEAD_DIM>(pooled + row * HEAD_DIM + channel, channel, result, write);
+    }
+};
+
+// Where kpool_tail_update_fp8's pools go: the sink's place for the pool,
+// found in prepare (before the pool's loads), and its FP8 row.
+template <int HEAD_DIM, int TARGET, typename ID, bool ROUND_SCALE, bool VECTOR>
+struct Fp8RowWriter {
+    const Fp8Sink<HEAD_DIM, TARGET, ID>& sink;
+    long long request;
+    int channel;
+    unsigned char* value_row;
+    float* scale_address;
+
+    __device__ __forceinline__ bool prepare(long long row, long long pool_id) {
+        return sink.place(row, request, pool_id, &value_row, &scale_address);
+    }
+    __device__ __forceinline__ void write(long long, bool write, const float (&result)[kChannelsPerThread]) {
+        float v[kChannelsPerThread];
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) v[i] = result[i];
+        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, write, v);
+    }
+};
+
+}  // namespace kp
+
 template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, bool ROTATE,
           typename IPOS, typename IS>
 __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
@@ -336,42 +411,35 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
-    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT>(
-        request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed, pools_per_request,
-        [&](long long row, long long, const float (&result)[kp::kChannelsPerThread]) {
-            kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
-                pooled + row * HEAD_DIM + channel, channel, result);
-        });
+    kp::PooledRowWriter<OT, HEAD_DIM, ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{pooled, channel};
+    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT, ROTATE>(request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed,
+                                                              pools_per_request, writer);
 }
 
 // kpool_tail_update with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
 // each closed pool's bytes and scale go to output row
 // request * pools_per_request + j (values [requests, pools_per_request,
 // HEAD_DIM], scales [requests, pools_per_request]) or, through request r's
-// block table row, to its cache slot (kp::Fp8Sink, TARGET); the same bytes
-// kpool_compress_fp8 writes for the same pool. Ring and closed as
-// kpool_tail_update. A group's shuffles name its own lanes, and a request's
-// closings depend on its positions alone, so the group's lanes meet at
-// each. HEAD_DIM: a power of two, 8 to 256; VECTOR's kVectorOut: 8-byte
-// value stores. ID: the element type of the block table.
-template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, int TARGET, typename IPOS,
-          typename IS, typename ID>
+// block table row (read beside the pool's ring rows), to its cache slot
+// (kp::Fp8Sink, TARGET); the same bytes kpool_compress_fp8 writes for the
+// same pool. Ring and closed as kpool_tail_update. The warp's lanes meet at
+// the epilogue of every step where any of them closes a pool
+// (kp::tail_update_steps' MEET). HEAD_DIM: a power of two, 8 to 256;
+// VECTOR's kVectorOut: 8-byte value stores. ID: the element type of the
+// block table. ROUND_SCALE: power-of-two scales.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, int TARGET, bool ROUND_SCALE,
+          typename IPOS, typename IS, typename ID>
 __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
     kpool_tail_update_fp8(KP_RING_PARAMS(), KP_STEP_PARAMS, KP_FP8_SINK_PARAMS(ID), int* __restrict__ closed,
-                          int pools_per_request, int round_scale) {
+                          int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
     long long request;
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT>(
-        request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed, pools_per_request,
-        [&](long long row, long long pool_id, const float (&result)[kp::kChannelsPerThread]) {
-            float v[kp::kChannelsPerThread];
-#pragma unroll
-            for (int i = 0; i < kp::kChannelsPerThread; ++i) v[i] = result[i];
-            kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut)>(sink, row, request, pool_id, channel,
-                                                                       round_scale, v);
-        });
+    kp::Fp8RowWriter<HEAD_DIM, TARGET, ID, ROUND_SCALE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{
+        sink, request, channel, nullptr, nullptr};
+    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT, true>(request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed,
+                                                            pools_per_request, writer);
 }

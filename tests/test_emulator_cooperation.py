@@ -201,11 +201,41 @@ def test_a_thread_that_skips_one_of_two_barriers_is_refused(fibers):
     assert f"threads 1-63 wait at __syncthreads ({SOURCE}:{first})" in stderr, stderr
 
 
-def test_a_lane_that_skips_a_shuffle_is_a_deadlock(fibers):
+def test_reading_a_lane_that_left_the_kernel_is_refused(fibers):
+    # Lane 0 skips the shuffle and exits: the others' shuffle completes (CUDA
+    # waits for the non-exited lanes), but lane 1 reads lane 0's value.
     stderr = _run_failing("skip_shuffle", 64, "(np.zeros(64, np.float32),)")
+    line = _line("__global__ void skip_shuffle(float* out) {") + 3
+    assert f"{SOURCE}:{line}: __shfl_xor_sync: lane 1 of warp 0 reads lane 0, which has left the kernel" in stderr
+
+
+def test_a_lane_that_skips_a_shuffle_for_another_is_a_deadlock(fibers):
+    # The same mask at two different calls: CUDA needs the same intrinsic.
+    stderr = _run_failing("skip_shuffle_then_wait", 64, "(np.zeros(64, np.float32),)")
+    first = _line("__global__ void skip_shuffle_then_wait(float* out) {") + 3
     assert "kpool emulator: deadlock" in stderr, stderr
-    assert "threads 1-31 (warp 0) wait at __shfl_xor_sync with mask 0xffffffff" in stderr, stderr
-    assert "threads 33-63 (warp 1) wait at __shfl_xor_sync" in stderr, stderr
+    assert f"threads 0-0 (warp 0) wait at __shfl_xor_sync with mask 0xffffffff ({SOURCE}:{first + 1})" in stderr
+    assert f"threads 1-31 (warp 0) wait at __shfl_xor_sync with mask 0xffffffff ({SOURCE}:{first})" in stderr
+
+
+@pytest.mark.parametrize("width", [4, 8, 16])
+def test_groups_that_leave_let_the_others_shuffle_under_the_full_mask(width):
+    # Two blocks of 64; every other group (and one whole warp) leaves. A
+    # shuffle that waited for the lanes that left would deadlock; one that
+    # read across segments would change the sums; __any_sync that counted a
+    # lane that left, or missed one that stayed, would change any_odd.
+    rng = np.random.default_rng(width)
+    x = rng.integers(-8, 8, 128).astype(np.float32)
+    keep = (np.arange(128 // width) % 2 == 0).astype(np.int32)
+    keep[32 // width : 64 // width] = 0  # the first block's second warp: every group leaves
+    total, any_odd = np.full_like(x, -1.0), np.full(128, -1, np.int32)
+    _launch("groups_leave_full_mask", 2, 64, x, keep, total, any_odd, np.int32(width))
+    stays = np.repeat(keep, width).astype(bool)
+    want = _butterfly(x, width)
+    assert np.array_equal(total[stays], want[stays]) and np.all(total[~stays] == -1.0)
+    odd = (x.astype(np.int64) % 2 != 0) & stays
+    warp_any = np.repeat(odd.reshape(-1, 32).any(axis=1), 32)
+    assert np.array_equal(any_odd[stays], warp_any[stays].astype(np.int32)) and np.all(any_odd[~stays] == -1)
 
 
 def test_a_mask_naming_lanes_past_the_block_is_refused(fibers):

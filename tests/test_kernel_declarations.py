@@ -137,11 +137,11 @@ def test_arguments_come_by_name_at_their_width():
 
 
 def test_a_scalar_that_does_not_fit_its_parameter_is_refused():
-    from kpool_cupy.kernel.declarations import HADAMARD_QUANT_FP8
+    from kpool_cupy.kernel.declarations import TAIL_UPDATE
 
-    values = {p.name: (np.zeros(1, np.float32) if p.pointer else 1) for p in HADAMARD_QUANT_FP8.params}
-    with pytest.raises(ValueError, match="round_scale"):
-        HADAMARD_QUANT_FP8.arguments({**values, "round_scale": 2**31})
+    values = {p.name: (np.zeros(1, np.float32) if p.pointer else 1) for p in TAIL_UPDATE.params}
+    with pytest.raises(ValueError, match="next_n"):
+        TAIL_UPDATE.arguments({**values, "next_n": 2**31})
 
 
 def test_instance_names_every_template_parameter():

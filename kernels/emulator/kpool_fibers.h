@@ -8,9 +8,12 @@
 // A cooperating launch runs each block's threads as fibers on one host
 // thread: a fiber runs until it reaches a shuffle or a barrier, and when
 // every fiber of the block waits, the scheduler releases whatever is
-// complete. A shuffle completes when every lane its mask names waits at a
-// shuffle of the same kind with the same mask; then each lane reads the
-// value its source lane deposited. A barrier completes when every thread of
+// complete. A shuffle completes when every lane its mask names has left the
+// kernel or waits at the same shuffle (the same call, kind and mask), as
+// CUDA waits for the non-exited lanes of a mask; then each lane reads the
+// value its source lane deposited (a source that has left is undefined in
+// CUDA, and refused). __any_sync is such a shuffle that reads every waiting
+// lane's predicate. A barrier completes when every thread of
 // the block waits at the same __syncthreads. Anything else is a deadlock
 // on the emulator and undefined on a GPU, and the emulator aborts naming
 // the threads and where each waits.
@@ -117,8 +120,9 @@ struct KpContext {
 #endif
 
 enum class KpWait : unsigned char { running, shuffle, barrier, exited };
-// PTX's shfl.sync modes, plus __syncwarp (a shuffle that moves nothing).
-enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync };
+// PTX's shfl.sync modes, plus __syncwarp (a shuffle that moves nothing) and
+// __any_sync (vote.sync.any).
+enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any };
 
 struct KpFiber {
     KpContext context;
@@ -318,7 +322,8 @@ inline unsigned int kp_shuffle_source(KpShuffleMode mode, unsigned int lane, int
         case KpShuffleMode::down: j = self + b; inside = j <= high; break;
         case KpShuffleMode::bfly: j = self ^ b; inside = j <= high; break;
         case KpShuffleMode::idx: j = low | (b & ~segmask); inside = j <= high; break;
-        case KpShuffleMode::sync: break;
+        case KpShuffleMode::sync:
+        case KpShuffleMode::any: break;
     }
     return static_cast<unsigned int>(inside ? j : self);
 }
@@ -400,6 +405,10 @@ inline void __syncwarp(unsigned int mask = 0xffffffffu, const char* file = __bui
                        int line = __builtin_LINE()) {
     kp_shuffle(KpShuffleMode::sync, "__syncwarp", mask, 0, 0, 32, file, line);
 }
+inline int __any_sync(unsigned int mask, int predicate, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE()) {
+    return static_cast<int>(kp_shuffle(KpShuffleMode::any, "__any_sync", mask, predicate != 0, 0, 32, file, line));
+}
 
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     KpFiber* f = kp_fiber_current;
@@ -427,22 +436,34 @@ inline bool kp_release(KpBlockRun& run) {
         if (f.wait != KpWait::shuffle) continue;
         KpFiber* warp = run.fibers + (f.rank - f.rank % 32);
         bool complete = true;
-        for (unsigned int lane = 0; lane < 32 && complete; ++lane)
-            if ((f.mask >> lane) & 1u)
-                complete = warp[lane].wait == KpWait::shuffle && warp[lane].mask == f.mask &&
-                           warp[lane].mode == f.mode;
+        unsigned long long any = 0;
+        for (unsigned int lane = 0; lane < 32 && complete; ++lane) {
+            if (!((f.mask >> lane) & 1u) || warp[lane].wait == KpWait::exited) continue;
+            const KpFiber& other = warp[lane];
+            complete = other.wait == KpWait::shuffle && other.mask == f.mask && other.mode == f.mode &&
+                       other.line == f.line && std::strcmp(other.file, f.file) == 0;
+            any |= other.value != 0;
+        }
         if (!complete) continue;
         for (unsigned int lane = 0; lane < 32; ++lane) {
-            if (!((f.mask >> lane) & 1u) || f.mode == KpShuffleMode::sync) continue;
+            if (!((f.mask >> lane) & 1u) || warp[lane].wait == KpWait::exited || f.mode == KpShuffleMode::sync)
+                continue;
             KpFiber& reader = warp[lane];
+            if (f.mode == KpShuffleMode::any) {
+                reader.result = any;
+                continue;
+            }
             const unsigned int source = kp_shuffle_source(f.mode, lane, reader.operand, reader.width);
             if (!((f.mask >> source) & 1u))
                 kp_fail("%s:%d: %s: lane %u of warp %u reads lane %u, outside the mask 0x%08x (undefined in CUDA)",
                         reader.file, reader.line, reader.what, lane, f.rank / 32, source, f.mask);
+            if (warp[source].wait == KpWait::exited)
+                kp_fail("%s:%d: %s: lane %u of warp %u reads lane %u, which has left the kernel (undefined in CUDA)",
+                        reader.file, reader.line, reader.what, lane, f.rank / 32, source);
             reader.result = warp[source].value;
         }
         for (unsigned int lane = 0; lane < 32; ++lane)
-            if ((f.mask >> lane) & 1u) warp[lane].wait = KpWait::running;
+            if ((f.mask >> lane) & 1u && warp[lane].wait == KpWait::shuffle) warp[lane].wait = KpWait::running;
         released = true;
     }
     if (!released && at_barrier == run.count) {

@@ -201,6 +201,10 @@ _STEP = (
     Param("next_n", "int"),
 )
 
+# Power-of-two FP8 scales (kp::fp8_quantize), a template argument so that a
+# kernel carries one quantization path; on unless given, as the ops default.
+ROUND_SCALE = TemplateParam("ROUND_SCALE", "bool", True)
+
 # Where an FP8 writer's rows go (kp::Fp8Sink in kernels/kpool_fp8.cuh): rows
 # of values and scales, or a paged cache through slots or a block table.
 FP8_SINK = (
@@ -214,13 +218,13 @@ FP8_SINK = (
 
 def fp8_form(kernel: Kernel) -> Kernel:
     """The FP8 sibling of a pool-writing kernel (``<name>_fp8``, same file): the same pooling, its rows
-    written through ``kp::Fp8Sink``. Its template drops the output type, takes TARGET where ROTATE was and
-    the destinations' index type last; its parameters take ``FP8_SINK`` where the pooled rows were and
-    ``round_scale`` last."""
+    written through ``kp::Fp8Sink``. Its template drops the output type, takes TARGET and ROUND_SCALE where
+    ROTATE was and the destinations' index type last; its parameters take ``FP8_SINK`` where the pooled
+    rows were."""
     template: list[TemplateParam] = []
     for t in kernel.template:
         if t.name == "ROTATE":
-            template.append(integer("TARGET", int(Fp8Target.ROWS)))
+            template += [integer("TARGET", int(Fp8Target.ROWS)), ROUND_SCALE]
         elif t.name != "OT":
             template.append(t)
     params: list[Param] = []
@@ -229,13 +233,7 @@ def fp8_form(kernel: Kernel) -> Kernel:
             params += FP8_SINK
         elif not p.name.startswith("pooled_"):
             params.append(p)
-    return Kernel(
-        f"{kernel.name}_fp8",
-        kernel.source,
-        (*template, index("ID")),
-        (*params, Param("round_scale", "int")),
-        aligned=kernel.aligned,
-    )
+    return Kernel(f"{kernel.name}_fp8", kernel.source, (*template, index("ID")), tuple(params), aligned=kernel.aligned)
 
 
 COMPRESS = Kernel(
@@ -296,14 +294,8 @@ EXPAND_TOPK = Kernel(
 HADAMARD_QUANT_FP8 = Kernel(
     "kpool_hadamard_quant_fp8",
     "kpool_hadamard_quant_fp8.cu",
-    (typename("T"), integer("HEAD_DIM"), integer("VECTOR")),
-    (
-        *rows("x", "const T*"),
-        Param("rows", "long long"),
-        *rows("values", "unsigned char*"),
-        Param("scales", "float*"),
-        Param("round_scale", "int"),
-    ),
+    (typename("T"), integer("HEAD_DIM"), integer("VECTOR"), ROUND_SCALE),
+    (*rows("x", "const T*"), Param("rows", "long long"), *rows("values", "unsigned char*"), Param("scales", "float*")),
     aligned=_V.K | _V.OUT,
 )
 # The benchmark's baseline (kernels/bench/): upstream's geometry, one thread per channel.

@@ -137,10 +137,11 @@ class Fp8Rows:
             check_destinations(self.target, None, host, rows, requests, pools)
 
     def launch_values(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return sink_values(self.target, arrays) | {"round_scale": self.round_scale}
+        return sink_values(self.target, arrays)
 
     def launch_template(self, arrays: dict[str, Any]) -> dict[str, Any]:
-        return sink_template(self.target, arrays) | {"VECTOR": sink_vector(self.target, arrays)}
+        vector = sink_vector(self.target, arrays)
+        return sink_template(self.target, arrays) | {"VECTOR": vector, "ROUND_SCALE": self.round_scale}
 
     def results(self, arrays: dict[str, Any]) -> tuple[Any, ...]:
         return () if self.target.to_cache else (arrays["out"], arrays["out_scale"])

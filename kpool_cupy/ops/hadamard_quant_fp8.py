@@ -43,11 +43,11 @@ def hadamard_quant_fp8_launch(call: HadamardQuantFp8Call, operands: dict[str, An
     """The launch of ``kpool_hadamard_quant_fp8``."""
     o = operands
     values = codes.rows("x", o["x"]) | {"rows": call.rows} | codes.rows("values", o["out"])
-    values |= {"scales": o["out_scale"], "round_scale": call.round_scale}
+    values |= {"scales": o["out_scale"]}
     vector = codes.vector_mask(k=o["x"])
     if codes.allows_8byte_rows(o["out"]):
         vector |= codes.VectorAccess.OUT  # 8-byte stores of a row's bytes
-    template = {"T": call.dtype, "HEAD_DIM": call.head_dim, "VECTOR": vector}
+    template = {"T": call.dtype, "HEAD_DIM": call.head_dim, "VECTOR": vector, "ROUND_SCALE": call.round_scale}
     return Launch(HADAMARD_QUANT_FP8, template, values, group_geometry(call.head_dim, call.rows), o)
 
 

@@ -140,6 +140,30 @@ __global__ void skip_shuffle(float* out) {
     out[threadIdx.x] = v;
 }
 
+// Lane 0 skips a shuffle and waits at another: the two calls never meet.
+__global__ void skip_shuffle_then_wait(float* out) {
+    KP_THREADS_COOPERATE(true);
+    float v = static_cast<float>(threadIdx.x);
+    if (threadIdx.x % 32 != 0) v = __shfl_xor_sync(0xffffffffu, v, 1);
+    v = __shfl_xor_sync(0xffffffffu, v, 2);
+    out[threadIdx.x] = v;
+}
+
+// Groups of `width` lanes that leave as a whole while the warp's other groups
+// shuffle within their own segments under the full mask (CUDA waits for the
+// non-exited lanes a mask names): a group whose index in[g] is negative
+// leaves; the others sum their segment by butterflies. __any_sync then tells
+// every staying lane whether any staying lane of its warp has an odd value.
+__global__ void groups_leave_full_mask(const float* in, const int* keep, float* sum, int* any_odd, int width) {
+    KP_THREADS_COOPERATE(true);
+    const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (keep[i / width] == 0) return;
+    float s = in[i];
+    for (int offset = 1; offset < width; offset *= 2) s += __shfl_xor_sync(0xffffffffu, s, offset, width);
+    sum[i] = s;
+    any_odd[i] = __any_sync(0xffffffffu, static_cast<int>(in[i]) % 2 != 0);
+}
+
 // A barrier in a kernel that does not say its threads cooperate.
 __global__ void unmarked_barrier(float* out) {
     out[threadIdx.x] = 1.0f;

@@ -17,7 +17,7 @@ __global__ void fp8_epilogue_rows(const float* __restrict__ x, long long rows, u
         v[i] = KEY ? kp::to_float(kp::from_float<kp::bf16>(value)) : value;
     }
     unsigned char q[kp::kChannelsPerThread];
-    const float scale = kp::fp8_epilogue<D / kp::kChannelsPerThread>(v, channel / 8, ROUND_SCALE, q);
+    const float scale = kp::fp8_epilogue<D / kp::kChannelsPerThread, ROUND_SCALE>(v, channel / 8, q);
     if (!active) return;
     for (int i = 0; i < kp::kChannelsPerThread; ++i) values[row * D + channel + i] = q[i];
     if (channel == 0) scales[row] = scale;
