@@ -41,6 +41,25 @@ __host__ __device__ constexpr int group_block_bound(int head_dim) {
     return head_dim / kChannelsPerThread > 256 ? head_dim / kChannelsPerThread : 256;
 }
 
+// The launch bounds of the prefill pooling kernels (kpool_compress and its
+// FP8 form) at the engines' shape, 16-bit keys and gate scores in pools of
+// at most 4 members, where blocks of at most 256 threads (HEAD_DIM <= 2048):
+// 3 blocks of 256 threads per SM, which caps registers at 80 (65536 / 768,
+// in ptxas's steps of 8) and keeps 24 warps of loads in flight instead of 16.
+// Elsewhere one block of kMaxThreadsPerBlock (128 registers).
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL>
+__host__ __device__ constexpr bool three_blocks_per_sm() {
+    return sizeof(KT) == 2 && sizeof(GT) == 2 && KPOOL <= 4 && group_block_bound(HEAD_DIM) == 256;
+}
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL>
+__host__ __device__ constexpr int pool_block_threads() {
+    return three_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>() ? 256 : kMaxThreadsPerBlock;
+}
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL>
+__host__ __device__ constexpr int pool_blocks_per_sm() {
+    return three_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>() ? 3 : 1;
+}
+
 // VectorAccess: bits of a kernel's VECTOR template argument, one per operand
 // whose rows the launcher found 16-byte aligned (base address and every
 // stepped stride). Mirrored in kpool_cupy/kernel/codes.py (a test reads this

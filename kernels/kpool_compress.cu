@@ -139,7 +139,8 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
 // pool_row_offsets (int, unsigned int or long long).
 template <typename KT, typename GT, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool ROTATE, typename IO,
           typename IC, typename IP>
-__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
+__global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL>(),
+                                  kp::pool_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>())
     kpool_compress(KP_COMPRESS_INPUT_PARAMS, OT* __restrict__ pooled, long long pooled_row_stride,
                    long long pooled_rows) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
@@ -170,7 +171,8 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
 // of slots or the block table. ROUND_SCALE: power-of-two scales.
 template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, int TARGET, bool ROUND_SCALE, typename IO,
           typename IC, typename IP, typename ID>
-__global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
+__global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL>(),
+                                  kp::pool_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>())
     kpool_compress_fp8(KP_COMPRESS_INPUT_PARAMS, KP_FP8_SINK_PARAMS(ID)) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);

@@ -10,7 +10,7 @@ import numpy as np
 from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name, signed_index
 from ..kernel import codes
 from ..kernel.declarations import TAIL_UPDATE
-from ..kernel.geometry import group_geometry
+from ..kernel.geometry import decode_geometry
 from .checks import (
     MAX_HEAD_DIM,
     OUTPUT_DTYPES,
@@ -185,7 +185,7 @@ def pool_into(backend: Backend, call: TailUpdateCall, a: dict[str, Any], *, vali
         values = step_values(call, a) | to.launch_values(a) | {"closed": a["closed"]}
         values["pools_per_request"] = call.pools_per_request
         template = launch_template(step_template(call, a), to, a)
-        backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, call.requests), a))
+        backend.launch(Launch(to.kernel, template, values, decode_geometry(call.head_dim, call.requests), a))
     return returned(to, a, a["closed"])
 
 
