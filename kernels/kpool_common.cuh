@@ -178,6 +178,13 @@ struct Row8<T, true> {
         for (int w = 0; w < static_cast<int>(sizeof(words) / sizeof(uint4)); ++w)
             words[w] = kp_load16(source + w * (16 / sizeof(T)));
     }
+    // The same load issued here, not sunk under a later branch that uses it
+    // (kp_load16_now); read-only data only.
+    __device__ __forceinline__ void load_now(const T* source) {
+#pragma unroll
+        for (int w = 0; w < static_cast<int>(sizeof(words) / sizeof(uint4)); ++w)
+            words[w] = kp_load16_now(source + w * (16 / sizeof(T)));
+    }
     __device__ __forceinline__ float operator[](int i) const { return to_float(element_from_words<T>(words, i)); }
 };
 template <typename T>
@@ -187,6 +194,8 @@ struct Row8<T, false> {
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) elements[i] = source[i];
     }
+    // Element loads have no such form; the compiler places them.
+    __device__ __forceinline__ void load_now(const T* source) { load(source); }
     __device__ __forceinline__ float operator[](int i) const { return to_float(elements[i]); }
 };
 

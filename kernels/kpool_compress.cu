@@ -76,10 +76,11 @@ __device__ __forceinline__ bool locate_pool(long long pool, long long total_pool
 }
 
 // The pool `pool` of the batch into result (float32, unrounded): false, and
-// result untouched, when it is past the count or cannot be located, or when
-// prepare(request, number) — called once the pool is located, before its
-// loads — says it goes nowhere. Both compress kernels pool through here, so
-// their pools are the same bits.
+// result untouched, when it is past the count or cannot be located. Once the
+// pool is located and before its loads, prepare(request, number) runs (an
+// FP8 writer finds the pool's cache slot there, so that its reads overlap
+// the pool's; the pool does not wait for them). Both compress kernels pool
+// through here, so their pools are the same bits.
 template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP,
           typename Prepare>
 __device__ __forceinline__ bool compress_pool(long long pool, int channel, const KT* k, long long k_row_stride,
@@ -93,9 +94,9 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
     if (pool >= total_pools) return false;
     long long first_row, request, number;
     if (!locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
-                            total_tokens, &first_row, &request, &number) ||
-        !prepare(request, number))
+                            total_tokens, &first_row, &request, &number))
         return false;
+    prepare(request, number);
     // Members of a located pool all exist, so nothing below is masked.
     const KT* k_member = k + first_row * k_row_stride + channel;
     const GT* gate_member = gate + first_row * gate_row_stride + channel;
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL
     // Rows of `pooled` past the pool count are never written.
     float result[kp::kChannelsPerThread];
     if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, result,
-                                                            [](long long, long long) { return true; }))
+                                                            [](long long, long long) {}))
         return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
         pooled + pool * pooled_row_stride + channel, channel, result);
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL
 // kpool_compress with the FP8 epilogue fused: each pool's float32 result
 // goes through kp::fp8_epilogue (bf16 x, the rotation, the scale, e4m3fn
 // bytes) in registers, and only its bytes and scale are written, to output
-// row `pool` or to the pool's cache slot (kp::Fp8Sink, TARGET), found before
+// row `pool` or to the pool's cache slot (kp::Fp8Sink, TARGET), read beside
 // the pool's loads. The values equal the epilogue applied to kpool_compress's
 // own float32 result.
 //
@@ -180,14 +181,17 @@ __global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    unsigned char* value_row;
-    float* scale_address;
+    unsigned char* value_row = nullptr;
+    float* scale_address = nullptr;
+    bool placed = false;
     float v[kp::kChannelsPerThread];
     if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(
             pool, channel, KP_COMPRESS_INPUT_ARGS, v, [&](long long request, long long number) {
-                return sink.place(pool, request, number, &value_row, &scale_address);
+                placed = sink.place(pool, request, number, &value_row, &scale_address);
             }))
         return;
+    // A pool whose row goes nowhere still runs the epilogue (its lanes meet
+    // the warp's at the shuffles) and stores nothing.
     kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
-                                                                                     channel, true, v);
+                                                                                     channel, placed, v);
 }

@@ -22,8 +22,24 @@ __device__ __forceinline__ unsigned int kp_float_to_bits(float value) { return _
 __device__ __forceinline__ uint4 kp_load16(const void* address) {
     return *reinterpret_cast<const uint4*>(address);
 }
+// A 16-byte load issued where the program says, even when its value is used
+// only under a later branch: ptxas sinks an ordinary load (ld.global.nc too)
+// into that branch, where it waits for the branch's condition (the decode
+// step's tokens behind their positions). A volatile load stays; it skips L1
+// (LDG.E.128.STRONG.SYS), which a row read once never reuses.
+__device__ __forceinline__ uint4 kp_load16_now(const void* address) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(address));
+    return v;
+}
+// One 16-byte store (STG.E.128). Through a uint4 lvalue NVVM splits a copy
+// whose value came from another 16-byte access into four 4-byte stores.
 __device__ __forceinline__ void kp_store16(void* address, uint4 value) {
-    *reinterpret_cast<uint4*>(address) = value;
+    asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(address), "r"(value.x), "r"(value.y),
+                 "r"(value.z), "r"(value.w)
+                 : "memory");
 }
 // Two 32-bit words as one 8-byte store (8 e4m3fn bytes of a row).
 __device__ __forceinline__ void kp_store8(void* address, unsigned int low, unsigned int high) {

@@ -81,10 +81,10 @@ namespace kp {
 // pending pool c / KPOOL closes in this call (the group's first thread
 // writes closed[request]: the id, or -1), and if so the pool, from the ring
 // rows of positions [c - c % KPOOL, c) and the call's first KPOOL - c %
-// KPOOL tokens, into result, with the thread's request and channel; false
-// too when prepare(request, pool id), called before the pool's loads, says
-// the pool goes nowhere. Both ring close kernels pool through here and take
-// its parameters. closed is written before the pooling so that nothing but
+// KPOOL tokens, into result, with the thread's request and channel. Before
+// the pool's loads prepare(request, pool id) runs (an FP8 writer finds the
+// pool's cache slot there; the pool does not wait for it). Both ring close
+// kernels pool through here and take its parameters. closed is written before the pooling so that nothing but
 // the pool's own state stays live across it (a long pool's loads need every
 // register).
 template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS,
@@ -107,7 +107,8 @@ __device__ __forceinline__ bool close_pending_pool(long long* thread_request, in
     closes = closes && phase != 0 && slot >= 0 && slot < max_slots && row_end - row_begin >= KPOOL - phase &&
              cached / KPOOL <= 2147483647LL;
     if (channel == 0) closed[request] = closes ? static_cast<int>(cached / KPOOL) : -1;
-    if (!closes || !prepare(request, cached / KPOOL)) return false;
+    if (!closes) return false;
+    prepare(request, cached / KPOOL);
 
     const T* keys_ring = key_ring + slot * ring.key_slot_stride + channel;
     const G* gates_ring = gate_ring + gate_offset + slot * ring.gate_slot_stride + channel;
@@ -154,7 +155,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     int channel;
     float result[kp::kChannelsPerThread];
     if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, result,
-                                                                [](long long, long long) { return true; }))
+                                                                [](long long, long long) {}))
         return;
     kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
         pooled + request * pooled_row_stride + channel, channel, result);
@@ -180,15 +181,16 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     int channel;
     float v[kp::kChannelsPerThread];
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    unsigned char* value_row;
-    float* scale_address;
+    unsigned char* value_row = nullptr;
+    float* scale_address = nullptr;
+    bool placed = false;
     if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(
             &request, &channel, KP_RING_CLOSE_ARGS, v, [&](long long pool_request, long long pool_id) {
-                return sink.place(pool_request, pool_request, pool_id, &value_row, &scale_address);
+                placed = sink.place(pool_request, pool_request, pool_id, &value_row, &scale_address);
             }))
         return;
     kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
-                                                                                     channel, true, v);
+                                                                                     channel, placed, v);
 }
 
 // Stashes each request's last min(n, ring) tokens, positions
@@ -241,8 +243,8 @@ namespace kp {
 //
 // The writer says where a pool goes and writes it: writer.prepare(row,
 // pool_id) before the pool's loads (false: nowhere; an FP8 cache's block
-// table entry is read there, beside the ring's), writer.write(row, write,
-// result) after. MEET (the writer's stores shuffle): at every step where any lane of
+// table entry is read there, beside the ring's, and the pooling does not
+// wait for it), writer.write(row, write, result) after. MEET (the writer's stores shuffle): at every step where any lane of
 // the warp closes a pool, every lane of the warp that has not left calls
 // write, with write false where its own request closes none, so that the
 // shuffles name the whole warp (kp::kWarpLanes) and each meets in one step.
@@ -289,8 +291,18 @@ __device__ __forceinline__ void tail_update_steps(
         const long long position = load_signed_index(positions, request * next_n + t);
         Row8<T, vector_bits(VECTOR, kVectorK)> token_key;
         Row8<G, vector_bits(VECTOR, kVectorGate)> token_gate;
-        token_key.load(k + request * k_request_stride + t * k_token_stride + channel);
-        token_gate.load(gate + request * gate_request_stride + t * gate_token_stride + channel);
+        // Issued before the position is known where registers allow (16-bit
+        // rows and pools of up to 4 members, the engines' shape): they are
+        // then held through the ring row's divisions, which spills wider
+        // rows or longer pools at head_dim 256 and 4096; there the compiler
+        // places them (under the position's branch).
+        if constexpr (sizeof(T) == 2 && sizeof(G) == 2 && KPOOL <= 4) {
+            token_key.load_now(k + request * k_request_stride + t * k_token_stride + channel);
+            token_gate.load_now(gate + request * gate_request_stride + t * gate_token_stride + channel);
+        } else {
+            token_key.load(k + request * k_request_stride + t * k_token_stride + channel);
+            token_gate.load(gate + request * gate_request_stride + t * gate_token_stride + channel);
+        }
         const bool real = slot_ok && position >= 0;  // padding leaves the ring byte-identical
         const int ring_row = real ? static_cast<int>(ring_row_of(ring, position)) : 0;
         if (real) {
@@ -300,9 +312,11 @@ __device__ __forceinline__ void tail_update_steps(
         }
         const bool closes = real && position % KPOOL == KPOOL - 1 && written < pools_per_request;
         const long long row = request * pools_per_request + written;
-        const bool pools = closes && writer.prepare(row, position / KPOOL);
+        // Where the pool goes is read beside its members; the pooling does
+        // not wait for it (a pool that goes nowhere is pooled and dropped).
+        const bool placed = closes && writer.prepare(row, position / KPOOL);
         float result[kChannelsPerThread] = {};
-        if (pools) {
+        if (closes) {
             // The pool's members, positions position - KPOOL + 1 .. position,
             // sit at ring rows from first_row on (one wrap at most: KPOOL <=
             // ring rows); this thread wrote their 8 channels, in this call or
@@ -321,8 +335,8 @@ __device__ __forceinline__ void tail_update_steps(
                 ape + channel, ape_row_stride, result);
         }
         if constexpr (MEET) {
-            if (__any_sync(kWarpLanes, pools)) writer.write(row, pools, result);
-        } else if (pools) {
+            if (__any_sync(kWarpLanes, closes)) writer.write(row, placed, result);
+        } else if (placed) {
             writer.write(row, true, result);
         }
         if (closes) {

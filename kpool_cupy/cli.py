@@ -218,14 +218,14 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
         ]
     )
     if sass:
-        from .tools.sass import sm_arch, summarize_sass
-        from .tools.variants import op_variant
+        from .tools.sass import sm_arch
+        from .tools.sass_report import op_sass
 
         try:
-            kernel, name = op_variant(op, head_dim, kpool, dtype)
-            machine = summarize_sass(kernel.source, name, arch=sm_arch(arch))
+            report = op_sass(op, head_dim, kpool, dtype, arch)
         except (ValueError, TypeError, RuntimeError) as error:
             raise click.ClickException(str(error)) from error
+        machine = report.machine
         # Static counts: a loop's body counts once, NOP padding and the end-of-kernel self-branch not at all.
         click.echo(f"kpool_{op} {dtype}, {sizes}, {sm_arch(arch)} SASS")
         softmax = machine.exps > 0  # the ops that pool; seed tail, expand and the query side have no softmax
@@ -238,6 +238,8 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
             ("branches, first 16-byte load to last exp", machine.branches_in_softmax if softmax else "no softmax"),
             ("static instructions", machine.instructions),
             ("exps (MUFU.EX2)", machine.exps),
+            (f"blocks per SM ({report.block_threads}-thread blocks)", report.blocks_per_sm or "unknown arch"),
+            ("dependent global loads (longest path)", report.load_depth),
         ]
         for label, value in rows:
             click.echo(f"{label:<42}{value}")

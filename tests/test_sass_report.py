@@ -183,6 +183,10 @@ def test_ptx_sass_prints_each_count_on_its_line(fake_summary):
         "branches, first 16-byte load to last exp": "5",
         "static instructions": "701",
         "exps (MUFU.EX2)": "40",
+        # 61 registers (64 allocated) x 8 warps of a 256-thread block: 4 blocks fill the 65,536 registers.
+        "blocks per SM (256-thread blocks)": "4",
+        # The snippet's scalar load feeds no other load's address: each load is at depth 1.
+        "dependent global loads (longest path)": "1",
     }, result.output
 
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..kernel.declarations import COMPRESS
-from .nvrtc import _arch_number, compress_instance, kernel_ptx, parse_ptxas_log
+from .nvrtc import _arch_number, code_ptx, compress_instance, kernel_ptx, parse_ptxas_log
 
 # The wheel that carries each tool, as nvidia/cu13/bin/<tool> under site-packages.
 WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -30,9 +30,10 @@ _INSTRUCTION = re.compile(
     r"^\s*/\*([0-9a-fA-F]+)\*/\s+(@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)([^;]*);?"
     r"\s*(?:/\*[^*]*\*/)?\s*$"
 )
-_LABEL = re.compile(r"^\s*(\.L\w+):\s*$")
-# A branch target: nvdisasm's label, `(.L_x_2), or an address, 0x2bb0, as cuobjdump writes it.
-_TARGET = re.compile(r"`\((\.L\w+)\)|\b0x([0-9a-fA-F]+)\b")
+# A label: a branch target (.L_x_2) or a subroutine ($__internal_0_$__cuda_sm20_div_s64).
+_LABEL = re.compile(r"^\s*((?:\.L|\$)[\w$]+):\s*$")
+# A branch or call target: nvdisasm's label, `(.L_x_2), or an address, 0x2bb0, as cuobjdump writes it.
+_TARGET = re.compile(r"`\(((?:\.L|\$)[\w$]+)\)|\b0x([0-9a-fA-F]+)\b")
 # Opcodes that change or reconverge the flow of a warp. EXIT is left out: a
 # thread that leaves costs the others no detour.
 BRANCHES = frozenset({"BRA", "BSSY", "BSYNC", "WARPSYNC", "CALL", "BRX", "JMP"})
@@ -59,15 +60,35 @@ class SassSummary(SassCounts):
 
 
 @dataclass(frozen=True)
-class _Instruction:
+class Instruction:
+    """One SASS instruction: its address, its guard predicate ("P0", "!UP1"; "" for none), its opcode split at
+    the dots and its operand text."""
+
     address: int
-    predicated: bool
+    guard: str
     opcode: tuple[str, ...]  # "LDG.E.128.CONSTANT" as ("LDG", "E", "128", "CONSTANT")
     operands: str
 
+    @property
+    def predicated(self) -> bool:
+        return bool(self.guard)
 
-def _instructions(text: str) -> list[_Instruction]:
-    """The instructions of ``text`` in program order, without NOP padding and the end-of-kernel self-branch.
+
+def branch_target(instruction: Instruction, labels: dict[str, int]) -> int | None:
+    """The address a BRA, CALL or RET names (an nvdisasm label or an address), None when it names none."""
+    target = _TARGET.search(instruction.operands)
+    if target is None:
+        return None
+    return labels.get(target.group(1)) if target.group(1) else int(target.group(2), 16)
+
+
+def _instructions(text: str) -> list[Instruction]:
+    return parse_instructions(text)[0]
+
+
+def parse_instructions(text: str) -> tuple[list[Instruction], dict[str, int]]:
+    """The instructions of ``text`` in program order, without NOP padding and the end-of-kernel self-branch,
+    and the address of each label.
 
     ptxas pads a kernel to a 128-byte boundary with NOPs and puts an
     unpredicated ``BRA`` to itself after the last EXIT, so that a warp that ran
@@ -75,7 +96,7 @@ def _instructions(text: str) -> list[_Instruction]:
     issues either, so neither is counted. Any unpredicated BRA to itself is
     such a trap: as code it would be an endless loop.
     """
-    found: list[_Instruction] = []
+    found: list[Instruction] = []
     labels: dict[str, int] = {}
     pending: list[str] = []
     for line in text.splitlines():
@@ -89,20 +110,15 @@ def _instructions(text: str) -> list[_Instruction]:
         address = int(match.group(1), 16)
         labels.update(dict.fromkeys(pending, address))
         pending.clear()
-        found.append(
-            _Instruction(address, match.group(2) is not None, tuple(match.group(3).split(".")), match.group(4))
-        )
+        guard = (match.group(2) or "").strip().removeprefix("@")
+        found.append(Instruction(address, guard, tuple(match.group(3).split(".")), match.group(4)))
 
-    def self_branch(instruction: _Instruction) -> bool:
+    def self_branch(instruction: Instruction) -> bool:
         if instruction.opcode[0] != "BRA" or instruction.predicated:
             return False
-        target = _TARGET.search(instruction.operands)
-        if target is None:
-            return False
-        address = labels.get(target.group(1)) if target.group(1) else int(target.group(2), 16)
-        return address == instruction.address
+        return branch_target(instruction, labels) == instruction.address
 
-    return [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)]
+    return [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)], labels
 
 
 def parse_sass(text: str) -> SassCounts:
@@ -122,7 +138,7 @@ def parse_sass(text: str) -> SassCounts:
     """
     instructions = _instructions(text)
 
-    def vector(instruction: _Instruction, base: str) -> bool:
+    def vector(instruction: Instruction, base: str) -> bool:
         return instruction.opcode[0] == base and "128" in instruction.opcode[1:]
 
     exps = [n for n, i in enumerate(instructions) if i.opcode[:2] == ("MUFU", "EX2")]
@@ -192,9 +208,19 @@ def summarize_sass(source: str, name: str, arch: str = "sm_90") -> SassSummary:
     compiles the one name expression, so the cubin holds that kernel alone.
     Needs NVRTC, ptxas and nvdisasm (`find_tool`), no GPU and no driver.
     """
-    sm = sm_arch(arch)
-    ptxas, nvdisasm = find_tool("ptxas"), find_tool("nvdisasm")  # before compiling: a missing tool costs nothing
-    ptx = kernel_ptx(source, name, sm)
+    find_tool("ptxas"), find_tool("nvdisasm")  # before compiling: a missing tool costs nothing
+    return _summarize_ptx(kernel_ptx(source, name, sm_arch(arch)), name, sm_arch(arch))
+
+
+def summarize_code_sass(code: str, name: str, arch: str = "sm_90") -> SassSummary:
+    """`summarize_sass` of kernel ``name`` of a whole kernel text (a test's kernel, or another version of
+    kernels/ inlined by ``kernel.sources``)."""
+    find_tool("ptxas"), find_tool("nvdisasm")
+    return _summarize_ptx(code_ptx(code, name, sm_arch(arch)), name, sm_arch(arch))
+
+
+def _summarize_ptx(ptx: str, name: str, sm: str) -> SassSummary:
+    ptxas, nvdisasm = find_tool("ptxas"), find_tool("nvdisasm")
     with tempfile.TemporaryDirectory(prefix="kpool-sass-") as folder:
         ptx_file, cubin = Path(folder, "kernel.ptx"), Path(folder, "kernel.cubin")
         ptx_file.write_text(ptx)

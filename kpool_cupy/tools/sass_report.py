@@ -1,0 +1,58 @@
+"""What `kpool-cupy ptx --sass --op OP` reports for one op's variant: the SASS counts, the blocks an SM holds
+at the op's launch shape, and the dependent global-load depth (``tools.load_depth``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..kernel.geometry import LaunchGeometry, decode_geometry, flat_geometry, group_geometry
+from . import sass
+from .load_depth import load_depth
+from .sass import SassSummary, sm_arch
+from .variants import op_variant
+
+# Per SM (CUDA C++ Programming Guide, compute capabilities table): resident threads and blocks. Every one of
+# these has 65,536 32-bit registers, allocated to a warp in units of 256 (8 a thread).
+_SM_LIMITS = {"80": (2048, 32), "86": (1536, 16), "87": (2048, 32), "89": (1536, 24), "90": (2048, 32)}
+REGISTERS_PER_SM = 65536
+# The batch the report sizes a launch for: enough pools or requests that a block is full.
+_MANY = 1 << 20
+
+
+def blocks_per_sm(registers: int, block_threads: int, arch: str = "sm_90") -> int | None:
+    """Blocks of ``block_threads`` threads using ``registers`` each that one SM holds at once (no shared memory
+    in these kernels), None for an architecture not in the table."""
+    limits = _SM_LIMITS.get(sm_arch(arch).removeprefix("sm_"))
+    if limits is None:
+        return None
+    threads, blocks = limits
+    warps = -(-block_threads // 32)
+    per_warp = -(-max(registers, 1) // 8) * 8 * 32
+    return min(blocks, threads // (warps * 32), REGISTERS_PER_SM // (warps * per_warp))
+
+
+def launch_geometry(op: str, head_dim: int) -> LaunchGeometry:
+    """The blocks ``op`` launches for a large batch: the decode step's (``decode_geometry``), expand's one
+    thread per element, the others' groups of head_dim / 8 threads (``group_geometry``)."""
+    if op.startswith("tail_update"):
+        return decode_geometry(head_dim, _MANY)
+    if op == "expand_topk":
+        return flat_geometry(_MANY)
+    return group_geometry(head_dim, _MANY)
+
+
+@dataclass(frozen=True)
+class OpSass:
+    kernel: str
+    machine: SassSummary
+    block_threads: int
+    blocks_per_sm: int | None
+    load_depth: int
+
+
+def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> OpSass:
+    """The report of ``op``'s variant (``tools.variants``) for ``arch``'s SASS."""
+    kernel, name = op_variant(op, head_dim, kpool, dtype)
+    machine = sass.summarize_sass(kernel.source, name, arch=sm_arch(arch))
+    block = launch_geometry(op, head_dim).block
+    return OpSass(name, machine, block, blocks_per_sm(machine.registers, block, arch), load_depth(machine.sass).depth)
