@@ -273,9 +273,17 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
 @main.command()
 @_file_option("--json", _output_file, "Write all numbers here.")
 @_file_option("--plot", _plot_file, "Draw each shape's fractions of the copy and ratios to kpool-cupy here (PNG).")
+@_file_option("--table", _output_file, "Write the table here too, rewritten after every record.")
 @click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
 @click.option(
     "--samples", type=click.IntRange(min=1), default=30, show_default=True, help="Timed samples per implementation."
+)
+@click.option(
+    "--min-calls",
+    type=click.IntRange(min=1),
+    default=32,
+    show_default=True,
+    help="Calls per captured round at least (rounds with fewer input sets go round them again).",
 )
 @click.option(
     "--skip", multiple=True, callback=_skip, help="Implementation to leave out (repeatable), e.g. torch-compile."
@@ -295,8 +303,10 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
 def bench(
     json_file: str | None,
     plot_file: str | None,
+    table_file: str | None,
     quick: bool,
     samples: int,
+    min_calls: int,
     skip: tuple[str, ...],
     decode_side: bool,
     fp8: bool,
@@ -306,7 +316,10 @@ def bench(
     Device times come from replaying a CUDA graph of one round of calls where
     the calls can be captured, else from events around the Python loop; the
     JSON says which for every implementation. Host time per call is reported
-    next to a bare CuPy launch of the same kernel.
+    next to a bare CuPy launch of the same kernel. The short records (decode
+    side, FP8) run before the sweep; the JSON and the table are rewritten
+    after every record and the plot after every shape of the sweep, so a run
+    cut short keeps what it measured.
     """
     from .backends.cupy import gpu_status
 
@@ -314,28 +327,38 @@ def bench(
     if not usable:
         click.echo(f"kpool-cupy bench needs a CUDA GPU: {why}", err=True)
         sys.exit(2)
+    from .bench import timing
     from .bench.impls import IMPLEMENTATIONS
     from .bench.report import environment, plot, table
     from .bench.run import run_sweep
     from .bench.shapes import sweep
 
     chosen = [name for name in IMPLEMENTATIONS if name not in skip]
+    timing.MIN_GRAPH_CALLS = min_calls  # read by every capture of this run
 
     def progress(shapes):
         return click.progressbar(shapes, label="benchmark", file=sys.stderr, item_show_func=lambda s: s and s.name)
 
     env = environment()
 
-    def write(partial: dict) -> None:  # after every shape, so a run cut short keeps what it measured
+    drawn = [-1]  # the sweep's shapes in the plot last drawn
+
+    def write(partial: dict) -> None:  # after every record, so a run cut short keeps what it measured
+        done = {"environment": env, **partial}
         if json_file:
             with open(json_file, "w") as handle:
-                json.dump({"environment": env, **partial}, handle, indent=1)
+                json.dump(done, handle, indent=1)
+        if table_file:
+            Path(table_file).write_text("\n".join(table(done)) + "\n")
+        # The plot once the short records are done and after every shape of the sweep (drawing takes a second).
+        if plot_file and "shapes" in partial and len(partial["shapes"]) != drawn[0]:
+            plot(done, plot_file)
+            drawn[0] = len(partial["shapes"])
 
     swept = run_sweep(sweep(quick), chosen, samples, progress, quick, write, decode_side, fp8)
     results = {"environment": env, **swept}
     results["complete"] = True
     for line in table(results):
         click.echo(line)
+    drawn[0] = -1  # the last plot says complete too
     write(results)
-    if plot_file:
-        plot(results, plot_file)

@@ -5,23 +5,27 @@
 # through PYTHONPATH. Exit status: non-zero if any step failed.
 #
 #     scripts/gpu_check.sh            the real run, results under $OUT (or ./gpu-results)
-#     scripts/gpu_check.sh --smoke    the same steps with the quick benchmark and fewer
-#                                     garbage calls: how tests/test_gpu_check_script.py runs
-#                                     it on the CPU through tests/cupy_double
+#     scripts/gpu_check.sh --smoke    the same steps with the quick benchmark, one sample and
+#                                     one call per input set: how tests/test_gpu_check_script.py
+#                                     runs it on the CPU through tests/cupy_double
 #
 # What comes back is at most 5 files in $OUT, whatever happens:
 #   summary.txt          environment, every step's exit status, limit, seconds and last
-#                        line, the check verdicts, memcheck's summary, the benchmark table
-#   bench.json           the full sweep (rewritten after every shape), bench.png its plot
+#                        line, the precompile's count, the check verdicts, memcheck's
+#                        summary, the benchmark tables
+#   bench.json           the benchmark (rewritten after every record: host costs, the empty
+#                        kernel, the decode side and the FP8 records first, then the sweep),
+#                        bench.png its plot (redrawn after every shape of the sweep)
 #   bench-compile.json   the quick sweep with torch.compile, cold
-#   logs.tar.gz          every step's whole log
+#   logs.tar.gz          every step's whole log, and the benchmark's table as it stood
 # summary.txt and logs.tar.gz are rewritten after every step, so a run cut
 # short keeps what it did.
 #
-# Step limits, in seconds. With the 2 s that `timeout` may wait after TERM
-# before KILL, per step, they add up to 297 s: the 5-minute budget of one call
-# holds, a cold torch.compile included (it has its own step, and the full
-# sweep leaves it out).
+# The first step compiles every kernel variant the later steps launch
+# (scripts/gpu_variants.json, recorded on the CuPy double by
+# scripts/gpu_variants.py), in parallel processes, into CuPy's on-disk kernel
+# cache; no later step waits for NVRTC on its own kernels (CuPy's own array
+# kernels, a few dozen small ones, still compile where first used).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -40,21 +44,36 @@ export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 py="${PYTHON:-python3}"
 export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 
-steps=(environment pytest-gpu check memcheck bench bench-compile)
+# Step limits, in seconds: the sum with the 2 s that `timeout` may wait after
+# TERM before KILL, per step, is at most 360 s (6 minutes of one call; a cold
+# torch.compile included: it has its own step, and the full sweep leaves it
+# out). No step has run on a GPU yet: the limits come from what was measured
+# on the CPU (below) and margins over it.
+#
+# NVRTC, measured here (scripts/gpu_variants.py time: NVRTC 12.9 on a 2-core
+# CPU-only machine, 2026-12-04), for the 248 variants of
+# scripts/gpu_variants.json, sm_90 cubins: 61.6 s one after another, 0.49 s
+# the slowest; over 16 processes (scripts/gpu_variants.py estimate) 3.9 s.
+# Before the precompile step, the timed steps paid those 61.6 s between them,
+# serially, inside their limits.
+steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
     [environment]=5      # nvidia-smi and versions; torch's read from its metadata, not imported
-    [pytest-gpu]=65      # the gpu-marked tests: NVRTC compiles dozens of kernel variants, cold
-    [check]=40           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs)
-    [memcheck]=50        # compute-sanitizer over tests/run_memcheck.py
-    [bench]=65           # the full sweep without torch.compile
+    [precompile]=30      # 3.9 s of NVRTC over 16 processes + 5 s for a process's CuPy import and CUDA context, x3 (a slower CPU, CUDA 13's NVRTC)
+    [pytest-gpu]=60      # the gpu-marked tests, kernels precompiled (65 s before, compiles included)
+    [check]=35           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs; 40 s before)
+    [memcheck]=45        # compute-sanitizer over tests/run_memcheck.py: 27 family calls, 8 garbage calls a family
+    [bench]=110          # the rest of the budget: host costs, empty kernel, decode side, FP8 records, full sweep
     [bench-compile]=60   # the quick sweep's three shapes with torch.compile, from a cold start
 )
 kill_after=2
 declare -A status seconds
 if (( smoke )); then
+    # One sample, and no round repeated to 32 calls: the double runs every
+    # call on the CPU emulator. The kernels launched are the same.
     bench_args=(--quick --samples 1)
     compile_samples=1
-    garbage_count=8
+    min_calls=1
     # The smoke run goes through the CuPy double on the CPU, where a step's
     # time is the machine's load: a step may take ten times its limit there
     # (a guard against a hang); the table keeps the GPU run's limits.
@@ -62,7 +81,7 @@ if (( smoke )); then
 else
     bench_args=(--samples 10 --skip torch-compile)  # a sample replays a whole round: up to tens of thousands of calls
     compile_samples=10
-    garbage_count=40
+    min_calls=32  # calls per captured round at least: the graph's own launch is spread over 32 or more
     limit_scale=1
 fi
 
@@ -82,13 +101,15 @@ summary() {  # the whole summary.txt, from what is done so far
     done
     echo "limits with kill-after: $total s (exit 124 or 137: the step was cut off at its limit)"
     echo
+    echo "== precompile"
+    grep -E "^(precompiled|FAILED)" "$logs/precompile.log" 2>/dev/null
     echo "== check"
     grep '^{"backend"' "$logs/check.log" 2>/dev/null | sed -E \
         's/^.*"op": "([^"]*)".*"dtype": "([^"]*)", "head_dim": ([0-9]+), "kpool": ([0-9]+), "seed": [0-9]+, "ok": ([a-z]+).*$/\1 \2, head_dim \3, kpool \4: ok \5/'
     echo "== memcheck"
     grep -E "ERROR SUMMARY|garbage calls per op|strided|check cases|never called" "$logs/memcheck.log" 2>/dev/null
     echo "== bench"
-    awk '/^shape +implementation/{p=1} p' "$logs/bench.log" 2>/dev/null
+    cat "$logs/bench-table.txt" 2>/dev/null  # rewritten after every record: a cut run's table is what it measured
     echo "== bench-compile"
     awk '/^shape +implementation/{p=1} p' "$logs/bench-compile.log" 2>/dev/null
 }
@@ -123,6 +144,9 @@ PY
 ' environment "$py"
 cat "$logs/environment.log"
 
+# Every kernel variant the steps below launch, compiled once into CuPy's disk cache.
+run precompile "$py" scripts/gpu_precompile.py
+
 run pytest-gpu "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests --ignore=tests/test_properties.py  # no hypothesis there
 # All skipped means no device was usable: that is a failure here, not a pass.
 if [[ ${status[pytest-gpu]} == 0 ]] && ! grep -q " passed" "$logs/pytest-gpu.log"; then
@@ -148,7 +172,7 @@ if command -v compute-sanitizer > /dev/null; then
     # CuPy's pool off, strided views made on the device, garbage offsets for
     # every op with validate=False: any access outside an array is an error.
     run memcheck compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check no \
-        "$py" tests/run_memcheck.py --count "$garbage_count"
+        "$py" tests/run_memcheck.py --count 8
 else
     echo "compute-sanitizer not found on PATH" > "$logs/memcheck.log"
     status[memcheck]=127
@@ -156,10 +180,11 @@ else
     pack
 fi
 
-run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --json "$out/bench.json" --plot "$out/bench.png"
+run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --min-calls "$min_calls" --json "$out/bench.json" --plot "$out/bench.png" \
+    --table "$logs/bench-table.txt"
 # torch.compile cold, on the quick shapes, against this package alone (the
 # other alternatives, the decode side and the FP8 records were measured above).
-run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --no-decode-side --no-fp8 \
+run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --min-calls "$min_calls" --no-decode-side --no-fp8 \
     --skip upstream-geometry --skip cupy-composite --skip torch-eager --skip triton --skip torch.ops.kpool --json "$out/bench-compile.json"
 
 echo

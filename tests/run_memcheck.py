@@ -1,16 +1,19 @@
 """What compute-sanitizer runs in scripts/gpu_check.sh: every GPU op, CuPy's memory pool off.
 
-    compute-sanitizer --tool memcheck --error-exitcode 3 python tests/run_memcheck.py --count 40
+    compute-sanitizer --tool memcheck --error-exitcode 3 python tests/run_memcheck.py --count 8
 
 With the pool off (``cupy.cuda.set_allocator(None)``) every array is its own
 allocation, so an access past an array's end leaves the allocation; in
 CuPy's pool, sizes round up to 512 bytes and a small overrun lands in memory
 the pool owns, where memcheck sees nothing.
 
-1. Valid calls: the ``kpool-cupy check`` cases (bfloat16, head_dim 128,
-   kpool 4) against the reference, and one compress whose k and gate are
-   column blocks of one fused ``[tokens, 3 * head_dim]`` device buffer
-   (strided rows), against the float64 model.
+1. Valid calls, a small fixed set: every kernel family (each op of
+   ``kpool-cupy check --op``) on three of the check's batches, one per index
+   dtype of the offsets and cache lengths (int32, uint32, int64; bfloat16,
+   head_dim 128, kpool 4, tens of tokens), against the reference; and one
+   compress whose k and gate are column blocks of one fused
+   ``[tokens, 3 * head_dim]`` device buffer (strided rows), against the
+   float64 model.
 2. Garbage (tests/garbage.py) with ``validate=False`` for compress and the
    four lifecycle ops, then ``--count // 4`` (at least 6) calls of the FP8
    ops (garbage slots, block tables, caches, out rows;
@@ -76,13 +79,37 @@ def device_copy(value, cupy, views: Counter):
     return view
 
 
-def valid_calls(cupy, kpool_cupy) -> bool:
-    """The check cases and a strided compress; True when every result is right."""
-    from kpool_cupy.tools.self_check import run_check
+# One check batch per index dtype of the offsets and cache lengths (kpool_cupy.tools.cases.check_cases).
+INDEX_CASES = {"ragged-tails": "int32", "cache-near-2^32": "uint32", "cache-past-2^32": "int64"}
 
-    results = run_check("cupy", BF16, 128, 4, seed=0)
-    ok = bool(results) and all(r.ok for r in results)
-    print(f"check cases: {len(results)}, all right: {ok}", flush=True)
+
+def family_calls(seed: int = 0) -> list[tuple[str, str, bool]]:
+    """Every op of ``kpool-cupy check --op`` on the INDEX_CASES batches: (op, index dtype, right)."""
+    from kpool_cupy.tools.cases import check_cases
+    from kpool_cupy.tools.op_checks import OP_CHECKS
+    from kpool_cupy.tools.self_check import backend_for, check_case
+
+    backend = backend_for("cupy")
+    cases = [case for case in check_cases(128, 4, BF16, seed) if case.name in INDEX_CASES]
+    rng = np.random.default_rng([seed, 1])  # as run_check draws the ring noise and the selected ids
+    done = []
+    for op in OP_CHECKS:
+        for case in cases:
+            if str(case.input_row_offsets.dtype) != INDEX_CASES[case.name]:
+                raise AssertionError(f"{case.name}: offsets are {case.input_row_offsets.dtype}")
+            done.append((op, INDEX_CASES[case.name], check_case(backend, case, 4, op, rng).ok))
+    return done
+
+
+def valid_calls(cupy, kpool_cupy) -> bool:
+    """Every family once per index dtype, and a strided compress; True when every result is right."""
+    done = family_calls()
+    ok = bool(done) and all(right for _, _, right in done)
+    families, dtypes = len({op for op, _, _ in done}), len({dtype for _, dtype, _ in done})
+    print(f"check cases: {len(done)} ({families} families x {dtypes} index dtypes), all right: {ok}", flush=True)
+    for op, dtype, right in done:
+        if not right:
+            print(f"WRONG: {op} with {dtype} offsets", flush=True)
     batch = make_batch(*standard_lengths(4), seed=21)
     tokens = batch.k.shape[0]
     fused = cupy.zeros((tokens, 3 * 128), dtype=BF16)
@@ -99,7 +126,9 @@ def valid_calls(cupy, kpool_cupy) -> bool:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--count", type=int, default=40, help="garbage calls per family (compress, lifecycle)")
+    # 8: every op called (see below) in a few seconds; under compute-sanitizer each new variant's first
+    # launch is slow, and the garbage's variants are drawn from its sizes and dtypes.
+    parser.add_argument("--count", type=int, default=8, help="garbage calls per family (compress, lifecycle)")
     parser.add_argument("--seed", type=int, default=0)
     options = parser.parse_args()
 

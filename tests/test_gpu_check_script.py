@@ -1,9 +1,13 @@
-"""scripts/gpu_check.sh keeps its budgets: at most 8 files back from the GPU machine, 5 minutes of step limits.
+"""scripts/gpu_check.sh keeps its budgets: at most 8 files back from the GPU machine, 6 minutes of step limits,
+every kernel variant compiled by its first step.
 
 The script's own text is checked, then the script is run: with a stand-in
 ``python`` that fails every step at once, and in full (``--smoke``) through
 tests/cupy_double with a stand-in compute-sanitizer that only runs its
-program. Nothing here is timed; the limits are read, not waited for.
+program, recording every kernel it launches. Nothing here is timed; the
+limits are read, not waited for (the CPU is no GPU: a step's time here says
+nothing about its time there), and the precompile's limit is held against
+the NVRTC times scripts/gpu_variants.json records.
 """
 
 from __future__ import annotations
@@ -19,24 +23,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_variants  # noqa: E402
+
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 DOUBLE = ROOT / "tests" / "cupy_double"
-BUDGET_S = 300  # one call on a lent GPU machine
+BUDGET_S = 360  # 6 of the 15 minutes a lent GPU session holds, machine start included
 MAX_FILES = 8  # what the machine brings back from $OUT
 FILES = {"summary.txt", "bench.json", "bench.png", "bench-compile.json", "logs.tar.gz"}
-STEPS = ["environment", "pytest-gpu", "check", "memcheck", "bench", "bench-compile"]
-
-FAKE_SANITIZER = """#!/bin/sh
-# Stands in for compute-sanitizer: drops its options, runs the program.
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --tool|--error-exitcode|--leak-check) shift 2 ;;
-        --*) shift ;;
-        *) break ;;
-    esac
-done
-exec "$@"
-"""
+STEPS = ["environment", "precompile", "pytest-gpu", "check", "memcheck", "bench", "bench-compile"]
+LOGS = {f"{step}.log" for step in STEPS}
+GPU_JOBS = 16  # the lent machine's cores: gpu_precompile.py's processes there
+# The precompile's limit over the NVRTC makespan measured here, at least: the GPU machine's CPU may be slower
+# than this one, each process also imports CuPy and makes a CUDA context, and CUDA 13's NVRTC is not the 12.9
+# that was timed.
+PRECOMPILE_MARGIN = 3
+STARTUP_S = 5  # a process's CuPy import and CUDA context, counted once per process in the estimate
+FAKE_SANITIZER = gpu_variants.FAKE_SANITIZER
 
 
 def _limits(text: str) -> tuple[dict[str, int], int, list[str]]:
@@ -48,13 +52,49 @@ def _limits(text: str) -> tuple[dict[str, int], int, list[str]]:
     return limits, kill_after, steps
 
 
-def test_the_step_limits_add_up_to_five_minutes_at_most():
+def test_the_step_limits_add_up_to_six_minutes_at_most():
     limits, kill_after, steps = _limits(SCRIPT.read_text())
     assert steps == STEPS and set(limits) == set(steps)
     # timeout may wait kill_after past a limit before it kills: counted per step.
     assert sum(limits.values()) + kill_after * len(steps) <= BUDGET_S, limits
     # torch.compile's cold start has a step and a limit of its own.
     assert limits["bench-compile"] >= 60
+
+
+def test_the_precompile_step_comes_before_every_kernel_launch_and_fits_its_limit():
+    limits, _, steps = _limits(SCRIPT.read_text())
+    # Only the environment step (versions, no kernel) runs before it.
+    assert steps[:2] == ["environment", "precompile"]
+    variants = json.loads(gpu_variants.MANIFEST.read_text())["variants"]
+    seconds = [v["nvrtc_s"] for v in variants]
+    assert len(seconds) == len(variants) > 0, "a variant without its NVRTC time: run scripts/gpu_variants.py time"
+    makespan = gpu_variants.parallel_seconds(seconds, GPU_JOBS) + STARTUP_S
+    assert limits["precompile"] >= PRECOMPILE_MARGIN * makespan, (limits["precompile"], makespan)
+
+
+def test_the_limits_comment_quotes_the_manifests_measurements():
+    # The comment where the limits are set says what was measured; it must be the manifest's numbers.
+    text = SCRIPT.read_text()
+    data = json.loads(gpu_variants.MANIFEST.read_text())
+    seconds = [v["nvrtc_s"] for v in data["variants"]]
+    assert f"for the {len(seconds)} variants" in " ".join(text.replace("#", " ").split())
+    assert f"{sum(seconds):.1f} s one after another" in " ".join(text.replace("#", " ").split())
+    assert f"processes (scripts/gpu_variants.py estimate) {gpu_variants.parallel_seconds(seconds, GPU_JOBS):.1f} s" in (
+        " ".join(text.replace("#", " ").split())
+    )
+
+
+def test_every_manifest_variant_names_a_kernel_of_its_source():
+    from kpool_cupy.kernel import declarations
+    from kpool_cupy.kernel.declarations import Kernel
+
+    kernels = {k.name: k.source for k in vars(declarations).values() if isinstance(k, Kernel)}
+    for variant in json.loads(gpu_variants.MANIFEST.read_text())["variants"]:
+        name = variant["instance"].split("<", 1)[0]
+        if variant["source"] == "inline":
+            assert name == "kpool_bench_empty", variant
+        else:
+            assert kernels.get(name) == variant["source"], variant
 
 
 def test_the_script_writes_only_named_files_into_out():
@@ -108,7 +148,7 @@ def test_a_run_where_every_step_fails_still_brings_back_its_summary_and_logs(tmp
     rows = _step_rows((out / "summary.txt").read_text())
     assert set(rows) == set(STEPS)
     assert all(rows[step][1] != "0" for step in STEPS if step != "environment"), rows
-    assert _log_names(out / "logs.tar.gz") == {f"{step}.log" for step in STEPS}
+    assert _log_names(out / "logs.tar.gz") == LOGS
 
 
 def test_the_script_rejects_an_unknown_argument(tmp_path):
@@ -120,24 +160,29 @@ def test_the_script_rejects_an_unknown_argument(tmp_path):
 @pytest.mark.slow
 def test_a_smoke_run_on_the_double_passes_within_the_file_budget(tmp_path):
     # The whole script, every step, through the CuPy double: real commands,
-    # the quick benchmark, 8 garbage calls per family.
-    env = {"PYTHON": sys.executable, "PYTHONPATH": str(DOUBLE)}
-    # A guard against a hang: 123 s on a quiet machine; the smoke run's own
-    # step limits are ten times the GPU run's.
-    done = _run_script(tmp_path, env, "--smoke", timeout=3600)
+    # the quick benchmark, 8 garbage calls per family; every kernel it
+    # launches recorded. A guard against a hang: about 5 minutes on a quiet
+    # machine; the smoke run's own step limits are ten times the GPU run's.
+    launched, done = gpu_variants.smoke_launches(tmp_path, timeout=3600)
     out = tmp_path / "out"
     summary = (out / "summary.txt").read_text()
     assert done.returncode == 0, summary + done.stderr[-2000:]
     entries = {p.name for p in out.iterdir()}
     assert entries == FILES and len(entries) <= MAX_FILES
     rows = _step_rows(summary)
-    assert all(rows[step][1] == "0" for step in STEPS), rows
+    assert list(rows) == STEPS and all(rows[step][1] == "0" for step in STEPS), rows
     assert sum(int(rows[step][2]) for step in STEPS) + 2 * len(STEPS) <= BUDGET_S
-    assert _log_names(out / "logs.tar.gz") == {f"{step}.log" for step in STEPS}
+    assert _log_names(out / "logs.tar.gz") == LOGS | {"bench-table.txt"}
+    # Every kernel a step launched was compiled by the first step.
+    manifest = {(v["source"], v["instance"]) for v in json.loads(gpu_variants.MANIFEST.read_text())["variants"]}
+    assert launched, "the double recorded no launch"
+    assert launched <= manifest, sorted(launched - manifest)
+    assert re.search(rf"precompiled {len(manifest)} of {len(manifest)} kernel variants", summary), summary
     # What the summary folds in: the environment, the checks, the sanitizer's driver, the tables.
     assert "cupy: 0.0+numpy-double" in summary
     assert summary.count(": ok true") == 11  # compress on three dtypes, the eight other ops on bfloat16
     assert "tail_update_fp8 bfloat16, head_dim 128, kpool 4: ok true" in summary
+    assert "check cases: 27 (9 families x 3 index dtypes), all right: True" in summary
     assert "garbage calls per op: kpool_compress 8" in summary
     # The sanitizer's driver made strided views on the device, not contiguous copies.
     assert int(re.search(r"strided device views: (\d+)", summary).group(1)) > 0
@@ -145,7 +190,22 @@ def test_a_smoke_run_on_the_double_passes_within_the_file_budget(tmp_path):
     assert "passed" in " ".join(rows["pytest-gpu"][4:])  # pytest's last line
     sweep = json.loads((out / "bench.json").read_text())
     assert sweep["complete"] is True and sweep["lifecycle"]
+    # The records the GPU run adds: the launch floor, the FP8 decode step and its hot call's host cost.
+    assert sweep["empty_kernel"]["calls_per_replay"] >= 32 and "call_us" in sweep["host_fp8_decode"]
+    tail = [r["name"] for r in sweep["fp8"] if r["name"].startswith("tail-update-fp8")]
+    assert tail == [f"tail-update-fp8 decode-{r}x{n}" for r in (64, 512) for n in (1, 4)], tail
+    assert all("time_over_empty_kernel" in r["implementations"]["kpool-cupy"] for r in sweep["lifecycle"])
     # The torch.compile run: this package against torch.compile alone, no decode side.
     cold = json.loads((out / "bench-compile.json").read_text())
     assert cold["complete"] is True and cold["lifecycle"] == []
     assert {name for shape in cold["shapes"] for name in shape["implementations"]} == {"kpool-cupy", "torch-compile"}
+
+
+@pytest.mark.slow
+def test_the_full_sweep_launches_only_precompiled_variants(tmp_path):
+    # The GPU run's benchmark is the full sweep, not the smoke run's quick
+    # one: its shapes, each call made once or four times (the timing loops
+    # cut), on the double. A guard against a hang: about 2 minutes here.
+    launched = gpu_variants.sweep_launches(tmp_path, timeout=1800)
+    manifest = {(v["source"], v["instance"]) for v in json.loads(gpu_variants.MANIFEST.read_text())["variants"]}
+    assert launched and launched <= manifest, sorted(launched - manifest)

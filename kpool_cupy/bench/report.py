@@ -50,7 +50,13 @@ def table(results: dict[str, Any]) -> list[str]:
         f"{'shape':<{NAME}}{'implementation':<20}{'timing':<8}{'median us':>11}{'GB/s':>9}{'of copy':>9}{'x kpool':>9}"
     ]
     mixed = False
-    for shape in [*results["shapes"], *results.get("lifecycle", []), *results.get("fp8", [])]:
+    empty = results.get("empty_kernel")
+    if empty:
+        lines.append(
+            f"{'empty-kernel':<{NAME}}{'(launch floor)':<20}{_SHORT.get(empty.get('timing'), '?'):<8}"
+            f"{empty['median_ms'] * 1e3:>11.2f}  per call, {empty['calls_per_replay']} calls a round"
+        )
+    for shape in records(results):
         copy = shape["copy"]
         lines.append(
             f"{shape['name']:<{NAME}}{'(d2d copy)':<20}{_SHORT.get(copy.get('timing'), '?'):<8}"
@@ -80,6 +86,8 @@ def table(results: dict[str, Any]) -> list[str]:
             if base is not None and entry.get("timing") != base:
                 mark, mixed = " *", True
             ratio_text = f"{ratio:>9.2f}{mark}" if ratio is not None else ""
+            if "time_over_empty_kernel" in entry:
+                ratio_text += f"  {entry['time_over_empty_kernel']:.1f} x empty"
             if "same_bytes_as_kpool_cupy" in entry:
                 differing = entry.get("differing_bytes_vs_kpool_cupy")
                 ratio_text += "  same bytes" if entry["same_bytes_as_kpool_cupy"] else f"  {differing} bytes DIFFER"
@@ -114,14 +122,35 @@ def table(results: dict[str, Any]) -> list[str]:
             )
         )  # fmt: skip
         lines.append(f"  device time of one CUDA-graph replay of the call: {host['graph_replay_us']:.2f} us")
+    fp8_host = results.get("host_fp8_decode")
+    if fp8_host:
+        lines.append(
+            f"host per hot call of kpool_tail_update_fp8 ({fp8_host['shape']}, validate off, outputs given): "
+            f"{fp8_host['call_us']:.1f} us"
+        )
+        lines.append(
+            _compared_call(
+                fp8_host, "bare_launch", "bare CuPy launch", "bare CuPy launch of the same kernel and arguments",
+                "bare_launch_us", "overhead_over_bare_us", "the package adds",
+            )
+        )  # fmt: skip
+    if empty:
+        lines.append("x empty: kpool-cupy's median time over the empty kernel's, both by graph replay.")
     return lines
+
+
+def records(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every timed record so far, in the order the run makes them: the decode side, the FP8 records, the sweep."""
+    return [*results.get("lifecycle", []), *results.get("fp8", []), *results.get("shapes", [])]
 
 
 def plot(results: dict[str, Any], path: str) -> None:
     """Per shape: every implementation's fraction of the copy roof, and its time over kpool-cupy's.
 
-    Shapes run along the x axis in order of bytes moved; hatched bars were
-    timed with events around Python, plain ones by graph replay.
+    Every record so far (``records``: the decode side, the FP8 records and
+    the sweep's shapes) runs along the x axis in order of bytes moved;
+    hatched bars were timed with events around Python, plain ones by graph
+    replay.
     """
     try:
         import matplotlib
@@ -130,9 +159,9 @@ def plot(results: dict[str, Any], path: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError as error:
         raise RuntimeError("--plot needs matplotlib: pip install 'kpool-cupy[plot]'") from error
-    shapes = sorted(results["shapes"], key=lambda s: s["bytes"])
+    shapes = sorted(records(results), key=lambda s: s["bytes"])
     names = list(dict.fromkeys(n for s in shapes for n, e in s["implementations"].items() if "median_ms" in e))
-    figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 1.2 * len(shapes) + 3), 8), sharex=True)
+    figure, (top, bottom) = plt.subplots(2, 1, figsize=(max(8, 0.5 * len(shapes) + 3), 8), sharex=True)
     width = 0.8 / max(len(names), 1)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for n, name in enumerate(names):
@@ -149,8 +178,9 @@ def plot(results: dict[str, Any], path: str) -> None:
     top.axhline(1.0, color="k", linestyle="--", linewidth=1)
     top.set_ylabel("fraction of d2d copy bandwidth")
     env = results.get("environment", {})
-    top.set_title(f"kpool_compress, {env.get('gpu', '?')}, {env.get('date', '')[:10]} (hatched: events around Python)")
-    top.legend(fontsize="small", ncol=2)
+    top.set_title(f"kpool-cupy, {env.get('gpu', '?')}, {env.get('date', '')[:10]} (hatched: events around Python)")
+    if names:
+        top.legend(fontsize="small", ncol=2)
     bottom.axhline(1.0, color="k", linewidth=1)
     bottom.set_yscale("log")
     bottom.set_ylabel("median time / kpool-cupy's")

@@ -1,20 +1,24 @@
-"""The benchmark sweep: host cost, every shape and implementation against the copy roof, the decode side, the FP8
-epilogue."""
+"""The benchmark sweep: host costs, the empty kernel, the decode side, the FP8 epilogue, then every shape and
+implementation against the copy roof."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import element_dtype
+from .empty import bench_empty_kernel, over_empty
 from .fp8 import run_fp8
 from .impls import IMPLEMENTATIONS, capture_refusal, torch_op_call, torch_stream_of_cupy, torch_unavailable
 from .inputs import InputSet, make_input_sets
 from .lifecycle import run_lifecycle
+from .plans import plan_launch
 from .shapes import BenchShape, minimum_bytes, sweep
 from .stats import ratios_to, rotation
+from .tail_fp8 import run_tail_fp8, tail_fp8_host_cost
 from .timing import (
     HOST_CALLS,
     HOST_REPEATS,
@@ -88,31 +92,6 @@ def bench_shape(shape: BenchShape, implementations: Iterable[str], samples: int)
         record["implementations"][name] = entry
     ratios_to(record["implementations"])
     return record
-
-
-def plan_launch(spec: Any, operands: dict[str, Any], options: dict[str, Any]) -> Callable[[], None] | str:
-    """The launch kpool_cupy's plan makes for this call, as a bare CuPy launch, or why there is none.
-
-    The plan (kpool_cupy.backends.cupy_plans) was made by an earlier call with
-    the same signature; calling ``plan.function(plan.grid, plan.block, args)``
-    directly is the floor CuPy itself sets for this launch.
-    """
-    import cupy
-
-    from ..backends import cupy_plans
-
-    arrays = tuple(operands.get(operand.name) for operand in spec.operands)
-    values = {option.name: options.get(option.name, option.default) for option in spec.options}
-    plan = cupy_plans._plans.get(cupy_plans.signature(spec, arrays, values, cupy.ndarray))
-    if plan is None:
-        return "no launch plan for this call's signature"
-    pairs = zip(plan.slots, plan.constants, strict=True)
-    args = tuple(arrays[slot] if slot >= 0 else constant for slot, constant in pairs)
-
-    def launch() -> None:
-        plan.function(plan.grid, plan.block, args)
-
-    return launch
 
 
 def torch_op_cost(s: InputSet, want: np.ndarray, repeats: int = HOST_REPEATS) -> dict[str, Any]:
@@ -204,26 +183,38 @@ def run_sweep(
     decode_side: bool = True,
     fp8: bool = True,
 ) -> dict[str, Any]:
-    """Host cost, every shape, the decode side, then the FP8 records; ``checkpoint`` gets what is done after each
-    step.
+    """Host costs, the empty kernel, the decode side and the FP8 records, then every shape of the sweep;
+    ``checkpoint`` gets what is done after each record.
 
-    The host cost is taken on the sweep's smallest decode shape, whatever
-    ``shapes`` holds: its calls are short, so the host's time is what shows.
+    The short records come first, so a run cut short in the long sweep keeps
+    them; ``"shapes"`` appears once they are done. The host cost is taken on
+    the sweep's smallest decode shape, whatever ``shapes`` holds: its calls
+    are short, so the host's time is what shows.
     """
     results: dict[str, Any] = {"numpy": np.__version__, "complete": False}
-    results["host"] = host_costs(sweep()[0], repeats=min(samples, HOST_REPEATS))
+    repeats = min(samples, HOST_REPEATS)
+    results["host"] = host_costs(sweep()[0], repeats=repeats)
+    checkpoint(results)
+    if decode_side or fp8:
+        results["empty_kernel"] = bench_empty_kernel(samples)
+        checkpoint(results)
+    if fp8:
+        results["host_fp8_decode"] = tail_fp8_host_cost(repeats=repeats)
+        checkpoint(results)
+    results["lifecycle"] = []
+    for record in run_lifecycle(quick, samples) if decode_side else ():
+        over_empty(record, results["empty_kernel"])
+        results["lifecycle"].append(record)
+        checkpoint(results)
+    results["fp8"] = []
+    for record in itertools.chain(run_fp8(quick, samples), run_tail_fp8(quick, samples)) if fp8 else ():
+        over_empty(record, results["empty_kernel"])
+        results["fp8"].append(record)
+        checkpoint(results)
     results["shapes"] = []
     checkpoint(results)
     with progress(shapes) as bar:
         for shape in bar:
             results["shapes"].append(bench_shape(shape, implementations, samples))
             checkpoint(results)
-    results["lifecycle"] = []
-    for record in run_lifecycle(quick, samples) if decode_side else ():
-        results["lifecycle"].append(record)
-        checkpoint(results)
-    results["fp8"] = []
-    for record in run_fp8(quick, samples) if fp8 else ():
-        results["fp8"].append(record)
-        checkpoint(results)
     return results

@@ -1,7 +1,9 @@
 """Device and host timing (GPU only).
 
 Device time comes from replaying a CUDA graph that captured one round of
-calls, one per input set, so no Python runs inside the timed span. A call
+calls, one per input set and at least ``MIN_GRAPH_CALLS``, so no Python runs
+inside the timed span; ``WARMUP_MS`` of the timed work run before the first
+sample. A call
 that cannot be captured (it syncs, or launches on a stream the capture does
 not see) is timed with events around its Python loop instead, and every
 result says which: ``"timing": "graph"`` or ``"events-around-python"``.
@@ -20,6 +22,12 @@ from .stats import ASSUMED_L2_BYTES, bandwidth_gbps, fraction_of, summarize_time
 
 GRAPH = "graph"
 EVENTS = "events-around-python"
+# Calls in one captured round at least: a shape with fewer input sets goes round them again (each set still
+# waits a whole rotation between its uses), so the graph's own launch cost is spread over 32 calls or more.
+MIN_GRAPH_CALLS = 32
+# Device time spent on the timed work itself before the first sample, at least: enough to lift the clocks of
+# a GPU that sat idle, and WARMUP_REPLAYS replays (or a window of calls) whatever that takes.
+WARMUP_MS = 20.0
 WARMUP_REPLAYS = 2
 EVENT_WINDOW = 512  # calls per events sample at most; the rotation carries on from one sample to the next
 WARMUP_CALLS = 10  # uncaptured calls before the events samples, at least (compiles, autotuning, caches)
@@ -49,12 +57,18 @@ def l2_bytes() -> tuple[int, str]:
     return ASSUMED_L2_BYTES, "assumed: 50 MiB (H200)"
 
 
-def capture_round(run: Callable[[int], Any], sets: int, stream: Any) -> Any:
-    """A CUDA graph of ``run(0) .. run(sets - 1)`` captured on ``stream``.
+def graph_calls(sets: int) -> int:
+    """Calls one captured round makes over ``sets`` input sets: every set once, going round again up to
+    ``MIN_GRAPH_CALLS``."""
+    return max(sets, MIN_GRAPH_CALLS)
 
-    Each call is made once on ``stream`` first, outside the capture: the first
-    call of a signature compiles, loads and (for kpool_cupy) makes its launch
-    plan, none of which may happen inside a capture.
+
+def capture_round(run: Callable[[int], Any], sets: int, stream: Any, calls: int | None = None) -> Any:
+    """A CUDA graph of ``calls`` calls ``run(i % sets)`` (``sets`` calls if None) captured on ``stream``.
+
+    Each set is called once on ``stream`` first, outside the capture: the
+    first call of a signature compiles, loads and (for kpool_cupy) makes its
+    launch plan, none of which may happen inside a capture.
     """
     with stream:
         for i in range(sets):
@@ -63,8 +77,8 @@ def capture_round(run: Callable[[int], Any], sets: int, stream: Any) -> Any:
     stream.begin_capture()
     try:
         with stream:
-            for i in range(sets):
-                run(i)
+            for i in range(sets if calls is None else calls):
+                run(i % sets)
     except BaseException:
         # The capture is broken; ending it frees the stream. The error that
         # broke it is the one raised.
@@ -109,9 +123,9 @@ def graph_times(run: Callable[[int], Any], sets: int, samples: int) -> list[floa
     import cupy
 
     stream = cupy.cuda.Stream(non_blocking=True)
-    graph = capture_round(run, sets, stream)
-    for _ in range(WARMUP_REPLAYS):
-        graph.launch(stream)
+    calls = graph_calls(sets)
+    graph = capture_round(run, sets, stream, calls)
+    warm_up(lambda: graph.launch(stream), stream, WARMUP_REPLAYS)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(samples):
@@ -119,8 +133,31 @@ def graph_times(run: Callable[[int], Any], sets: int, samples: int) -> list[floa
         graph.launch(stream)
         end.record(stream)
         end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end) / sets)
+        times.append(cupy.cuda.get_elapsed_time(start, end) / calls)
     return times
+
+
+def warm_up(step: Callable[[], Any], stream: Any, least: int) -> float:
+    """Run ``step`` on ``stream`` at least ``least`` times and until ``WARMUP_MS`` of device time have passed;
+    returns the milliseconds it took.
+
+    The steps go in batches that double, timed by events around each batch,
+    so a short step costs few host syncs.
+    """
+    import cupy
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    spent, done, batch = 0.0, 0, max(least, 1)
+    while done < least or spent < WARMUP_MS:
+        start.record(stream)
+        for _ in range(batch):
+            step()
+        end.record(stream)
+        end.synchronize()
+        spent += cupy.cuda.get_elapsed_time(start, end)
+        done += batch
+        batch *= 2
+    return spent
 
 
 def event_times(run: Callable[[int], Any], sets: int, samples: int) -> list[float]:
@@ -142,8 +179,7 @@ def event_times(run: Callable[[int], Any], sets: int, samples: int) -> list[floa
             position += 1
 
     stream = cupy.cuda.get_current_stream()
-    calls(max(window, WARMUP_CALLS))
-    stream.synchronize()
+    warm_up(lambda: calls(max(window, WARMUP_CALLS)), stream, 1)
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
     times = []
     for _ in range(samples):

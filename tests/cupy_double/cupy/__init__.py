@@ -10,6 +10,7 @@ current stream's queued work.
 from __future__ import annotations
 
 import ctypes
+import os
 
 import numpy as np
 
@@ -237,6 +238,28 @@ def get_default_memory_pool() -> _MemoryPool:
     return _MemoryPool()
 
 
+# Where the double appends one line per kernel a process launches (its first
+# launch only): the source file and the instance, as scripts/gpu_variants.py
+# lists them. Unset: nothing is written.
+LAUNCH_RECORD = "CUPY_DOUBLE_LAUNCH_RECORD"
+
+
+def _source_of(code: str) -> str:
+    """The kernels/ file a kernel text was expanded from (kernel_source opens with its ``#line 1``), or
+    ``"inline"`` for a text that names none (the benchmark's empty kernel)."""
+    first = code.split("\n", 1)[0]
+    prefix = '#line 1 "kernels/'
+    return first[len(prefix) : -1] if first.startswith(prefix) and first.endswith('"') else "inline"
+
+
+def _record_launch(code: str, name: str) -> None:
+    path = os.environ.get(LAUNCH_RECORD)
+    if path:
+        # One short line in append mode: lines of several processes do not mix.
+        with open(path, "a") as handle:
+            handle.write(f"{_source_of(code)}\t{name}\n")
+
+
 class RawModule:
     """Compiles nothing: get_function returns a launcher of the emulated kernel built from the same text."""
 
@@ -245,10 +268,14 @@ class RawModule:
 
     def get_function(self, name: str):
         code = self.code
+        first = [True]
 
         def launch(grid, block, args, shared_mem=0, stream=None) -> None:
             from kpool_cupy.emulator.launch import launch_code
 
+            if first[0]:
+                first[0] = False
+                _record_launch(code, name)
             arguments = tuple(args)
 
             def run() -> None:
