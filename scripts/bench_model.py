@@ -1,36 +1,264 @@
-"""Print docs/benchmarks.md's model table: what each benchmark shape should take on an H200, from static counts.
+"""Print docs/benchmarks.md's model table: what each benchmarked kernel launch should take on an H200, from static
+counts.
 
     python scripts/bench_model.py            # the markdown table
     python scripts/bench_model.py --check    # exit 1 if docs/benchmarks.md holds another one
 
-A prediction, not a measurement: the bytes a shape must move at the H200's
-specified memory bandwidth, against the warp-instructions its kernel variant
-issues (its sm_90 SASS, `kpool-cupy ptx --sass`) at the H200's issue rate.
-The predicted fraction of a device copy is the ratio of the two times when
-issue is the slower, else 1 (memory-bound: the copy roof itself).
+A prediction, not a measurement. Each row is one launch the benchmark makes,
+found by running the op's own call flow on host arrays of the benchmark's
+shapes, dtypes and alignment with a backend that records the launch instead of
+running it (so the variant is the one launched: index types, VECTOR, TARGET).
+From that variant's sm_90 SASS (`kpool-cupy ptx --sass`) and ptxas's registers
+come four bounds, and the prediction is the slowest of them plus a launch:
+
+    memory    bytes / min(4.8 TB/s, bytes in flight / DRAM latency)     (Little's law)
+              bytes in flight = resident blocks * threads a block * bytes a thread has outstanding
+              resident blocks = min(grid, SMs * blocks_per_sm)
+    issue     warps * instructions a thread / (132 SMs * 4 schedulers * 1.98 GHz)
+    latency   load_depth * DRAM latency      (dependent global loads wait one after another)
+    predicted launch + max(memory, issue, latency)
+
+A thread's outstanding bytes are the widest set of global loads at one
+dependent depth (``tools.load_depth``), a loop's body once. The copy each
+measurement is held against is modelled the same way: launch + max(one DRAM
+latency, bytes / 4.8 TB/s).
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from kpool_cupy.backends.host import HostMemory, host_binding  # noqa: E402
+from kpool_cupy.bench.fp8 import (  # noqa: E402
+    CACHE_BLOCK_SIZE,
+    QUERY_HEADS,
+    SLOTS,
+    compress_fp8_bytes,
+    fp8_cases,
+    hadamard_quant_bytes,
+    paged_destinations,
+    query_batches,
+)
+from kpool_cupy.bench.lifecycle import (  # noqa: E402
+    BLOCK_SIZE,
+    POOL_TOPK,
+    DecodeShape,
+    expand_bytes,
+    paged_inputs,
+    step_positions,
+    tail_update_bytes,
+)
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E402
+from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
-from kpool_cupy.kernel.declarations import COMPRESS  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
-from kpool_cupy.tools.sass import summarize_sass  # noqa: E402
+from kpool_cupy.ops import COMPRESS, COMPRESS_FP8, EXPAND_TOPK, HADAMARD_QUANT_FP8, TAIL_UPDATE, TAIL_UPDATE_FP8  # noqa: E402
+from kpool_cupy.ops.binding import bind  # noqa: E402
+from kpool_cupy.ops.spec import Launch, OpSpec  # noqa: E402
+from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
+from kpool_cupy.tools.load_depth import load_depth  # noqa: E402
+from kpool_cupy.tools.sass import parse_instructions, summarize_sass  # noqa: E402
+from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 
-# NVIDIA's H200 SXM figures (public specification): HBM3e bandwidth, SMs,
-# boost clock; each SM issues one warp-instruction per clock on each of its
-# four schedulers.
+# NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
+# issues one warp-instruction per clock on each of its four schedulers.
 BANDWIDTH = 4.8e12  # bytes/s
-ISSUE_RATE = 132 * 4 * 1.98e9  # warp-instructions/s
+SMS = 132
+ISSUE_RATE = SMS * 4 * 1.98e9  # warp-instructions/s
+# An assumption, not an H200 measurement: a global load that misses L2 takes about 600 ns on Hopper. Public
+# pointer-chasing microbenchmarks of the H100 (Chips and Cheese, "Nvidia's H100: Funny L2, and Tons of
+# Bandwidth", 2023; Luo et al., "Benchmarking and Dissecting the Nvidia Hopper GPU Architecture", 2024)
+# put it in the 500-600+ ns range; the upper end is taken, the benchmark's inputs rotating out of L2.
+DRAM_LATENCY = 600e-9  # s
+# An assumption, not a measurement: the gap one kernel node adds when a CUDA graph replays many launches
+# back to back (the benchmark times graph replays), taken as 1 µs.
+LAUNCH_US = 1.0
 BEGIN, END = "<!-- model table: scripts/bench_model.py -->", "<!-- end of model table -->"
+
+
+class Recorder(HostMemory):
+    """A backend that keeps each launch an op asks for and runs none: the launched variant, without a GPU."""
+
+    def __init__(self) -> None:
+        self.launches: list[Launch] = []
+
+    def launch(self, launch: Launch) -> None:
+        self.launches.append(launch)
+
+
+_RECORDER = Recorder()
+_RECORDING: dict[str, Any] = {}  # each op bound once onto the recorder, by the op's name
+
+
+def launched(spec: OpSpec, *arrays: Any, **keywords: Any) -> Launch:
+    """The one launch ``spec``'s op makes for this call (validate=False, as the benchmark calls it)."""
+    recorder = _RECORDER
+    if spec.name not in _RECORDING:
+        _RECORDING[spec.name] = bind(spec, host_binding("model", lambda extras: recorder))
+    function = _RECORDING[spec.name]
+    recorder.launches.clear()
+    function(*arrays, validate=False, **keywords)
+    if len(recorder.launches) != 1:
+        raise ValueError(f"Invalid call of {spec.name}: expected one launch, got {len(recorder.launches)}")
+    return recorder.launches[0]
+
+
+def device_like(shape: tuple[int, ...], dtype: Any, fill: Any = None) -> np.ndarray:
+    """A host array at a 256-byte aligned address, as CuPy's allocator places device arrays."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = np.empty(count * dtype.itemsize + 256, np.uint8)
+    skip = -raw.ctypes.data % 256
+    array = raw[skip : skip + count * dtype.itemsize].view(dtype).reshape(shape)
+    if fill is not None:
+        array[...] = fill
+    return array
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmarked launch: its family, its shape's name, the bytes the benchmark credits it with."""
+
+    family: str
+    shape: str
+    nbytes: int
+    launch: Launch
+    kpool: int = 0  # the pool width a streamed pool's loop runs over (compress family), 0 for none
+    member_bytes: int = 0
+
+
+def _compress_operands(shape: BenchShape) -> dict[str, Any]:
+    """The compress sweep's operands (bench.inputs.make_input_sets): int32 offsets and cache lengths, the pool
+    offsets int64."""
+    dtype = element_dtype(shape.dtype)
+    offsets = np.concatenate([[0], np.cumsum(shape.lengths)]).astype(np.int64)
+    cache = np.asarray(shape.cache, dtype=np.int64)
+    pools = pool_row_offsets(offsets, cache, shape.kpool)
+    return {
+        "k": device_like((shape.tokens, shape.head_dim), dtype),
+        "gate": device_like((shape.tokens, shape.head_dim), dtype),
+        "ape": device_like((shape.kpool, shape.head_dim), np.float32),
+        "input_row_offsets": device_like(offsets.shape, np.int32, offsets),
+        "cache_lengths": device_like(cache.shape, np.int32, cache),
+        "pool_row_offsets": device_like(pools.shape, np.int64, pools),
+    }
+
+
+def _member_bytes(shape: BenchShape) -> int:
+    return 8 * (2 * element_dtype(shape.dtype).itemsize + 4)
+
+
+def compress_cases() -> list[Case]:
+    cases = []
+    for shape in sweep():
+        a = _compress_operands(shape)
+        out = device_like((shape.pools, shape.head_dim), element_dtype(shape.dtype))
+        launch = launched(COMPRESS, a.pop("k"), a.pop("gate"), a.pop("ape"), **a, out=out)
+        cases.append(Case("compress", shape.name, minimum_bytes(shape), launch, shape.kpool, _member_bytes(shape)))
+    return cases
+
+
+def compress_fp8_cases() -> list[Case]:
+    """bench.fp8.bench_compress_fp8: a paged cache through int64 slots or an int32 block table."""
+    cases = []
+    for shape, target in fp8_cases():
+        a = _compress_operands(shape)
+        places = paged_destinations(shape, 1, CACHE_BLOCK_SIZE, np.random.default_rng(1))
+        cache = device_like((places.pages, CACHE_BLOCK_SIZE, shape.head_dim + 4), np.uint8, 0)
+        if target == SLOTS:
+            destination = {"slots": device_like(places.slots[0].shape, np.int64, places.slots[0])}
+        else:
+            destination = {"block_table": device_like(places.tables[0].shape, np.int32, places.tables[0])}
+        launch = launched(COMPRESS_FP8, a.pop("k"), a.pop("gate"), a.pop("ape"), **a, cache=cache, **destination)
+        name = f"{shape.name} ({target})"
+        cases.append(Case("compress_fp8", name, compress_fp8_bytes(shape), launch, shape.kpool, _member_bytes(shape)))
+    return cases
+
+
+def hadamard_cases(head_dim: int = 128) -> list[Case]:
+    """bench.fp8.bench_hadamard_quant: a decode step's queries, QUERY_HEADS rows a request, bf16."""
+    cases = []
+    for batch in query_batches():
+        rows = batch * QUERY_HEADS
+        x = device_like((rows, head_dim), element_dtype("bfloat16"))
+        values, scales = device_like((rows, head_dim), np.uint8), device_like((rows,), np.float32)
+        launch = launched(HADAMARD_QUANT_FP8, x, out=values, out_scale=scales)
+        cases.append(Case("hadamard_quant_fp8", f"{batch}x{QUERY_HEADS}", hadamard_quant_bytes(rows, head_dim), launch))
+    return cases
+
+
+def decode_steps() -> list[DecodeShape]:
+    """The decode step at every batch and next_n of bench.tail_fp8 (rings of kpool rows)."""
+    return [DecodeShape(requests, next_n) for requests in BATCHES for next_n in STEPS]
+
+
+def _step_operands(shape: DecodeShape) -> dict[str, Any]:
+    """bench.lifecycle.bench_tail_update's operands: one input set (int32 positions and slots)."""
+    dtype = element_dtype(shape.dtype)
+    rows = (shape.requests, shape.next_n, shape.head_dim)
+    positions = step_positions(np, np.random.default_rng(0), 1, shape)[0]
+    return {
+        "tail": device_like((shape.requests, 2, shape.ring, shape.head_dim), dtype),
+        "k": device_like(rows, dtype),
+        "gate": device_like(rows, dtype),
+        "ape": device_like((shape.kpool, shape.head_dim), np.float32),
+        "positions": device_like(positions.shape, np.int32, positions),
+        "slot_idx": device_like((shape.requests,), np.int32, np.arange(shape.requests)),
+        "closed": device_like((shape.requests, shape.pools), np.int32),
+    }
+
+
+def tail_cases() -> list[Case]:
+    cases = []
+    for shape in decode_steps():
+        a = _step_operands(shape)
+        out = device_like((shape.requests, shape.pools, shape.head_dim), element_dtype(shape.dtype))
+        launch = launched(TAIL_UPDATE, a.pop("tail"), a.pop("k"), a.pop("gate"), a.pop("ape"), **a, out=out)
+        cases.append(Case("tail_update", shape.name, tail_update_bytes(shape), launch))
+    for shape in decode_steps():
+        a = _step_operands(shape)
+        values = device_like((shape.requests, shape.pools, shape.head_dim), np.uint8)
+        scales = device_like((shape.requests, shape.pools), np.float32)
+        arrays = (a.pop("tail"), a.pop("k"), a.pop("gate"), a.pop("ape"))
+        launch = launched(TAIL_UPDATE_FP8, *arrays, **a, out=values, out_scale=scales)
+        cases.append(Case("tail_update_fp8", shape.name, tail_fp8_bytes(shape), launch))
+    return cases
+
+
+def expand_cases(kpool: int = 4) -> list[Case]:
+    """bench.lifecycle.bench_expand and bench_expand_paged: int32 ids, offsets and cache lengths."""
+    cases = []
+    for tokens in (1, 64, 512):
+        ids = device_like((tokens, POOL_TOPK), np.int32, 0)
+        offsets = device_like((2,), np.int32, [0, tokens])
+        launch = launched(EXPAND_TOPK, ids, offsets, device_like((1,), np.int32, 0), kpool=kpool)
+        cases.append(Case("expand_topk", f"{tokens}x{POOL_TOPK}", expand_bytes(tokens, POOL_TOPK, kpool), launch))
+    for tokens in (64, 512):
+        chunk, tables = paged_inputs(np, np.random.default_rng(2), 1, tokens, POOL_TOPK, kpool, BLOCK_SIZE)
+        ids = device_like(chunk[0].shape, np.int32, chunk[0])
+        table = device_like(tables[0].shape, np.int32, tables[0])
+        offsets = device_like((tokens + 1,), np.int32, np.arange(tokens + 1))
+        cache = device_like((tokens,), np.int32, POOL_TOPK * BLOCK_SIZE - 1)
+        launch = launched(EXPAND_TOPK, ids, offsets, cache, kpool=kpool, block_table=table, block_size=BLOCK_SIZE)
+        name = f"{tokens}x{POOL_TOPK} paged-{BLOCK_SIZE}"
+        cases.append(Case("expand_topk", name, expand_bytes(tokens, POOL_TOPK, kpool, paged=True), launch))
+    return cases
+
+
+def cases() -> list[Case]:
+    """Every benchmarked launch, by kernel family (ring_close, ring_close_fp8 and seed_tail are not benchmarked)."""
+    return [*compress_cases(), *compress_fp8_cases(), *hadamard_cases(), *tail_cases(), *expand_cases()]
 
 
 def loop_body(sass: str) -> int:
@@ -45,37 +273,119 @@ def loop_body(sass: str) -> int:
     return longest
 
 
-def row(shape: BenchShape) -> str:
-    dtype = element_dtype(shape.dtype)
-    name = COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=shape.head_dim, KPOOL=shape.kpool)
-    summary = summarize_sass(COMPRESS.source, name)
-    member_bytes = 8 * (2 * dtype.itemsize + 4)
-    chunk = chunk_members(shape.kpool, member_bytes)
-    whole = chunk == shape.kpool
-    # Straight-line code runs once per thread. A streamed pool's loop takes
-    # the whole chunks after the first; its body is in the static count once.
-    iterations = 0 if whole else max(0, (shape.kpool - chunk) // chunk - 1)
-    per_thread = summary.instructions + iterations * loop_body(summary.sass)
-    warps = -(-shape.pools * (shape.head_dim // 8) // 32)
-    nbytes = minimum_bytes(shape)
-    memory_us = nbytes / BANDWIDTH * 1e6
-    issue_us = warps * per_thread / ISSUE_RATE * 1e6
-    fraction = min(1.0, memory_us / issue_us) if issue_us else 1.0
-    # A kernel of a few µs is bound by launch latency, which neither roof models.
-    predicted = "not modelled (launch-bound)" if memory_us < 2 else f"{fraction:.0%}"
+_LOAD_BYTES = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
+
+
+def outstanding_bytes(sass: str) -> int:
+    """The bytes a thread has in flight at once: the widest set of global loads at one dependent depth."""
+    depths = load_depth(sass).loads
+    code, _ = parse_instructions(sass)
+    at_depth: dict[int, int] = defaultdict(int)
+    for instruction in code:
+        if instruction.address in depths:
+            width = next((n for key, n in _LOAD_BYTES.items() if key in instruction.opcode), 4)
+            at_depth[depths[instruction.address]] += width
+    return max(at_depth.values(), default=0)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What the model reads off one variant's SASS."""
+
+    instructions: int
+    loop_body: int
+    registers: int
+    depth: int
+    outstanding: int
+
+
+@functools.cache
+def variant(source: str, instance: str) -> Variant:
+    summary = summarize_sass(source, instance)
+    sass = summary.sass
+    return Variant(
+        summary.instructions, loop_body(sass), summary.registers, load_depth(sass).depth, outstanding_bytes(sass)
+    )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    resident_blocks: int
+    blocks_per_sm: int
+    reachable: float  # bytes/s
+    memory_us: float
+    issue_us: float
+    latency_us: float
+    predicted_us: float
+    copy_us: float
+    bound: str
+
+    @property
+    def fraction_of_copy(self) -> float:
+        return self.copy_us / self.predicted_us
+
+
+def predict(
+    case: Case, v: Variant, *, bandwidth: float = BANDWIDTH, latency: float = DRAM_LATENCY, launch_us: float = LAUNCH_US
+) -> Prediction:
+    """The four bounds of the module docstring for one launch."""
+    geometry = case.launch.geometry
+    per_sm = blocks_per_sm(v.registers, geometry.block) or 1
+    resident = min(geometry.grid, SMS * per_sm)
+    in_flight = resident * geometry.block * v.outstanding
+    reachable = min(bandwidth, in_flight / latency) if in_flight else bandwidth
+    per_thread = v.instructions
+    if case.kpool:
+        # Straight-line code runs once per thread. A streamed pool's loop takes
+        # the whole chunks after the first; its body is in the static count once.
+        chunk = chunk_members(case.kpool, case.member_bytes)
+        if chunk < case.kpool:
+            per_thread += max(0, (case.kpool - chunk) // chunk - 1) * v.loop_body
+    warps = geometry.grid * -(-geometry.block // 32)
+    bounds = {
+        "memory": case.nbytes / reachable * 1e6,
+        "issue": warps * per_thread / ISSUE_RATE * 1e6,
+        "latency": v.depth * latency * 1e6,
+    }
+    bound = max(bounds, key=bounds.__getitem__)
+    copy_us = launch_us + max(latency * 1e6, case.nbytes / bandwidth * 1e6)
+    return Prediction(
+        resident,
+        per_sm,
+        reachable,
+        bounds["memory"],
+        bounds["issue"],
+        bounds["latency"],
+        launch_us + bounds[bound],
+        copy_us,
+        bound,
+    )
+
+
+def template_arguments(instance: str) -> str:
+    return instance[instance.index("<") :].replace("kp::", "").replace("long long", "i64").replace("int", "i32")
+
+
+def row(case: Case) -> str:
+    v = variant(case.launch.kernel.source, case.launch.instance)
+    p = predict(case, v)
+    g = case.launch.geometry
     return (
-        f"| {shape.name} | {shape.pools} | {nbytes / 2**20:.1f} | {memory_us:.2f} | {per_thread} | "
-        f"{issue_us:.2f} | {predicted} |"
+        f"| {case.family} | {case.shape} | `{template_arguments(case.launch.instance)}` | {case.nbytes / 2**20:.2f} | "
+        f"{g.grid} x {g.block} | {p.blocks_per_sm} | {v.outstanding} | {p.reachable / 1e12:.2f} | {v.depth} | "
+        f"{p.memory_us:.2f} | {p.issue_us:.2f} | {p.latency_us:.2f} | {p.predicted_us:.2f} ({p.bound}) | "
+        f"{p.fraction_of_copy:.0%} |"
     )
 
 
 def table() -> str:
     lines = [
         BEGIN,
-        "| shape | pools | MiB moved | µs at 4.8 TB/s | instructions per thread | µs at the issue limit | "
-        "predicted fraction of copy |",
-        "|---|---|---|---|---|---|---|",
-        *(row(shape) for shape in sweep()),
+        "| kernel | shape | launched variant (template arguments) | MiB moved | grid x block | blocks/SM | "
+        "bytes in flight a thread | TB/s reachable | load depth | µs memory | µs issue | µs latency | "
+        "predicted µs (bound) | predicted fraction of copy |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        *(row(case) for case in cases()),
         END,
     ]
     return "\n".join(lines)

@@ -15,3 +15,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def sass_tools() -> None:
+    """Skip a test that reads SASS where NVRTC (CuPy's bindings), ptxas or nvdisasm is missing."""
+    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the cuda12 extra")
+    from kpool_cupy.tools import sass
+
+    try:
+        sass.find_tool("ptxas")
+        sass.find_tool("nvdisasm")
+    except RuntimeError as error:
+        pytest.skip(str(error))

@@ -126,15 +126,6 @@ def test_operands_written_and_read():
     assert operands_of(instruction) == ([], ["UR8", "R4", "R5", "R16", "R17", "R18", "R19"])
 
 
-@pytest.fixture(scope="module")
-def sass_tools():
-    try:
-        sass.find_tool("ptxas")
-        sass.find_tool("nvdisasm")
-    except RuntimeError as error:
-        pytest.skip(str(error))
-
-
 def _test_kernel_depth(name: str) -> int:
     code = kernel_source("kpool_portability.h") + (ROOT / "tests/kernels/load_chains.cu").read_text()
     return load_depth(sass.summarize_code_sass(code, name).sass).depth

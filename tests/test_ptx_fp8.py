@@ -200,15 +200,6 @@ def test_the_query_kernel_loads_16_bytes_stores_8_and_shuffles(dtype):
 # instructions.
 
 
-@pytest.fixture(scope="module")
-def sass_tools():
-    try:
-        sass.find_tool("ptxas")
-        sass.find_tool("nvdisasm")
-    except RuntimeError as error:
-        pytest.skip(str(error))
-
-
 def _opcodes(summary: sass.SassSummary) -> Counter[str]:
     """Static counts of the global loads and stores and the shuffles, by opcode."""
     return Counter(

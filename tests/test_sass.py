@@ -23,14 +23,7 @@ from kpool_cupy.tools import sass
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _tools():
-    pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="NVRTC comes with the cuda12 extra")
-    try:
-        sass.find_tool("ptxas")
-        sass.find_tool("nvdisasm")
-    except RuntimeError as error:
-        pytest.skip(str(error))
+pytestmark = pytest.mark.usefixtures("sass_tools")
 
 
 def _compress(dtype: np.dtype, head_dim: int, kpool: int) -> sass.SassSummary:

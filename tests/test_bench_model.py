@@ -1,0 +1,109 @@
+"""scripts/bench_model.py, the prediction table of docs/benchmarks.md: its bounds do what its docstring says,
+it models the variant the benchmark launches, and it has a row for every kernel the benchmark launches."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kpool_cupy.kernel.geometry import LaunchGeometry
+from kpool_cupy.tools.variants import OP_KERNELS
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def model():
+    spec = importlib.util.spec_from_file_location("bench_model", ROOT / "scripts" / "bench_model.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_model"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def cases(model):
+    return model.cases()
+
+
+def _case(model, grid: int, block: int, nbytes: int):
+    launch = SimpleNamespace(geometry=LaunchGeometry(grid=grid, block=block, items=grid * block))
+    return model.Case("compress", "synthetic", nbytes, launch)
+
+
+def test_fewer_blocks_per_sm_lower_the_reachable_bandwidth(model):
+    # Little's law: with 16 bytes a thread in flight, a full GPU of 2048-thread SMs holds 4.3 MB, short of
+    # 4.8 TB/s * 600 ns; registers that let an SM hold fewer blocks must lower the bandwidth and slow the row.
+    case = _case(model, grid=100_000, block=256, nbytes=1 << 30)
+    light = model.Variant(instructions=1, loop_body=0, registers=32, depth=1, outstanding=16)
+    heavy = model.Variant(instructions=1, loop_body=0, registers=128, depth=1, outstanding=16)
+    many, few = model.predict(case, light), model.predict(case, heavy)
+    assert few.blocks_per_sm < many.blocks_per_sm, (few.blocks_per_sm, many.blocks_per_sm)
+    assert few.reachable < many.reachable <= model.BANDWIDTH, (few.reachable, many.reachable)
+    assert few.predicted_us > many.predicted_us, (few.predicted_us, many.predicted_us)
+
+
+def test_a_small_grid_reaches_less_than_a_full_one(model):
+    # Resident blocks are the grid's when it does not fill the SMs: one block cannot keep HBM busy.
+    v = model.Variant(instructions=1, loop_body=0, registers=32, depth=1, outstanding=256)
+    one = model.predict(_case(model, grid=1, block=32, nbytes=1 << 20), v)
+    full = model.predict(_case(model, grid=10_000, block=256, nbytes=1 << 20), v)
+    assert one.resident_blocks == 1 and one.reachable < full.reachable == model.BANDWIDTH, (one, full)
+
+
+def test_the_latency_term_is_the_load_depth_in_dram_round_trips(model):
+    # A deeper chain of dependent loads waits one more DRAM latency per level, whatever the bytes.
+    case = _case(model, grid=1, block=32, nbytes=64)
+    shallow = model.predict(case, model.Variant(1, 0, 32, 1, 16))
+    deep = model.predict(case, model.Variant(1, 0, 32, 4, 16))
+    assert deep.bound == "latency", deep
+    assert deep.predicted_us == pytest.approx(model.LAUNCH_US + 4 * model.DRAM_LATENCY * 1e6)
+    assert deep.predicted_us > shallow.predicted_us
+
+
+def test_every_kernel_the_benchmark_launches_has_a_row(cases):
+    # The ops the benchmark calls (kpool_cupy.<op>( in kpool_cupy/bench/), read from its source, so a new
+    # benchmark of another op fails here until the model covers it.
+    called = set()
+    for path in (ROOT / "kpool_cupy" / "bench").glob("*.py"):
+        called |= set(re.findall(r"kpool_cupy\.(\w+)\(", path.read_text()))
+    benchmarked = {op for op in OP_KERNELS if f"kpool_{op}" in called or op in called}
+    families = {case.family for case in cases}
+    assert benchmarked, "no op call found in kpool_cupy/bench/"
+    assert benchmarked <= families, f"benchmarked ops without a model row: {sorted(benchmarked - families)}"
+
+
+def test_the_decode_step_has_a_row_at_every_batch_and_next_n(cases):
+    # The issue's grid: next_n 1, 2 and 4 at batches 1, 64 and 512, for the plain and the FP8 step.
+    want = {f"decode-{r}x{n}" for r in (1, 64, 512) for n in (1, 2, 4)}
+    for family in ("tail_update", "tail_update_fp8"):
+        got = {case.shape for case in cases if case.family == family}
+        assert got == want, (family, sorted(got ^ want))
+
+
+def test_the_rows_model_the_variant_the_benchmark_launches(cases):
+    # The benchmark passes int64 pool offsets (bench.inputs) and int64 slots (bench.fp8): the model must
+    # compile those instances, not the tools' all-int32 default.
+    for case in cases:
+        if case.family == "compress":
+            assert case.launch.template["IP"].itemsize == 8, (case.shape, case.launch.instance)
+        if case.family == "compress_fp8" and "(slots)" in case.shape:
+            assert case.launch.template["ID"].itemsize == 8, (case.shape, case.launch.instance)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_decode_step_is_predicted_latency_bound(model, cases):
+    # A decode step moves a few KiB to a few MiB over two dependent loads: its rows must be bound by
+    # load depth x DRAM latency, not by the bytes.
+    for case in cases:
+        if case.family.startswith("tail_update"):
+            v = model.variant(case.launch.kernel.source, case.launch.instance)
+            p = model.predict(case, v)
+            assert v.depth >= 1, case.launch.instance
+            assert p.predicted_us >= v.depth * model.DRAM_LATENCY * 1e6, (case.shape, p)
+            assert p.bound == "latency", (case.family, case.shape, p)
