@@ -47,24 +47,29 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # Step limits, in seconds: the sum with the 2 s that `timeout` may wait after
 # TERM before KILL, per step, is at most 360 s (6 minutes of one call; a cold
 # torch.compile included: it has its own step, and the full sweep leaves it
-# out). No step has run on a GPU yet: the limits come from what was measured
-# on the CPU (below) and margins over it.
+# out).
 #
-# NVRTC, measured here (scripts/gpu_variants.py time: NVRTC 12.9 on a 2-core
-# CPU-only machine, 2026-12-04), for the 248 variants of
-# scripts/gpu_variants.json, sm_90 cubins: 61.6 s one after another, 0.49 s
-# the slowest; over 16 processes (scripts/gpu_variants.py estimate) 3.9 s.
-# Before the precompile step, the timed steps paid those 61.6 s between them,
-# serially, inside their limits.
+# Sized from the one GPU run so far (H200, driver 580.159.04, CuPy 14.2.0,
+# CUDA 13.0, 2026-12-04; docs/benchmarks.md): seconds each step took there,
+# with margin; bench gets the rest. There the bench step was cut at its old
+# 110 s inside the FP8 decode records (the sweep alone, kernels precompiled,
+# took about 30 s in a second call), while every other step used under half
+# of its old limit.
+#
+# NVRTC, measured on this CPU-only machine (scripts/gpu_variants.py time:
+# NVRTC 12.9, 2 cores, 2026-12-04), for the 248 variants of
+# scripts/gpu_variants.json, sm_90 cubins: 61.6 s one after another; over 16
+# processes (scripts/gpu_variants.py estimate) 3.9 s. The H200 machine's
+# precompile took 8.7 s with 16 processes, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
-    [environment]=5      # nvidia-smi and versions; torch's read from its metadata, not imported
-    [precompile]=30      # 3.9 s of NVRTC over 16 processes + 5 s for a process's CuPy import and CUDA context, x3 (a slower CPU, CUDA 13's NVRTC)
-    [pytest-gpu]=60      # the gpu-marked tests, kernels precompiled (65 s before, compiles included)
-    [check]=35           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs; 40 s before)
-    [memcheck]=45        # compute-sanitizer over tests/run_memcheck.py: 27 family calls, 8 garbage calls a family
-    [bench]=110          # the rest of the budget: host costs, empty kernel, decode side, FP8 records, full sweep
-    [bench-compile]=60   # the quick sweep's three shapes with torch.compile, from a cold start
+    [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
+    [precompile]=25      # 248 variants over 16 processes (9 s and 8 s on the H200; estimated from NVRTC here: 8.9 s)
+    [pytest-gpu]=40      # the gpu-marked tests, kernels precompiled (24 s on the H200: 181 passed)
+    [check]=25           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (15 s on the H200)
+    [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: 27 family calls, 8 garbage calls a family (3 s)
+    [bench]=181          # the rest of the budget: host costs, empty kernel, decode side, FP8 records, full sweep (113 s on the H200; cut at 110 before)
+    [bench-compile]=55   # the quick sweep's three shapes with torch.compile, from a cold start (41 s on the H200)
 )
 kill_after=2
 declare -A status seconds

@@ -35,10 +35,10 @@ FILES = {"summary.txt", "bench.json", "bench.png", "bench-compile.json", "logs.t
 STEPS = ["environment", "precompile", "pytest-gpu", "check", "memcheck", "bench", "bench-compile"]
 LOGS = {f"{step}.log" for step in STEPS}
 GPU_JOBS = 16  # the lent machine's cores: gpu_precompile.py's processes there
-# The precompile's limit over the NVRTC makespan measured here, at least: the GPU machine's CPU may be slower
-# than this one, each process also imports CuPy and makes a CUDA context, and CUDA 13's NVRTC is not the 12.9
-# that was timed.
-PRECOMPILE_MARGIN = 3
+# The precompile's limit over the NVRTC makespan estimated from the times measured here, at least. On the H200
+# machine (2026-12-04, CUDA 13's NVRTC, 16 processes) the step took 8.7 s and 7.4 s against an estimate of
+# 8.9 s: the estimate holds there, and 2.5 times it leaves room for a slower machine or compiler.
+PRECOMPILE_MARGIN = 2.5
 STARTUP_S = 5  # a process's CuPy import and CUDA context, counted once per process in the estimate
 FAKE_SANITIZER = gpu_variants.FAKE_SANITIZER
 
@@ -57,8 +57,8 @@ def test_the_step_limits_add_up_to_six_minutes_at_most():
     assert steps == STEPS and set(limits) == set(steps)
     # timeout may wait kill_after past a limit before it kills: counted per step.
     assert sum(limits.values()) + kill_after * len(steps) <= BUDGET_S, limits
-    # torch.compile's cold start has a step and a limit of its own.
-    assert limits["bench-compile"] >= 60
+    # torch.compile's cold start has a step and a limit of its own: it took 41 s and 24 s on the H200.
+    assert limits["bench-compile"] >= 50
 
 
 def test_the_precompile_step_comes_before_every_kernel_launch_and_fits_its_limit():

@@ -4,6 +4,7 @@ implementation against the copy roof."""
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -173,6 +174,20 @@ def host_costs(shape: BenchShape, repeats: int = HOST_REPEATS) -> dict[str, Any]
     return record
 
 
+class _WallClock:
+    """Stamps each record with ``wall_s``: host seconds since the previous stamp (inputs, compiles, captures
+    and timing together), so a run cut at its limit shows where its time went."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+
+    def stamp(self, record: dict[str, Any]) -> dict[str, Any]:
+        now = time.perf_counter()
+        record["wall_s"] = round(now - self.last, 3)
+        self.last = now
+        return record
+
+
 def run_sweep(
     shapes: list[BenchShape],
     implementations: list[str],
@@ -193,28 +208,29 @@ def run_sweep(
     """
     results: dict[str, Any] = {"numpy": np.__version__, "complete": False}
     repeats = min(samples, HOST_REPEATS)
-    results["host"] = host_costs(sweep()[0], repeats=repeats)
+    clock = _WallClock()
+    results["host"] = clock.stamp(host_costs(sweep()[0], repeats=repeats))
     checkpoint(results)
     if decode_side or fp8:
-        results["empty_kernel"] = bench_empty_kernel(samples)
+        results["empty_kernel"] = clock.stamp(bench_empty_kernel(samples))
         checkpoint(results)
     if fp8:
-        results["host_fp8_decode"] = tail_fp8_host_cost(repeats=repeats)
+        results["host_fp8_decode"] = clock.stamp(tail_fp8_host_cost(repeats=repeats))
         checkpoint(results)
     results["lifecycle"] = []
     for record in run_lifecycle(quick, samples) if decode_side else ():
         over_empty(record, results["empty_kernel"])
-        results["lifecycle"].append(record)
+        results["lifecycle"].append(clock.stamp(record))
         checkpoint(results)
     results["fp8"] = []
     for record in itertools.chain(run_fp8(quick, samples), run_tail_fp8(quick, samples)) if fp8 else ():
         over_empty(record, results["empty_kernel"])
-        results["fp8"].append(record)
+        results["fp8"].append(clock.stamp(record))
         checkpoint(results)
     results["shapes"] = []
     checkpoint(results)
     with progress(shapes) as bar:
         for shape in bar:
-            results["shapes"].append(bench_shape(shape, implementations, samples))
+            results["shapes"].append(clock.stamp(bench_shape(shape, implementations, samples)))
             checkpoint(results)
     return results

@@ -29,7 +29,10 @@ MIN_GRAPH_CALLS = 32
 # a GPU that sat idle, and WARMUP_REPLAYS replays (or a window of calls) whatever that takes.
 WARMUP_MS = 20.0
 WARMUP_REPLAYS = 2
-EVENT_WINDOW = 512  # calls per events sample at most; the rotation carries on from one sample to the next
+# Calls per events sample at most; the rotation carries on from one sample to the next. What events time is
+# a Python loop (composites of array operations, about 1 ms a call at decode shapes on the H200), so a sample of
+# 128 calls is already long against the events' resolution; 512 cost the GPU run's bench step tens of seconds.
+EVENT_WINDOW = 128
 WARMUP_CALLS = 10  # uncaptured calls before the events samples, at least (compiles, autotuning, caches)
 HOST_CALLS = 200  # per host-cost sample: far below CUDA's launch queue (about 1024), so no call waits for the device
 HOST_REPEATS = 5
