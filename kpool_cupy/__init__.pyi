@@ -128,6 +128,20 @@ def kpool_expand_topk(
     compact: bool = False,
     stream: Any = None,
 ) -> CupyArray | tuple[CupyArray, CupyArray]: ...
+def kpool_index_logits_fp8(
+    q: DeviceArray,
+    weights: DeviceArray,
+    cache: DeviceArray,
+    cache_block_table: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    max_pools: int | None = None,
+    out: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray: ...
 def kpool_ring_close(
     tail: DeviceArray | tuple[DeviceArray, DeviceArray],
     k: DeviceArray,

@@ -125,6 +125,19 @@ def kpool_expand_topk(
     block_size: int | None = None,
     compact: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
+def kpool_index_logits_fp8(
+    q: np.ndarray,
+    weights: np.ndarray,
+    cache: np.ndarray,
+    cache_block_table: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    max_pools: int | None = None,
+    out: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray: ...
 def kpool_ring_close(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,

@@ -51,7 +51,33 @@ def _calls():
             tail=tail, k=step, gate=step, ape=ape, positions=np.array([[4, 5], [0, -1]], np.int32), slot_idx=slots
         ),
         "hadamard_quant_fp8": dict(x=k),
+        "kpool_index_logits_fp8": _index_call(rng),
     }
+
+
+def _index_call(rng):
+    q = rng.integers(0, 0x7E, (5, 2, 64), dtype=np.uint8)
+    cache = np.zeros((2, 4, 68), np.uint8)
+    cache.reshape(2, -1)[:, 4 * 64 :] = np.ones((2, 4), np.float32).view(np.uint8)
+    table, offsets, cached = np.array([[1], [0]], np.int32), np.array([0, 2, 5], np.int32), np.array([3, 1], np.int32)
+    weights = np.ones((5, 2), np.float32)
+    return dict(
+        q=q,
+        weights=weights,
+        cache=cache,
+        cache_block_table=table,
+        input_row_offsets=offsets,
+        cache_lengths=cached,
+        kpool=2,
+    )
+
+
+# The sizes only the data decides, from the first output the run allocated.
+DYNAMIC = {
+    "kpool_compress": lambda shape: {"total_pools": shape[0]},
+    "kpool_compress_fp8": lambda shape: {"total_pools": shape[0]},
+    "kpool_index_logits_fp8": lambda shape: {"max_pools": shape[1]},
+}
 
 
 @pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
@@ -72,7 +98,7 @@ def test_run_allocates_exactly_the_declared_outputs(spec):
     options = {o.name: arguments.get(o.name, o.default) for o in spec.options}
     execute(spec, Recording(), arrays, options)
     call = spec.describe(arrays, options)  # the checks alone give the record the shapes come from
-    sizes = {"total_pools": recorded["allocated"][0][0][0]} if spec.dynamic_sizes else {}
+    sizes = DYNAMIC[spec.name](recorded["allocated"][0][0]) if spec.dynamic_sizes else {}
     declared = [(tuple(s), np.dtype(d)) for s, d in spec.outputs(call, **sizes).values()]
     assert recorded.get("allocated", []) == declared
 

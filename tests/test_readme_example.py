@@ -56,3 +56,5 @@ def test_the_fp8_cache_example(backend):
     pages = namespace["table"][0]
     assert cache[pages].any() and not np.delete(cache, pages, axis=0).any()  # only the request's pages
     assert q_values.shape == (96, 64) and q_values.dtype == np.uint8 and q_scales.shape == (96,)
+    logits = namespace["logits"]
+    assert np.isfinite(logits[:, : namespace["visible"] - 1]).all()  # every token sees all but maybe the last

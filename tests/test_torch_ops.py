@@ -48,6 +48,17 @@ def _array(value):
     return to_numpy("value", value) if isinstance(value, torch.Tensor) else value
 
 
+def index_args(rng):
+    """A small scoring call: 5 tokens of 2 requests, 2 heads, head_dim 64, a 2-page cache."""
+    q = rng.integers(0, 0x7E, (5, 2, 64), dtype=np.uint8)
+    cache = np.zeros((2, 4, 68), np.uint8)
+    cache.reshape(2, -1)[:, : 4 * 64] = rng.integers(0, 0x7E, (2, 4 * 64), dtype=np.uint8)
+    cache.reshape(2, -1)[:, 4 * 64 :] = np.full((2, 4), 0.5, np.float32).view(np.uint8)
+    weights = rng.standard_normal((5, 2)).astype(np.float32)
+    table, offsets, cached = np.array([[1], [0]], np.int32), np.array([0, 2, 5], np.int32), np.array([3, 1], np.int32)
+    return (q, weights, cache, table, offsets, cached)
+
+
 def calls(dtype=BF16, split=False):
     """A valid call of each op (NumPy arguments): two requests on slots 2 and 0, a ring of 6 rows."""
     rng = np.random.default_rng(0)
@@ -78,6 +89,7 @@ def calls(dtype=BF16, split=False):
         "kpool_ring_close_fp8": ((tail, k, gate, ape, offsets, cache, slots), {}),
         "kpool_tail_update_fp8": ((tail, step_k, step_gate, ape, positions, slots), {}),
         "hadamard_quant_fp8": ((k,), {}),
+        "kpool_index_logits_fp8": (index_args(rng), {"kpool": 2}),
     }
 
 

@@ -21,6 +21,7 @@
 
 #include "kpool_builtins.h"
 #include "kpool_fibers.h"
+#include "kpool_mma.h"
 
 // Runs kernel over grid x block, thread by thread. args follows the CUDA
 // driver's convention: args[i] points at the value of parameter i. The

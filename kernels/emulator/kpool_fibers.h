@@ -13,7 +13,10 @@
 // CUDA waits for the non-exited lanes of a mask; then each lane reads the
 // value its source lane deposited (a source that has left is undefined in
 // CUDA, and refused). __any_sync is such a shuffle that reads every waiting
-// lane's predicate. A barrier completes when every thread of
+// lane's predicate. A warp-wide instruction (mma.sync: kpool_mma.h) is a
+// shuffle that must find all 32 lanes at the same call, none of them gone;
+// then the instruction is computed once from every lane's operands. A
+// barrier completes when every thread of
 // the block waits at the same __syncthreads. Anything else is a deadlock
 // on the emulator and undefined on a GPU, and the emulator aborts naming
 // the threads and where each waits.
@@ -37,6 +40,7 @@
 
 #include <cstdarg>
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -120,9 +124,13 @@ struct KpContext {
 #endif
 
 enum class KpWait : unsigned char { running, shuffle, barrier, exited };
-// PTX's shfl.sync modes, plus __syncwarp (a shuffle that moves nothing) and
-// __any_sync (vote.sync.any).
-enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any };
+// PTX's shfl.sync modes, plus __syncwarp (a shuffle that moves nothing),
+// __any_sync (vote.sync.any) and a warp-wide instruction (kp_warp_collective).
+enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any, collective };
+
+// A warp-wide instruction, computed once its 32 lanes have arrived: lanes[i]
+// is what lane i passed (its operands and where its results go).
+using KpWarpCompute = void (*)(void* const* lanes);
 
 struct KpFiber {
     KpContext context;
@@ -136,6 +144,7 @@ struct KpFiber {
     int operand = 0;  // srcLane, delta or laneMask
     int width = 32;
     unsigned long long value = 0, result = 0;
+    KpWarpCompute compute = nullptr;  // a collective's instruction
     const char* what = "";  // the built-in it waits in, and where it was called
     const char* file = "";
     int line = 0;
@@ -323,7 +332,8 @@ inline unsigned int kp_shuffle_source(KpShuffleMode mode, unsigned int lane, int
         case KpShuffleMode::bfly: j = self ^ b; inside = j <= high; break;
         case KpShuffleMode::idx: j = low | (b & ~segmask); inside = j <= high; break;
         case KpShuffleMode::sync:
-        case KpShuffleMode::any: break;
+        case KpShuffleMode::any:
+        case KpShuffleMode::collective: break;
     }
     return static_cast<unsigned int>(inside ? j : self);
 }
@@ -410,6 +420,16 @@ inline int __any_sync(unsigned int mask, int predicate, const char* file = __bui
     return static_cast<int>(kp_shuffle(KpShuffleMode::any, "__any_sync", mask, predicate != 0, 0, 32, file, line));
 }
 
+// A warp-wide instruction (every lane of a full warp, as mma.sync.aligned
+// requires): each lane passes `lane_data`; once all 32 wait here, `compute`
+// runs once over the 32 pointers, and every lane goes on.
+inline void kp_warp_collective(const char* what, KpWarpCompute compute, void* lane_data, const char* file, int line) {
+    KpFiber* f = kp_fiber_current;
+    if (f != nullptr) f->compute = compute;
+    kp_shuffle(KpShuffleMode::collective, what, 0xffffffffu,
+               static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(lane_data)), 0, 32, file, line);
+}
+
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     KpFiber* f = kp_fiber_current;
     if (f == nullptr)
@@ -445,8 +465,20 @@ inline bool kp_release(KpBlockRun& run) {
             any |= other.value != 0;
         }
         if (!complete) continue;
+        if (f.mode == KpShuffleMode::collective) {
+            void* lanes[32];
+            for (unsigned int lane = 0; lane < 32; ++lane) {
+                if (warp[lane].wait != KpWait::shuffle)
+                    kp_fail("%s:%d: %s: lane %u of warp %u has left the kernel; the instruction needs all 32 lanes "
+                            "(undefined in CUDA)",
+                            f.file, f.line, f.what, lane, f.rank / 32);
+                lanes[lane] = reinterpret_cast<void*>(static_cast<std::uintptr_t>(warp[lane].value));
+            }
+            f.compute(lanes);
+        }
         for (unsigned int lane = 0; lane < 32; ++lane) {
-            if (!((f.mask >> lane) & 1u) || warp[lane].wait == KpWait::exited || f.mode == KpShuffleMode::sync)
+            if (!((f.mask >> lane) & 1u) || warp[lane].wait == KpWait::exited || f.mode == KpShuffleMode::sync ||
+                f.mode == KpShuffleMode::collective)
                 continue;
             KpFiber& reader = warp[lane];
             if (f.mode == KpShuffleMode::any) {

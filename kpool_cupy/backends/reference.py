@@ -6,8 +6,10 @@ import numpy as np
 
 from ..ops.spec import Launch
 from .host import HostMemory, host_binding
+from .reference_index import KERNELS as INDEX_KERNELS
 from .reference_kernels import KERNELS
 
+_KERNELS = KERNELS | INDEX_KERNELS
 ACCUMULATE = {"float32": np.float32, "float64": np.float64}
 
 
@@ -20,7 +22,7 @@ class ReferenceBackend(HostMemory):
         self.accumulate = ACCUMULATE[accumulate]
 
     def launch(self, launch: Launch) -> None:
-        KERNELS[launch.kernel.name](launch, self.accumulate)
+        _KERNELS[launch.kernel.name](launch, self.accumulate)
 
 
 _FLOAT32 = ReferenceBackend()

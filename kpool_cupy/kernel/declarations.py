@@ -298,6 +298,33 @@ HADAMARD_QUANT_FP8 = Kernel(
     (*rows("x", "const T*"), Param("rows", "long long"), *rows("values", "unsigned char*"), Param("scales", "float*")),
     aligned=_V.K | _V.OUT,
 )
+# The index scorer's VECTOR bits (kernels/kpool_index_logits.cu): cache pages and query rows 16-byte aligned.
+INDEX_VECTOR_CACHE = 1
+INDEX_VECTOR_Q = 2
+# Its MMA template argument: the tensor-core instruction (kernels/kpool_index.cuh).
+MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
+MMA_E4M3 = 1  # e4m3 mma.sync m16n8k32: sm_89 and newer
+INDEX_LOGITS_FP8 = Kernel(
+    "kpool_index_logits_fp8",
+    "kpool_index_logits.cu",
+    (integer("HEAD_DIM"), integer("MMA", MMA_E4M3), integer("VECTOR"), index("IO"), index("IC")),
+    (
+        Param("q", "const unsigned char*"),
+        *longs("q_token_stride", "q_head_stride", "heads"),
+        Param("weights", "const float*"),
+        Param("weights_stride", "long long"),
+        Param("cache", "const unsigned char*"),
+        *longs("page_stride", "pages", "block_size"),
+        Param("cache_block_table", "const int*"),
+        *longs("table_columns", "table_stride"),
+        Param("input_row_offsets", "const IO*"),
+        Param("cache_lengths", "const IC*"),
+        *longs("batch", "num_tokens", "kpool"),
+        Param("out", "float*"),
+        *longs("out_stride", "max_pools", "tokens_per_block", "token_tiles"),
+    ),
+    aligned=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q,
+)
 # The benchmark's baseline (kernels/bench/): upstream's geometry, one thread per channel.
 COMPRESS_BASELINE = Kernel(
     "kpool_compress_baseline",
@@ -322,5 +349,6 @@ KERNELS: tuple[Kernel, ...] = (
     TAIL_UPDATE_FP8,
     EXPAND_TOPK,
     HADAMARD_QUANT_FP8,
+    INDEX_LOGITS_FP8,
     COMPRESS_BASELINE,
 )

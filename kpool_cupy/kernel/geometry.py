@@ -68,6 +68,17 @@ def flat_geometry(elements: int) -> LaunchGeometry:
     return LaunchGeometry(grid=grid, block=TARGET_THREADS_PER_BLOCK, items=grid * TARGET_THREADS_PER_BLOCK)
 
 
+INDEX_THREADS = 128  # kp::kIndexThreads: 4 warps
+INDEX_BLOCK_POOLS = {64: 128, 128: 128, 256: 64}  # pools a block of the scorer covers: 4 warps x 8 x NT
+
+
+def index_geometry(tokens: int, max_pools: int, tokens_per_block: int, head_dim: int) -> LaunchGeometry:
+    """The scorer's grid: token tiles (fastest) x pool tiles, 4 warps a block; ``items`` is the token tiles."""
+    token_tiles = -(-tokens // tokens_per_block)
+    pool_tiles = -(-max_pools // INDEX_BLOCK_POOLS[head_dim])
+    return LaunchGeometry(grid=token_tiles * pool_tiles, block=INDEX_THREADS, items=token_tiles)
+
+
 def chunk_members(kpool: int, member_bytes: int) -> int:
     """Members pool8 loads before it uses any (``kp::chunk_members``): the whole pool, or a stream chunk."""
     if kpool * member_bytes <= WHOLE_POOL_BYTES:

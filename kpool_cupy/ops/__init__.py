@@ -6,6 +6,7 @@ from .compress import SPEC as COMPRESS
 from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
 from .hadamard_quant_fp8 import SPEC as HADAMARD_QUANT_FP8
+from .index_logits_fp8 import SPEC as INDEX_LOGITS_FP8
 from .ring_close import SPEC as RING_CLOSE
 from .ring_close_fp8 import SPEC as RING_CLOSE_FP8
 from .seed_tail import SPEC as SEED_TAIL
@@ -23,6 +24,7 @@ OPS: tuple[OpSpec, ...] = (
     RING_CLOSE_FP8,
     TAIL_UPDATE_FP8,
     HADAMARD_QUANT_FP8,
+    INDEX_LOGITS_FP8,
 )
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "COMPRESS_FP8",
     "EXPAND_TOPK",
     "HADAMARD_QUANT_FP8",
+    "INDEX_LOGITS_FP8",
     "OPS",
     "RING_CLOSE",
     "RING_CLOSE_FP8",

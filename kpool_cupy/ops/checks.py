@@ -108,18 +108,18 @@ def check_writable_rows(name: str, array: Any) -> None:
         raise fail(name, f"rows that do not overlap (|row stride| >= {row_bytes} bytes)", f"{array.strides[0]} bytes")
 
 
-def check_block_table(block_table: Any, batch: int) -> None:
+def check_block_table(block_table: Any, batch: int, name: str = "block_table") -> None:
     """A block table as every op reads it: int32 ``[batch, max_blocks]``, the last dim contiguous, rows at any
-    stride in whole entries (a column slice of a wider table works as it is)."""
-    require_array("block_table", block_table)
+    stride in whole entries (a column slice of a wider table works as it is). ``name``: the argument's."""
+    require_array(name, block_table)
     if np.dtype(block_table.dtype) != INT32:
-        raise dtype_fail("block_table", "dtype int32", dtype_name(np.dtype(block_table.dtype)))
+        raise dtype_fail(name, "dtype int32", dtype_name(np.dtype(block_table.dtype)))
     if block_table.ndim != 2 or block_table.shape[0] != batch:
-        raise fail("block_table", f"shape [{batch}, max_blocks] (one row per request)", tuple(block_table.shape))
+        raise fail(name, f"shape [{batch}, max_blocks] (one row per request)", tuple(block_table.shape))
     if block_table.size and block_table.shape[1] > 1 and block_table.strides[1] != 4:
-        raise fail("block_table", "a contiguous last dim", f"strides {block_table.strides}")
+        raise fail(name, "a contiguous last dim", f"strides {block_table.strides}")
     if block_table.size and block_table.strides[0] % 4:
-        raise fail("block_table", "a row stride in whole entries", f"strides {block_table.strides}")
+        raise fail(name, "a row stride in whole entries", f"strides {block_table.strides}")
 
 
 def check_index(name: str, array: Any, length: int | None) -> None:

@@ -84,8 +84,8 @@ class Fp8Placement:
         return self.kind != ROWS
 
 
-def _check_cache(cache: Any, head_dim: int) -> tuple[int, int]:
-    """The cache's pages and entries per page."""
+def check_cache_layout(cache: Any, head_dim: int, writable: bool = True) -> tuple[int, int]:
+    """The cache's pages and entries per page; ``writable`` for the ops that write it (the scorer reads it)."""
     require_array("cache", cache)
     if np.dtype(cache.dtype) != UINT8:
         raise dtype_fail("cache", "dtype uint8", dtype_name(np.dtype(cache.dtype)))
@@ -98,7 +98,8 @@ def _check_cache(cache: Any, head_dim: int) -> tuple[int, int]:
         raise fail("cache", f"a page stride that is a multiple of 4 and at least {page} bytes", cache.strides[0])
     if cache.size and codes.data_pointer(cache) % 4:
         raise fail("cache", "a 4-byte aligned first byte (the scales are float32)", "an unaligned one")
-    check_writable("cache", cache)
+    if writable:
+        check_writable("cache", cache)
     return as_size(cache.shape[0]), as_size(cache.shape[1])
 
 
@@ -175,7 +176,7 @@ def check_target(
     for name, given in (("out", out), ("out_scale", out_scale)):
         if given is not None:
             raise fail(name, "None with cache (the cache holds the values and scales)", "an array")
-    pages, block_size = _check_cache(cache, head_dim)
+    pages, block_size = check_cache_layout(cache, head_dim)
     if takes_slots and (slots is None) == (block_table is None):
         given = "both" if slots is not None else "neither"
         raise fail("slots", "exactly one of slots and block_table with cache", given)

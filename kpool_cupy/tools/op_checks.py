@@ -21,6 +21,7 @@ from .. import reference
 from . import op_check_parts as parts
 from .accuracy import compare
 from .cases import SENTINEL, Case
+from .index_accuracy import FP8_MMA_ACCUMULATION_BITS, index_logits_agree, index_logits_bound
 from .op_check_parts import Backend, Verdict
 from .ring_op_checks import check_ring_close, check_seed_tail, check_tail_update
 
@@ -121,6 +122,55 @@ def check_hadamard_quant_fp8(backend: Backend, case: Case, kpool: int, rng: np.r
     return Verdict(x.shape[0], parts.differ(values, want_values) + parts.differ(scales, want_scales), None)
 
 
+INDEX_TOKENS, INDEX_HEADS = 64, 8
+
+
+def check_index_logits_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """Scores against the float64 model within ``index_accuracy``'s CPU bound (the GPU's with ``cupy``).
+
+    The case gives the batch (each request's last ``INDEX_TOKENS`` tokens
+    after its cache); the pooled cache, its shuffled table, the e4m3 queries
+    and weights are random: every visible pool has a page entry. head_dim is
+    the case's where the scorer takes it (64, 128, 256), else 128.
+    """
+    lengths, cache = parts.token_counts(case)
+    kept = np.minimum(lengths, INDEX_TOKENS)
+    # Caches at most 512 pools long, each at its phase mod kpool (the case's reach past 2^32 tokens would be
+    # a cache of that many pools).
+    cache, lengths = (cache + lengths - kept) % (512 * kpool), kept
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(case.input_row_offsets.dtype)
+    head_dim = case.k.shape[1] if case.k.shape[1] in (64, 128, 256) else 128
+    pools = np.where(lengths > 0, (cache + lengths) // kpool, 0)
+    block_size = 16
+    columns = -(-pools // block_size)
+    pages = int(columns.sum()) + 1
+    order = rng.permutation(pages).astype(np.int32)
+    table = np.full((len(lengths), max(int(columns.max(initial=0)), 1)), -1, np.int32)
+    starts = np.concatenate([[0], np.cumsum(columns)])
+    for b, (start, count) in enumerate(zip(starts[:-1], columns, strict=True)):
+        table[b, :count] = order[start : start + count]
+    paged = np.zeros((pages, block_size, head_dim + 4), np.uint8)
+    flat = paged.reshape(pages, -1)
+    values = rng.integers(0, 256, (pages, block_size * head_dim), dtype=np.uint8)
+    flat[:, : block_size * head_dim] = np.where((values & 0x7F) == 0x7F, values ^ 1, values)
+    flat[:, block_size * head_dim :] = (
+        np.exp2(rng.integers(-8, 4, (pages, block_size))).astype(np.float32).view(np.uint8)
+    )
+    tokens = int(lengths.sum())
+    q = rng.integers(0, 256, (tokens, INDEX_HEADS, head_dim), dtype=np.uint8)
+    q = np.where((q & 0x7F) == 0x7F, q ^ 1, q)
+    weights = rng.standard_normal((tokens, INDEX_HEADS)).astype(np.float32)
+    arrays = (q, weights, paged, table, offsets, cache.astype(case.cache_lengths.dtype))
+    got = backend.get(backend.ops.kpool_index_logits_fp8(*(backend.put(a) for a in arrays), kpool=kpool))
+    want = reference.kpool_index_logits_fp8(*arrays, kpool=kpool)
+    bits = (
+        FP8_MMA_ACCUMULATION_BITS if getattr(backend.ops, "__name__", "") == "kpool_cupy" else 24
+    )  # the GPU: tensor cores
+    bound = index_logits_bound(*arrays, kpool=kpool, max_pools=want.shape[1], accumulation_bits=bits)
+    accuracy = index_logits_agree(got, want, bound) if got.shape == want.shape else {"ok": False}
+    return Verdict(tokens, 0 if got.shape == want.shape else max(got.size, 1), accuracy)
+
+
 def _fp8(check: Callable[..., Verdict]) -> Callable[[Backend, Case, int, np.random.Generator], Verdict]:
     def fused(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
         return check(backend, case, kpool, rng, fp8=True)
@@ -139,4 +189,5 @@ OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], V
     "ring_close_fp8": (_fp8(check_ring_close), "pools"),
     "tail_update_fp8": (_fp8(check_tail_update), "pools"),
     "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
+    "index_logits_fp8": (check_index_logits_fp8, "tokens"),
 }

@@ -115,6 +115,19 @@ def kpool_expand_topk(
     block_size: int | None = None,
     compact: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+def kpool_index_logits_fp8(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    cache_block_table: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    max_pools: int | None = None,
+    out: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor: ...
 def kpool_ring_close(
     tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     k: torch.Tensor,

@@ -139,6 +139,9 @@ def _wait_for(stream: Stream | None) -> None:
         _flush(queue)
 
 
+COMPUTE_CAPABILITY = "90"  # what Device.compute_capability says; tests may set another
+
+
 class Device:
     def __init__(self, device: int | None = None) -> None:
         self.id = 0 if device is None else int(device)
@@ -152,6 +155,11 @@ class Device:
     @property
     def attributes(self) -> dict[str, int]:
         return {"L2CacheSize": L2_BYTES, "MultiProcessorCount": 1}
+
+    @property
+    def compute_capability(self) -> str:
+        """CuPy's spelling ("90" for sm_90); the double is an H200 unless a test says otherwise."""
+        return COMPUTE_CAPABILITY
 
     def synchronize(self) -> None:
         _synchronize_device()

@@ -1,0 +1,170 @@
+// The index scorer's shared routine: one warp scores one query token against
+// 8 * NT pooled FP8 keys on tensor cores.
+//
+//     logit[p] = sum over h of  weights[h] * relu( s[p] * dot(q[h, :], k[p, :]) )
+//
+// relu keeps NaN (x < 0 ? 0 : x): an e4m3 NaN byte in q or k makes the
+// logit NaN on every backend. Every logit is computed by this routine alone,
+// so its sums run in one fixed order whatever calls it (the scoring kernel,
+// a later fused selection): the D-sum in 32-wide mma steps in the order of
+// `steps` below, each step's 32 products summed inside the tensor core; the
+// H-sum per lane over its heads g, g + 8, g + 16, g + 24, ... (heads
+// ascending in steps of 8, each lane a residue class mod 8), then across the
+// 8 lanes of a column by the butterfly xor 4, 8, 16.
+//
+// Lane contract: lane = 4 g + t holds, for every 32-wide step, 8 bytes of
+// query rows g and g + 8 of a 16-head tile and 8 bytes of key g of each
+// 8-key tile: bytes [t * D/4 + 8 s, t * D/4 + 8 s + 8) of the rows for step
+// s. A dot product does not depend on how its D positions are dealt to the
+// mma's k positions as long as query and key deal them alike, so each lane
+// reads its D/4 contiguous bytes with 16-byte loads; the mma sees them as
+// k positions {4t .. 4t+3, 16+4t .. 16+4t+3} (e4m3) or two f16 halves of
+// those (kpool_mma.h has the fragment layouts).
+#ifndef KPOOL_INDEX_CUH
+#define KPOOL_INDEX_CUH
+
+#include "kpool_common.cuh"
+
+namespace kp {
+
+// 8 bytes of a row, as two 32-bit words (byte 0 lowest).
+struct Bytes8 {
+    unsigned int lo, hi;
+};
+
+// mma.sync and the sums' butterfly take the whole warp.
+constexpr unsigned int kIndexWarpLanes = 0xffffffffu;
+
+// Which tensor-core instruction scores: e4m3 mma.sync m16n8k32 (sm_89 and
+// newer) or, on sm_80, f16 mma.sync m16n8k16 after an exact conversion.
+constexpr int kMmaF16 = 0;
+constexpr int kMmaE4m3 = 1;
+
+// Two e4m3fn bytes (the low 16 bits) as two f16 halves, each exactly the
+// e4m3 value times 2^-8: the 7 magnitude bits shifted into the f16's
+// exponent and mantissa fields rebias 7 -> 15 for normals, and the e4m3
+// subnormals (m * 2^-9) become f16 subnormals (m * 2^-17). NaN stays NaN.
+__device__ __forceinline__ unsigned int e4m3x2_as_f16x2(unsigned int two) {
+    unsigned int halves = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const unsigned int byte = (two >> (8 * i)) & 0xffu, magnitude = byte & 0x7fu;
+        const unsigned int half = ((byte & 0x80u) << 8) | (magnitude == 0x7fu ? 0x7e00u : magnitude << 7);
+        halves |= half << (16 * i);
+    }
+    return halves;
+}
+
+// The f16 path's products are the e4m3 products times 2^-16; this undoes it
+// (a power of two: exact).
+constexpr float kF16Unscale = 65536.0f;
+
+// One 32-wide step of the D-sum into c: x and y are 8 bytes of query rows g
+// and g + 8, z 8 bytes of key g (the lane contract above).
+template <int MMA>
+__device__ __forceinline__ void mma_step(float (&c)[4], Bytes8 x, Bytes8 y, Bytes8 z) {
+    if constexpr (MMA == kMmaE4m3) {
+        const unsigned int a[4] = {x.lo, y.lo, x.hi, y.hi};
+        const unsigned int b[2] = {z.lo, z.hi};
+        kp_mma_e4m3_m16n8k32(c, a, b, c);
+    } else {
+        // Bytes 0..3 of each word go to one m16n8k16: bytes 0, 1 at k 2t, 2t+1,
+        // bytes 2, 3 at k 8+2t, 9+2t, for query and key alike.
+        const unsigned int xs[2] = {x.lo, x.hi}, ys[2] = {y.lo, y.hi}, zs[2] = {z.lo, z.hi};
+#pragma unroll
+        for (int w = 0; w < 2; ++w) {
+            const unsigned int a[4] = {e4m3x2_as_f16x2(xs[w]), e4m3x2_as_f16x2(ys[w]), e4m3x2_as_f16x2(xs[w] >> 16),
+                                       e4m3x2_as_f16x2(ys[w] >> 16)};
+            const unsigned int b[2] = {e4m3x2_as_f16x2(zs[w]), e4m3x2_as_f16x2(zs[w] >> 16)};
+            kp_mma_f16_m16n8k16(c, a, b, c);
+        }
+    }
+}
+
+// relu that keeps NaN.
+__device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
+
+// This lane's D/4 bytes of a row as the steps' 8-byte pieces. VECTOR: the
+// row's bytes are 16-byte aligned (16-byte loads); else 4-byte aligned
+// (cache rows) or not at all (ALIGNED4 false: byte loads).
+template <int HEAD_DIM, bool VECTOR, bool ALIGNED4>
+__device__ __forceinline__ void load_row_part(const unsigned char* row, int t, Bytes8 (&part)[HEAD_DIM / 32]) {
+    constexpr int kBytes = HEAD_DIM / 4;
+    const unsigned char* from = row + t * kBytes;
+    if constexpr (VECTOR) {
+#pragma unroll
+        for (int i = 0; i < kBytes / 16; ++i) {
+            const uint4 v = kp_load16(from + 16 * i);
+            part[2 * i] = Bytes8{v.x, v.y};
+            part[2 * i + 1] = Bytes8{v.z, v.w};
+        }
+    } else if constexpr (ALIGNED4) {
+        const unsigned int* words = reinterpret_cast<const unsigned int*>(from);
+#pragma unroll
+        for (int s = 0; s < HEAD_DIM / 32; ++s) part[s] = Bytes8{words[2 * s], words[2 * s + 1]};
+    } else {
+#pragma unroll
+        for (int s = 0; s < HEAD_DIM / 32; ++s) {
+            unsigned int w[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; ++j) w[j / 4] |= static_cast<unsigned int>(from[8 * s + j]) << (8 * (j % 4));
+            part[s] = Bytes8{w[0], w[1]};
+        }
+    }
+}
+
+// Pools a query token sees: (cached + local + 1) / kpool, the positions
+// before and at its own, without overflow for any cached >= 0 and local >= 0.
+__device__ __forceinline__ long long pools_visible(long long cached, long long local, long long kpool) {
+    return cached / kpool + (cached % kpool + local + 1) / kpool;
+}
+
+// One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,
+// e < 2) of the warp's key tiles in sums[n][e], the same in every lane of a
+// column (the butterfly leaves each lane the whole sum). keys: this lane's
+// parts of key g of each tile (zero where there is none); scales[n][e]: s of
+// key 8 n + 2 t + e. q_token: the token's [heads, HEAD_DIM] rows, head_stride
+// apart; w_token: its heads' weights. Every lane of the warp calls it
+// together (mma.sync and the shuffles need the whole warp).
+template <int HEAD_DIM, int MMA, int NT, bool VECTOR_Q>
+__device__ __forceinline__ void score_token(const unsigned char* q_token, long long head_stride, long long heads,
+                                            const float* w_token, const Bytes8 (&keys)[NT][HEAD_DIM / 32],
+                                            const float (&scales)[NT][2], int lane, float (&sums)[NT][2]) {
+    constexpr int kSteps = HEAD_DIM / 32;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) sums[n][0] = sums[n][1] = 0.0f;
+    for (long long first = 0; first < heads; first += 16) {
+        const long long h0 = first + g, h1 = first + g + 8;
+        Bytes8 x[kSteps], y[kSteps];
+#pragma unroll
+        for (int s = 0; s < kSteps; ++s) x[s] = y[s] = Bytes8{0u, 0u};
+        // A missing head's rows are zero and its term is never added.
+        if (h0 < heads) load_row_part<HEAD_DIM, VECTOR_Q, false>(q_token + h0 * head_stride, t, x);
+        if (h1 < heads) load_row_part<HEAD_DIM, VECTOR_Q, false>(q_token + h1 * head_stride, t, y);
+        const float w0 = h0 < heads ? w_token[h0] : 0.0f, w1 = h1 < heads ? w_token[h1] : 0.0f;
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+            float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) mma_step<MMA>(c, x[s], y[s], keys[n][s]);
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float dot0 = MMA == kMmaE4m3 ? c[e] : c[e] * kF16Unscale;
+                const float dot1 = MMA == kMmaE4m3 ? c[2 + e] : c[2 + e] * kF16Unscale;
+                if (h0 < heads) sums[n][e] += w0 * relu_keep_nan(scales[n][e] * dot0);
+                if (h1 < heads) sums[n][e] += w1 * relu_keep_nan(scales[n][e] * dot1);
+            }
+        }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int mask = 4; mask < 32; mask *= 2) sums[n][e] += __shfl_xor_sync(kIndexWarpLanes, sums[n][e], mask);
+}
+
+}  // namespace kp
+
+#endif  // KPOOL_INDEX_CUH

@@ -1,0 +1,84 @@
+"""The index scorer in NumPy: what the reference backend runs for ``kpool_index_logits_fp8``.
+
+    logits[t, p] = sum over h of weights[t, h] * relu(s[p] * dot(q[t, h, :], k[p, :]))   p < visible(t)
+
+The e4m3fn bytes are decoded exactly; each dot product is exact in float64
+(a product of two e4m3 values has 8 significant bits and lies in [2^-18,
+2^18), so 256 of them sum without rounding), and the rest is float64 too,
+rounded to float32 once. Tokens, requests, visibility and pages follow the
+kernel step for step (``kp::find_request``, ``kp::request_rows``, the
+table's bounds), so garbage indices with ``validate=False`` land where the
+kernel lands: -inf where it writes -inf, nothing outside the arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import ml_dtypes
+import numpy as np
+
+from ..dtypes import signed_index
+from ..ops.spec import Launch
+from .reference_kernels import find_request, kernel_scalars, request_rows
+
+# Every e4m3fn byte's value (0x7f and 0xff are NaN), exactly, in float64.
+E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+
+
+def e4m3_values(raw: np.ndarray) -> np.ndarray:
+    """Exact float64 values of e4m3fn bytes."""
+    return E4M3_VALUES[raw]
+
+
+def relu_keep_nan(x: np.ndarray) -> np.ndarray:
+    """relu that lets NaN through (``x < 0 ? 0 : x``)."""
+    return np.where(x < 0, 0.0, x)
+
+
+def pools_visible(cached: np.ndarray, local: np.ndarray, kpool: int) -> np.ndarray:
+    """``kp::pools_visible``: (cached + local + 1) // kpool without overflow."""
+    return cached // kpool + (cached % kpool + local + 1) // kpool
+
+
+def index_logits_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_index_logits_fp8``: every token's logits, request by request, in float64."""
+    s = kernel_scalars(launch)
+    o = launch.operands
+    q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
+    offsets = signed_index(np.asarray(o["input_row_offsets"]), o["input_row_offsets"].dtype).astype(np.int64)
+    lengths = signed_index(np.asarray(o["cache_lengths"]), o["cache_lengths"].dtype).astype(np.int64)
+    tokens = np.arange(s.num_tokens, dtype=np.int64)
+    request = find_request(offsets, s.batch, tokens)
+    begin, end, cached, usable = request_rows(offsets, lengths, request, s.num_tokens)
+    known = usable & (tokens >= begin) & (tokens < end)
+    visible = np.where(known, pools_visible(np.where(known, cached, 0), tokens - begin, s.kpool), 0)
+    out[:, : s.max_pools] = -np.inf
+    for b in np.unique(request[known]):
+        rows = np.flatnonzero(known & (request == b))
+        count = int(min(visible[rows].max(), s.max_pools))
+        if count <= 0:
+            continue
+        pools = np.arange(count, dtype=np.int64)
+        column = pools // s.block_size
+        present = column < s.table_columns
+        page = np.full(count, -1, np.int64)
+        page[present] = table[b, column[present]]
+        present &= (page >= 0) & (page < s.pages)
+        entry = pools % s.block_size
+        keys = np.zeros((count, s.head_dim), np.float64)
+        scales = np.zeros(count, np.float64)
+        for p in np.flatnonzero(present):
+            page_view = cache[int(page[p])].reshape(-1)  # block_size rows of values, then the scales
+            keys[p] = e4m3_values(page_view[int(entry[p]) * s.head_dim : (int(entry[p]) + 1) * s.head_dim])
+            scale_bytes = page_view[s.block_size * s.head_dim + 4 * int(entry[p]) :][:4]
+            scales[p] = scale_bytes.view(np.float32)[0]
+        queries = e4m3_values(q[rows])  # [tokens, heads, D]
+        dots = np.einsum("thd,pd->thp", queries, keys)
+        terms = weights[rows].astype(np.float64)[:, :, None] * relu_keep_nan(scales[None, None, :] * dots)
+        logits = terms.sum(axis=1).astype(np.float32)  # the one rounding
+        seen = present[None, :] & (pools[None, :] < visible[rows][:, None])
+        out[rows, :count] = np.where(seen, logits, np.float32(-np.inf))
+
+
+KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {"kpool_index_logits_fp8": index_logits_fp8}

@@ -1,0 +1,304 @@
+"""kpool_index_logits_fp8, described once: query tokens scored against the pooled FP8 cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import FLOAT32, dtype_name
+from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3
+from ..kernel.geometry import index_geometry
+from ..pool_offsets import check_kpool
+from .checks import (
+    as_size,
+    check_batch_index,
+    check_block_table,
+    check_rows_and_cache,
+    dtype_fail,
+    fail,
+    require_array,
+)
+from .fp8_target import UINT8, check_cache_layout
+from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
+
+HEAD_DIMS = (64, 128, 256)
+MAX_HEADS = 128
+# A logits row is at most this wide: pool ids stay int32 (2^31 - 1 pools is a context of 2^31 tokens at kpool 1).
+MAX_POOLS = (1 << 31) - 1
+
+
+@dataclass(frozen=True)
+class IndexLogitsCall:
+    """What the checks learned about a scoring call."""
+
+    num_tokens: int
+    heads: int
+    head_dim: int
+    batch: int
+    kpool: int
+    pages: int
+    block_size: int
+    max_pools: int | None  # None: the most pools any token sees, read from the device
+
+
+def _check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str) -> None:
+    require_array(name, array)
+    if np.dtype(array.dtype) != dtype:
+        raise dtype_fail(name, f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
+    if array.ndim != ndim:
+        raise fail(name, f"a {ndim}-D array {shape_rule}", f"shape {tuple(array.shape)}")
+    if array.size and array.shape[-1] > 1 and array.strides[-1] != array.dtype.itemsize:
+        raise fail(name, "a contiguous last dim", f"strides {array.strides}")
+    if array.size and any(s < 0 or s % array.dtype.itemsize for s in array.strides):
+        raise fail(name, "non-negative strides in whole elements", f"strides {array.strides}")
+
+
+def check_max_pools(max_pools: Any) -> None:
+    if isinstance(max_pools, bool) or not isinstance(max_pools, (int, np.integer)):
+        raise dtype_fail("max_pools", "an integer or None", type(max_pools).__name__)
+    if not 0 <= int(max_pools) <= MAX_POOLS:
+        raise fail("max_pools", f"an integer in [0, {MAX_POOLS}]", int(max_pools))
+
+
+def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
+    check_kpool(a.kpool)
+    _check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
+    num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
+    if head_dim not in HEAD_DIMS:
+        raise fail("q", f"head_dim (last dim) one of {', '.join(map(str, HEAD_DIMS))}", head_dim)
+    if not 1 <= heads <= MAX_HEADS:
+        raise fail("q", f"1 to {MAX_HEADS} heads (dim 1)", heads)
+    _check_rows_of("weights", a.weights, FLOAT32, 2, "[num_tokens, heads]")
+    if tuple(a.weights.shape) != (num_tokens, heads):
+        raise fail(
+            "weights", f"shape [{num_tokens}, {heads}] (q's tokens and heads)", f"shape {tuple(a.weights.shape)}"
+        )
+    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False)
+    batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
+    check_block_table(a.cache_block_table, batch, name="cache_block_table")
+    max_pools = None if a.max_pools is None else int(a.max_pools)
+    if max_pools is not None:
+        check_max_pools(max_pools)
+    if a.out is not None:
+        _check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
+        width = as_size(a.out.shape[1])
+        if a.out.shape[0] != num_tokens or (max_pools is not None and width != max_pools):
+            wanted = f"shape [{num_tokens}, {'max_pools' if max_pools is None else max_pools}]"
+            raise fail("out", f"{wanted} (q's tokens)", f"shape {tuple(a.out.shape)}")
+        max_pools = width
+    return IndexLogitsCall(num_tokens, heads, head_dim, batch, int(a.kpool), pages, block_size, max_pools)
+
+
+def output_shapes(call: IndexLogitsCall, max_pools: int) -> dict[str, OutputShape]:
+    return {"out": ((call.num_tokens, max_pools), FLOAT32)}
+
+
+def visible_pools(call: IndexLogitsCall, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Pools each token sees (host arrays, checked): (cache_len + local index + 1) // kpool."""
+    tokens = np.arange(call.num_tokens, dtype=np.int64)
+    request = np.searchsorted(offsets, tokens, side="right") - 1
+    return (lengths[request] + tokens - offsets[request] + 1) // call.kpool
+
+
+def check_table_covers(call: IndexLogitsCall, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
+    """Every pool a token sees has its page in the table, inside the cache (host arrays)."""
+    counts = offsets[1:] - offsets[:-1]
+    last = np.where(counts > 0, (lengths + counts) // call.kpool, 0)  # pools the request's last token sees
+    columns = -(-last // call.block_size)
+    wide = columns > table.shape[1]
+    if wide.any():
+        b = int(np.argmax(wide))
+        raise fail(
+            "cache_block_table",
+            f"a column for every visible pool's page (request {b} sees {int(last[b])} pools, "
+            f"block_size {call.block_size})",
+            f"{table.shape[1]} columns",
+        )
+    used = np.arange(table.shape[1])[None, :] < columns[:, None]
+    bad = used & ((table < 0) | (table >= call.pages))
+    if bad.any():
+        b, column = (int(i) for i in np.argwhere(bad)[0])
+        raise fail(
+            "cache_block_table",
+            f"pages in [0, {call.pages}) (num_blocks) for every visible pool",
+            f"{int(table[b, column])} at request {b}, column {column}",
+        )
+
+
+def tokens_per_block(heads: int) -> int:
+    """Tokens a block scores with one read of its keys: about 64 mma tiles of heads a warp, at least one token."""
+    return max(1, min(16, 64 // -(-heads // 16) // 4))
+
+
+def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_pools: int, mma: int) -> Launch:
+    """The launch of ``kpool_index_logits_fp8``."""
+    o = operands
+    q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
+    per_block = tokens_per_block(call.heads)
+    geometry = index_geometry(call.num_tokens, max_pools, per_block, call.head_dim)
+    if geometry.grid > MAX_POOLS:
+        raise fail("max_pools", "few enough pools for one launch (token tiles x pool tiles < 2^31)", max_pools)
+    values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
+    values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
+    values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages, "block_size": call.block_size}
+    values |= {"cache_block_table": table, "table_columns": table.shape[1], "table_stride": table.strides[0] // 4}
+    values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
+    values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool}
+    values |= {"out": out, "out_stride": out.strides[0] // 4, "max_pools": max_pools}
+    values |= {"tokens_per_block": per_block, "token_tiles": geometry.items}
+    vector = 0
+    if _aligned16(cache, cache.strides[0]):
+        vector |= INDEX_VECTOR_CACHE
+    if _aligned16(q, q.strides[0], q.strides[1]):
+        vector |= INDEX_VECTOR_Q
+    template = {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector}
+    template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
+    return Launch(INDEX_LOGITS_FP8, template, values, geometry, o)
+
+
+def _aligned16(array: Any, *strides: int) -> bool:
+    from ..kernel.codes import data_pointer
+
+    return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)
+
+
+def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
+    """Validate (one host read of the offsets, lengths and table), find max_pools if not given, launch."""
+    max_pools = call.max_pools
+    if validate or max_pools is None:
+        table = a["cache_block_table"]
+        copies = [a["input_row_offsets"], a["cache_lengths"]] + ([table.reshape(-1)] if validate else [])
+        host = backend.host_copies(copies)  # one transfer
+        offsets, lengths = host[0], host[1]
+        if validate:
+            check_rows_and_cache(call.num_tokens, offsets, lengths)
+        visible = visible_pools(call, offsets, lengths)
+        most = int(visible.max(initial=0))
+        if max_pools is None:
+            max_pools = most
+            check_max_pools(max_pools)
+        elif validate and most > max_pools:
+            t = int(np.argmax(visible))
+            raise fail("max_pools", f"at least the {most} pools token {t} sees", max_pools)
+        if validate:
+            check_table_covers(call, host[2].reshape(table.shape), lengths, offsets)
+    if a["out"] is None:
+        a["out"] = backend.empty(*output_shapes(call, max_pools)["out"])
+    if call.num_tokens and max_pools:
+        backend.launch(index_logits_launch(call, a, max_pools, tensor_core_kind(backend)))
+    return a["out"]
+
+
+def tensor_core_kind(backend: Backend) -> int:
+    """The MMA template argument for the backend's device: the CPU backends take the e4m3 instruction."""
+    kind = getattr(backend, "index_mma", None)
+    return MMA_E4M3 if kind is None else int(kind())
+
+
+GPU_DOC = """Score every query token against the pooled FP8 cache: the indexer's logits.
+
+    logits[t, p] = sum over h of weights[t, h] * relu(s[p] * dot(q[t, h, :], k[p, :]))   for p < visible(t)
+                 = -inf                                                                 for visible(t) <= p < max_pools
+    visible(t)   = (cache_lengths[b] + t - input_row_offsets[b] + 1) // kpool            (b: the request of t)
+
+One logit per token and pool: the heads are summed inside, each weighted
+after its relu (fold the query's own scale into ``weights``). A token sees
+the complete pools at or before its position. relu keeps NaN: an e4m3 NaN
+byte (0x7f, 0xff) in q or a key makes the logit NaN.
+
+Parameters
+----------
+q
+    uint8 ``[num_tokens, heads, head_dim]``: e4m3fn bytes (for example
+    :func:`hadamard_quant_fp8` of the queries), heads 1 to 128, head_dim
+    64, 128 or 256; last dim contiguous.
+weights
+    float32 ``[num_tokens, heads]``, last dim contiguous.
+cache
+    uint8 ``[num_blocks, block_size, head_dim + 4]``: the pooled FP8 cache
+    :func:`kpool_compress_fp8` writes (each page: block_size rows of
+    head_dim e4m3fn bytes, then block_size float32 scales).
+cache_block_table
+    int32 ``[batch, max_blocks]``: request b's pool p is at page
+    ``cache_block_table[b, p // block_size]``, entry ``p % block_size`` (the
+    writers' ``block_table=``).
+input_row_offsets, cache_lengths
+    The ragged batch, as every op takes it (decode with next_n tokens a
+    request: ``[0, n, 2n, ...]``).
+kpool
+    Tokens per pool, 1 to 1024 (a run-time value: one compile serves all).
+max_pools
+    Columns of the result. None: the most pools any token sees, read from
+    the device (one host read). A smaller value than some token sees is a
+    ValueError with ``validate=True``; without validation those pools are
+    left out.
+out
+    float32 ``[num_tokens, max_pools]``, last dim contiguous: written in
+    place. With ``out``, ``max_pools`` and ``validate=False`` the call reads
+    nothing back to the host and can be captured in a CUDA graph.
+validate
+    Check offsets, lengths and that the table holds a page in the cache for
+    every pool a token sees (one host read). Without it a missing or
+    out-of-range page gives -inf logits for its pools, and nothing outside
+    the arrays is read.
+stream
+    As :func:`kpool_compress`.
+
+Returns
+-------
+cupy.ndarray
+    float32 ``[num_tokens, max_pools]``.
+
+Runs on tensor cores: e4m3 ``mma.sync`` on sm_89 and newer, f16 ``mma.sync``
+after an exact conversion on sm_80 to sm_88; older GPUs are refused. The
+float32 sums follow a fixed order (``kernels/kpool_index.cuh``); the README
+states how far the result may be from exact.
+"""
+
+EMULATE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8`, running the CUDA kernel on the CPU (host arrays).
+
+The emulated ``mma.sync`` adds each step's 32 exact products in k order in
+float32; a GPU's tensor cores add them in their own order and width."""
+REFERENCE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8` in NumPy: exact e4m3 values, float64 sums, one rounding."""
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+
+QUERY = Operand("q", "[num_tokens, heads, head_dim] uint8 (e4m3fn); last dim contiguous")
+WEIGHTS = Operand("weights", "[num_tokens, heads] float32")
+POOLED_CACHE = Operand("cache", "[num_blocks, block_size, head_dim + 4] uint8: the pooled FP8 cache (read only)")
+CACHE_BLOCK_TABLE = Operand("cache_block_table", "[batch, max_blocks] int32: each request's cache pages")
+KPOOL = Option("kpool", "int", check=check_kpool)
+MAX_POOLS_OPTION = Option("max_pools", "int | None", None, check=check_max_pools)
+LOGITS_OUT = Operand("out", "[num_tokens, max_pools] float32", True, True, rows_of="", dtype="float32")
+PARAMETERS = (
+    QUERY,
+    WEIGHTS,
+    POOLED_CACHE,
+    CACHE_BLOCK_TABLE,
+    INPUT_ROW_OFFSETS,
+    CACHE_LENGTHS,
+    KPOOL,
+    MAX_POOLS_OPTION,
+    LOGITS_OUT,
+    VALIDATE,
+)
+
+
+def most_pools(call: IndexLogitsCall) -> int:
+    """The widest result a call can have without max_pools: every pool id fits int32."""
+    return call.max_pools if call.max_pools is not None else MAX_POOLS
+
+
+SPEC = OpSpec(
+    "kpool_index_logits_fp8",
+    PARAMETERS,
+    ("logits",),
+    check_index_logits_fp8_args,
+    run,
+    DOCS,
+    output_shapes,
+    dynamic_sizes={"max_pools": most_pools},
+    kernel=INDEX_LOGITS_FP8,
+)

@@ -1,0 +1,121 @@
+"""The FP8 scorer on a GPU: the CuPy path against the float64 reference within the GPU bound, both tensor-core
+paths (e4m3 and the sm_80 f16 path, forced), and its device time at engine shapes. Prints one JSON line a case.
+
+    python scripts/gpu_index_check.py            (on a machine with a GPU; run from the repository root)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+import cupy
+from index_cases import index_case
+
+import kpool_cupy
+from kpool_cupy import reference
+from kpool_cupy.backends import cupy as cupy_backend
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
+from kpool_cupy.tools.index_accuracy import (
+    FP8_MMA_ACCUMULATION_BITS,
+    index_logits_agree,
+    index_logits_bound,
+)
+
+
+def on_gpu(case, mma: int | None, **options):
+    original = cupy_backend.CupyBackend.index_mma
+    if mma is not None:
+        cupy_backend.CupyBackend.index_mma = lambda self: mma
+    try:
+        args = [cupy.asarray(a) for a in case.args]
+        return cupy.asnumpy(kpool_cupy.kpool_index_logits_fp8(*args, kpool=case.kpool, **options))
+    finally:
+        cupy_backend.CupyBackend.index_mma = original
+
+
+def accuracy(name, case, mma):
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    got = on_gpu(case, mma)
+    row = {"case": name, "mma": "default" if mma is None else mma}
+    for bits in (24, FP8_MMA_ACCUMULATION_BITS):
+        bound = index_logits_bound(*case.args, kpool=case.kpool, max_pools=want.shape[1], accumulation_bits=bits)
+        verdict = index_logits_agree(got, want, bound)
+        row[f"bits{bits}"] = {k: verdict[k] for k in ("ok", "worst_error_over_bound", "max_abs_err", "same_minus_inf")}
+    print(json.dumps(row), flush=True)
+
+
+def timing(name, heads, requests, next_n, context, kpool=4, block_size=64):
+    rng = np.random.default_rng(0)
+    case = index_case(
+        rng,
+        heads=heads,
+        kpool=kpool,
+        block_size=block_size,
+        counts=(next_n,) * requests,
+        cache_lengths=(context,) * requests,
+        spare_pages=0,
+        spare_columns=0,
+    )
+    args = [cupy.asarray(a) for a in case.args]
+    max_pools = int(case.visible().max())
+    out = cupy.empty((case.q.shape[0], max_pools), cupy.float32)
+    call = lambda: kpool_cupy.kpool_index_logits_fp8(*args, kpool=kpool, max_pools=max_pools, out=out, validate=False)  # noqa: E731
+    for _ in range(3):
+        call()
+    cupy.cuda.Device().synchronize()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    reps = 20
+    start.record()
+    for _ in range(reps):
+        call()
+    end.record()
+    end.synchronize()
+    ms = cupy.cuda.get_elapsed_time(start, end) / reps
+    cache_bytes = requests * max_pools * (128 + 4)
+    flops = 2 * case.q.shape[0] * heads * 128 * max_pools
+    print(
+        json.dumps(
+            {
+                "timing": name,
+                "us": round(ms * 1e3, 2),
+                "cache_GBps": round(cache_bytes / ms / 1e6, 1),
+                "TFLOPs": round(flops / ms / 1e9, 2),
+            }
+        ),
+        flush=True,
+    )
+
+
+def main() -> None:
+    rng = np.random.default_rng(1)
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    print(
+        json.dumps(
+            {"gpu": props["name"].decode(), "cc": f"{props['major']}.{props['minor']}", "cupy": cupy.__version__}
+        ),
+        flush=True,
+    )
+    for d in (64, 128, 256):
+        for heads in (1, 20, 64):
+            case = index_case(rng, head_dim=d, heads=heads, counts=(5, 0, 11, 2), cache_lengths=(3, 9, 400, 0))
+            accuracy(f"prefill d{d} h{heads}", case, None)
+    for mma in (MMA_E4M3, MMA_F16):
+        case = index_case(rng, heads=32, counts=(2,) * 6, cache_lengths=(61, 64, 127, 5, 0, 1000))
+        accuracy(f"decode next_n 2 forced mma {mma}", case, mma)
+    case = index_case(rng, heads=128, block_size=64, counts=(3, 40), cache_lengths=(3000, 17))
+    accuracy("h128 bs64", case, None)
+    timing("decode B64 next_n1 ctx8K h64", 64, 64, 1, 8192)
+    timing("decode B64 next_n2 ctx8K h64", 64, 64, 2, 8192)
+    timing("decode B8 next_n1 ctx128K h64", 64, 8, 1, 131072)
+    timing("prefill 1x2048 ctx8K h64", 64, 1, 2048, 8192 - 2048)
+    timing("prefill 1x2048 ctx8K h32", 32, 1, 2048, 8192 - 2048)
+
+
+if __name__ == "__main__":
+    main()

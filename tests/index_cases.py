@@ -1,0 +1,77 @@
+"""Random scoring calls for kpool_index_logits_fp8: a pooled FP8 cache in shuffled pages, e4m3 queries, weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class IndexCase:
+    q: np.ndarray
+    weights: np.ndarray
+    cache: np.ndarray
+    cache_block_table: np.ndarray
+    input_row_offsets: np.ndarray
+    cache_lengths: np.ndarray
+    kpool: int
+
+    @property
+    def args(self) -> tuple[np.ndarray, ...]:
+        return (self.q, self.weights, self.cache, self.cache_block_table, self.input_row_offsets, self.cache_lengths)
+
+    def visible(self) -> np.ndarray:
+        offsets = self.input_row_offsets.astype(np.int64)
+        tokens = np.arange(offsets[-1])
+        request = np.searchsorted(offsets, tokens, side="right") - 1
+        return (self.cache_lengths.astype(np.int64)[request] + tokens - offsets[request] + 1) // self.kpool
+
+
+def e4m3_bytes(rng: np.random.Generator, shape: tuple[int, ...], nan: bool = False) -> np.ndarray:
+    """Uniform e4m3fn bytes over every finite value (NaN bytes 0x7f/0xff only with ``nan``)."""
+    raw = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    if not nan:
+        raw[(raw & 0x7F) == 0x7F] ^= np.uint8(1)  # 0x7e or 0xfe: the largest finite magnitude, 448
+    return raw
+
+
+def index_case(
+    rng: np.random.Generator,
+    *,
+    head_dim: int = 128,
+    heads: int = 16,
+    kpool: int = 4,
+    block_size: int = 16,
+    counts: tuple[int, ...] = (3, 9, 1),
+    cache_lengths: tuple[int, ...] | None = None,
+    spare_pages: int = 3,
+    spare_columns: int = 1,
+    index_dtype: type = np.int32,
+) -> IndexCase:
+    """A ragged batch (``counts`` tokens a request after ``cache_lengths``, random if None), every visible pool
+    in its own page entry, pages shuffled, a few pages and table columns spare (-1 columns past the last)."""
+    batch = len(counts)
+    lengths = np.array(
+        cache_lengths if cache_lengths is not None else rng.integers(0, 6 * kpool, size=batch), dtype=np.int64
+    )
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    pools = (lengths + np.array(counts)) // kpool  # what each request's last token sees
+    columns = -(-pools // block_size)
+    max_columns = int(columns.max(initial=0)) + spare_columns
+    pages = int(columns.sum()) + spare_pages
+    order = rng.permutation(pages)
+    table = np.full((batch, max(max_columns, 1)), -1, np.int32)
+    used = 0
+    for b in range(batch):
+        table[b, : columns[b]] = order[used : used + columns[b]]
+        used += int(columns[b])
+    cache = np.zeros((pages, block_size, head_dim + 4), np.uint8)
+    flat = cache.reshape(pages, -1)
+    flat[:, : block_size * head_dim] = e4m3_bytes(rng, (pages, block_size * head_dim))
+    scales = np.exp2(rng.integers(-8, 4, size=(pages, block_size))).astype(np.float32)  # ue8m0 scales
+    flat[:, block_size * head_dim :] = scales.view(np.uint8).reshape(pages, -1)
+    tokens = int(offsets[-1])
+    q = e4m3_bytes(rng, (tokens, heads, head_dim))
+    weights = rng.standard_normal((tokens, heads)).astype(np.float32)
+    return IndexCase(q, weights, cache, table, offsets.astype(index_dtype), lengths.astype(index_dtype), kpool)

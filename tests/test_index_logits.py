@@ -1,0 +1,178 @@
+"""kpool_index_logits_fp8: the emulated tensor-core kernel against the float64 reference, within the stated bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from index_cases import e4m3_bytes, index_case
+
+from kpool_cupy import emulate, reference
+from kpool_cupy.backends.emulate import EmulateBackend
+from kpool_cupy.backends.host import host_binding
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
+from kpool_cupy.ops.binding import bind
+from kpool_cupy.ops.index_logits_fp8 import SPEC
+from kpool_cupy.tools.index_accuracy import index_logits_agree, index_logits_bound
+
+
+def _bound(case, want):
+    return index_logits_bound(*case.args, kpool=case.kpool, max_pools=want.shape[1])
+
+
+def _check(case, got, want):
+    verdict = index_logits_agree(got, want, _bound(case, want))
+    assert verdict["ok"], verdict
+
+
+def _emulate_with(mma: int, case, **options):
+    """The emulator's call flow with the scorer's instruction chosen (the f16 path is what an sm_80 GPU runs)."""
+
+    class Backend(EmulateBackend):
+        def index_mma(self) -> int:
+            return mma
+
+    call = bind(SPEC, host_binding("emulate", lambda extras: Backend()))
+    return call(*case.args, kpool=case.kpool, **options)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("heads", [1, 16, 20])
+def test_emulated_logits_meet_the_float64_model_within_the_bound(head_dim, heads):
+    # Ragged prefill chunks after cached prefixes at several phases of kpool, and a request with no tokens.
+    rng = np.random.default_rng(head_dim * 1000 + heads)
+    case = index_case(rng, head_dim=head_dim, heads=heads, counts=(5, 0, 11, 2), cache_lengths=(3, 9, 40, 0))
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    got = emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    _check(case, got, want)
+
+
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16])
+def test_both_tensor_core_paths_meet_the_bound(mma):
+    # The f16 path (sm_80) converts each e4m3 byte to f16 times 2^-8 and undoes the scale after the sum:
+    # exact, so it meets the same bound as the e4m3 instruction.
+    rng = np.random.default_rng(7 + mma)
+    case = index_case(rng, heads=24, kpool=3, counts=(7, 4), cache_lengths=(50, 2))
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    _check(case, _emulate_with(mma, case), want)
+
+
+@pytest.mark.parametrize("next_n", [1, 2, 3, 4])
+def test_decode_steps_with_next_n_tokens_a_request(next_n):
+    # input_row_offsets = [0, n, 2n, ...]: a request's next_n rows see one more position each.
+    rng = np.random.default_rng(next_n)
+    lengths = (61, 64, 127, 5, 0)
+    case = index_case(rng, heads=32, kpool=4, block_size=8, counts=(next_n,) * 5, cache_lengths=lengths)
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    got = emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    _check(case, got, want)
+
+
+@pytest.mark.parametrize("kpool", [1, 2, 5, 8])
+def test_every_phase_of_kpool_sees_exactly_its_complete_pools(kpool):
+    # Cached lengths at every phase mod kpool: a pool counts from the token at its last member on; the rest of
+    # the row is exactly -inf.
+    rng = np.random.default_rng(kpool)
+    lengths = tuple(range(kpool, 2 * kpool))
+    case = index_case(rng, heads=8, kpool=kpool, block_size=4, counts=(3,) * kpool, cache_lengths=lengths)
+    got = emulate.kpool_index_logits_fp8(*case.args, kpool=kpool)
+    visible = case.visible()
+    columns = np.arange(got.shape[1])
+    assert got.shape[1] == visible.max()
+    assert np.array_equal(np.isneginf(got), columns[None, :] >= visible[:, None])
+
+
+def test_nan_bytes_give_nan_logits_and_negative_scores_give_zero():
+    # relu keeps NaN on every backend: 0x7f in one query head poisons that token's visible logits; 0xff in one
+    # key poisons that pool for every token that sees it. A token whose dots are all negative scores 0 exactly
+    # (relu), not a negative number.
+    rng = np.random.default_rng(3)
+    case = index_case(rng, heads=4, kpool=2, block_size=4, counts=(3, 2), cache_lengths=(4, 6))
+    case.q[1, 2, 5] = 0x7F
+    page = case.cache_block_table[1, 0]
+    case.cache[page, 1, 0] = 0xFF  # request 1, pool 1: value byte 0 of entry 1
+    for backend in (reference, emulate):
+        got = backend.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+        visible = case.visible()
+        assert np.isnan(got[1, : visible[1]]).all() and not np.isnan(got[0]).any()
+        assert np.isnan(got[3:, 1]).all() and not np.isnan(got[3:, 0]).any()
+
+
+def test_all_negative_dots_score_zero():
+    rng = np.random.default_rng(4)
+    case = index_case(rng, heads=2, kpool=1, block_size=2, counts=(1,), cache_lengths=(3,))
+    case.q[:] = 0x38  # every query value 1.0
+    case.cache.reshape(case.cache.shape[0], -1)[:, : 2 * 128] = 0xB8  # every key value -1.0
+    for backend in (reference, emulate):
+        got = backend.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+        assert (got == 0).all(), got
+
+
+def test_a_misplaced_lane_in_the_emulated_mma_breaks_the_bound(monkeypatch):
+    # The emulated mma.sync puts fragments together by the PTX ISA's layouts; built so that one lane's A
+    # elements land in reversed k order, the scores must leave the bound: the tests would see a wrong layout.
+    rng = np.random.default_rng(11)
+    case = index_case(rng, heads=16, kpool=2, counts=(4, 3), cache_lengths=(30, 9))
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    for mma in (MMA_E4M3, MMA_F16):
+        monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_MMA_MISPLACED_LANE=5")
+        got = _emulate_with(mma, case)
+        monkeypatch.delenv(emulate.FLAGS_VARIABLE)
+        verdict = index_logits_agree(got, want, _bound(case, want))
+        assert not verdict["ok"] and verdict["worst_error_over_bound"] > 100, verdict
+
+
+def test_max_pools_and_out():
+    # max_pools fixes the width (extra columns -inf); out= is written in place; a narrower max_pools than a
+    # token sees is refused with validate=True.
+    rng = np.random.default_rng(5)
+    case = index_case(rng, heads=8, kpool=4, counts=(2, 3), cache_lengths=(17, 30))
+    most = int(case.visible().max())
+    wide = emulate.kpool_index_logits_fp8(*case.args, kpool=4, max_pools=most + 9)
+    narrow = emulate.kpool_index_logits_fp8(*case.args, kpool=4)
+    assert wide.shape == (5, most + 9) and np.isneginf(wide[:, most:]).all()
+    assert np.array_equal(wide[:, :most], narrow)
+    out = np.full((5, most), 7.0, np.float32)
+    returned = emulate.kpool_index_logits_fp8(*case.args, kpool=4, out=out, validate=False)
+    assert returned is out and np.array_equal(out, narrow)
+    with pytest.raises(ValueError, match="max_pools"):
+        emulate.kpool_index_logits_fp8(*case.args, kpool=4, max_pools=most - 1)
+
+
+def test_a_missing_page_without_validation_scores_minus_inf():
+    # validate=True refuses a negative or out-of-range page for a visible pool; without it the pool's logits
+    # are -inf on both CPU backends, and nothing else changes.
+    rng = np.random.default_rng(6)
+    case = index_case(rng, heads=4, kpool=2, block_size=4, counts=(2, 2), cache_lengths=(9, 13))
+    good = {backend: backend.kpool_index_logits_fp8(*case.args, kpool=2) for backend in (reference, emulate)}
+    case.cache_block_table[1, 1] = case.cache.shape[0] + 5
+    with pytest.raises(ValueError, match="cache_block_table"):
+        reference.kpool_index_logits_fp8(*case.args, kpool=2)
+    for backend in (reference, emulate):
+        got = backend.kpool_index_logits_fp8(*case.args, kpool=2, validate=False)
+        assert np.isneginf(got[2:, 4:8]).all()
+        keep = np.ones(got.shape, bool)
+        keep[2:, 4:8] = False
+        np.testing.assert_array_equal(got[keep], good[backend][keep])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("index_dtype", [np.int32, np.uint32, np.int64])
+def test_many_heads_and_index_dtypes(heads, index_dtype):
+    rng = np.random.default_rng(heads)
+    case = index_case(rng, heads=heads, kpool=4, block_size=64, counts=(2, 6), index_dtype=index_dtype)
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    _check(case, emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool), want)
+
+
+def test_query_bytes_at_any_alignment_take_the_narrow_path():
+    # q as a view one byte into a buffer: no 16-byte loads, the same logits.
+    rng = np.random.default_rng(8)
+    case = index_case(rng, heads=3, kpool=2, counts=(2, 2), cache_lengths=(5, 8))
+    buffer = np.zeros(case.q.size + 1, np.uint8)
+    shifted = buffer[1:].reshape(case.q.shape)
+    shifted[...] = case.q
+    want = emulate.kpool_index_logits_fp8(*case.args, kpool=2)
+    args = (shifted, *case.args[1:])
+    np.testing.assert_array_equal(emulate.kpool_index_logits_fp8(*args, kpool=2), want)
+    assert e4m3_bytes is not None
