@@ -45,7 +45,9 @@ __global__ void __launch_bounds__(kp::kIndexThreads)
                            long long tokens_per_block, long long token_tiles) {
     KP_THREADS_COOPERATE(true);
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
-    constexpr int NT = HEAD_DIM > 128 ? 2 : 4;  // key tiles of 8 a warp: the keys' registers stay at 32
+    // Key tiles of 8 a warp: the keys stay at 32 registers; the f16 path at head_dim 128 takes 2 (with 4, ptxas
+    // for sm_80 spills: its conversions keep more alive).
+    constexpr int NT = HEAD_DIM > 128 || (MMA == kp::kMmaF16 && HEAD_DIM == 128) ? 2 : 4;
     constexpr int kSteps = HEAD_DIM / 32;
     constexpr bool kVectorCache = (VECTOR & kp::kIndexVectorCache) != 0;
     constexpr bool kVectorQ = (VECTOR & kp::kIndexVectorQ) != 0;

@@ -51,7 +51,9 @@ def test_both_tensor_core_paths_meet_the_bound(mma):
     # The f16 path (sm_80) converts each e4m3 byte to f16 times 2^-8 and undoes the scale after the sum:
     # exact, so it meets the same bound as the e4m3 instruction.
     rng = np.random.default_rng(7 + mma)
-    case = index_case(rng, heads=24, kpool=3, counts=(7, 4), cache_lengths=(50, 2))
+    # A cache of 235 pools: more than one block's pools on either path (64 or 128), so the launch's pool
+    # tiles must match the kernel's.
+    case = index_case(rng, heads=24, kpool=3, counts=(7, 4), cache_lengths=(700, 2))
     want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
     _check(case, _emulate_with(mma, case), want)
 

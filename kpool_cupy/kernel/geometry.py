@@ -69,13 +69,18 @@ def flat_geometry(elements: int) -> LaunchGeometry:
 
 
 INDEX_THREADS = 128  # kp::kIndexThreads: 4 warps
-INDEX_BLOCK_POOLS = {64: 128, 128: 128, 256: 64}  # pools a block of the scorer covers: 4 warps x 8 x NT
 
 
-def index_geometry(tokens: int, max_pools: int, tokens_per_block: int, head_dim: int) -> LaunchGeometry:
+def index_block_pools(head_dim: int, f16_path: bool) -> int:
+    """Pools a block of the scorer covers: 4 warps x 8 x NT, NT as kernels/kpool_index_logits.cu sets it."""
+    key_tiles = 2 if head_dim > 128 or (f16_path and head_dim == 128) else 4
+    return 4 * 8 * key_tiles
+
+
+def index_geometry(tokens: int, max_pools: int, tokens_per_block: int, block_pools: int) -> LaunchGeometry:
     """The scorer's grid: token tiles (fastest) x pool tiles, 4 warps a block; ``items`` is the token tiles."""
     token_tiles = -(-tokens // tokens_per_block)
-    pool_tiles = -(-max_pools // INDEX_BLOCK_POOLS[head_dim])
+    pool_tiles = -(-max_pools // block_pools)
     return LaunchGeometry(grid=token_tiles * pool_tiles, block=INDEX_THREADS, items=token_tiles)
 
 

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import FLOAT32, dtype_name
-from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3
-from ..kernel.geometry import index_geometry
+from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
+from ..kernel.geometry import index_block_pools, index_geometry
 from ..pool_offsets import check_kpool
 from .checks import (
     as_size,
@@ -138,7 +138,7 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
     o = operands
     q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
     per_block = tokens_per_block(call.heads)
-    geometry = index_geometry(call.num_tokens, max_pools, per_block, call.head_dim)
+    geometry = index_geometry(call.num_tokens, max_pools, per_block, index_block_pools(call.head_dim, mma == MMA_F16))
     if geometry.grid > MAX_POOLS:
         raise fail("max_pools", "few enough pools for one launch (token tiles x pool tiles < 2^31)", max_pools)
     values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
