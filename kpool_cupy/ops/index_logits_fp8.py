@@ -79,9 +79,9 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
     pages, block_size = check_cache_layout(a.cache, head_dim, writable=False)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     check_block_table(a.cache_block_table, batch, name="cache_block_table")
+    if a.max_pools is not None:
+        check_max_pools(a.max_pools)
     max_pools = None if a.max_pools is None else int(a.max_pools)
-    if max_pools is not None:
-        check_max_pools(max_pools)
     if a.out is not None:
         _check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
         width = as_size(a.out.shape[1])
