@@ -67,9 +67,11 @@ __global__ void __launch_bounds__(kp::kIndexThreads)
     long long keys_of = -1;  // the request whose keys the registers hold
     for (long long token = token_begin; token < token_end; ++token) {
         // Everything up to the scores is the same in every lane of the warp.
-        const long long request = kp::find_request(input_row_offsets, batch, token);
-        long long row_begin, row_end, cached;
+        // With no request (batch 0) no token is known and nothing of the offsets is read.
+        const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
+        long long row_begin = 0, row_end = 0, cached = 0;
         const bool known =
+            batch > 0 &&
             kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) &&
             token >= row_begin && token < row_end;
         const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;

@@ -575,3 +575,44 @@ def fp8_ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
             reach = np.ones((batch, 32 // block_size + 1), bool)  # pool ids under 32 at these positions
             case["block_table"] = _fp8_block_table(rng, reach, pages, block_size)
         yield function, case
+
+
+def index_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """``count`` garbage calls of ``kpool_index_logits_fp8``, as (function, keywords): offsets and cache lengths
+    of any value, block tables past the cache, negative or at INT32 edges, caches of random bytes (NaN and inf
+    scales too) at padded page strides, query rows at odd byte offsets (the narrow path), and a max_pools that
+    cuts visible pools off or runs far past them. max_pools is always given: without it the call would size its
+    result from the garbage."""
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        head_dim = (64, 128, 256)[int(rng.integers(0, 3))]
+        heads = (1, 3, 17)[int(rng.integers(0, 3))]
+        tokens = int(rng.integers(0, 20))
+        batch = int(rng.integers(0, 5))
+        kpool = int(rng.choice([1, 2, 4, 7]))
+        offsets = _values(rng, batch + 1, _INDEX_TYPES[int(rng.integers(0, 3))], tokens)
+        if rng.random() < 0.3:
+            offsets = np.sort(offsets)
+        cache = _fp8_cache(rng, head_dim)
+        block_size = cache.shape[1]
+        max_blocks = int(rng.integers(0, 6))
+        table = _values(rng, batch * max_blocks, np.int32, max(cache.shape[0], 1) + 2).reshape(batch, max_blocks)
+        if rng.random() < 0.5:  # rows at a padded stride: a column slice of a wider table
+            table = np.concatenate([table, np.zeros((batch, 2), np.int32)], axis=1)[:, :max_blocks]
+        shift = int(rng.integers(0, 2))  # 1: q one byte into its buffer, no 16-byte loads
+        raw = _random_bytes(rng, (tokens * heads * head_dim + shift,))
+        q = raw[shift:].reshape(tokens, heads, head_dim)
+        max_pools = (0, 1, int(rng.integers(1, 40)), int(rng.integers(100, 300)))[int(rng.integers(0, 4))]
+        case = {
+            "q": q,
+            "weights": rng.standard_normal((tokens, heads)).astype(np.float32),
+            "cache": cache,
+            "cache_block_table": table,
+            "input_row_offsets": offsets,
+            "cache_lengths": _values(rng, batch, _INDEX_TYPES[int(rng.integers(0, 3))], 64 * block_size),
+            "kpool": kpool,
+            "max_pools": max_pools,
+        }
+        if rng.random() < 0.3:
+            case["out"] = np.zeros((tokens, max_pools), np.float32)
+        yield "kpool_index_logits_fp8", case

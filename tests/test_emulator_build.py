@@ -164,20 +164,20 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     assert all(b"__asan_report" in path.read_bytes() for path in built)
 
 
-# One garbage call of the FP8 kernels and expand, which between them cover
-# every family of kernels/*.cu, under the sanitizer: the default tier's
-# AddressSanitizer run, five instrumented builds (about a minute on two busy
-# cores); the two runs above are the long sweeps.
+# One garbage call of the FP8 kernels, expand and the scorer, which between
+# them cover every family of kernels/*.cu, under the sanitizer: the default
+# tier's AddressSanitizer run, six instrumented builds (about a minute on two
+# busy cores); the two runs above are the long sweeps.
 _SANITIZED_FAMILIES_RUN = textwrap.dedent(
     """
     import sys
     sys.path.insert(0, {tests!r})
-    from garbage import expand_garbage_cases, fp8_garbage_cases, fp8_ring_garbage_cases
+    from garbage import expand_garbage_cases, fp8_garbage_cases, fp8_ring_garbage_cases, index_garbage_cases
     from kpool_cupy import emulate
     from kpool_cupy.emulator.launch import recording
 
     cases = [("kpool_expand_topk", case) for case in expand_garbage_cases(0, 6)]
-    cases += [*fp8_garbage_cases(0, 12), *fp8_ring_garbage_cases(0, 6)]
+    cases += [*fp8_garbage_cases(0, 12), *fp8_ring_garbage_cases(0, 6), *index_garbage_cases(0, 6)]
     launched = set()
     for function, case in cases:
         if function in launched:
@@ -193,17 +193,18 @@ _SANITIZED_FAMILIES_RUN = textwrap.dedent(
 
 def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path):
     # compress (its FP8 form: the pooling and the sink), ring (ring close's
-    # and tail update's FP8 forms), expand (a garbage block table) and the
-    # query side, each with validate=False over garbage indices and each
-    # reaching its kernel (a call that launches nothing proves nothing).
+    # and tail update's FP8 forms), expand (a garbage block table), the
+    # query side and the scorer (garbage offsets, tables and caches), each
+    # with validate=False over garbage indices and each reaching its kernel
+    # (a call that launches nothing proves nothing).
     libasan = _libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
     done = _run_sanitized(_SANITIZED_FAMILIES_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    families = "['hadamard_quant_fp8', 'kpool_compress_fp8', 'kpool_expand_topk', 'kpool_ring_close_fp8', "
-    families += "'kpool_tail_update_fp8']"
+    families = "['hadamard_quant_fp8', 'kpool_compress_fp8', 'kpool_expand_topk', 'kpool_index_logits_fp8', "
+    families += "'kpool_ring_close_fp8', 'kpool_tail_update_fp8']"
     assert f"families: {families}" in done.stdout, done.stdout
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert built and all(b"__asan_report" in path.read_bytes() for path in built), built

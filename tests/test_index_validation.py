@@ -50,7 +50,7 @@ MUTATIONS = {
         cache_block_table=np.array([[2], [1]], np.int32),
         cache_lengths=np.array([9, 1], np.int32),
         input_row_offsets=np.array([0, 2, 5], np.int32),
-    ),  # fmt: skip
+    ),
     "index-table-page-range": lambda a: a.update(cache_block_table=np.array([[3, 0], [1, 0]], np.int32)),
     "index-kpool": lambda a: a.update(kpool=0),
     "index-max-pools-small": lambda a: a.update(max_pools=1),

@@ -49,11 +49,13 @@ def index_logits_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     offsets = signed_index(np.asarray(o["input_row_offsets"]), o["input_row_offsets"].dtype).astype(np.int64)
     lengths = signed_index(np.asarray(o["cache_lengths"]), o["cache_lengths"].dtype).astype(np.int64)
     tokens = np.arange(s.num_tokens, dtype=np.int64)
+    out[:, : s.max_pools] = -np.inf
+    if s.batch <= 0:  # no request: no token sees a pool
+        return
     request = find_request(offsets, s.batch, tokens)
     begin, end, cached, usable = request_rows(offsets, lengths, request, s.num_tokens)
     known = usable & (tokens >= begin) & (tokens < end)
     visible = np.where(known, pools_visible(np.where(known, cached, 0), tokens - begin, s.kpool), 0)
-    out[:, : s.max_pools] = -np.inf
     for b in np.unique(request[known]):
         rows = np.flatnonzero(known & (request == b))
         count = int(min(visible[rows].max(), s.max_pools))
