@@ -34,7 +34,7 @@ constexpr int kIndexVectorQ = 2;      // query rows 16-byte aligned
 // kIndexVectorCache | kIndexVectorQ. IO, IC: the index types of
 // input_row_offsets and cache_lengths.
 template <int HEAD_DIM, int MMA, int VECTOR, typename IO, typename IC>
-__global__ void __launch_bounds__(kp::kIndexThreads)
+__global__ void __launch_bounds__(kp::kIndexThreads, 2)
     kpool_index_logits_fp8(const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride,
                            long long heads, const float* __restrict__ weights, long long weights_stride,
                            const unsigned char* __restrict__ cache, long long page_stride, long long pages,

@@ -241,6 +241,8 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
             (f"blocks per SM ({report.block_threads}-thread blocks)", report.blocks_per_sm or "unknown arch"),
             ("dependent global loads (longest path)", report.load_depth),
         ]
+        if report.tensor_core:
+            rows.append(("tensor-core instructions (HMMA, QMMA)", report.tensor_core))
         for label, value in rows:
             click.echo(f"{label:<42}{value}")
         if out_file:

@@ -66,7 +66,7 @@ declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
     [precompile]=25      # 248 variants over 16 processes (9 s and 8 s on the H200; estimated from NVRTC here: 8.9 s)
     [pytest-gpu]=40      # the gpu-marked tests, kernels precompiled (24 s on the H200: 181 passed)
-    [check]=25           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (15 s on the H200)
+    [check]=25           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs: 15 s on the H200; 12 now)
     [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: 27 family calls, 8 garbage calls a family (3 s)
     [bench]=181          # the rest of the budget: host costs, empty kernel, decode side, FP8 records, full sweep (113 s on the H200; cut at 110 before)
     [bench-compile]=55   # the quick sweep's three shapes with torch.compile, from a cold start (41 s on the H200)
@@ -164,7 +164,8 @@ run check bash -c '
     passed=0 runs=0
     for run in "compress bfloat16" "compress float16" "compress float32" "ring_close bfloat16" \
         "seed_tail bfloat16" "tail_update bfloat16" "expand_topk bfloat16" "compress_fp8 bfloat16" \
-        "ring_close_fp8 bfloat16" "tail_update_fp8 bfloat16" "hadamard_quant_fp8 bfloat16"; do
+        "ring_close_fp8 bfloat16" "tail_update_fp8 bfloat16" "hadamard_quant_fp8 bfloat16" \
+        "index_logits_fp8 bfloat16"; do
         read -r op dtype <<< "$run"
         runs=$((runs + 1))
         "$1" -m kpool_cupy check --backend cupy --op "$op" --dtype "$dtype" --json && passed=$((passed + 1))

@@ -3,9 +3,17 @@ at the op's launch shape, and the dependent global-load depth (``tools.load_dept
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-from ..kernel.geometry import LaunchGeometry, decode_geometry, flat_geometry, group_geometry
+from ..kernel.geometry import (
+    LaunchGeometry,
+    decode_geometry,
+    flat_geometry,
+    group_geometry,
+    index_block_pools,
+    index_geometry,
+)
 from . import sass
 from .load_depth import load_depth
 from .sass import SassSummary, sm_arch
@@ -38,6 +46,8 @@ def launch_geometry(op: str, head_dim: int) -> LaunchGeometry:
         return decode_geometry(head_dim, _MANY)
     if op == "expand_topk":
         return flat_geometry(_MANY)
+    if op == "index_logits_fp8":
+        return index_geometry(_MANY, _MANY, 1, index_block_pools(head_dim, f16_path=False))
     return group_geometry(head_dim, _MANY)
 
 
@@ -48,11 +58,19 @@ class OpSass:
     block_threads: int
     blocks_per_sm: int | None
     load_depth: int
+    tensor_core: int  # static mma instructions (HMMA, QMMA)
 
 
 def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> OpSass:
     """The report of ``op``'s variant (``tools.variants``) for ``arch``'s SASS."""
-    kernel, name = op_variant(op, head_dim, kpool, dtype)
+    kernel, name = op_variant(op, head_dim, kpool, dtype, sm_arch(arch))
     machine = sass.summarize_sass(kernel.source, name, arch=sm_arch(arch))
     block = launch_geometry(op, head_dim).block
-    return OpSass(name, machine, block, blocks_per_sm(machine.registers, block, arch), load_depth(machine.sass).depth)
+    occupancy = blocks_per_sm(machine.registers, block, arch)
+    return OpSass(name, machine, block, occupancy, load_depth(machine.sass).depth, tensor_core_count(machine.sass))
+
+
+def tensor_core_count(text: str) -> int:
+    """Static warp-level matrix instructions in SASS text: HMMA (f16, and e4m3 mma.sync on sm_90, which ptxas
+    lowers to two f16 HMMAs) and QMMA (e4m3 on sm_89 and sm_120)."""
+    return len(re.findall(r"\b[HQ]MMA\.", text))

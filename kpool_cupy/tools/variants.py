@@ -9,9 +9,10 @@ the query side take no kpool (expand's is the pool width it expands).
 from __future__ import annotations
 
 from ..dtypes import element_dtype
-from ..kernel.declarations import Kernel
+from ..kernel.declarations import MMA_E4M3, MMA_F16, Kernel
 from ..ops import OPS
 from ..ops.fp8_target import check_rotation_head_dim
+from ..ops.index_logits_fp8 import HEAD_DIMS as SCORER_HEAD_DIMS
 from .nvrtc import check_variant
 
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
@@ -19,8 +20,9 @@ OP_KERNELS: dict[str, Kernel] = {spec.name.removeprefix("kpool_"): spec.kernel f
 _ELEMENTS = ("T", "G", "KT", "GT", "OT")
 
 
-def op_variant(op: str, head_dim: int, kpool: int, dtype: str) -> tuple[Kernel, str]:
-    """``op``'s kernel and the instance the tools compile; a ValueError naming the argument out of range."""
+def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> tuple[Kernel, str]:
+    """``op``'s kernel and the instance the tools compile for ``arch``; a ValueError naming the argument out of
+    range. The scorer's tensor-core instruction is the one its launcher picks for that architecture."""
     if op not in OP_KERNELS:
         raise ValueError(f"Invalid op: expected one of {', '.join(OP_KERNELS)}, got {op!r}")
     kernel = OP_KERNELS[op]
@@ -31,4 +33,8 @@ def op_variant(op: str, head_dim: int, kpool: int, dtype: str) -> tuple[Kernel, 
     element = element_dtype(dtype)
     template = {name: element for name in _ELEMENTS if name in names}
     template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
+    if "MMA" in names:
+        if head_dim not in SCORER_HEAD_DIMS:
+            raise ValueError(f"Invalid head_dim: expected 64, 128 or 256 for the scorer, got {head_dim}")
+        template["MMA"] = MMA_E4M3 if int(arch.removeprefix("sm_").rstrip("a")) >= 89 else MMA_F16
     return kernel, kernel.instance(**template)

@@ -1,0 +1,70 @@
+"""The scorer's machine code, read off the SASS of exactly what the GPU path compiles (no GPU needed).
+
+Per warp and 16-head tile the kernel issues NT key tiles x head_dim / 32 mma steps; each step is one QMMA on
+sm_89 (e4m3 mma.sync), two HMMA.16816 on sm_80 (the f16 path: two m16n8k16 a step) and two HMMA on sm_90
+(ptxas lowers e4m3 mma.sync to f16 HMMAs there: Hopper's FP8 rate needs wgmma). A lane reads head_dim / 4
+bytes of each of its NT keys and two query rows: head_dim / 64 16-byte loads each.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
+from kpool_cupy.tools import sass
+from kpool_cupy.tools.sass_report import tensor_core_count
+
+ARCHES = {"sm_80": (MMA_F16, 2), "sm_89": (MMA_E4M3, 1), "sm_90": (MMA_E4M3, 2)}  # (path, instructions a step)
+
+
+def key_tiles(head_dim: int, mma: int) -> int:
+    return 2 if head_dim > 128 or (mma == MMA_F16 and head_dim == 128) else 4
+
+
+def scorer_sass(head_dim: int, arch: str, vector: int = INDEX_VECTOR_CACHE | INDEX_VECTOR_Q) -> sass.SassSummary:
+    mma = ARCHES[arch][0]
+    name = INDEX_LOGITS_FP8.instance(HEAD_DIM=head_dim, MMA=mma, VECTOR=vector)
+    return sass.summarize_sass(INDEX_LOGITS_FP8.source, name, arch=arch)
+
+
+def mma_inside_a_loop(text: str) -> bool:
+    """Every mma instruction lies between a backward branch and its target: the head-tile loop's body."""
+    instructions, labels = sass.parse_instructions(text)
+    loops = []
+    for instruction in instructions:
+        target = sass.branch_target(instruction, labels) if instruction.opcode[0] == "BRA" else None
+        if target is not None and target < instruction.address:
+            loops.append((target, instruction.address))
+    mmas = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA")]
+    return bool(mmas) and all(any(start <= a <= end for start, end in loops) for a in mmas)
+
+
+def _check(head_dim: int, arch: str) -> None:
+    mma, per_step = ARCHES[arch]
+    machine = scorer_sass(head_dim, arch)
+    tiles = key_tiles(head_dim, mma)
+    assert machine.spill_stores == machine.spill_loads == 0, (head_dim, arch)
+    assert tensor_core_count(machine.sass) == tiles * (head_dim // 32) * per_step, (head_dim, arch)
+    assert machine.vector_loads == (tiles + 2) * (head_dim // 64), (head_dim, arch)
+    assert mma_inside_a_loop(machine.sass), (head_dim, arch)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_engines_shape_scores_on_tensor_cores_with_16_byte_loads_and_no_spills():
+    # head_dim 128 on an H200 (sm_90): 4 key tiles x 4 steps x 2 HMMAs, 12 16-byte loads a lane.
+    _check(128, "sm_90")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("arch", list(ARCHES))
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_every_head_dim_on_every_path(head_dim, arch):
+    _check(head_dim, arch)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_pages_and_queries_without_16_byte_alignment_take_no_16_byte_loads():
+    machine = scorer_sass(128, "sm_90", vector=0)
+    assert machine.vector_loads == 0 and machine.spill_stores == 0
+    assert tensor_core_count(machine.sass) == 32
