@@ -302,6 +302,18 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     show_default=True,
     help="Also time kpool_compress_fp8 into a paged cache against the unfused sequence, and hadamard_quant_fp8.",
 )
+@click.option(
+    "--sweep/--no-sweep",
+    default=True,
+    show_default=True,
+    help="Time kpool_compress over the sweep's shapes (the records above run first either way).",
+)
+@click.option(
+    "--index/--no-index",
+    default=True,
+    show_default=True,
+    help="Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite.",
+)
 def bench(
     json_file: str | None,
     plot_file: str | None,
@@ -312,6 +324,8 @@ def bench(
     skip: tuple[str, ...],
     decode_side: bool,
     fp8: bool,
+    index: bool,
+    sweep: bool,
 ) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one).
 
@@ -333,7 +347,7 @@ def bench(
     from .bench.impls import IMPLEMENTATIONS
     from .bench.report import environment, plot, table
     from .bench.run import run_sweep
-    from .bench.shapes import sweep
+    from .bench.shapes import sweep as sweep_shapes
 
     chosen = [name for name in IMPLEMENTATIONS if name not in skip]
     timing.MIN_GRAPH_CALLS = min_calls  # read by every capture of this run
@@ -357,7 +371,8 @@ def bench(
             plot(done, plot_file)
             drawn[0] = len(partial["shapes"])
 
-    swept = run_sweep(sweep(quick), chosen, samples, progress, quick, write, decode_side, fp8)
+    shapes = sweep_shapes(quick) if sweep else []
+    swept = run_sweep(shapes, chosen, samples, progress, quick, write, decode_side, fp8, index)
     results = {"environment": env, **swept}
     results["complete"] = True
     for line in table(results):

@@ -49,27 +49,29 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # torch.compile included: it has its own step, and the full sweep leaves it
 # out).
 #
-# Sized from the one GPU run so far (H200, driver 580.159.04, CuPy 14.2.0,
+# Sized from the GPU runs so far (H200, driver 580.159.04, CuPy 14.2.0,
 # CUDA 13.0, 2026-12-04; docs/benchmarks.md): seconds each step took there,
-# with margin; bench gets the rest. There the bench step was cut at its old
-# 110 s inside the FP8 decode records (the sweep alone, kernels precompiled,
-# took about 30 s in a second call), while every other step used under half
-# of its old limit.
+# with margin; bench gets the rest. In the first run the bench step was cut
+# at its old 110 s inside the FP8 decode records, while every other step
+# used under half of its old limit; in the second every step finished (177 s
+# in all, bench 113 s). The scorer's records, added since, took 57 s in a
+# call of their own (docs/gpu-runs/2026-12-04-h200/index-bench.json); the
+# whole script has not run with them.
 #
 # NVRTC, measured on this CPU-only machine (scripts/gpu_variants.py time:
-# NVRTC 12.9, 2 cores, 2026-12-04), for the 248 variants of
-# scripts/gpu_variants.json, sm_90 cubins: 61.6 s one after another; over 16
-# processes (scripts/gpu_variants.py estimate) 3.9 s. The H200 machine's
+# NVRTC 12.9, 2 cores, 2026-12-04), for the 254 variants of
+# scripts/gpu_variants.json, sm_90 cubins: 50.6 s one after another; over 16
+# processes (scripts/gpu_variants.py estimate) 3.2 s. The H200 machine's
 # precompile took 8.7 s with 16 processes, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
-    [precompile]=25      # 248 variants over 16 processes (9 s and 8 s on the H200; estimated from NVRTC here: 8.9 s)
-    [pytest-gpu]=40      # the gpu-marked tests, kernels precompiled (24 s on the H200: 181 passed)
-    [check]=25           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs: 15 s on the H200; 12 now)
-    [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: 27 family calls, 8 garbage calls a family (3 s)
-    [bench]=181          # the rest of the budget: host costs, empty kernel, decode side, FP8 records, full sweep (113 s on the H200; cut at 110 before)
-    [bench-compile]=55   # the quick sweep's three shapes with torch.compile, from a cold start (41 s on the H200)
+    [precompile]=23      # 254 variants over 16 processes (9 s and 8 s on the H200 for 248; estimated from NVRTC here)
+    [pytest-gpu]=30      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed)
+    [check]=21           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (11 runs: 15 s and 12 s)
+    [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s)
+    [bench]=202          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s)
+    [bench-compile]=50   # the quick sweep's three shapes with torch.compile, from a cold start (41 s and 24 s on the H200)
 )
 kill_after=2
 declare -A status seconds
@@ -190,7 +192,7 @@ run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --min-calls "$min_calls" 
     --table "$logs/bench-table.txt"
 # torch.compile cold, on the quick shapes, against this package alone (the
 # other alternatives, the decode side and the FP8 records were measured above).
-run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --min-calls "$min_calls" --no-decode-side --no-fp8 \
+run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --min-calls "$min_calls" --no-decode-side --no-fp8 --no-index \
     --skip upstream-geometry --skip cupy-composite --skip torch-eager --skip triton --skip torch.ops.kpool --json "$out/bench-compile.json"
 
 echo

@@ -88,6 +88,8 @@ def table(results: dict[str, Any]) -> list[str]:
             ratio_text = f"{ratio:>9.2f}{mark}" if ratio is not None else ""
             if "time_over_empty_kernel" in entry:
                 ratio_text += f"  {entry['time_over_empty_kernel']:.1f} x empty"
+            if "tflops" in entry:
+                ratio_text += f"  {entry['tflops']:.1f} TFLOP/s"
             if "same_bytes_as_kpool_cupy" in entry:
                 differing = entry.get("differing_bytes_vs_kpool_cupy")
                 ratio_text += "  same bytes" if entry["same_bytes_as_kpool_cupy"] else f"  {differing} bytes DIFFER"
@@ -141,7 +143,12 @@ def table(results: dict[str, Any]) -> list[str]:
 
 def records(results: dict[str, Any]) -> list[dict[str, Any]]:
     """Every timed record so far, in the order the run makes them: the decode side, the FP8 records, the sweep."""
-    return [*results.get("lifecycle", []), *results.get("fp8", []), *results.get("shapes", [])]
+    return [
+        *results.get("lifecycle", []),
+        *results.get("fp8", []),
+        *results.get("index", []),
+        *results.get("shapes", []),
+    ]
 
 
 def plot(results: dict[str, Any], path: str) -> None:

@@ -14,6 +14,7 @@ from ..dtypes import element_dtype
 from .empty import bench_empty_kernel, over_empty
 from .fp8 import run_fp8
 from .impls import IMPLEMENTATIONS, capture_refusal, torch_op_call, torch_stream_of_cupy, torch_unavailable
+from .index import run_index
 from .inputs import InputSet, make_input_sets
 from .lifecycle import run_lifecycle
 from .plans import plan_launch
@@ -197,8 +198,10 @@ def run_sweep(
     checkpoint: Callable[[dict[str, Any]], None] = lambda partial: None,
     decode_side: bool = True,
     fp8: bool = True,
+    index: bool = True,
 ) -> dict[str, Any]:
-    """Host costs, the empty kernel, the decode side and the FP8 records, then every shape of the sweep;
+    """Host costs, the empty kernel, the decode side, the FP8 and the scorer's records, then every shape of the
+    sweep;
     ``checkpoint`` gets what is done after each record.
 
     The short records come first, so a run cut short in the long sweep keeps
@@ -226,6 +229,10 @@ def run_sweep(
     for record in itertools.chain(run_fp8(quick, samples), run_tail_fp8(quick, samples)) if fp8 else ():
         over_empty(record, results["empty_kernel"])
         results["fp8"].append(clock.stamp(record))
+        checkpoint(results)
+    results["index"] = []
+    for record in run_index(quick, samples) if index else ():
+        results["index"].append(clock.stamp(record))
         checkpoint(results)
     results["shapes"] = []
     checkpoint(results)

@@ -128,16 +128,20 @@ def check_table_covers(call: IndexLogitsCall, table: np.ndarray, lengths: np.nda
         )
 
 
-def tokens_per_block(heads: int) -> int:
-    """Tokens a block scores with one read of its keys: about 64 mma tiles of heads a warp, at least one token."""
-    return max(1, min(16, 64 // -(-heads // 16) // 4))
+def tokens_per_block(heads: int, tokens: int, batch: int) -> int:
+    """Tokens a block scores with one read of its keys: about 16 head tiles a warp, and no more than the batch's
+    tokens a request on average (decode: next_n), so a decode tile holds one request's tokens and its warps do
+    not fetch one request's keys after another's. Both from shapes alone: no host read."""
+    by_heads = max(1, min(16, 64 // -(-heads // 16) // 4))
+    per_request = max(1, round(tokens / batch)) if batch else 1
+    return min(by_heads, per_request)
 
 
 def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_pools: int, mma: int) -> Launch:
     """The launch of ``kpool_index_logits_fp8``."""
     o = operands
     q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
-    per_block = tokens_per_block(call.heads)
+    per_block = tokens_per_block(call.heads, call.num_tokens, call.batch)
     geometry = index_geometry(call.num_tokens, max_pools, per_block, index_block_pools(call.head_dim, mma == MMA_F16))
     if geometry.grid > MAX_POOLS:
         raise fail("max_pools", "few enough pools for one launch (token tiles x pool tiles < 2^31)", max_pools)

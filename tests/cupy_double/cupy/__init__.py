@@ -221,6 +221,26 @@ def maximum(x, y) -> ndarray:
     return _elementwise(np.maximum, x, y)
 
 
+def isfinite(x) -> ndarray:
+    return _elementwise(np.isfinite, x)
+
+
+def isneginf(x) -> ndarray:
+    return _elementwise(np.isneginf, x)
+
+
+def matmul(x, y) -> ndarray:
+    return _elementwise(np.matmul, x, y)
+
+
+def array_equal(x, y) -> bool:
+    cuda._before_array_op()
+    return bool(np.array_equal(_plain(x), _plain(y)))
+
+
+inf = np.inf
+
+
 def cumsum(x, out=None):
     return np.cumsum(x, out=out)
 
