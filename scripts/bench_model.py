@@ -50,6 +50,9 @@ from kpool_cupy.bench.fp8 import (  # noqa: E402
     paged_destinations,
     query_batches,
 )
+from kpool_cupy.bench.index import HEAD_DIM as INDEX_HEAD_DIM  # noqa: E402
+from kpool_cupy.bench.index import KPOOL as INDEX_KPOOL  # noqa: E402
+from kpool_cupy.bench.index import index_bytes, index_shapes  # noqa: E402
 from kpool_cupy.bench.lifecycle import (  # noqa: E402
     BLOCK_SIZE,
     POOL_TOPK,
@@ -63,7 +66,15 @@ from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E4
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
-from kpool_cupy.ops import COMPRESS, COMPRESS_FP8, EXPAND_TOPK, HADAMARD_QUANT_FP8, TAIL_UPDATE, TAIL_UPDATE_FP8  # noqa: E402
+from kpool_cupy.ops import (  # noqa: E402
+    COMPRESS,
+    COMPRESS_FP8,
+    EXPAND_TOPK,
+    HADAMARD_QUANT_FP8,
+    INDEX_LOGITS_FP8,
+    TAIL_UPDATE,
+    TAIL_UPDATE_FP8,
+)
 from kpool_cupy.ops.binding import bind  # noqa: E402
 from kpool_cupy.ops.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
@@ -136,6 +147,7 @@ class Case:
     launch: Launch
     kpool: int = 0  # the pool width a streamed pool's loop runs over (compress family), 0 for none
     member_bytes: int = 0
+    repeats: int = 0  # times a thread runs its longest loop (the scorer: tokens x head tiles), 0: once at most
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -256,9 +268,36 @@ def expand_cases(kpool: int = 4) -> list[Case]:
     return cases
 
 
+def index_cases(heads: int = 64) -> list[Case]:
+    """bench.index.bench_index_logits at ``heads`` heads: its cache of shuffled pages, e4m3 queries, int32 indices,
+    a logits row of every pool the request's last token sees."""
+    cases = []
+    for shape in (s for s in index_shapes() if s.heads == heads):
+        pages = shape.requests * shape.columns
+        q = device_like((shape.tokens, heads, INDEX_HEAD_DIM), np.uint8, 0)
+        weights = device_like((shape.tokens, heads), np.float32, 1)
+        cache = device_like((pages, CACHE_BLOCK_SIZE, INDEX_HEAD_DIM + 4), np.uint8)
+        table = device_like((shape.requests, shape.columns), np.int32, np.arange(pages).reshape(shape.requests, -1))
+        offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
+        lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
+        out = device_like((shape.tokens, shape.pools), np.float32)
+        arrays = (q, weights, cache, table, offsets, lengths)
+        launch = launched(INDEX_LOGITS_FP8, *arrays, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
+        repeats = launch.values["tokens_per_block"] * -(-heads // 16)
+        cases.append(Case("index_logits_fp8", shape.name, index_bytes(shape), launch, repeats=repeats))
+    return cases
+
+
 def cases() -> list[Case]:
     """Every benchmarked launch, by kernel family (ring_close, ring_close_fp8 and seed_tail are not benchmarked)."""
-    return [*compress_cases(), *compress_fp8_cases(), *hadamard_cases(), *tail_cases(), *expand_cases()]
+    return [
+        *compress_cases(),
+        *compress_fp8_cases(),
+        *hadamard_cases(),
+        *tail_cases(),
+        *expand_cases(),
+        *index_cases(),
+    ]
 
 
 def loop_body(sass: str) -> int:
@@ -341,6 +380,10 @@ def predict(
         chunk = chunk_members(case.kpool, case.member_bytes)
         if chunk < case.kpool:
             per_thread += max(0, (case.kpool - chunk) // chunk - 1) * v.loop_body
+    if case.repeats:
+        # The scorer's warp runs its token loop's body once per token and its head loop's once per head tile;
+        # the longest loop (the token loop, with the head loop inside once) counted that often: an upper bound.
+        per_thread += (case.repeats - 1) * v.loop_body
     warps = geometry.grid * -(-geometry.block // 32)
     bounds = {
         "memory": case.nbytes / reachable * 1e6,

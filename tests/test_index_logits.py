@@ -9,6 +9,7 @@ from index_cases import e4m3_bytes, index_case
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
+from kpool_cupy.emulator.launch import recording
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
 from kpool_cupy.ops.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC
@@ -178,3 +179,34 @@ def test_query_bytes_at_any_alignment_take_the_narrow_path():
     args = (shifted, *case.args[1:])
     np.testing.assert_array_equal(emulate.kpool_index_logits_fp8(*args, kpool=2), want)
     assert e4m3_bytes is not None
+
+
+def test_pages_at_a_stride_that_is_not_16_byte_aligned_take_the_4_byte_path():
+    # A page stride of page + 4 bytes: the cache rules allow it (scales stay 4-byte aligned), 16-byte loads do
+    # not; the logits are the aligned cache's, bit for bit.
+    rng = np.random.default_rng(9)
+    case = index_case(rng, heads=5, kpool=2, block_size=4, counts=(3, 2), cache_lengths=(7, 12))
+    want = emulate.kpool_index_logits_fp8(*case.args, kpool=2)
+    pages, block_size, width = case.cache.shape
+    backing = np.zeros(pages * (block_size * width + 4), np.uint8)
+    padded = np.ndarray(case.cache.shape, np.uint8, buffer=backing, strides=(block_size * width + 4, width, 1))
+    padded[...] = case.cache
+    with recording() as launches:
+        got = emulate.kpool_index_logits_fp8(case.q, case.weights, padded, *case.args[3:], kpool=2)
+    np.testing.assert_array_equal(got, want)
+    # The query rows stay aligned (VECTOR 2: their 16-byte loads), the pages take 4-byte loads.
+    assert [launch.kernel_name for launch in launches] == ["kpool_index_logits_fp8<128, 1, 2, int, int>"]
+
+
+def test_logits_rows_past_2_to_the_31_elements(tmp_path):
+    # out's offsets are 64-bit: the second token's row starts 2^31 floats into a sparse file-backed buffer
+    # (8 GiB of address space, two rows of pages touched), and lands there.
+    rng = np.random.default_rng(10)
+    case = index_case(rng, heads=2, kpool=1, block_size=4, counts=(2,), cache_lengths=(3,))
+    want = emulate.kpool_index_logits_fp8(*case.args, kpool=1)
+    stride = 2**31 + 16  # floats between rows
+    backing = np.memmap(tmp_path / "out", np.float32, "w+", shape=(stride + want.shape[1],))
+    out = np.ndarray(want.shape, np.float32, buffer=backing, strides=(stride * 4, 4))
+    emulate.kpool_index_logits_fp8(*case.args, kpool=1, out=out, validate=False)
+    np.testing.assert_array_equal(np.asarray(backing[stride : stride + want.shape[1]]), want[1])
+    np.testing.assert_array_equal(np.asarray(backing[: want.shape[1]]), want[0])

@@ -38,11 +38,33 @@ def _expand(tail, ids, offsets, cache):
     return kt.kpool_expand_topk(ids, offsets, cache, kpool=KPOOL)
 
 
+INDEX_POOLS = 16  # the scorer's fixed width (max_pools): what a captured or compiled decode step passes
+
+
+def _score(tail, q, weights, cache, table, offsets, lengths):
+    return kt.kpool_index_logits_fp8(q, weights, cache, table, offsets, lengths, kpool=KPOOL, max_pools=INDEX_POOLS)
+
+
+def _score_arguments(requests: int, g):
+    """Decode scoring: NEXT_N tokens a request, 2 heads of head_dim 64, 4-entry pages, each request's 4 pages."""
+    q = torch.randint(0, 0x7E, (requests * NEXT_N, 2, 64), generator=g, dtype=torch.uint8)
+    weights = torch.randn(requests * NEXT_N, 2, generator=g)
+    cache = torch.zeros(4 * requests, 4, 68, dtype=torch.uint8)
+    cache[:, :, :64] = torch.randint(0, 0x7E, (4 * requests, 4, 64), generator=g, dtype=torch.uint8)
+    cache.view(4 * requests, -1)[:, 4 * 64 :] = torch.ones(4 * requests, 4).view(torch.uint8)
+    table = torch.randperm(4 * requests, generator=g).to(torch.int32).reshape(requests, 4)
+    offsets = (NEXT_N * torch.arange(requests + 1)).to(torch.int32)
+    lengths = torch.randint(0, KPOOL * INDEX_POOLS - NEXT_N, (requests,), generator=g).to(torch.int32)
+    return q, weights, cache, table, offsets, lengths
+
+
 def _arguments(step, requests: int, tail):
     """One call of ``step`` for ``requests`` requests (the ring first, where the step takes one)."""
     g = torch.Generator().manual_seed(requests)
     ape = torch.randn(KPOOL, HEAD_DIM, generator=g)
     slots = torch.arange(requests, dtype=torch.int32)
+    if step is _score:
+        return (tail, *_score_arguments(requests, g))
     if step in (_decode, _decode_fp8):
         k = torch.randn(requests, NEXT_N, HEAD_DIM, generator=g).to(torch.bfloat16)
         positions = (torch.arange(NEXT_N)[None] + 4 * torch.arange(requests)[:, None] + 2).to(torch.int32)
@@ -57,7 +79,7 @@ def _arguments(step, requests: int, tail):
     return tail, ids, offsets, torch.full((requests,), 20, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("step", [_decode, _decode_fp8, _prefill, _expand], ids=lambda s: s.__name__[1:])
+@pytest.mark.parametrize("step", [_decode, _decode_fp8, _prefill, _expand, _score], ids=lambda s: s.__name__[1:])
 def test_twenty_batch_sizes_compile_at_most_twice_and_equal_eager(step):
     from torch._dynamo.testing import CompileCounterWithBackend
 
