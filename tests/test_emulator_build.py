@@ -156,8 +156,8 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     done = _run_sanitized(script, tmp_path, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 50 kpool_compress_fp8, 10 hadamard_quant_fp8, 30 ring close and tail update.
-    assert "garbage calls: 90" in done.stdout
+    # 50 kpool_compress_fp8, 10 hadamard_quant_fp8, 30 ring close and tail update, 5 of the scorer.
+    assert "garbage calls: 95" in done.stdout
     # Control: every library that ran was built with the sanitizer.
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert len(built) > 20, built
