@@ -333,7 +333,7 @@ def bench(
     the calls can be captured, else from events around the Python loop; the
     JSON says which for every implementation. Host time per call is reported
     next to a bare CuPy launch of the same kernel. The short records (decode
-    side, FP8) run before the sweep; the JSON and the table are rewritten
+    side, FP8, the scorer) run before the sweep; the JSON and the table are rewritten
     after every record and the plot after every shape of the sweep, so a run
     cut short keeps what it measured.
     """
