@@ -13,7 +13,7 @@ from kpool_cupy.emulator.launch import recording
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
 from kpool_cupy.ops.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC
-from kpool_cupy.tools.index_accuracy import index_logits_agree, index_logits_bound
+from kpool_cupy.tools.index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
 
 
 def _bound(case, want):
@@ -110,18 +110,87 @@ def test_all_negative_dots_score_zero():
         assert (got == 0).all(), got
 
 
-def test_a_misplaced_lane_in_the_emulated_mma_breaks_the_bound(monkeypatch):
+@pytest.mark.parametrize(
+    ("heads", "bits"), [(16, 24), (64, 24), (128, 24), (16, 23), (64, 23), (128, 23), (4, 13), (8, 13)]
+)
+def test_a_misplaced_lane_in_the_emulated_mma_breaks_the_bound(monkeypatch, heads, bits):
     # The emulated mma.sync puts fragments together by the PTX ISA's layouts; built so that one lane's A
     # elements land in reversed k order, the scores must leave the bound: the tests would see a wrong layout.
-    rng = np.random.default_rng(11)
-    case = index_case(rng, heads=16, kpool=2, counts=(4, 3), cache_lengths=(30, 9))
+    # Each bound a test uses must catch it: 24 bits (the CPU) and 23 (f16 HMMA GPUs) by 100x and more (seen:
+    # 1.4e3 at 128 heads and up, 580 at 23 bits); 13 (native FP8) only at few heads, where one wrong product
+    # still shows (seen: 4 to 11x at 4 heads, 1.4 to 5x at 16, under 1 from 32 on), so the GPU test has a
+    # 4-head case (at 1 head, lane 5 holds only zero rows: nothing to misplace).
+    rng = np.random.default_rng(heads)
+    case = index_case(rng, heads=heads, kpool=2, counts=(4, 3), cache_lengths=(30, 9))
     want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    bound = index_logits_bound(*case.args, kpool=case.kpool, max_pools=want.shape[1], accumulation_bits=bits)
     for mma in (MMA_E4M3, MMA_F16):
         monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_MMA_MISPLACED_LANE=5")
         got = _emulate_with(mma, case)
         monkeypatch.delenv(emulate.FLAGS_VARIABLE)
-        verdict = index_logits_agree(got, want, _bound(case, want))
-        assert not verdict["ok"] and verdict["worst_error_over_bound"] > 100, verdict
+        verdict = index_logits_agree(got, want, bound)
+        assert not verdict["ok"] and verdict["worst_error_over_bound"] > (1 if bits == 13 else 100), verdict
+
+
+def test_the_gpu_bound_takes_its_bits_from_the_instruction():
+    # f16 HMMAs (the sm_80 path, and e4m3 on sm_90, which ptxas lowers to them) sum in float32 with truncation;
+    # native FP8 tensor cores narrower.
+    assert gpu_accumulation_bits(80, MMA_F16) == gpu_accumulation_bits(90, MMA_E4M3) == 23
+    assert gpu_accumulation_bits(89, MMA_E4M3) == gpu_accumulation_bits(120, MMA_E4M3) == 13
+
+
+def test_a_subnormal_scale_reads_as_zero_within_the_bound():
+    # The kernels read a float32 subnormal as zero (denormals-are-zero), where the exact logit is a normal
+    # number: the bound's third term covers it, and the logit is exactly 0 on the emulator.
+    rng = np.random.default_rng(5)
+    case = index_case(rng, heads=4, kpool=1, block_size=4, counts=(1,), cache_lengths=(3,))
+    pages = case.cache.shape[0]
+    flat = case.cache.reshape(pages, -1)
+    flat[:, 4 * 128 :] = np.full((pages, 4), 1e-39, np.float32).view(np.uint8).reshape(pages, -1)
+    case.q[:] = 0x38  # every query value 1.0
+    flat[:, : 4 * 128] = 0x38  # every key value 1.0: s * dot = 1.28e-37, normal
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=1)
+    got = emulate.kpool_index_logits_fp8(*case.args, kpool=1)
+    assert (got == 0).all() and (want > 2.0**-126).all(), (got, want)
+    _check(case, got, want)
+
+
+def test_float32_overflow_is_not_within_the_bound():
+    # s * dot past float32's range is +inf on the kernel where the float64 answer is finite (a tiny weight):
+    # outside the bound's stated range, and the agreement check must say so rather than pass it.
+    rng = np.random.default_rng(6)
+    case = index_case(rng, heads=2, kpool=1, block_size=4, counts=(1,), cache_lengths=(3,))
+    pages = case.cache.shape[0]
+    flat = case.cache.reshape(pages, -1)
+    flat[:, 4 * 128 :] = np.full((pages, 4), 1e36, np.float32).view(np.uint8).reshape(pages, -1)
+    case.q[:] = 0x38
+    flat[:, : 4 * 128] = 0x50  # key values 4: dot 512, s * dot 5e38 > 3.4e38
+    case.weights[:] = 1e-6
+    with np.errstate(over="ignore"):
+        want = reference.kpool_index_logits_fp8(*case.args, kpool=1)
+        got = emulate.kpool_index_logits_fp8(*case.args, kpool=1)
+        bound = _bound(case, want)
+    assert np.isfinite(want).all() and np.isposinf(got).all()
+    verdict = index_logits_agree(got, want, bound)
+    assert not verdict["ok"] and not verdict["same_inf"], verdict
+
+
+def test_garbage_offsets_without_max_pools_size_the_result_as_the_kernel_reads_them():
+    # validate=False and max_pools=None: the width comes from the offsets as the kernel reads them (its binary
+    # search, its usable-rows rule, uint32 offsets at their full range), never from an index outside them.
+    rng = np.random.default_rng(7)
+    case = index_case(rng, heads=4, kpool=2, block_size=4, counts=(3, 2), cache_lengths=(5, 8))
+    for offsets in ([0, 3, 4], [2, 3, 5], [5, 0, 5], [0, 9, 5]):
+        case.input_row_offsets = np.array(offsets, np.int32)
+        got = {b: b.kpool_index_logits_fp8(*case.args, kpool=2, validate=False) for b in (reference, emulate)}
+        assert got[reference].shape == got[emulate].shape, offsets
+        assert np.array_equal(np.isneginf(got[reference]), np.isneginf(got[emulate])), offsets
+    case = index_case(rng, heads=4, kpool=1, block_size=4, counts=(1, 1, 1), cache_lengths=(3, 3, 3))
+    case.input_row_offsets = np.array([0, 0xFFFFFFFF, 2, 3], np.uint32)  # 4294967295, not -1: unusable rows
+    case.cache_lengths = case.cache_lengths.astype(np.uint32)
+    for backend in (reference, emulate):
+        got = backend.kpool_index_logits_fp8(*case.args, kpool=1, max_pools=4, validate=False)
+        assert np.isneginf(got).all(), (backend.__name__, got)
 
 
 def test_max_pools_and_out():

@@ -15,7 +15,7 @@ from kpool_cupy import reference
 from kpool_cupy.backends.reference import ReferenceBackend
 from kpool_cupy.ops.binding import execute
 from kpool_cupy.ops.index_logits_fp8 import SPEC
-from kpool_cupy.tools.index_accuracy import FP8_MMA_ACCUMULATION_BITS, index_logits_agree, index_logits_bound
+from kpool_cupy.tools.index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
 
 _BY_CAPABILITY = textwrap.dedent(
     """
@@ -78,20 +78,22 @@ def test_a_call_with_out_max_pools_and_no_validation_reads_nothing_back():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("heads", [1, 20, 64, 128])
+@pytest.mark.parametrize("heads", [1, 4, 20, 64, 128])  # 4: where the 13-bit bound still sees one bad lane
 def test_gpu_scores_meet_the_gpu_bound(heads):
-    # The tensor cores add a step's products in their own order and width: the bound assumes a D-sum of
-    # FP8_MMA_ACCUMULATION_BITS bits (tools/index_accuracy.py); -inf and NaN where the reference has them.
+    # The tensor cores add a step's products in their own order and width: the bound's D-sum has the bits
+    # gpu_accumulation_bits gives this device's instruction (tools/index_accuracy.py); -inf, +inf and NaN
+    # where the reference has them.
     import cupy
 
     import kpool_cupy
+    from kpool_cupy.backends.cupy import CupyBackend
 
     case = index_case(np.random.default_rng(heads), heads=heads, kpool=4, block_size=16, counts=(5, 1, 9),
                       cache_lengths=(300, 7, 64))  # fmt: skip
     want = reference.kpool_index_logits_fp8(*case.args, kpool=4)
     got = cupy.asnumpy(kpool_cupy.kpool_index_logits_fp8(*(cupy.asarray(a) for a in case.args), kpool=4))
-    bound = index_logits_bound(
-        *case.args, kpool=4, max_pools=want.shape[1], accumulation_bits=FP8_MMA_ACCUMULATION_BITS
-    )
+    device = cupy.cuda.Device()
+    bits = gpu_accumulation_bits(int(device.compute_capability), CupyBackend(cupy, device.id).index_mma())
+    bound = index_logits_bound(*case.args, kpool=4, max_pools=want.shape[1], accumulation_bits=bits)
     verdict = index_logits_agree(got, want, bound)
     assert verdict["ok"], verdict

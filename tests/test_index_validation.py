@@ -34,6 +34,17 @@ def _out_over_q(a):
     a["max_pools"] = 2
 
 
+def _out_read_only(a):
+    out = np.zeros((5, 2), np.float32)
+    out.flags.writeable = False
+    a["out"] = out
+
+
+def _out_rows_overlap(a):
+    raw = np.zeros(8, np.float32)
+    a["out"] = np.lib.stride_tricks.as_strided(raw, shape=(5, 2), strides=(4, 4))  # row t+1 starts in row t
+
+
 MUTATIONS = {
     "index-q-dtype": lambda a: a.update(q=a["q"].astype(np.float32)),
     "index-q-rank": lambda a: a.update(q=a["q"].reshape(5, 128)),
@@ -58,6 +69,8 @@ MUTATIONS = {
     "index-out-dtype": lambda a: a.update(out=np.zeros((5, 2), np.float64)),
     "index-out-shape": lambda a: a.update(out=np.zeros((4, 2), np.float32)),
     "index-out-over-q": _out_over_q,
+    "index-out-read-only": _out_read_only,
+    "index-out-rows-overlap": _out_rows_overlap,
     "index-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 2, 4], np.int32)),
 }
 
@@ -91,8 +104,8 @@ def test_gpu_bad_call_names_the_argument(row: Row):
 
     import kpool_cupy
 
-    if row.id in ("index-q-last-dim", "index-out-over-q"):
-        pytest.skip("CuPy copies a strided host array contiguous, and copies share nothing")
+    if row.id in ("index-q-last-dim", "index-out-over-q", "index-out-read-only", "index-out-rows-overlap"):
+        pytest.skip("CuPy copies a host array contiguous and writable, and copies share nothing")
     args = good()
     MUTATIONS[row.id](args)
     device = {n: cupy.asarray(v) if isinstance(v, np.ndarray) else v for n, v in args.items()}

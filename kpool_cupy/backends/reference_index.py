@@ -18,9 +18,9 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from ..dtypes import signed_index
+from ..kernel.requests import token_visibility
 from ..ops.spec import Launch
-from .reference_kernels import find_request, kernel_scalars, request_rows
+from .reference_kernels import kernel_scalars
 
 # Every e4m3fn byte's value (0x7f and 0xff are NaN), exactly, in float64.
 E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
@@ -36,26 +36,13 @@ def relu_keep_nan(x: np.ndarray) -> np.ndarray:
     return np.where(x < 0, 0.0, x)
 
 
-def pools_visible(cached: np.ndarray, local: np.ndarray, kpool: int) -> np.ndarray:
-    """``kp::pools_visible``: (cached + local + 1) // kpool without overflow."""
-    return cached // kpool + (cached % kpool + local + 1) // kpool
-
-
 def index_logits_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_index_logits_fp8``: every token's logits, request by request, in float64."""
     s = kernel_scalars(launch)
     o = launch.operands
     q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
-    offsets = signed_index(np.asarray(o["input_row_offsets"]), o["input_row_offsets"].dtype).astype(np.int64)
-    lengths = signed_index(np.asarray(o["cache_lengths"]), o["cache_lengths"].dtype).astype(np.int64)
-    tokens = np.arange(s.num_tokens, dtype=np.int64)
     out[:, : s.max_pools] = -np.inf
-    if s.batch <= 0:  # no request: no token sees a pool
-        return
-    request = find_request(offsets, s.batch, tokens)
-    begin, end, cached, usable = request_rows(offsets, lengths, request, s.num_tokens)
-    known = usable & (tokens >= begin) & (tokens < end)
-    visible = np.where(known, pools_visible(np.where(known, cached, 0), tokens - begin, s.kpool), 0)
+    request, known, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
     for b in np.unique(request[known]):
         rows = np.flatnonzero(known & (request == b))
         count = int(min(visible[rows].max(), s.max_pools))

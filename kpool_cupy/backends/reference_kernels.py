@@ -24,6 +24,7 @@ import numpy as np
 from ..dtypes import INT32_MAX, signed_index
 from ..kernel.codes import Fp8Target
 from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
+from ..kernel.requests import find_request, request_rows
 from ..ops.spec import Launch, is_pair
 from .reference_epilogue import epilogue, rotate
 from .reference_epilogue import hadamard_quant as query_epilogue
@@ -39,22 +40,6 @@ def kernel_scalars(launch: Launch) -> SimpleNamespace:
     return SimpleNamespace(**scalars, **template)
 
 
-def find_request(offsets: np.ndarray, batch: int, items: np.ndarray) -> np.ndarray:
-    """``kp::find_request`` for every item at once: the last b in [0, batch) with offsets[b] <= item.
-
-    The kernel's binary search step for step, so unsorted garbage offsets
-    (``validate=False``) give the request the kernel picks.
-    """
-    lo = np.zeros(items.shape, np.int64)
-    hi = np.full(items.shape, batch - 1, np.int64)
-    while (active := lo < hi).any():
-        mid = lo + (hi - lo + 1) // 2
-        right = offsets[np.where(active, mid, 0)] <= items
-        lo = np.where(active & right, mid, lo)
-        hi = np.where(active & ~right, mid - 1, hi)
-    return lo
-
-
 def guess_request(pools: np.ndarray, total_pools: int, batch: int) -> np.ndarray:
     """``kp::guess_request``: each pool's share of ``total_pools`` scaled to the batch, in float32 as the kernel.
 
@@ -66,12 +51,6 @@ def guess_request(pools: np.ndarray, total_pools: int, batch: int) -> np.ndarray
     share = pools.astype(np.float32) * np.float32(batch)
     scaled = share * (np.float32(1) / np.float32(total_pools))
     return np.minimum(np.trunc(scaled).astype(np.int64), batch - 1)
-
-
-def request_rows(offsets: np.ndarray, cached: np.ndarray, request: np.ndarray, total_tokens: int):
-    """``kp::request_rows`` for many requests: row begin and end, cached length, and whether they are usable."""
-    begin, end, length = offsets[request], offsets[request + 1], cached[request]
-    return begin, end, length, (begin >= 0) & (end <= total_tokens) & (begin <= end) & (length >= 0)
 
 
 def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: Any, pool_row_offsets: Any):

@@ -10,12 +10,14 @@ import numpy as np
 from ..dtypes import FLOAT32, dtype_name
 from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
 from ..kernel.geometry import index_block_pools, index_geometry
+from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .checks import (
     as_size,
     check_batch_index,
     check_block_table,
     check_rows_and_cache,
+    check_writable_rows,
     dtype_fail,
     fail,
     require_array,
@@ -84,6 +86,7 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
     max_pools = None if a.max_pools is None else int(a.max_pools)
     if a.out is not None:
         _check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
+        check_writable_rows("out", a.out)
         width = as_size(a.out.shape[1])
         if a.out.shape[0] != num_tokens or (max_pools is not None and width != max_pools):
             wanted = f"shape [{num_tokens}, {'max_pools' if max_pools is None else max_pools}]"
@@ -94,13 +97,6 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
 
 def output_shapes(call: IndexLogitsCall, max_pools: int) -> dict[str, OutputShape]:
     return {"out": ((call.num_tokens, max_pools), FLOAT32)}
-
-
-def visible_pools(call: IndexLogitsCall, offsets: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """Pools each token sees (host arrays, checked): (cache_len + local index + 1) // kpool."""
-    tokens = np.arange(call.num_tokens, dtype=np.int64)
-    request = np.searchsorted(offsets, tokens, side="right") - 1
-    return (lengths[request] + tokens - offsets[request] + 1) // call.kpool
 
 
 def check_table_covers(call: IndexLogitsCall, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
@@ -179,7 +175,7 @@ def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate:
         offsets, lengths = host[0], host[1]
         if validate:
             check_rows_and_cache(call.num_tokens, offsets, lengths)
-        visible = visible_pools(call, offsets, lengths)
+        _, _, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)  # as the kernel sees
         most = int(visible.max(initial=0))
         if max_pools is None:
             max_pools = most
@@ -235,13 +231,13 @@ input_row_offsets, cache_lengths
 kpool
     Tokens per pool, 1 to 1024 (a run-time value: one compile serves all).
 max_pools
-    Columns of the result. None: the most pools any token sees, read from
-    the device (one host read). A smaller value than some token sees is a
-    ValueError with ``validate=True``; without validation those pools are
-    left out.
+    Columns of the result. None: ``out``'s width when ``out`` is given,
+    else the most pools any token sees, read from the device (one host
+    read). A smaller value than some token sees is a ValueError with
+    ``validate=True``; without validation those pools are left out.
 out
-    float32 ``[num_tokens, max_pools]``, last dim contiguous: written in
-    place. With ``out``, ``max_pools`` and ``validate=False`` the call reads
+    float32 ``[num_tokens, max_pools]``, last dim contiguous, writable, rows
+    that do not overlap: written in place. With ``out``, ``max_pools`` and ``validate=False`` the call reads
     nothing back to the host and can be captured in a CUDA graph.
 validate
     Check offsets, lengths and that the table holds a page in the cache for

@@ -20,12 +20,36 @@ and the emulator flush float32 subnormals): a weight, a scaled dot or a
 weighted term below 2^-126 counts as zero. NaN stays NaN (relu keeps it);
 a pool the token cannot see is exactly -inf.
 
-On a GPU the tensor cores add a step's products in their own order, for FP8
-inputs narrower than float32 (about 14 significant bits on Hopper by
-public measurements; undocumented). The GPU bound replaces the D-sum's 2^-24
-by 2^-(bits - 1) with ``accumulation_bits`` (default 13, a margin under those
-reports): (D 2^-(bits-1) + (H + 8) 2^-24) M + the same second term. Only a
-GPU run checks it.
+That holds while every scaled dot and every partial sum stays inside
+float32's range (below 2^128 in magnitude): past it the kernel gives +-inf
+where the float64 answer is finite, and ``index_logits_agree`` says so. A
+scale below 2^-126 is a float32 subnormal, which the GPU build and the
+emulator read as zero (denormals-are-zero): the pool's logit loses at most
+2^-126 sum_h |w_h| sum_d |q_hd k_d|, added as a third term where the cache
+holds such a scale.
+
+On a GPU the tensor cores add a step's products in their own order: each
+product aligned to the step's largest exponent and truncated, which costs
+up to about one float32 unit in the last place a product and a step, so the
+GPU bound replaces the D-sum's 2^-24 by 2^-(bits - 1), ``accumulation_bits``
+from ``gpu_accumulation_bits``:
+
+- 23 where the instruction is an f16 ``HMMA`` with float32 accumulation: the
+  sm_80 path (e4m3 converted exactly to f16), and the e4m3 path on sm_90,
+  where ptxas lowers ``mma.sync`` e4m3 to two f16 ``HMMA.16816`` (the SASS
+  tests pin it). The H200 run met even the CPU bound (worst 0.057 of it,
+  docs/gpu-runs/2026-12-04-h200/index-check.log).
+- 13 where the tensor cores take e4m3 natively (sm_89, sm_100 and newer):
+  they accumulate FP8 products narrower than float32 (about 14 significant
+  bits on Hopper's wgmma by public measurements; undocumented); 13 is a
+  margin under that. No GPU of these has run it yet.
+
+A bound is only as useful as what it can catch: with a lane of the mma's
+fragments misplaced (the emulator's ``-DKP_MMA_MISPLACED_LANE``), scores
+leave the 24- and 23-bit bounds by 500 times and more at 4 to 128 heads,
+but the 13-bit bound only at few heads (4 to 11 times at 4 heads, 1.4 to 5
+at 16, inside it from about 32 heads on: a sum over many heads hides one
+wrong product), so a GPU check at 13 bits includes a 4-head case.
 """
 
 from __future__ import annotations
@@ -34,7 +58,21 @@ from typing import Any
 
 import numpy as np
 
-FP8_MMA_ACCUMULATION_BITS = 13  # assumed for a GPU's FP8 tensor cores; see the module docstring
+FP8_MMA_ACCUMULATION_BITS = 13  # assumed for native FP8 tensor cores; see the module docstring
+HMMA_ACCUMULATION_BITS = 23  # f16 tensor cores with float32 accumulation: truncation, a unit a product a step
+# Whether an mma step's products sum in f16 HMMAs rather than FP8 tensor cores, by compute capability (major *
+# 10 + minor) for the e4m3 path: sm_90 lowers it to HMMA.16816.
+E4M3_AS_HMMA = frozenset({90})
+
+
+def gpu_accumulation_bits(compute_capability: int, mma: int) -> int:
+    """``accumulation_bits`` for a GPU of ``compute_capability`` (90 for sm_90) running the scorer's ``mma``
+    path (``kernel.declarations.MMA_E4M3`` or ``MMA_F16``)."""
+    from ..kernel.declarations import MMA_F16
+
+    if mma == MMA_F16 or compute_capability in E4M3_AS_HMMA:
+        return HMMA_ACCUMULATION_BITS
+    return FP8_MMA_ACCUMULATION_BITS
 
 
 def _magnitudes(q: np.ndarray, cache: np.ndarray, head_dim: int) -> tuple[np.ndarray, np.ndarray]:
@@ -63,8 +101,8 @@ def index_logits_bound(
 ) -> np.ndarray:
     """Per-element bound on |got - exact| (float64 ``[num_tokens, max_pools]``; 0 where the logit is -inf).
 
-    ``accumulation_bits`` 24: the CPU backends and the emulated kernel; a GPU:
-    ``FP8_MMA_ACCUMULATION_BITS`` (an assumption the GPU run checks).
+    ``accumulation_bits`` 24: the CPU backends and the emulated kernel; a GPU: ``gpu_accumulation_bits`` (an
+    assumption only a GPU run checks).
     """
     from .. import reference
 
@@ -85,14 +123,35 @@ def index_logits_bound(
     rounding = (d_sum + (heads + 8) * 2.0**-24) * weighted
     weight_sum = np.abs(weights).astype(np.float64).sum(axis=1)[:, None]
     flushed = 2.0**-126 * (heads + weight_sum + unweighted)
+    flushed += _subnormal_scales(q_abs, np.abs(weights).astype(np.float32), cache_abs, head_dim, seen, call, table,
+                                 offsets, lengths)  # fmt: skip
     return np.where(seen, rounding + flushed, 0.0)
 
 
+def _subnormal_scales(q_abs, weights_abs, cache_abs, head_dim, seen, call, table, offsets, lengths) -> np.ndarray:
+    """2^-126 sum_h |w_h| sum_d |q_hd k_d| for the pools whose scale is a float32 subnormal (read as zero), 0
+    elsewhere: the magnitudes scored again with such scales set to 2^-126 and every other to 0."""
+    from .. import reference
+
+    pages, block_size = cache_abs.shape[0], cache_abs.shape[1]
+    flat = cache_abs.reshape(pages, -1)
+    scales = flat[:, block_size * head_dim :].copy().view(np.float32)
+    subnormal = (scales > 0) & (scales < np.float32(2.0**-126))
+    if not subnormal.any():
+        return np.zeros(seen.shape)
+    marked = np.array(cache_abs, copy=True)
+    marked_scales = np.where(subnormal, np.float32(2.0**-126), np.float32(0))
+    marked.reshape(pages, -1)[:, block_size * head_dim :] = marked_scales.view(np.uint8)
+    lost = reference.kpool_index_logits_fp8(q_abs, weights_abs, marked, table, offsets, lengths, **call)
+    return np.where(seen & np.isfinite(lost), lost.astype(np.float64), 0.0) * (1 + 2.0**-20)
+
+
 def index_logits_agree(got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> dict[str, Any]:
-    """Whether ``got`` meets the float64 ``want`` within ``bound``: -inf where it is -inf, NaN where NaN, and the
-    worst error over its bound with where it is."""
+    """Whether ``got`` meets the float64 ``want`` within ``bound``: -inf where it is -inf, +inf where +inf, NaN
+    where NaN, and the worst error over its bound with where it is."""
     got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
     same_inf = np.array_equal(np.isneginf(got64), np.isneginf(want64))
+    same_inf &= np.array_equal(np.isposinf(got64), np.isposinf(want64))  # float32 overflow where want is finite
     same_nan = np.array_equal(np.isnan(got64), np.isnan(want64))
     finite = np.isfinite(want64) & np.isfinite(got64)
     error = np.abs(np.where(finite, got64, 0.0) - np.where(finite, want64, 0.0))
@@ -100,7 +159,7 @@ def index_logits_agree(got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> 
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.size else ()
     return {
         "ok": bool(same_inf and same_nan and (ratio <= 1).all()),
-        "same_minus_inf": same_inf,
+        "same_inf": same_inf,
         "same_nan": same_nan,
         "worst_error_over_bound": float(ratio.max(initial=0.0)),
         "worst_at": tuple(int(i) for i in worst),

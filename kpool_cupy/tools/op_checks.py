@@ -21,7 +21,7 @@ from .. import reference
 from . import op_check_parts as parts
 from .accuracy import compare
 from .cases import SENTINEL, Case
-from .index_accuracy import FP8_MMA_ACCUMULATION_BITS, index_logits_agree, index_logits_bound
+from .index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
 from .op_check_parts import Backend, Verdict
 from .ring_op_checks import check_ring_close, check_seed_tail, check_tail_update
 
@@ -163,9 +163,7 @@ def check_index_logits_fp8(backend: Backend, case: Case, kpool: int, rng: np.ran
     arrays = (q, weights, paged, table, offsets, cache.astype(case.cache_lengths.dtype))
     got = backend.get(backend.ops.kpool_index_logits_fp8(*(backend.put(a) for a in arrays), kpool=kpool))
     want = reference.kpool_index_logits_fp8(*arrays, kpool=kpool)
-    bits = (
-        FP8_MMA_ACCUMULATION_BITS if getattr(backend.ops, "__name__", "") == "kpool_cupy" else 24
-    )  # the GPU: tensor cores
+    bits = _device_accumulation_bits() if getattr(backend.ops, "__name__", "") == "kpool_cupy" else 24
     bound = index_logits_bound(*arrays, kpool=kpool, max_pools=want.shape[1], accumulation_bits=bits)
     accuracy = index_logits_agree(got, want, bound) if got.shape == want.shape else {"ok": False}
     return Verdict(tokens, 0 if got.shape == want.shape else max(got.size, 1), accuracy)
@@ -191,3 +189,13 @@ OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], V
     "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
     "index_logits_fp8": (check_index_logits_fp8, "tokens"),
 }
+
+
+def _device_accumulation_bits() -> int:
+    """The GPU bound's D-sum bits for the current device and the instruction its scorer runs."""
+    import cupy
+
+    from ..backends.cupy import CupyBackend
+
+    device = cupy.cuda.Device()
+    return gpu_accumulation_bits(int(device.compute_capability), CupyBackend(cupy, device.id).index_mma())
