@@ -315,6 +315,28 @@ __device__ __forceinline__ bool request_rows(const IO* input_row_offsets, const 
     return *row_begin >= 0 && *row_end <= total_tokens && *row_begin <= *row_end && *cached >= 0;
 }
 
+// Pools a query token sees: (cached + local + 1) / kpool, the positions
+// before and at its own, without overflow for any cached >= 0 and local >= 0.
+__device__ __forceinline__ long long pools_visible(long long cached, long long local, long long kpool) {
+    return cached / kpool + (cached % kpool + local + 1) / kpool;
+}
+
+// The pools `token` sees, 0 where no request's usable rows hold it (the
+// scorer's rule: kpool_index_logits.cu). With no request (batch 0) nothing
+// of the offsets is read.
+template <typename IO, typename IC>
+__device__ __forceinline__ long long token_pools_visible(long long token, const IO* input_row_offsets,
+                                                         const IC* cache_lengths, long long batch,
+                                                         long long num_tokens, long long kpool) {
+    if (batch <= 0) return 0;
+    const long long request = find_request(input_row_offsets, batch, token);
+    long long row_begin, row_end, cached;
+    if (!request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) ||
+        token < row_begin || token >= row_end)
+        return 0;
+    return pools_visible(cached, token - row_begin, kpool);
+}
+
 // log2(e) rounded to float32: exp(x) = exp2(x * log2(e)).
 constexpr float kLog2e = 1.44269504088896340736f;
 

@@ -113,12 +113,6 @@ __device__ __forceinline__ void load_row_part(const unsigned char* row, int t, B
     }
 }
 
-// Pools a query token sees: (cached + local + 1) / kpool, the positions
-// before and at its own, without overflow for any cached >= 0 and local >= 0.
-__device__ __forceinline__ long long pools_visible(long long cached, long long local, long long kpool) {
-    return cached / kpool + (cached % kpool + local + 1) / kpool;
-}
-
 // One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,
 // e < 2) of the warp's key tiles in sums[n][e], the same in every lane of a
 // column (the butterfly leaves each lane the whole sum). keys: this lane's

@@ -430,6 +430,22 @@ inline void kp_warp_collective(const char* what, KpWarpCompute compute, void* la
                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(lane_data)), 0, 32, file, line);
 }
 
+// Integer atomics: a fiber runs until it waits at a shuffle or a barrier,
+// so a read-modify-write between two of those is atomic. Which thread comes
+// first follows the schedule (rank order, or reversed with
+// -DKP_FIBERS_REVERSED): a kernel whose result depends on that order gives
+// different results under the two, as it would on a GPU from run to run.
+inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+    const unsigned int old = *address;
+    *address = old + value;
+    return old;
+}
+inline int atomicAdd(int* address, int value) {
+    const int old = *address;
+    *address = static_cast<int>(static_cast<unsigned int>(old) + static_cast<unsigned int>(value));
+    return old;
+}
+
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     KpFiber* f = kp_fiber_current;
     if (f == nullptr)
@@ -553,6 +569,17 @@ struct KpThreadCall<std::index_sequence<I...>, Params...> {
     }
 };
 
+// The order fibers run in between two waits: rank order, or the reverse
+// (-DKP_FIBERS_REVERSED). A kernel that reads shared memory another thread
+// writes without a barrier between gets one answer under one order and
+// may get another under the other, so a test that runs both can see the missing
+// barrier.
+#ifdef KP_FIBERS_REVERSED
+constexpr bool kp_schedule_reversed = true;
+#else
+constexpr bool kp_schedule_reversed = false;
+#endif
+
 // Runs the grid block by block, each block's threads as fibers. args[0] is
 // the kernel, args[1 + i] points at parameter i's value.
 inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args, dim3 grid, dim3 block) {
@@ -583,8 +610,8 @@ inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args,
                 }
                 for (;;) {
                     unsigned int exited = 0;
-                    for (unsigned int rank = 0; rank < count; ++rank) {
-                        KpFiber& f = run.fibers[rank];
+                    for (unsigned int turn = 0; turn < count; ++turn) {
+                        KpFiber& f = run.fibers[kp_schedule_reversed ? count - 1 - turn : turn];
                         if (f.wait == KpWait::running) kp_enter(run, f);
                         exited += f.wait == KpWait::exited;
                     }

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..kernel.requests import token_visibility
 from ..ops.spec import Launch
-from .reference_kernels import kernel_scalars
+from .reference_kernels import expand_pool_ids, kernel_scalars
 
 # Every e4m3fn byte's value (0x7f and 0xff are NaN), exactly, in float64.
 E4M3_VALUES = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float64)
@@ -70,4 +70,32 @@ def index_logits_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
         out[rows, :count] = np.where(seen, logits, np.float32(-np.inf))
 
 
-KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {"kpool_index_logits_fp8": index_logits_fp8}
+def selection_order(row: np.ndarray) -> np.ndarray:
+    """Pool ids of a logits row, best first: a larger logit first, equal logits by lower id (-0.0 equal to +0.0),
+    every NaN last (by id)."""
+    values = row.astype(np.float64)
+    nan = np.isnan(values)
+    descending = -np.where(nan, 0.0, values) + 0.0  # + 0.0: -0.0 becomes +0.0
+    return np.lexsort((np.arange(row.shape[0]), descending, nan))  # the last key sorts first
+
+
+def index_topk(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_index_topk``: each token's candidates (the scorer's visibility, cut at the logits' width), the
+    best pool_topk by ``selection_order`` listed in ascending id, then expanded as ``kpool_expand_topk``."""
+    s = kernel_scalars(launch)
+    o = launch.operands
+    logits = o["logits"]
+    _, _, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
+    candidates = np.minimum(visible, s.logits_width)
+    ids = np.full((s.num_tokens, s.pool_topk), -1, np.int64)
+    for t in range(s.num_tokens):
+        n = int(candidates[t])
+        chosen = np.arange(n) if n <= s.pool_topk else np.sort(selection_order(logits[t, :n])[: s.pool_topk])
+        ids[t, : chosen.shape[0]] = chosen
+    expand_pool_ids(s, o, ids, s.kpool)
+
+
+KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
+    "kpool_index_logits_fp8": index_logits_fp8,
+    "kpool_index_topk": index_topk,
+}

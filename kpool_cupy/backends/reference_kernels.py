@@ -361,10 +361,17 @@ def tail_update_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
 def expand_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_expand_topk``: every element of positions as ``kp::expanded`` computes it, then compacted if asked."""
     call, o = kernel_scalars(launch), launch.operands
-    pool_ids, positions = o["pool_ids"], o["positions"]
-    pool_topk, kpool, batch = call.pool_topk, call.kpool, call.batch
+    ids = signed_index(o["pool_ids"], o["pool_ids"].dtype)
+    expand_pool_ids(call, o, ids, call.kpool)
+
+
+def expand_pool_ids(call: Any, o: dict[str, Any], ids: np.ndarray, kpool: int) -> None:
+    """Pool ids ``[tokens, pool_topk]`` (int64, -1 for none) expanded into ``o["positions"]`` (and
+    ``o["counts"]`` when compacting) by kernels/kpool_expand.cuh's rules. ``call``: the kernel's scalars
+    (pool_topk, batch, width, paged, compact, block_size, max_blocks)."""
+    positions = o["positions"]
+    pool_topk, batch = call.pool_topk, call.batch
     tokens = positions.shape[0]
-    ids = signed_index(pool_ids, pool_ids.dtype)
     fits = (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)  # the last position included
     first = np.where(fits, ids * kpool, -1)[..., None]
     values = np.full((tokens, call.width), -1, np.int64)

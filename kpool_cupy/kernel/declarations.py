@@ -325,6 +325,26 @@ INDEX_LOGITS_FP8 = Kernel(
     ),
     aligned=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q,
 )
+# The largest pool_topk each instantiation of kpool_index_topk takes (its shared buffer: CAP + 1024 candidates).
+SELECT_CAPS = (512, 1024, 2048, 4096)
+INDEX_TOPK = Kernel(
+    "kpool_index_topk",
+    "kpool_index_topk.cu",
+    (integer("CAP"), integer("VECTOR"), index("IO"), index("IC"), boolean("PAGED"), boolean("COMPACT")),
+    (
+        Param("logits", "const float*"),
+        *longs("logits_stride", "logits_width"),
+        Param("input_row_offsets", "const IO*"),
+        Param("cache_lengths", "const IC*"),
+        *longs("batch", "num_tokens", "kpool", "pool_topk"),
+        Param("block_table", "const int*"),
+        *longs("max_blocks", "block_table_stride", "block_size"),
+        Param("positions", "int*"),
+        Param("width", "long long"),
+        Param("counts", "int*"),
+    ),
+    aligned=1,
+)
 # The benchmark's baseline (kernels/bench/): upstream's geometry, one thread per channel.
 COMPRESS_BASELINE = Kernel(
     "kpool_compress_baseline",
@@ -350,5 +370,6 @@ KERNELS: tuple[Kernel, ...] = (
     EXPAND_TOPK,
     HADAMARD_QUANT_FP8,
     INDEX_LOGITS_FP8,
+    INDEX_TOPK,
     COMPRESS_BASELINE,
 )

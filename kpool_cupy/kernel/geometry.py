@@ -89,3 +89,11 @@ def chunk_members(kpool: int, member_bytes: int) -> int:
     if kpool * member_bytes <= WHOLE_POOL_BYTES:
         return kpool
     return max(1, STREAM_BYTES // member_bytes)
+
+
+SELECT_THREADS = 256  # kp::kSelectThreads in kernels/kpool_select.cuh
+
+
+def select_geometry(tokens: int) -> LaunchGeometry:
+    """The selection's grid: one block of SELECT_THREADS a token."""
+    return LaunchGeometry(grid=tokens, block=SELECT_THREADS, items=tokens)

@@ -7,6 +7,7 @@ from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
 from .hadamard_quant_fp8 import SPEC as HADAMARD_QUANT_FP8
 from .index_logits_fp8 import SPEC as INDEX_LOGITS_FP8
+from .index_topk import SPEC as INDEX_TOPK
 from .ring_close import SPEC as RING_CLOSE
 from .ring_close_fp8 import SPEC as RING_CLOSE_FP8
 from .seed_tail import SPEC as SEED_TAIL
@@ -25,6 +26,7 @@ OPS: tuple[OpSpec, ...] = (
     TAIL_UPDATE_FP8,
     HADAMARD_QUANT_FP8,
     INDEX_LOGITS_FP8,
+    INDEX_TOPK,
 )
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "EXPAND_TOPK",
     "HADAMARD_QUANT_FP8",
     "INDEX_LOGITS_FP8",
+    "INDEX_TOPK",
     "OPS",
     "RING_CLOSE",
     "RING_CLOSE_FP8",

@@ -53,7 +53,7 @@ def check_block_size(block_size: Any) -> None:
         raise fail("block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]", int(block_size))
 
 
-def _check_block_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
+def check_paged_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
     """block_table int32 ``[batch, max_blocks]`` (``checks.check_block_table``, as the FP8 ops take it) with a
     block_size, or neither; (max_blocks, size)."""
     if (block_table is None) != (block_size is None):
@@ -78,7 +78,7 @@ def check_expand_topk_args(a: CallArgs) -> ExpandCall:
     kpool = int(a.kpool)
     pool_topk = as_size(a.pool_ids.shape[1])
     width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
-    max_blocks, size = _check_block_table(a.block_table, a.block_size, batch)
+    max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
     return ExpandCall(kpool, batch, as_size(a.pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(a.compact))
 
 

@@ -46,7 +46,7 @@ class IndexLogitsCall:
     max_pools: int | None  # None: the most pools any token sees, read from the device
 
 
-def _check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str) -> None:
+def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str) -> None:
     require_array(name, array)
     if np.dtype(array.dtype) != dtype:
         raise dtype_fail(name, f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
@@ -67,13 +67,13 @@ def check_max_pools(max_pools: Any) -> None:
 
 def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
     check_kpool(a.kpool)
-    _check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
+    check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
     num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
     if head_dim not in HEAD_DIMS:
         raise fail("q", f"head_dim (last dim) one of {', '.join(map(str, HEAD_DIMS))}", head_dim)
     if not 1 <= heads <= MAX_HEADS:
         raise fail("q", f"1 to {MAX_HEADS} heads (dim 1)", heads)
-    _check_rows_of("weights", a.weights, FLOAT32, 2, "[num_tokens, heads]")
+    check_rows_of("weights", a.weights, FLOAT32, 2, "[num_tokens, heads]")
     if tuple(a.weights.shape) != (num_tokens, heads):
         raise fail(
             "weights", f"shape [{num_tokens}, {heads}] (q's tokens and heads)", f"shape {tuple(a.weights.shape)}"
@@ -85,7 +85,7 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
         check_max_pools(a.max_pools)
     max_pools = None if a.max_pools is None else int(a.max_pools)
     if a.out is not None:
-        _check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
+        check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
         check_writable_rows("out", a.out)
         width = as_size(a.out.shape[1])
         if a.out.shape[0] != num_tokens or (max_pools is not None and width != max_pools):

@@ -1,0 +1,90 @@
+// kpool_index_topk: each query token's pool_topk best pools by their index
+// logits, among the pools it sees, expanded to token positions (or cache
+// slots) in the same launch.
+//
+//     candidates(t) = min(visible(t), logits_width)      visible(t): the scorer's rule
+//     selected(t)   = every candidate when there are at most pool_topk, else the pool_topk best
+//                     (kpool_select.cuh's order), in ascending pool id, -1 after
+//     positions[t]  = selected(t) expanded as kpool_expand_topk expands pool ids (kpool_expand.cuh)
+//
+// One block per token. A token with at most pool_topk candidates reads no
+// logit; any other reads each of its logits once (kp::select_best), so the
+// logits are read from global memory once whatever the context length, with
+// shared memory bounded by CAP (the largest pool_topk an instantiation takes).
+//
+// Every index may be garbage when the caller skipped validation: a token
+// outside its request's rows has no candidate, no logit past
+// logits_width is read, and the expansion checks every table entry.
+#include "kpool_expand.cuh"
+#include "kpool_select.cuh"
+
+// CAP: 512, 1024, 2048 or 4096, at least pool_topk. VECTOR: logits rows
+// 16-byte aligned. IO, IC: the index types of input_row_offsets and
+// cache_lengths. PAGED: positions become slots through block_table.
+// COMPACT: each row's valid entries packed left, their number in counts.
+template <int CAP, bool VECTOR, typename IO, typename IC, bool PAGED, bool COMPACT>
+__global__ void __launch_bounds__(kp::kSelectThreads)
+    kpool_index_topk(const float* __restrict__ logits, long long logits_stride, long long logits_width,
+                     const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths, long long batch,
+                     long long num_tokens, long long kpool, long long pool_topk, const int* __restrict__ block_table,
+                     long long max_blocks, long long block_table_stride, long long block_size,
+                     int* __restrict__ positions, long long width, int* __restrict__ counts) {
+    KP_THREADS_COOPERATE(true);
+    __shared__ kp::SelectBuffer<CAP> buffer;
+    const long long token = blockIdx.x;
+    if (token >= num_tokens) return;
+    long long candidates =
+        kp::token_pools_visible(token, input_row_offsets, cache_lengths, batch, num_tokens, kpool);
+    candidates = candidates < logits_width ? candidates : logits_width;
+    const bool all = candidates <= pool_topk;  // every candidate, no logit read
+    if (!all) {
+        const float* row = logits + token * logits_stride;
+        kp::select_best(buffer, candidates, static_cast<int>(pool_topk),
+                        [&](long long first, unsigned int (&keys)[kp::kSelectPerThread], int count) {
+                            if (VECTOR && count == kp::kSelectPerThread) {
+                                const uint4 v = kp_load16(row + first);
+                                keys[0] = kp::order_key(kp_bits_to_float(v.x));
+                                keys[1] = kp::order_key(kp_bits_to_float(v.y));
+                                keys[2] = kp::order_key(kp_bits_to_float(v.z));
+                                keys[3] = kp::order_key(kp_bits_to_float(v.w));
+                            } else {
+                                for (int e = 0; e < count; ++e) keys[e] = kp::order_key(row[first + e]);
+                            }
+                        });
+    }
+    const long long selected = all ? candidates : pool_topk;
+
+    long long visible = 0;
+    const long long request =
+        kp::expand_request(token, input_row_offsets, cache_lengths, batch, num_tokens, &visible);
+    const long long pool_columns = pool_topk * kpool;
+    auto column_value = [&](long long column) -> long long {
+        long long value;
+        if (column < pool_columns) {
+            const long long slot = column / kpool;
+            const long long pool = slot < selected ? (all ? slot : buffer.ids[slot]) : -1;
+            value = kp::pool_position(pool, column % kpool, kpool);
+        } else {
+            value = kp::tail_position(request, visible, column - pool_columns, kpool);
+        }
+        return PAGED ? kp::paged_slot(value, request, block_table, max_blocks, block_table_stride, block_size)
+                     : value;
+    };
+    int* const out = positions + token * width;
+    if (!COMPACT) {
+        for (long long column = threadIdx.x; column < width; column += kp::kSelectThreads)
+            out[column] = static_cast<int>(column_value(column));
+        return;
+    }
+    long long kept = 0;
+    for (long long base = 0; base < width; base += kp::kSelectThreads) {
+        const long long column = base + threadIdx.x;
+        const long long value = column < width ? column_value(column) : -1;
+        unsigned int total;
+        const long long at = kept + kp::block_exclusive_sum(value >= 0 ? 1u : 0u, &total);
+        if (value >= 0) out[at] = static_cast<int>(value);
+        kept += total;
+    }
+    for (long long column = kept + threadIdx.x; column < width; column += kp::kSelectThreads) out[column] = -1;
+    if (threadIdx.x == 0) counts[token] = static_cast<int>(kept);
+}

@@ -1,0 +1,203 @@
+// The pool_topk largest logits of a row, by one block: the selection rule
+// of kpool_index_topk, which kpool_index_select_fp8 shares.
+//
+// Rule: a larger logit first; equal logits: the lower pool id; -0.0 equals
+// +0.0; every NaN, whatever its sign, below every number (-inf included).
+// order_key maps a logit to an unsigned key with exactly that order (NaN
+// 0), so the rule is: larger key first, then lower pool id.
+//
+// Streaming, one read of each logit: candidates arrive in ascending pool id,
+// a chunk of kSelectChunk at a time, and the block appends the ones that can
+// still be selected to a shared buffer, in order. When a chunk would not
+// fit, the buffer is cut back to its k best (a radix select finds the k-th
+// largest key K in four 8-bit rounds, then a stable compaction keeps every
+// key above K and the lowest-id keys equal to K), and from then on only keys
+// above K are appended: a later candidate equal to K has a higher id than
+// every kept one and loses to all k of them. The buffer stays in ascending
+// pool id, so the selection comes out sorted with no sort.
+#ifndef KPOOL_SELECT_CUH
+#define KPOOL_SELECT_CUH
+
+#include "kpool_common.cuh"
+
+namespace kp {
+
+constexpr int kSelectThreads = 256;
+constexpr int kSelectWarps = kSelectThreads / 32;
+constexpr int kSelectPerThread = 4;  // consecutive candidates a thread takes from a chunk
+constexpr int kSelectChunk = kSelectThreads * kSelectPerThread;
+
+// A logit's place in the selection order as an unsigned key.
+__device__ __forceinline__ unsigned int order_key(float logit) {
+    unsigned int bits = kp_float_to_bits(logit);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN, either sign
+    if (bits == 0x80000000u) bits = 0u;                  // -0.0 as +0.0
+    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
+
+// Exclusive prefix sum of `value` over the block's threads in thread order;
+// *total: the sum over all. Every thread of the block calls it together.
+__device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, unsigned int* total) {
+    __shared__ unsigned int warp_sums[kSelectWarps];
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    unsigned int inclusive = value;
+#pragma unroll
+    for (int delta = 1; delta < 32; delta *= 2) {
+        const unsigned int other = __shfl_up_sync(0xffffffffu, inclusive, delta);
+        if (lane >= delta) inclusive += other;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    unsigned int before = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kSelectWarps; ++w) {
+        before += w < warp ? warp_sums[w] : 0u;
+        sum += warp_sums[w];
+    }
+    __syncthreads();  // warp_sums is free again for the next call
+    *total = sum;
+    return before + inclusive - value;
+}
+
+// The shared buffer of candidates, ascending pool id: keys[i], ids[i] for
+// i < count. CAP: the largest k it serves (a multiple of kSelectThreads).
+template <int CAP>
+struct SelectBuffer {
+    static constexpr int kSize = CAP + kSelectChunk;
+    static constexpr int kPerThread = kSize / kSelectThreads;  // a thread's share when cutting back
+    static_assert(CAP % kSelectThreads == 0, "CAP a multiple of the block");
+    unsigned int keys[kSize];
+    int ids[kSize];
+    unsigned int histogram[256];
+    unsigned int found[2];
+};
+
+// The k-th largest key among the buffer's count (> k) keys: *greater, how
+// many keys lie above it. Four rounds of an 8-bit histogram over the keys
+// that match the digits found so far.
+template <int CAP>
+__device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count, int k,
+                                                        unsigned int* greater) {
+    unsigned int prefix = 0u, prefix_mask = 0u;
+    unsigned int wanted = static_cast<unsigned int>(k);  // the rank still to find among the matching keys
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        buffer.histogram[threadIdx.x] = 0u;  // kSelectThreads == 256 bins
+        __syncthreads();
+        for (int i = static_cast<int>(threadIdx.x); i < count; i += kSelectThreads) {
+            const unsigned int key = buffer.keys[i];
+            if ((key & prefix_mask) == prefix) atomicAdd(&buffer.histogram[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        // Thread j looks at digit 255 - j: the keys in higher digits are the exclusive sum before it.
+        const unsigned int digit = 255u - threadIdx.x;
+        const unsigned int here = buffer.histogram[digit];
+        unsigned int total;
+        const unsigned int above = block_exclusive_sum(here, &total);
+        if (above < wanted && above + here >= wanted) {
+            buffer.found[0] = digit;
+            buffer.found[1] = above;
+        }
+        __syncthreads();
+        prefix |= buffer.found[0] << shift;
+        prefix_mask |= 255u << shift;
+        wanted -= buffer.found[1];
+        __syncthreads();  // found is read before the next round writes it
+    }
+    *greater = static_cast<unsigned int>(k) - wanted;
+    return prefix;
+}
+
+// Cuts the buffer's count (> k) candidates back to its k best, in order:
+// every key above the k-th largest K, then as many keys equal to K as
+// there is room for, lowest ids first. Returns K.
+template <int CAP>
+__device__ __forceinline__ unsigned int cut_back(SelectBuffer<CAP>& buffer, int count, int k) {
+    unsigned int greater;
+    const unsigned int threshold = kth_largest_key(buffer, count, k, &greater);
+    const unsigned int ties = static_cast<unsigned int>(k) - greater;  // keys equal to K that stay
+    constexpr int kShare = SelectBuffer<CAP>::kPerThread;
+    const int first = static_cast<int>(threadIdx.x) * kShare;
+    unsigned int keys[kShare];
+    int ids[kShare];
+    unsigned int above = 0u, equal = 0u;
+#pragma unroll
+    for (int e = 0; e < kShare; ++e) {
+        const bool held = first + e < count;
+        keys[e] = held ? buffer.keys[first + e] : 0u;
+        ids[e] = held ? buffer.ids[first + e] : -1;
+        above += held && keys[e] > threshold;
+        equal += held && keys[e] == threshold;
+    }
+    // Both counts in one sum: each stays below 2^16 (kSize <= 5120).
+    unsigned int total;
+    const unsigned int before = block_exclusive_sum(above | (equal << 16), &total);
+    unsigned int above_before = before & 0xffffu, equal_before = before >> 16;
+#pragma unroll
+    for (int e = 0; e < kShare; ++e) {
+        if (first + e >= count) break;
+        const unsigned int kept_equal = equal_before < ties ? equal_before : ties;
+        if (keys[e] > threshold) {
+            buffer.keys[above_before + kept_equal] = keys[e];
+            buffer.ids[above_before + kept_equal] = ids[e];
+            ++above_before;
+        } else if (keys[e] == threshold) {
+            if (equal_before < ties) {
+                buffer.keys[above_before + equal_before] = keys[e];
+                buffer.ids[above_before + equal_before] = ids[e];
+            }
+            ++equal_before;
+        }
+    }
+    __syncthreads();
+    return threshold;
+}
+
+// The k best of candidates 0 .. candidates - 1 (candidates > k), where
+// key_of(pool) gives pool's key: fills buffer.ids[0 .. k) in ascending pool
+// id. kSelectPerThread consecutive candidates a thread, each chunk in one
+// call of load_keys(first, keys, count): the keys of pools first .. first +
+// count - 1 (count <= kSelectPerThread) into keys[].
+template <int CAP, typename LoadKeys>
+__device__ __forceinline__ void select_best(SelectBuffer<CAP>& buffer, long long candidates, int k,
+                                            LoadKeys load_keys) {
+    int count = 0;
+    bool cut = false;          // whether a threshold holds yet
+    unsigned int threshold = 0u;  // once cut: only keys above it enter
+    for (long long chunk = 0; chunk < candidates; chunk += kSelectChunk) {
+        const long long first = chunk + static_cast<long long>(threadIdx.x) * kSelectPerThread;
+        const long long left = candidates - first;
+        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread);
+        unsigned int keys[kSelectPerThread];
+        if (mine > 0) load_keys(first, keys, mine);
+        for (;;) {
+            unsigned int entering = 0u;
+#pragma unroll
+            for (int e = 0; e < kSelectPerThread; ++e) entering += e < mine && (!cut || keys[e] > threshold);
+            unsigned int total;
+            unsigned int at = static_cast<unsigned int>(count) + block_exclusive_sum(entering, &total);
+            if (count + static_cast<int>(total) > SelectBuffer<CAP>::kSize) {
+                // Not room for the chunk: cut back to k (count > k here, since total <= kSelectChunk) and
+                // look at the chunk again under the new threshold.
+                threshold = cut_back(buffer, count, k);
+                cut = true;
+                count = k;
+                continue;
+            }
+#pragma unroll
+            for (int e = 0; e < kSelectPerThread; ++e)
+                if (e < mine && (!cut || keys[e] > threshold)) {
+                    buffer.keys[at] = keys[e];
+                    buffer.ids[at] = static_cast<int>(first + e);
+                    ++at;
+                }
+            count += static_cast<int>(total);
+            __syncthreads();
+            break;
+        }
+    }
+    if (count > k) cut_back(buffer, count, k);
+}
+
+}  // namespace kp
+
+#endif  // KPOOL_SELECT_CUH
