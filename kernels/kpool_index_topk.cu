@@ -22,7 +22,7 @@
 // 16-byte aligned. IO, IC: the index types of input_row_offsets and
 // cache_lengths. PAGED: positions become slots through block_table.
 // COMPACT: each row's valid entries packed left, their number in counts.
-template <int CAP, bool VECTOR, typename IO, typename IC, bool PAGED, bool COMPACT>
+template <int CAP, int VECTOR, typename IO, typename IC, bool PAGED, bool COMPACT>
 __global__ void __launch_bounds__(kp::kSelectThreads)
     kpool_index_topk(const float* __restrict__ logits, long long logits_stride, long long logits_width,
                      const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths, long long batch,

@@ -142,6 +142,51 @@ def kpool_index_logits_fp8(
     validate: bool = True,
     stream: Any = None,
 ) -> CupyArray: ...
+@overload
+def kpool_index_topk(
+    logits: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray: ...
+@overload
+def kpool_index_topk(
+    logits: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    validate: bool = True,
+    stream: Any = None,
+) -> tuple[CupyArray, CupyArray]: ...
+@overload
+def kpool_index_topk(
+    logits: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray | tuple[CupyArray, CupyArray]: ...
 def kpool_ring_close(
     tail: DeviceArray | tuple[DeviceArray, DeviceArray],
     k: DeviceArray,

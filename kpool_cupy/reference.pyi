@@ -132,6 +132,48 @@ def kpool_index_logits_fp8(
     out: np.ndarray | None = None,
     validate: bool = True,
 ) -> np.ndarray: ...
+@overload
+def kpool_index_topk(
+    logits: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    validate: bool = True,
+) -> np.ndarray: ...
+@overload
+def kpool_index_topk(
+    logits: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_index_topk(
+    logits: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+    validate: bool = True,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
 def kpool_ring_close(
     tail: np.ndarray | tuple[np.ndarray, np.ndarray],
     k: np.ndarray,

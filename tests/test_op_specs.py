@@ -52,6 +52,13 @@ def _calls():
         ),
         "hadamard_quant_fp8": dict(x=k),
         "kpool_index_logits_fp8": _index_call(rng),
+        "kpool_index_topk": dict(
+            logits=rng.standard_normal((11, 4)).astype(np.float32),
+            input_row_offsets=offsets,
+            cache_lengths=cached,
+            kpool=3,
+            pool_topk=2,
+        ),
     }
 
 

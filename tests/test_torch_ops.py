@@ -90,6 +90,10 @@ def calls(dtype=BF16, split=False):
         "kpool_tail_update_fp8": ((tail, step_k, step_gate, ape, positions, slots), {}),
         "hadamard_quant_fp8": ((k,), {}),
         "kpool_index_logits_fp8": (index_args(rng), {"kpool": 2}),
+        "kpool_index_topk": (
+            (np.round(rng.standard_normal((11, 7))).astype(np.float32), offsets, cache),  # rounded: ties
+            {"kpool": 2, "pool_topk": 3, "always_select_tail": True},
+        ),
     }
 
 
@@ -463,7 +467,7 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
                 tensors = [[t._tensor(r) for r in (a if isinstance(a, tuple) else (a,))] if pair else t._tensor(a)
                            for a, pair in zip(args, pairs)]
                 got = kernels.cuda_kernel(spec, overloads(spec)[0])(*tensors, **kwargs)
-                if name == "kpool_expand_topk":
+                if name in ("kpool_expand_topk", "kpool_index_topk"):
                     got = got[0]
                 t._same(got, want)
                 for g in got if isinstance(got, tuple) else (got,) if got is not None else ():

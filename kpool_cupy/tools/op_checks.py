@@ -85,6 +85,50 @@ def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.G
     return Verdict(int((ids >= 0).sum()), mismatches, None)
 
 
+SELECT_CACHE = 8192  # the most cached positions a request keeps in the selection check: logits stay small
+
+
+def check_index_topk(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """Logits with ties, NaN of both signs, -0.0 and infinities over each token's visible pools (and +inf past
+    them, which must never be chosen), selected at two pool_topk values, plain, with the tail and compact, and
+    paged, bit for bit against the reference.
+
+    Requests keep their last ``EXPAND_TOKENS`` tokens and at most ``SELECT_CACHE`` cached positions.
+    """
+    lengths, cache = parts.token_counts(case)
+    kept = np.minimum(lengths, EXPAND_TOKENS)
+    cache, lengths = np.minimum(cache + lengths - kept, SELECT_CACHE), kept
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(case.input_row_offsets.dtype)
+    cache = cache.astype(case.cache_lengths.dtype)
+    visible = np.concatenate([(c + np.arange(n) + 1) // kpool for c, n in zip(cache, lengths, strict=True)])
+    width = int(visible.max(initial=0)) + 1
+    special = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+    logits = np.round(rng.standard_normal((len(visible), width)) * 4).astype(np.float32)  # rounded: many ties
+    odd = rng.random(logits.shape) < 0.05
+    logits[odd] = rng.choice(special, int(odd.sum()))
+    logits[np.arange(width)[None, :] >= visible[:, None]] = np.inf  # unseen pools: never selected
+    calls = [{"always_select_tail": tail, "compact": compact} for tail in (False, True) for compact in (False, True)]
+    top = int((cache.astype(np.int64) + lengths).max(initial=0))
+    block_size = 16
+    blocks = -(-top // block_size) + 1
+    table = rng.permutation(len(lengths) * blocks).astype(np.int32).reshape(len(lengths), blocks)
+    calls += [{**options, "block_table": table, "block_size": block_size} for options in calls]
+    base = (logits, offsets, cache)
+    mismatches = 0
+    for pool_topk in (3, 512):
+        for options in calls:
+            on_device = {n: backend.put(v) if isinstance(v, np.ndarray) else v for n, v in options.items()}
+            got = backend.ops.kpool_index_topk(
+                *(backend.put(a) for a in base), kpool=kpool, pool_topk=pool_topk, **on_device
+            )
+            want = reference.kpool_index_topk(*base, kpool=kpool, pool_topk=pool_topk, **options)
+            if options.get("compact"):  # (positions, counts)
+                mismatches += parts.differ(backend.get(got[0]), want[0]) + parts.differ(backend.get(got[1]), want[1])
+            else:
+                mismatches += parts.differ(backend.get(got), want)
+    return Verdict(len(visible), mismatches, None)
+
+
 def check_compress_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
     """The fused rows and cache against the epilogue of the backend's own float32 compress, which meets float64."""
     extra = {n: backend.put(v) for n, v in case.extra.items() if n == "pool_row_offsets"}
@@ -188,6 +232,7 @@ OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], V
     "tail_update_fp8": (_fp8(check_tail_update), "pools"),
     "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
     "index_logits_fp8": (check_index_logits_fp8, "tokens"),
+    "index_topk": (check_index_topk, "tokens"),
 }
 
 

@@ -12,10 +12,11 @@
   take ``slots`` or ``block_table``;
 - ``torch.ops.kpool.pool_row_offsets``.
 
-``torch.ops.kpool.expand_topk`` returns ``(positions, counts)`` always (a
-schema has one return type; ``counts`` is empty without ``compact=True``);
-``kpool_expand_topk`` below returns ``positions`` alone without
-``compact``, as the package's function does.
+``torch.ops.kpool.expand_topk`` and ``torch.ops.kpool.index_topk`` return
+``(positions, counts)`` always (a schema has one return type; ``counts`` is
+empty without ``compact=True``); ``kpool_expand_topk`` and
+``kpool_index_topk`` below return ``positions`` alone without ``compact``,
+as the package's functions do.
 
 CPU tensors run the NumPy reference on their own memory (bfloat16
 included); CUDA tensors run the kernels on torch's current stream of their

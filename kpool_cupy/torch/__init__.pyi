@@ -128,6 +128,48 @@ def kpool_index_logits_fp8(
     out: torch.Tensor | None = None,
     validate: bool = True,
 ) -> torch.Tensor: ...
+@overload
+def kpool_index_topk(
+    logits: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    validate: bool = True,
+) -> torch.Tensor: ...
+@overload
+def kpool_index_topk(
+    logits: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_index_topk(
+    logits: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+    validate: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
 def kpool_ring_close(
     tail: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
     k: torch.Tensor,
