@@ -616,3 +616,44 @@ def index_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
         if rng.random() < 0.3:
             case["out"] = np.zeros((tokens, max_pools), np.float32)
         yield "kpool_index_logits_fp8", case
+
+
+_SELECT_SPECIAL = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+
+
+def topk_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """``count`` garbage calls of ``kpool_index_topk``, as (function, keywords): offsets and cache lengths of any
+    value, logits of any width (narrower or wider than what tokens see, rows at an odd float offset: the
+    4-byte path) holding ties, NaN of both signs and infinities, pool_topk below and above the candidates, and
+    the expand modes in turn (tail, compact, garbage block tables at any block size)."""
+    rng = np.random.default_rng([seed, 23])
+    for i in range(count):
+        tokens, batch = int(rng.integers(0, 12)), int(rng.integers(0, 5))
+        kpool = int(rng.choice([1, 2, 3, 7]))
+        offsets = _values(rng, batch + 1, _INDEX_TYPES[int(rng.integers(0, 3))], tokens)
+        if rng.random() < 0.3:
+            offsets = np.sort(offsets)
+        cache = _values(rng, batch, _INDEX_TYPES[int(rng.integers(0, 3))], 3000)
+        if rng.random() < 0.5:  # requests that hold their tokens, so rows are selected from and expanded
+            offsets = np.sort(rng.integers(0, tokens + 1, batch + 1))
+            offsets[0], offsets[-1] = 0, tokens
+            offsets = offsets.astype(_INDEX_TYPES[int(rng.integers(0, 3))])
+            cache = rng.integers(0, 3000, batch).astype(_INDEX_TYPES[int(rng.integers(0, 3))])
+        width = (0, 1, int(rng.integers(2, 60)), int(rng.integers(1000, 3000)))[int(rng.integers(0, 4))]
+        shift = int(rng.integers(0, 2))
+        raw = np.round(rng.standard_normal(tokens * width + shift) * 3).astype(np.float32)
+        odd = rng.random(raw.shape) < 0.1
+        raw[odd] = rng.choice(_SELECT_SPECIAL, int(odd.sum()))
+        case = {
+            "logits": raw[shift:].reshape(tokens, width),
+            "input_row_offsets": offsets,
+            "cache_lengths": cache,
+            "kpool": kpool,
+            "pool_topk": int(rng.choice([1, 3, 40, 600])),
+            "always_select_tail": bool(i % 2),
+            "compact": bool(i // 2 % 2),
+        }
+        if i // 4 % 2:
+            block_size = _block_size(rng)
+            case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
+        yield "kpool_index_topk", case

@@ -14,7 +14,8 @@ Runs, by family (--families, all three by default):
   tables, caches and out rows) and hadamard_quant_fp8
   (``fp8_garbage_cases``), then --count // 4 of kpool_ring_close_fp8 and
   kpool_tail_update_fp8 (``fp8_ring_garbage_cases``), and --count // 24 of
-  kpool_index_logits_fp8 (``index_garbage_cases``);
+  kpool_index_logits_fp8 (``index_garbage_cases``), kpool_index_topk
+  (``topk_garbage_cases``);
 
 and prints how many ran. Any access outside the arrays is the sanitizer's
 to report.
@@ -32,7 +33,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from garbage import fp8_garbage_cases, fp8_ring_garbage_cases, garbage_cases, index_garbage_cases, ring_garbage_cases
+from garbage import (
+    fp8_garbage_cases,
+    fp8_ring_garbage_cases,
+    garbage_cases,
+    index_garbage_cases,
+    ring_garbage_cases,
+    topk_garbage_cases,
+)
 
 FAMILIES = ("compress", "lifecycle", "fp8")
 
@@ -80,6 +88,7 @@ def main() -> int:
         families_cases.append(fp8_garbage_cases(options.seed, options.count // 2))
         families_cases.append(fp8_ring_garbage_cases(options.seed, options.count // 4))
         families_cases.append(index_garbage_cases(options.seed, options.count // 24))
+        families_cases.append(topk_garbage_cases(options.seed, options.count // 24))
     calls = 0
     for function, case in itertools.chain.from_iterable(families_cases):
         getattr(module, function)(**{name: convert(value) for name, value in case.items()}, validate=False)

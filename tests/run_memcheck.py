@@ -40,7 +40,14 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from garbage import fp8_garbage_cases, fp8_ring_garbage_cases, garbage_cases, index_garbage_cases, ring_garbage_cases
+from garbage import (
+    fp8_garbage_cases,
+    fp8_ring_garbage_cases,
+    garbage_cases,
+    index_garbage_cases,
+    ring_garbage_cases,
+    topk_garbage_cases,
+)
 from model import BF16, assert_close_to_model, make_batch, standard_lengths
 
 OPS = (
@@ -54,6 +61,7 @@ OPS = (
     "kpool_ring_close_fp8",
     "kpool_tail_update_fp8",
     "kpool_index_logits_fp8",
+    "kpool_index_topk",
 )
 
 
@@ -159,6 +167,8 @@ def main() -> int:
     for function, case in fp8_ring_garbage_cases(options.seed, max(options.count // 8, 2)):
         run(function, case)
     for function, case in index_garbage_cases(options.seed, max(options.count // 2, 4)):
+        run(function, case)
+    for function, case in topk_garbage_cases(options.seed, max(options.count // 2, 8)):
         run(function, case)
     print("garbage calls per op:", ", ".join(f"{op} {calls[op]}" for op in OPS), flush=True)
     print(f"strided device views: {views['strided device views']}", flush=True)

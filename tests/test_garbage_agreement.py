@@ -18,6 +18,7 @@ from garbage import (
     fp8_ring_garbage_cases,
     garbage_cases,
     ring_garbage_cases,
+    topk_garbage_cases,
 )
 from model import TOLERANCES
 
@@ -172,6 +173,14 @@ def test_fp8_garbage_writes_the_same_bytes(chunk):
         changed += wrote
     assert compared >= CASES * 3 // 4  # a shared slot needs near-valid slots or pages, a tenth of the cases
     assert changed >= CASES // 5  # and many write: the comparison is not of untouched buffers alone
+
+
+@pytest.mark.parametrize("chunk", SWEEP_4)
+def test_selection_garbage_lands_in_the_same_places(chunk):
+    # Garbage offsets, lengths and block tables, logits of any width with ties, NaN and infinities: the
+    # reference selects and expands exactly what the kernel does (the results are integers: no bound).
+    for i, (function, case) in enumerate(topk_garbage_cases(seed=chunk, count=CASES // 4)):
+        _compare(function.removeprefix("kpool_"), case, f"seed {chunk} case {i}")
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=IDS)
