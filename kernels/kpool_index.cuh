@@ -113,6 +113,50 @@ __device__ __forceinline__ void load_row_part(const unsigned char* row, int t, B
     }
 }
 
+// A warp's keys for pools first_pool + 8 n + g (n < NT) of `request`, lane
+// (g, t) reading its part of key g of each tile (kp::load_row_part); zero
+// where the pool is at or past `reach`, its column past the table, or its
+// page missing or outside the cache. scales[n][e] and present[n][e]: the
+// scale and presence of key 8 n + 2 t + e, from the lanes that read it, as
+// score_token and the writes want them. Every lane of the warp calls it
+// together (shuffles).
+template <int HEAD_DIM, int NT, bool VECTOR_CACHE>
+__device__ __forceinline__ void load_key_tiles(long long first_pool, long long reach, long long request,
+                                               const unsigned char* cache, long long page_stride, long long pages,
+                                               long long block_size, const int* cache_block_table,
+                                               long long table_columns, long long table_stride, int g, int t,
+                                               Bytes8 (&keys)[NT][HEAD_DIM / 32], float (&scales)[NT][2],
+                                               bool (&present)[NT][2]) {
+    constexpr int kSteps = HEAD_DIM / 32;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const long long pool = first_pool + 8 * n + g;
+        const unsigned char* row = nullptr;
+        float scale = 0.0f;
+        if (pool < reach && pool / block_size < table_columns) {
+            const long long page = cache_block_table[request * table_stride + pool / block_size];
+            if (page >= 0 && page < pages) {
+                const unsigned char* base = cache + page * page_stride;
+                const long long entry = pool % block_size;
+                row = base + entry * HEAD_DIM;
+                scale = reinterpret_cast<const float*>(base + block_size * HEAD_DIM)[entry];
+            }
+        }
+        if (row != nullptr) {
+            load_row_part<HEAD_DIM, VECTOR_CACHE, true>(row, t, keys[n]);
+        } else {
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) keys[n][s] = Bytes8{0u, 0u};
+        }
+        // Key 8 n + 2 t + e's scale and presence, from the lanes that read it.
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            scales[n][e] = __shfl_sync(kIndexWarpLanes, scale, 4 * (2 * t + e));
+            present[n][e] = __shfl_sync(kIndexWarpLanes, static_cast<int>(row != nullptr), 4 * (2 * t + e));
+        }
+    }
+}
+
 // One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,
 // e < 2) of the warp's key tiles in sums[n][e], the same in every lane of a
 // column (the butterfly leaves each lane the whole sum). keys: this lane's

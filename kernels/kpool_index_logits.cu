@@ -80,33 +80,9 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
             const long long last = (row_end < token_end ? row_end : token_end) - 1;
             long long reach = kp::pools_visible(cached, last - row_begin, kpool);
             reach = reach < max_pools ? reach : max_pools;
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-                const long long pool = first_pool + 8 * n + g;
-                const unsigned char* row = nullptr;
-                float scale = 0.0f;
-                if (pool < reach && pool / block_size < table_columns) {
-                    const long long page = cache_block_table[request * table_stride + pool / block_size];
-                    if (page >= 0 && page < pages) {
-                        const unsigned char* base = cache + page * page_stride;
-                        const long long entry = pool % block_size;
-                        row = base + entry * HEAD_DIM;
-                        scale = reinterpret_cast<const float*>(base + block_size * HEAD_DIM)[entry];
-                    }
-                }
-                if (row != nullptr) {
-                    kp::load_row_part<HEAD_DIM, kVectorCache, true>(row, t, keys[n]);
-                } else {
-#pragma unroll
-                    for (int s = 0; s < kSteps; ++s) keys[n][s] = kp::Bytes8{0u, 0u};
-                }
-                // Key 8 n + 2 t + e's scale and presence, from the lanes that read it.
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    scales[n][e] = __shfl_sync(kp::kIndexWarpLanes, scale, 4 * (2 * t + e));
-                    present[n][e] = __shfl_sync(kp::kIndexWarpLanes, static_cast<int>(row != nullptr), 4 * (2 * t + e));
-                }
-            }
+            kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, reach, request, cache, page_stride, pages,
+                                                          block_size, cache_block_table, table_columns,
+                                                          table_stride, g, t, keys, scales, present);
             keys_of = request;
         }
         float sums[NT][2];

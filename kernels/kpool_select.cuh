@@ -152,50 +152,82 @@ __device__ __forceinline__ unsigned int cut_back(SelectBuffer<CAP>& buffer, int 
     return threshold;
 }
 
-// The k best of candidates 0 .. candidates - 1 (candidates > k), where
-// key_of(pool) gives pool's key: fills buffer.ids[0 .. k) in ascending pool
-// id. kSelectPerThread consecutive candidates a thread, each chunk in one
-// call of load_keys(first, keys, count): the keys of pools first .. first +
-// count - 1 (count <= kSelectPerThread) into keys[].
-template <int CAP, typename LoadKeys>
-__device__ __forceinline__ void select_best(SelectBuffer<CAP>& buffer, long long candidates, int k,
-                                            LoadKeys load_keys) {
+// Where a block's selection stands: count candidates in the buffer, and
+// once it has been cut back, the threshold a new key must beat. The same in
+// every thread of the block.
+struct SelectState {
     int count = 0;
-    bool cut = false;          // whether a threshold holds yet
-    unsigned int threshold = 0u;  // once cut: only keys above it enter
+    bool cut = false;
+    unsigned int threshold = 0u;
+};
+
+// One chunk of candidates, all with higher ids than any offered before:
+// this thread's mine (<= kSelectPerThread) keys and ids, in id order across
+// the block's threads. Every thread of the block calls it together.
+template <int CAP>
+__device__ __forceinline__ void offer_chunk(SelectBuffer<CAP>& buffer, SelectState& state,
+                                            const unsigned int (&keys)[kSelectPerThread],
+                                            const int (&ids)[kSelectPerThread], int mine, int k) {
+    for (;;) {
+        unsigned int entering = 0u;
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e)
+            entering += e < mine && (!state.cut || keys[e] > state.threshold);
+        unsigned int total;
+        unsigned int at = static_cast<unsigned int>(state.count) + block_exclusive_sum(entering, &total);
+        if (state.count + static_cast<int>(total) > SelectBuffer<CAP>::kSize) {
+            // No room for the chunk: cut back to k (count > k here, since total <= kSelectChunk) and look
+            // at the chunk again under the new threshold.
+            state.threshold = cut_back(buffer, state.count, k);
+            state.cut = true;
+            state.count = k;
+            continue;
+        }
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e)
+            if (e < mine && (!state.cut || keys[e] > state.threshold)) {
+                buffer.keys[at] = keys[e];
+                buffer.ids[at] = ids[e];
+                ++at;
+            }
+        state.count += static_cast<int>(total);
+        __syncthreads();
+        return;
+    }
+}
+
+// After the last chunk: the buffer's first min(count, k) entries are the k
+// best, ascending id.
+template <int CAP>
+__device__ __forceinline__ void finish_selection(SelectBuffer<CAP>& buffer, SelectState& state, int k) {
+    if (state.count > k) {
+        state.threshold = cut_back(buffer, state.count, k);
+        state.cut = true;
+        state.count = k;
+    }
+}
+
+// The k best of candidates 0 .. candidates - 1, where load_keys(first,
+// keys, count) gives the keys of pools first .. first + count - 1 (count <=
+// kSelectPerThread): kSelectPerThread consecutive candidates a thread, a
+// chunk at a time. Leaves min(candidates, k) entries in the buffer.
+template <int CAP, typename LoadKeys>
+__device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long candidates, int k,
+                                                   LoadKeys load_keys) {
+    SelectState state;
     for (long long chunk = 0; chunk < candidates; chunk += kSelectChunk) {
         const long long first = chunk + static_cast<long long>(threadIdx.x) * kSelectPerThread;
         const long long left = candidates - first;
         const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread);
         unsigned int keys[kSelectPerThread];
+        int ids[kSelectPerThread];
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) ids[e] = static_cast<int>(first + e);
         if (mine > 0) load_keys(first, keys, mine);
-        for (;;) {
-            unsigned int entering = 0u;
-#pragma unroll
-            for (int e = 0; e < kSelectPerThread; ++e) entering += e < mine && (!cut || keys[e] > threshold);
-            unsigned int total;
-            unsigned int at = static_cast<unsigned int>(count) + block_exclusive_sum(entering, &total);
-            if (count + static_cast<int>(total) > SelectBuffer<CAP>::kSize) {
-                // Not room for the chunk: cut back to k (count > k here, since total <= kSelectChunk) and
-                // look at the chunk again under the new threshold.
-                threshold = cut_back(buffer, count, k);
-                cut = true;
-                count = k;
-                continue;
-            }
-#pragma unroll
-            for (int e = 0; e < kSelectPerThread; ++e)
-                if (e < mine && (!cut || keys[e] > threshold)) {
-                    buffer.keys[at] = keys[e];
-                    buffer.ids[at] = static_cast<int>(first + e);
-                    ++at;
-                }
-            count += static_cast<int>(total);
-            __syncthreads();
-            break;
-        }
+        offer_chunk(buffer, state, keys, ids, mine, k);
     }
-    if (count > k) cut_back(buffer, count, k);
+    finish_selection(buffer, state, k);
+    return state;
 }
 
 }  // namespace kp
