@@ -15,7 +15,6 @@
 // Every index may be garbage when the caller skipped validation: a token
 // outside its request's rows has no candidate, no logit past
 // logits_width is read, and the expansion checks every table entry.
-#include "kpool_expand.cuh"
 #include "kpool_select.cuh"
 
 // CAP: 512, 1024, 2048 or 4096, at least pool_topk. VECTOR: logits rows
@@ -52,39 +51,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                             }
                         });
     }
-    const long long selected = all ? candidates : pool_topk;
-
-    long long visible = 0;
-    const long long request =
-        kp::expand_request(token, input_row_offsets, cache_lengths, batch, num_tokens, &visible);
-    const long long pool_columns = pool_topk * kpool;
-    auto column_value = [&](long long column) -> long long {
-        long long value;
-        if (column < pool_columns) {
-            const long long slot = column / kpool;
-            const long long pool = slot < selected ? (all ? slot : buffer.ids[slot]) : -1;
-            value = kp::pool_position(pool, column % kpool, kpool);
-        } else {
-            value = kp::tail_position(request, visible, column - pool_columns, kpool);
-        }
-        return PAGED ? kp::paged_slot(value, request, block_table, max_blocks, block_table_stride, block_size)
-                     : value;
-    };
-    int* const out = positions + token * width;
-    if (!COMPACT) {
-        for (long long column = threadIdx.x; column < width; column += kp::kSelectThreads)
-            out[column] = static_cast<int>(column_value(column));
-        return;
-    }
-    long long kept = 0;
-    for (long long base = 0; base < width; base += kp::kSelectThreads) {
-        const long long column = base + threadIdx.x;
-        const long long value = column < width ? column_value(column) : -1;
-        unsigned int total;
-        const long long at = kept + kp::block_exclusive_sum(value >= 0 ? 1u : 0u, &total);
-        if (value >= 0) out[at] = static_cast<int>(value);
-        kept += total;
-    }
-    for (long long column = kept + threadIdx.x; column < width; column += kp::kSelectThreads) out[column] = -1;
-    if (threadIdx.x == 0) counts[token] = static_cast<int>(kept);
+    kp::write_selection<PAGED, COMPACT>(buffer, all, all ? candidates : pool_topk, token, input_row_offsets,
+                                        cache_lengths, batch, num_tokens, kpool, pool_topk, block_table, max_blocks,
+                                        block_table_stride, block_size, positions, width, counts);
 }

@@ -41,6 +41,10 @@ __device__ __forceinline__ void kp_store16(void* address, uint4 value) {
                  "r"(value.z), "r"(value.w)
                  : "memory");
 }
+// A load that bypasses L1 (ld.global.cg): data another block wrote during
+// this launch, seen after a __threadfence and an atomic said it is there.
+__device__ __forceinline__ unsigned int kp_load_cg(const unsigned int* address) { return __ldcg(address); }
+__device__ __forceinline__ int kp_load_cg(const int* address) { return __ldcg(address); }
 // Two 32-bit words as one 8-byte store (8 e4m3fn bytes of a row).
 __device__ __forceinline__ void kp_store8(void* address, unsigned int low, unsigned int high) {
     uint2 words;

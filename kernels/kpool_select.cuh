@@ -18,7 +18,7 @@
 #ifndef KPOOL_SELECT_CUH
 #define KPOOL_SELECT_CUH
 
-#include "kpool_common.cuh"
+#include "kpool_expand.cuh"
 
 namespace kp {
 
@@ -228,6 +228,51 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
     }
     finish_selection(buffer, state, k);
     return state;
+}
+
+// Writes token `token`'s row of positions [num_tokens, width] (kpool_expand.cuh's
+// rules) from its selection: pools 0 .. selected - 1 when `all`, else
+// buffer.ids[0 .. selected). With COMPACT the valid entries packed left and
+// their number in counts[token]. Every thread of the block calls it together.
+template <bool PAGED, bool COMPACT, int CAP, typename IO, typename IC>
+__device__ __forceinline__ void write_selection(const SelectBuffer<CAP>& buffer, bool all, long long selected,
+                                                long long token, const IO* input_row_offsets,
+                                                const IC* cache_lengths, long long batch, long long num_tokens,
+                                                long long kpool, long long pool_topk, const int* block_table,
+                                                long long max_blocks, long long block_table_stride,
+                                                long long block_size, int* positions, long long width,
+                                                int* counts) {
+    long long visible = 0;
+    const long long request = expand_request(token, input_row_offsets, cache_lengths, batch, num_tokens, &visible);
+    const long long pool_columns = pool_topk * kpool;
+    auto column_value = [&](long long column) -> long long {
+        long long value;
+        if (column < pool_columns) {
+            const long long slot = column / kpool;
+            const long long pool = slot < selected ? (all ? slot : buffer.ids[slot]) : -1;
+            value = pool_position(pool, column % kpool, kpool);
+        } else {
+            value = tail_position(request, visible, column - pool_columns, kpool);
+        }
+        return PAGED ? paged_slot(value, request, block_table, max_blocks, block_table_stride, block_size) : value;
+    };
+    int* const out = positions + token * width;
+    if (!COMPACT) {
+        for (long long column = threadIdx.x; column < width; column += kSelectThreads)
+            out[column] = static_cast<int>(column_value(column));
+        return;
+    }
+    long long kept = 0;
+    for (long long base = 0; base < width; base += kSelectThreads) {
+        const long long column = base + threadIdx.x;
+        const long long value = column < width ? column_value(column) : -1;
+        unsigned int total;
+        const long long at = kept + block_exclusive_sum(value >= 0 ? 1u : 0u, &total);
+        if (value >= 0) out[at] = static_cast<int>(value);
+        kept += total;
+    }
+    for (long long column = kept + threadIdx.x; column < width; column += kSelectThreads) out[column] = -1;
+    if (threadIdx.x == 0) counts[token] = static_cast<int>(kept);
 }
 
 }  // namespace kp

@@ -16,6 +16,7 @@ from . import emulate, reference
 from .backends.cupy import BINDING as _GPU
 from .ops import OPS as _OPS
 from .ops.binding import bind_into as _bind_into
+from .ops.index_select_fp8 import index_select_workspace_bytes
 from .pool_offsets import pool_row_offsets
 from .tools.nvrtc import compile_ptx
 
@@ -39,6 +40,7 @@ __all__ = [
     "__version__",
     "compile_ptx",
     "emulate",
+    "index_select_workspace_bytes",
     "pool_row_offsets",
     "reference",
 ]

@@ -90,6 +90,10 @@ inline void kp_store16(void* address, uint4 value) {
     ++kp_vector_accesses;
     std::memcpy(address, &value, sizeof value);
 }
+// Blocks run one after another on the emulator: what an earlier block wrote
+// is there.
+inline unsigned int kp_load_cg(const unsigned int* address) { return *address; }
+inline int kp_load_cg(const int* address) { return *address; }
 // An 8-byte store: aligned like the GPU's, or the emulator stops. Not
 // counted with the 16-byte accesses.
 inline void kp_store8(void* address, unsigned int low, unsigned int high) {

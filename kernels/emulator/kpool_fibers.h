@@ -446,6 +446,17 @@ inline int atomicAdd(int* address, int value) {
     return old;
 }
 
+// atomicInc as CUDA defines it: old >= limit ? 0 : old + 1, the old value
+// returned.
+inline unsigned int atomicInc(unsigned int* address, unsigned int limit) {
+    const unsigned int old = *address;
+    *address = old >= limit ? 0u : old + 1u;
+    return old;
+}
+// Blocks run one after another and a block's fibers on one host thread:
+// every write is seen by every later read.
+inline void __threadfence() {}
+
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     KpFiber* f = kp_fiber_current;
     if (f == nullptr)

@@ -14,6 +14,7 @@ kernel lands: -inf where it writes -inf, nothing outside the arrays.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -40,27 +41,34 @@ def index_logits_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_index_logits_fp8``: every token's logits, request by request, in float64."""
     s = kernel_scalars(launch)
     o = launch.operands
-    q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
-    out[:, : s.max_pools] = -np.inf
-    request, known, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
+    score_rows(o, s.kpool, s.block_size, s.pages, s.max_pools, o["out"])
+
+
+def score_rows(o: dict, kpool: int, block_size: int, pages: int, max_pools: int, out: np.ndarray) -> None:
+    """The logits of every token into ``out[:, :max_pools]`` (-inf where it sees no pool or its page is missing).
+    ``o``: the op's arrays by name (q, weights, cache, cache_block_table, offsets, lengths)."""
+    q, weights, cache, table = (o[n] for n in ("q", "weights", "cache", "cache_block_table"))
+    num_tokens, _, head_dim = q.shape
+    out[:, :max_pools] = -np.inf
+    request, known, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], num_tokens, kpool)
     for b in np.unique(request[known]):
         rows = np.flatnonzero(known & (request == b))
-        count = int(min(visible[rows].max(), s.max_pools))
+        count = int(min(visible[rows].max(), max_pools))
         if count <= 0:
             continue
         pools = np.arange(count, dtype=np.int64)
-        column = pools // s.block_size
-        present = column < s.table_columns
+        column = pools // block_size
+        present = column < table.shape[1]
         page = np.full(count, -1, np.int64)
         page[present] = table[b, column[present]]
-        present &= (page >= 0) & (page < s.pages)
-        entry = pools % s.block_size
-        keys = np.zeros((count, s.head_dim), np.float64)
+        present &= (page >= 0) & (page < pages)
+        entry = pools % block_size
+        keys = np.zeros((count, head_dim), np.float64)
         scales = np.zeros(count, np.float64)
         for p in np.flatnonzero(present):
             page_view = cache[int(page[p])].reshape(-1)  # block_size rows of values, then the scales
-            keys[p] = e4m3_values(page_view[int(entry[p]) * s.head_dim : (int(entry[p]) + 1) * s.head_dim])
-            scale_bytes = page_view[s.block_size * s.head_dim + 4 * int(entry[p]) :][:4]
+            keys[p] = e4m3_values(page_view[int(entry[p]) * head_dim : (int(entry[p]) + 1) * head_dim])
+            scale_bytes = page_view[block_size * head_dim + 4 * int(entry[p]) :][:4]
             scales[p] = scale_bytes.view(np.float32)[0]
         queries = e4m3_values(q[rows])  # [tokens, heads, D]
         dots = np.einsum("thd,pd->thp", queries, keys)
@@ -84,9 +92,12 @@ def index_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     best pool_topk by ``selection_order`` listed in ascending id, then expanded as ``kpool_expand_topk``."""
     s = kernel_scalars(launch)
     o = launch.operands
-    logits = o["logits"]
     _, _, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
-    candidates = np.minimum(visible, s.logits_width)
+    select_rows(s, o, o["logits"], np.minimum(visible, s.logits_width))
+
+
+def select_rows(s: Any, o: dict, logits: np.ndarray, candidates: np.ndarray) -> None:
+    """Each token's best pool_topk of its ``candidates`` logits, expanded into ``o["positions"]``."""
     ids = np.full((s.num_tokens, s.pool_topk), -1, np.int64)
     for t in range(s.num_tokens):
         n = int(candidates[t])
@@ -95,7 +106,21 @@ def index_topk(launch: Launch, accumulate: type[np.floating]) -> None:
     expand_pool_ids(s, o, ids, s.kpool)
 
 
+def index_select_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_index_select_fp8``: the reference scorer's logits over every visible pool, then ``select_rows``
+    (what the two calls give, so bit for bit the same)."""
+    s = kernel_scalars(launch)
+    o = launch.operands
+    _, _, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
+    # Rows with at most pool_topk visible pools need no logits; the others fit in memory on the CPU.
+    width = int(np.where(visible > s.pool_topk, visible, 0).max(initial=0))
+    logits = np.empty((s.num_tokens, width), np.float32)
+    score_rows(o, s.kpool, s.cache_block_size, s.pages, width, logits)
+    select_rows(s, o, logits, visible)
+
+
 KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_index_logits_fp8": index_logits_fp8,
     "kpool_index_topk": index_topk,
+    "kpool_index_select_fp8": index_select_fp8,
 }

@@ -345,6 +345,41 @@ INDEX_TOPK = Kernel(
     ),
     aligned=1,
 )
+INDEX_SELECT_FP8 = Kernel(
+    "kpool_index_select_fp8",
+    "kpool_index_select.cu",
+    (
+        integer("HEAD_DIM"),
+        integer("MMA", MMA_E4M3),
+        integer("VECTOR"),
+        integer("CAP"),
+        index("IO"),
+        index("IC"),
+        boolean("PAGED"),
+        boolean("COMPACT"),
+    ),
+    (
+        Param("q", "const unsigned char*"),
+        *longs("q_token_stride", "q_head_stride", "heads"),
+        Param("weights", "const float*"),
+        Param("weights_stride", "long long"),
+        Param("cache", "const unsigned char*"),
+        *longs("page_stride", "pages", "cache_block_size"),
+        Param("cache_block_table", "const int*"),
+        *longs("table_columns", "table_stride"),
+        Param("input_row_offsets", "const IO*"),
+        Param("cache_lengths", "const IC*"),
+        *longs("batch", "num_tokens", "kpool", "pool_topk"),
+        Param("block_table", "const int*"),
+        *longs("max_blocks", "block_table_stride", "block_size"),
+        Param("positions", "int*"),
+        Param("width", "long long"),
+        Param("counts", "int*"),
+        Param("workspace", "unsigned char*"),
+        Param("splits", "long long"),
+    ),
+    aligned=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q,
+)
 # The benchmark's baseline (kernels/bench/): upstream's geometry, one thread per channel.
 COMPRESS_BASELINE = Kernel(
     "kpool_compress_baseline",
@@ -371,5 +406,6 @@ KERNELS: tuple[Kernel, ...] = (
     HADAMARD_QUANT_FP8,
     INDEX_LOGITS_FP8,
     INDEX_TOPK,
+    INDEX_SELECT_FP8,
     COMPRESS_BASELINE,
 )

@@ -7,6 +7,7 @@ from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
 from .hadamard_quant_fp8 import SPEC as HADAMARD_QUANT_FP8
 from .index_logits_fp8 import SPEC as INDEX_LOGITS_FP8
+from .index_select_fp8 import SPEC as INDEX_SELECT_FP8
 from .index_topk import SPEC as INDEX_TOPK
 from .ring_close import SPEC as RING_CLOSE
 from .ring_close_fp8 import SPEC as RING_CLOSE_FP8
@@ -27,6 +28,7 @@ OPS: tuple[OpSpec, ...] = (
     HADAMARD_QUANT_FP8,
     INDEX_LOGITS_FP8,
     INDEX_TOPK,
+    INDEX_SELECT_FP8,
 )
 
 __all__ = [
@@ -35,6 +37,7 @@ __all__ = [
     "EXPAND_TOPK",
     "HADAMARD_QUANT_FP8",
     "INDEX_LOGITS_FP8",
+    "INDEX_SELECT_FP8",
     "INDEX_TOPK",
     "OPS",
     "RING_CLOSE",

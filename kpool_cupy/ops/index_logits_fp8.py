@@ -65,8 +65,9 @@ def check_max_pools(max_pools: Any) -> None:
         raise fail("max_pools", f"an integer in [0, {MAX_POOLS}]", int(max_pools))
 
 
-def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
-    check_kpool(a.kpool)
+def check_scoring_inputs(a: CallArgs) -> tuple[int, int, int, int, int, int]:
+    """q, weights, the cache, its table, offsets and lengths, as every scoring op takes them: (num_tokens, heads,
+    head_dim, pages, block_size, batch)."""
     check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
     num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
     if head_dim not in HEAD_DIMS:
@@ -81,6 +82,12 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
     pages, block_size = check_cache_layout(a.cache, head_dim, writable=False)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     check_block_table(a.cache_block_table, batch, name="cache_block_table")
+    return num_tokens, heads, head_dim, pages, block_size, batch
+
+
+def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
+    check_kpool(a.kpool)
+    num_tokens, heads, head_dim, pages, block_size, batch = check_scoring_inputs(a)
     if a.max_pools is not None:
         check_max_pools(a.max_pools)
     max_pools = None if a.max_pools is None else int(a.max_pools)
@@ -99,8 +106,9 @@ def output_shapes(call: IndexLogitsCall, max_pools: int) -> dict[str, OutputShap
     return {"out": ((call.num_tokens, max_pools), FLOAT32)}
 
 
-def check_table_covers(call: IndexLogitsCall, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
-    """Every pool a token sees has its page in the table, inside the cache (host arrays)."""
+def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
+    """Every pool a token sees has its page in the table, inside the cache (host arrays). ``call``: kpool, the
+    cache's block_size and pages (an ``IndexLogitsCall``, or a scoring call's ``scoring``)."""
     counts = offsets[1:] - offsets[:-1]
     last = np.where(counts > 0, (lengths + counts) // call.kpool, 0)  # pools the request's last token sees
     columns = -(-last // call.block_size)
@@ -150,16 +158,16 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
     values |= {"out": out, "out_stride": out.strides[0] // 4, "max_pools": max_pools}
     values |= {"tokens_per_block": per_block, "token_tiles": geometry.items}
     vector = 0
-    if _aligned16(cache, cache.strides[0]):
+    if aligned16(cache, cache.strides[0]):
         vector |= INDEX_VECTOR_CACHE
-    if _aligned16(q, q.strides[0], q.strides[1]):
+    if aligned16(q, q.strides[0], q.strides[1]):
         vector |= INDEX_VECTOR_Q
     template = {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
     return Launch(INDEX_LOGITS_FP8, template, values, geometry, o)
 
 
-def _aligned16(array: Any, *strides: int) -> bool:
+def aligned16(array: Any, *strides: int) -> bool:
     from ..kernel.codes import data_pointer
 
     return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)

@@ -94,9 +94,9 @@ def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any]) -> Launch:
     return Launch(INDEX_TOPK, template, values, select_geometry(call.num_tokens), o)
 
 
-def last_selectable_position(call: IndexTopkCall, offsets: np.ndarray, lengths: np.ndarray, tail: bool):
+def last_selectable_position(call: Any, offsets: np.ndarray, lengths: np.ndarray, tail: bool):
     """Each token's last position it could select (any of its visible pools, its tail), -1 for none; and the
-    pools each sees (host arrays, validated)."""
+    pools each sees (host arrays, validated). ``call``: num_tokens and kpool."""
     _, placed, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)
     last = np.where(visible > 0, visible * call.kpool - 1, -1)
     if tail:
@@ -106,10 +106,11 @@ def last_selectable_position(call: IndexTopkCall, offsets: np.ndarray, lengths: 
     return last, visible
 
 
-def check_covered(call: IndexTopkCall, offsets: np.ndarray, lengths: np.ndarray, tail: bool) -> None:
-    """The logits hold every visible pool, and the block table every selectable position (validate=True)."""
+def check_covered(call: Any, offsets: np.ndarray, lengths: np.ndarray, tail: bool) -> None:
+    """The logits (when the call has them) hold every visible pool, and the block table every selectable
+    position (validate=True). ``call``: num_tokens, kpool, block_size, max_blocks, and logits_width or None."""
     last, visible = last_selectable_position(call, offsets, lengths, tail)
-    if visible.size and int(visible.max()) > call.logits_width:
+    if call.logits_width is not None and visible.size and int(visible.max()) > call.logits_width:
         t = int(np.argmax(visible))
         raise fail("logits", f"at least the {int(visible[t])} pools token {t} sees (columns)", call.logits_width)
     if call.block_size:

@@ -1,0 +1,189 @@
+// kpool_index_select_fp8: kpool_index_topk over kpool_index_logits_fp8's
+// logits, bit for bit, in one launch and without writing the logits.
+//
+// One block (8 warps) per token and split of its visible pools. It scores
+// its pools a chunk of kSelectChunk at a time into shared memory, each warp
+// 8 NT pools a call with the scorer's own routines (kp::load_key_tiles,
+// kp::score_token), so each logit has the scorer's bits, and offers the
+// chunk to the streaming selection (kp::offer_chunk). With one split the
+// block writes the token's expanded row; with several each writes its best
+// (at most pool_topk keys and ids, ascending id) to the workspace, and the
+// last of the token's blocks to finish (an atomicInc that wraps back to 0,
+// so the counters stay zero between calls) selects again over those lists
+// in split order and writes the row. A split covers whole chunks, so a
+// pool's place in its key tile (8 n + g) is the scorer's.
+//
+// Working memory: shared memory and the workspace, neither grows with the
+// context. Every index may be garbage when the caller skipped validation: a
+// token outside its request's rows selects nothing, a pool whose page is
+// missing scores -inf as in the scorer, a count read back from the
+// workspace is clamped to pool_topk, and nothing outside the arrays is read
+// or written.
+#include "kpool_index.cuh"
+#include "kpool_select.cuh"
+
+namespace kp {
+
+// Where the workspace keeps what: counters [num_tokens] (zero between
+// calls), then per token and split a count, pool_topk keys and pool_topk
+// ids (ops/index_select_fp8.py's workspace_bytes lays it out the same).
+struct SelectWorkspace {
+    unsigned int* counters;
+    int* counts;
+    unsigned int* keys;
+    int* ids;
+};
+
+__device__ __forceinline__ long long align16(long long bytes) { return (bytes + 15) / 16 * 16; }
+
+__device__ __forceinline__ SelectWorkspace select_workspace(unsigned char* base, long long num_tokens,
+                                                            long long splits, long long pool_topk) {
+    const long long lists = num_tokens * splits;
+    SelectWorkspace w;
+    w.counters = reinterpret_cast<unsigned int*>(base);
+    base += align16(num_tokens * 4);
+    w.counts = reinterpret_cast<int*>(base);
+    base += align16(lists * 4);
+    w.keys = reinterpret_cast<unsigned int*>(base);
+    base += align16(lists * pool_topk * 4);
+    w.ids = reinterpret_cast<int*>(base);
+    return w;
+}
+
+}  // namespace kp
+
+// HEAD_DIM, MMA, VECTOR: as kpool_index_logits_fp8 (VECTOR's bits: the
+// cache pages, the query rows 16-byte aligned). CAP, IO, IC, PAGED,
+// COMPACT: as kpool_index_topk.
+template <int HEAD_DIM, int MMA, int VECTOR, int CAP, typename IO, typename IC, bool PAGED, bool COMPACT>
+__global__ void __launch_bounds__(kp::kSelectThreads)
+    kpool_index_select_fp8(const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride,
+                           long long heads, const float* __restrict__ weights, long long weights_stride,
+                           const unsigned char* __restrict__ cache, long long page_stride, long long pages,
+                           long long cache_block_size, const int* __restrict__ cache_block_table,
+                           long long table_columns, long long table_stride, const IO* __restrict__ input_row_offsets,
+                           const IC* __restrict__ cache_lengths, long long batch, long long num_tokens, long long kpool,
+                           long long pool_topk, const int* __restrict__ block_table, long long max_blocks,
+                           long long block_table_stride, long long block_size, int* __restrict__ positions,
+                           long long width, int* __restrict__ counts, unsigned char* __restrict__ workspace,
+                           long long splits) {
+    KP_THREADS_COOPERATE(true);
+    static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
+    constexpr int NT = HEAD_DIM > 128 || (MMA == kp::kMmaF16 && HEAD_DIM == 128) ? 2 : 4;  // the scorer's
+    constexpr int kCalls = kp::kSelectChunk / kp::kSelectWarps / (8 * NT);  // a warp's score_token calls a chunk
+    constexpr bool kVectorCache = (VECTOR & 1) != 0;
+    constexpr bool kVectorQ = (VECTOR & 2) != 0;
+    __shared__ kp::SelectBuffer<CAP> buffer;
+    __shared__ float chunk_logits[kp::kSelectChunk];
+    __shared__ unsigned int last_of_token;
+    const long long token = blockIdx.x / splits, split = blockIdx.x % splits;
+    if (token >= num_tokens) return;
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    const int g = lane / 4, t = lane % 4;
+    const int k = static_cast<int>(pool_topk);
+
+    // The scorer's rule: the pools a token of a usable request sees.
+    const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
+    long long row_begin = 0, row_end = 0, cached = 0;
+    const bool known =
+        batch > 0 &&
+        kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) &&
+        token >= row_begin && token < row_end;
+    const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
+    const bool all = visible <= pool_topk;  // every visible pool, nothing scored
+    if (all && split != 0) return;          // one block writes the row
+
+    kp::SelectState state;
+    if (!all) {
+        const long long chunks = (visible + kp::kSelectChunk - 1) / kp::kSelectChunk;
+        const long long per_split = (chunks + splits - 1) / splits;
+        const long long lo = split * per_split * kp::kSelectChunk;
+        const long long hi = lo + per_split * kp::kSelectChunk < visible ? lo + per_split * kp::kSelectChunk : visible;
+        const unsigned char* q_token = q + token * q_token_stride;
+        const float* w_token = weights + token * weights_stride;
+        const float minus_infinity = kp_bits_to_float(0xff800000u);
+        for (long long base = lo; base < hi; base += kp::kSelectChunk) {
+            for (int call = 0; call < kCalls; ++call) {
+                const long long first_pool = base + (warp * kCalls + call) * (8 * NT);
+                if (first_pool >= hi) break;  // the same in every lane of the warp
+                kp::Bytes8 keys[NT][HEAD_DIM / 32];
+                float scales[NT][2];
+                bool present[NT][2];
+                kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, hi, request, cache, page_stride, pages,
+                                                              cache_block_size, cache_block_table, table_columns,
+                                                              table_stride, g, t, keys, scales, present);
+                float sums[NT][2];
+                kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q_token, q_head_stride, heads, w_token, keys, scales,
+                                                             lane, sums);
+                // Lane (g, t) keeps keys 2 t and 2 t + 1 of tile g, as the scorer writes them.
+                if (g < NT) {
+#pragma unroll
+                    for (int n = 0; n < NT; ++n)
+                        if (n == g)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e)
+                                chunk_logits[first_pool - base + 8 * n + 2 * t + e] =
+                                    present[n][e] ? sums[n][e] : minus_infinity;
+                }
+            }
+            __syncthreads();
+            const long long first = base + static_cast<long long>(threadIdx.x) * kp::kSelectPerThread;
+            const long long left = hi - first;
+            const int mine =
+                left <= 0 ? 0 : (left < kp::kSelectPerThread ? static_cast<int>(left) : kp::kSelectPerThread);
+            unsigned int chunk_keys[kp::kSelectPerThread];
+            int ids[kp::kSelectPerThread];
+#pragma unroll
+            for (int e = 0; e < kp::kSelectPerThread; ++e) {
+                chunk_keys[e] = e < mine ? kp::order_key(chunk_logits[first - base + e]) : 0u;
+                ids[e] = static_cast<int>(first + e);
+            }
+            kp::offer_chunk(buffer, state, chunk_keys, ids, mine, k);  // its barriers free chunk_logits
+        }
+        kp::finish_selection(buffer, state, k);
+        if (splits > 1) {
+            const kp::SelectWorkspace w = kp::select_workspace(workspace, num_tokens, splits, pool_topk);
+            const long long list = token * splits + split;
+            const int held = state.count < k ? state.count : k;
+            for (int i = static_cast<int>(threadIdx.x); i < held; i += kp::kSelectThreads) {
+                w.keys[list * pool_topk + i] = buffer.keys[i];
+                w.ids[list * pool_topk + i] = buffer.ids[i];
+            }
+            if (threadIdx.x == 0) w.counts[list] = held;
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0)
+                last_of_token = atomicInc(w.counters + token, static_cast<unsigned int>(splits - 1)) ==
+                                static_cast<unsigned int>(splits - 1);
+            __syncthreads();
+            if (!last_of_token) return;
+            __threadfence();
+            // The lists in split order are in ascending pool id: select again over them.
+            kp::SelectState merged;
+            for (long long s = 0; s < splits; ++s) {
+                const long long from = token * splits + s;
+                int count = kp_load_cg(w.counts + from);  // garbage only after garbage: clamped
+                count = count < 0 ? 0 : (count > k ? k : count);
+                for (int chunk = 0; chunk < count; chunk += kp::kSelectChunk) {
+                    const int first_entry = chunk + static_cast<int>(threadIdx.x) * kp::kSelectPerThread;
+                    const int rest = count - first_entry;
+                    const int mine = rest <= 0 ? 0 : (rest < kp::kSelectPerThread ? rest : kp::kSelectPerThread);
+                    unsigned int list_keys[kp::kSelectPerThread];
+                    int ids[kp::kSelectPerThread];
+#pragma unroll
+                    for (int e = 0; e < kp::kSelectPerThread; ++e) {
+                        list_keys[e] = e < mine ? kp_load_cg(w.keys + from * pool_topk + first_entry + e) : 0u;
+                        ids[e] = e < mine ? kp_load_cg(w.ids + from * pool_topk + first_entry + e) : -1;
+                    }
+                    kp::offer_chunk(buffer, merged, list_keys, ids, mine, k);
+                }
+            }
+            kp::finish_selection(buffer, merged, k);
+            state = merged;
+        }
+    }
+    const long long selected = all ? visible : (state.count < k ? state.count : k);
+    kp::write_selection<PAGED, COMPACT>(buffer, all, selected, token, input_row_offsets, cache_lengths, batch,
+                                        num_tokens, kpool, pool_topk, block_table, max_blocks, block_table_stride,
+                                        block_size, positions, width, counts);
+}

@@ -1,0 +1,269 @@
+"""kpool_index_select_fp8, described once: the scorer and the selection in one launch, no logits written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import INT32
+from ..kernel import codes
+from ..kernel.declarations import INDEX_SELECT_FP8
+from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
+from ..pool_offsets import check_kpool
+from .checks import as_size, check_rows_and_cache, dtype_fail, fail, require_array
+from .expand_topk import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
+from .fp8_target import UINT8
+from .index_logits_fp8 import (
+    CACHE_BLOCK_TABLE,
+    POOLED_CACHE,
+    QUERY,
+    WEIGHTS,
+    aligned16,
+    check_scoring_inputs,
+    check_table_covers,
+    tensor_core_kind,
+)
+from .index_topk import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
+from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
+
+# Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
+TARGET_BLOCKS = 256
+MAX_SPLITS = 64
+# The last block of a token selects again over splits x pool_topk candidates: at most this many.
+MAX_MERGED = 16384
+
+
+def select_splits(num_tokens: int, pool_topk: int) -> int:
+    """Blocks a token's visible pools are split over: enough for TARGET_BLOCKS blocks, from shapes alone."""
+    if num_tokens <= 0:
+        return 1
+    return max(1, min(MAX_SPLITS, TARGET_BLOCKS // num_tokens, MAX_MERGED // pool_topk))
+
+
+def _align16(size: int) -> int:
+    return -(-size // 16) * 16
+
+
+def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
+    """Bytes of ``workspace`` ``kpool_index_select_fp8`` needs for ``num_tokens`` query tokens selecting
+    ``pool_topk`` pools each, whatever the context length: 0 when a token's pools are not split over blocks
+    (``num_tokens`` at least 128 at pool_topk 512), else a counter per token and, per token and split,
+    pool_topk keys and ids (kernels/kpool_index_select.cu's ``kp::select_workspace``)."""
+    check_pool_topk(pool_topk)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
+        raise fail("num_tokens", "a non-negative integer", num_tokens)
+    splits = select_splits(int(num_tokens), int(pool_topk))
+    if splits == 1:
+        return 0
+    lists = int(num_tokens) * splits
+    return (
+        _align16(4 * int(num_tokens))
+        + _align16(4 * lists)
+        + _align16(4 * lists * int(pool_topk))
+        + (4 * lists * int(pool_topk))
+    )
+
+
+@dataclass(frozen=True)
+class IndexSelectCall:
+    """What the checks learned about a fused scoring and selection call."""
+
+    num_tokens: int
+    heads: int
+    head_dim: int
+    batch: int
+    kpool: int
+    pages: int
+    cache_block_size: int
+    pool_topk: int
+    width: int  # columns of positions: pool_topk * kpool, plus kpool - 1 with always_select_tail
+    max_blocks: int  # columns of block_table; 0 without one
+    block_size: int  # the token table's; 0 without one
+    compact: bool
+    splits: int
+    workspace_bytes: int
+
+    @property
+    def logits_width(self) -> None:  # no logits: check_covered's logits check does not apply
+        return None
+
+
+def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
+    check_kpool(a.kpool)
+    check_pool_topk(a.pool_topk)
+    num_tokens, heads, head_dim, pages, cache_block_size, batch = check_scoring_inputs(a)
+    kpool, pool_topk = int(a.kpool), int(a.pool_topk)
+    splits = select_splits(num_tokens, pool_topk)
+    if num_tokens * splits > MAX_TOKENS:
+        raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
+    width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
+    max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
+    needed = index_select_workspace_bytes(num_tokens, pool_topk)
+    if a.workspace is not None:
+        require_array("workspace", a.workspace)
+        if np.dtype(a.workspace.dtype) != UINT8:
+            raise dtype_fail("workspace", "dtype uint8", str(np.dtype(a.workspace.dtype)))
+        if a.workspace.ndim != 1 or (a.workspace.size > 1 and a.workspace.strides[0] != 1):
+            raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(a.workspace.shape)}")
+        if as_size(a.workspace.shape[0]) < needed:
+            raise fail(
+                "workspace",
+                f"at least {needed} bytes (index_select_workspace_bytes({num_tokens}, {pool_topk}))",
+                f"{a.workspace.shape[0]} bytes",
+            )
+    return IndexSelectCall(
+        num_tokens, heads, head_dim, batch, kpool, pages, cache_block_size, pool_topk, width, max_blocks, size,
+        bool(a.compact), splits, needed,
+    )  # fmt: skip
+
+
+def output_shapes(call: IndexSelectCall) -> dict[str, OutputShape]:
+    shapes = {"positions": ((call.num_tokens, call.width), INT32)}
+    if call.compact:
+        shapes["counts"] = ((call.num_tokens,), INT32)
+    return shapes
+
+
+def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: int) -> Launch:
+    """The launch of ``kpool_index_select_fp8``."""
+    o = operands
+    q, weights, cache, table, positions = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "positions"))
+    paged = o.get("block_table") is not None
+    values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
+    values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
+    values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages}
+    values |= {"cache_block_size": call.cache_block_size, "cache_block_table": table}
+    values |= {"table_columns": table.shape[1], "table_stride": table.strides[0] // 4}
+    values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
+    values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool, "pool_topk": call.pool_topk}
+    values |= {"block_table": o["block_table"] if paged else positions}  # any int32 array where none is read
+    values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
+    values |= {"block_size": max(call.block_size, 1), "positions": positions, "width": call.width}
+    values |= {"counts": o["counts"] if call.compact else positions}  # written only when compacting
+    values |= {"workspace": o["workspace"], "splits": call.splits}
+    vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
+    template = {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": select_cap(call.pool_topk)}
+    template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
+    template |= {"PAGED": paged, "COMPACT": call.compact}
+    geometry = LaunchGeometry(grid=call.num_tokens * call.splits, block=SELECT_THREADS, items=call.num_tokens)
+    return Launch(INDEX_SELECT_FP8, template, values, geometry, o)
+
+
+def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
+    """Validate (one host read of the offsets, lengths, the cache's table and the workspace's counters), find or
+    make the workspace, allocate the outputs, launch."""
+    workspace = a["workspace"]
+    if validate:
+        table = a["cache_block_table"]
+        copies = [a["input_row_offsets"], a["cache_lengths"], table.reshape(-1)]
+        counters = _align16(4 * call.num_tokens) if call.splits > 1 and workspace is not None else 0
+        if counters:
+            copies.append(workspace[:counters])
+        host = backend.host_copies(copies)
+        offsets, lengths = host[0].astype(np.int64), host[1].astype(np.int64)
+        check_rows_and_cache(call.num_tokens, host[0], host[1])
+        scoring = SimpleNamespace(kpool=call.kpool, block_size=call.cache_block_size, pages=call.pages)
+        check_table_covers(scoring, host[2].reshape(table.shape), lengths, offsets)
+        check_covered(call, offsets, lengths, call.width > call.pool_topk * call.kpool)
+        if counters and host[3].any():
+            raise fail(
+                "workspace",
+                f"its first {counters} bytes zero (a fresh zeroed buffer, or one a previous call left)",
+                "non-zero bytes",
+            )
+    shapes = output_shapes(call)
+    positions = backend.empty(*shapes["positions"])
+    if call.workspace_bytes == 0:
+        workspace = positions  # one block a token: the kernel never touches it
+    elif workspace is None:
+        workspace = backend.zeros((call.workspace_bytes,), UINT8)
+    counts = backend.empty(*shapes["counts"]) if call.compact else None
+    if positions.size:
+        operands = {n: a[n] for n in ("q", "weights", "cache", "cache_block_table", "input_row_offsets")}
+        operands |= {"cache_lengths": a["cache_lengths"], "block_table": a["block_table"]}
+        operands |= {"positions": positions, "counts": counts, "workspace": workspace}
+        backend.launch(index_select_launch(call, operands, tensor_core_kind(backend)))
+    elif counts is not None and counts.size:
+        counts[...] = 0
+    return (positions, counts) if call.compact else positions
+
+
+GPU_DOC = """Score and select in one launch: ``kpool_index_topk(kpool_index_logits_fp8(q, ...), ...)``, bit for bit,
+without writing the ``[num_tokens, pools]`` logits.
+
+Each token's visible pools are scored by the scorer's own routines (the
+same tensor-core instruction, the same order of sums, so every logit has
+the scorer's bits) a chunk of 1024 at a time into shared memory, and the
+best ``pool_topk`` are kept there as they stream past (the selection rule
+and expansion of :func:`kpool_index_topk`). Few tokens (decode) split
+their pools over several blocks of the same launch, whose best lists the
+last block of the token selects over again; many (prefill) take a block
+each. Working memory does not grow with the context length.
+
+Parameters
+----------
+q, weights, cache, cache_block_table, input_row_offsets, cache_lengths, kpool
+    As :func:`kpool_index_logits_fp8`.
+pool_topk, always_select_tail, block_table, block_size, compact
+    As :func:`kpool_index_topk` (``block_table``: the token KV cache's
+    pages; ``cache_block_table``: the pooled cache's).
+workspace
+    uint8, 1-D, at least :func:`index_select_workspace_bytes` ``(num_tokens,
+    pool_topk)`` bytes (a ValueError names it otherwise), zero-filled before
+    its first use: every call leaves it zeroed again, so one buffer serves
+    every call and a CUDA graph. None: the call allocates a zeroed one.
+    ``validate=True`` checks the counters are zero.
+validate
+    As :func:`kpool_index_topk`, and the pooled cache's table as
+    :func:`kpool_index_logits_fp8` checks it (one host read).
+stream
+    As :func:`kpool_compress`.
+
+Returns
+-------
+cupy.ndarray
+    int32 positions as :func:`kpool_index_topk`, or ``(positions, counts)``
+    with ``compact=True``.
+"""
+EMULATE_DOC = """:func:`kpool_cupy.kpool_index_select_fp8`, running the CUDA kernel on the CPU (host arrays)."""
+REFERENCE_DOC = (
+    """:func:`kpool_cupy.kpool_index_select_fp8` in NumPy: the reference scorer's logits, then its selection."""
+)
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+
+KPOOL = Option("kpool", "int", check=check_kpool)
+WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True)
+PARAMETERS = (
+    QUERY,
+    WEIGHTS,
+    POOLED_CACHE,
+    CACHE_BLOCK_TABLE,
+    INPUT_ROW_OFFSETS,
+    CACHE_LENGTHS,
+    KPOOL,
+    POOL_TOPK,
+    ALWAYS_SELECT_TAIL,
+    BLOCK_TABLE,
+    BLOCK_SIZE,
+    COMPACT,
+    WORKSPACE,
+    VALIDATE,
+)
+
+SPEC = OpSpec(
+    "kpool_index_select_fp8",
+    PARAMETERS,
+    ("positions",),
+    check_index_select_fp8_args,
+    run,
+    DOCS,
+    output_shapes,
+    conditional_results={"counts": "compact"},
+    kernel=INDEX_SELECT_FP8,
+)
+
+__all__ = ["MAX_POOL_TOPK", "SPEC", "index_select_workspace_bytes"]
