@@ -18,6 +18,7 @@ def hadamard_quant_fp8(
     validate: bool = True,
     stream: Any = None,
 ) -> tuple[CupyArray, CupyArray]: ...
+def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int: ...
 def kpool_compress(
     k: DeviceArray,
     gate: DeviceArray,
@@ -142,6 +143,63 @@ def kpool_index_logits_fp8(
     validate: bool = True,
     stream: Any = None,
 ) -> CupyArray: ...
+@overload
+def kpool_index_select_fp8(
+    q: DeviceArray,
+    weights: DeviceArray,
+    cache: DeviceArray,
+    cache_block_table: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    workspace: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray: ...
+@overload
+def kpool_index_select_fp8(
+    q: DeviceArray,
+    weights: DeviceArray,
+    cache: DeviceArray,
+    cache_block_table: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    workspace: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> tuple[CupyArray, CupyArray]: ...
+@overload
+def kpool_index_select_fp8(
+    q: DeviceArray,
+    weights: DeviceArray,
+    cache: DeviceArray,
+    cache_block_table: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: DeviceArray | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+    workspace: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> CupyArray | tuple[CupyArray, CupyArray]: ...
 @overload
 def kpool_index_topk(
     logits: DeviceArray,

@@ -133,6 +133,60 @@ def kpool_index_logits_fp8(
     validate: bool = True,
 ) -> np.ndarray: ...
 @overload
+def kpool_index_select_fp8(
+    q: np.ndarray,
+    weights: np.ndarray,
+    cache: np.ndarray,
+    cache_block_table: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    workspace: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray: ...
+@overload
+def kpool_index_select_fp8(
+    q: np.ndarray,
+    weights: np.ndarray,
+    cache: np.ndarray,
+    cache_block_table: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    workspace: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray]: ...
+@overload
+def kpool_index_select_fp8(
+    q: np.ndarray,
+    weights: np.ndarray,
+    cache: np.ndarray,
+    cache_block_table: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: np.ndarray | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+    workspace: np.ndarray | None = None,
+    validate: bool = True,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]: ...
+@overload
 def kpool_index_topk(
     logits: np.ndarray,
     input_row_offsets: np.ndarray,

@@ -15,6 +15,7 @@ from kpool_cupy.backends import emulate as emulate_backend
 from kpool_cupy.backends import reference as reference_backend
 from kpool_cupy.ops import COMPRESS, OPS
 from kpool_cupy.ops.binding import bind, execute
+from kpool_cupy.ops.index_select_fp8 import index_select_workspace_bytes
 from kpool_cupy.ops.spec import Operand, Option
 
 BINDINGS = (gpu_backend.BINDING, emulate_backend.BINDING, reference_backend.BINDING)
@@ -59,6 +60,7 @@ def _calls():
             kpool=3,
             pool_topk=2,
         ),
+        "kpool_index_select_fp8": {**_index_call(rng), "pool_topk": 1},
     }
 
 
@@ -107,6 +109,9 @@ def test_run_allocates_exactly_the_declared_outputs(spec):
     call = spec.describe(arrays, options)  # the checks alone give the record the shapes come from
     sizes = DYNAMIC[spec.name](recorded["allocated"][0][0]) if spec.dynamic_sizes else {}
     declared = [(tuple(s), np.dtype(d)) for s, d in spec.outputs(call, **sizes).values()]
+    if any(o.scratch for o in spec.operands):  # the fused select's scratch, made when the caller gives none
+        scratch = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
+        declared += [((scratch,), np.dtype(np.uint8))] if scratch else []
     assert recorded.get("allocated", []) == declared
 
 
@@ -126,7 +131,7 @@ def test_required_operands_come_first_and_written_ones_are_arrays_the_op_writes(
     kinds = [isinstance(p, Operand) and not p.optional for p in spec.parameters]
     assert kinds == sorted(kinds, reverse=True), spec.name  # all required operands before the rest
     written = {o.name for o in spec.operands if o.written}
-    assert written <= {"out", "out_scale", "closed", "tail", "cache"}
+    assert written <= {"out", "out_scale", "closed", "tail", "cache", "workspace"}
 
 
 def test_a_keyword_added_to_a_spec_reaches_every_backend():

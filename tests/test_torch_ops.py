@@ -94,6 +94,7 @@ def calls(dtype=BF16, split=False):
             (np.round(rng.standard_normal((11, 7))).astype(np.float32), offsets, cache),  # rounded: ties
             {"kpool": 2, "pool_topk": 3, "always_select_tail": True},
         ),
+        "kpool_index_select_fp8": (index_args(rng), {"kpool": 2, "pool_topk": 1, "always_select_tail": True}),
     }
 
 
@@ -461,14 +462,14 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
                 host = copy.deepcopy(args)
                 # The scorer's sums run in the tensor cores' order: its bits are the emulated kernel's, which
                 # meet the float64 reference within a bound (tests/test_index_logits.py), not bit for bit.
-                expected = emulate if name == "kpool_index_logits_fp8" else reference
+                expected = emulate if name in ("kpool_index_logits_fp8", "kpool_index_select_fp8") else reference
                 want = getattr(expected, name)(*host, **kwargs)
                 pairs = [o.pair for o in spec.operands if not o.optional]
                 tensors = [[t._tensor(r) for r in (a if isinstance(a, tuple) else (a,))] if pair else t._tensor(a)
                            for a, pair in zip(args, pairs)]
                 got = kernels.cuda_kernel(spec, overloads(spec)[0])(*tensors, **kwargs)
-                if name in ("kpool_expand_topk", "kpool_index_topk"):
-                    got = got[0]
+                if name in ("kpool_expand_topk", "kpool_index_topk", "kpool_index_select_fp8"):
+                    got = got[0]  # (positions, counts) always; counts empty without compact
                 t._same(got, want)
                 for g in got if isinstance(got, tuple) else (got,) if got is not None else ():
                     assert isinstance(g, torch.Tensor)

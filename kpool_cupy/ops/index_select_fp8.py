@@ -13,7 +13,7 @@ from ..kernel import codes
 from ..kernel.declarations import INDEX_SELECT_FP8
 from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
 from ..pool_offsets import check_kpool
-from .checks import as_size, check_rows_and_cache, dtype_fail, fail, require_array
+from .checks import check_rows_and_cache, dtype_fail, fail, require_array
 from .expand_topk import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
 from .fp8_target import UINT8
 from .index_logits_fp8 import (
@@ -84,8 +84,6 @@ class IndexSelectCall:
     max_blocks: int  # columns of block_table; 0 without one
     block_size: int  # the token table's; 0 without one
     compact: bool
-    splits: int
-    workspace_bytes: int
 
     @property
     def logits_width(self) -> None:  # no logits: check_covered's logits check does not apply
@@ -97,27 +95,19 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
     check_pool_topk(a.pool_topk)
     num_tokens, heads, head_dim, pages, cache_block_size, batch = check_scoring_inputs(a)
     kpool, pool_topk = int(a.kpool), int(a.pool_topk)
-    splits = select_splits(num_tokens, pool_topk)
-    if num_tokens * splits > MAX_TOKENS:
-        raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
+    if num_tokens > MAX_TOKENS // MAX_SPLITS:
+        raise fail("q", f"at most {MAX_TOKENS // MAX_SPLITS} tokens (up to {MAX_SPLITS} blocks a token)", num_tokens)
     width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
     max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
-    needed = index_select_workspace_bytes(num_tokens, pool_topk)
-    if a.workspace is not None:
+    if a.workspace is not None:  # its size in run: it depends on num_tokens, which torch.compile keeps symbolic
         require_array("workspace", a.workspace)
         if np.dtype(a.workspace.dtype) != UINT8:
             raise dtype_fail("workspace", "dtype uint8", str(np.dtype(a.workspace.dtype)))
         if a.workspace.ndim != 1 or (a.workspace.size > 1 and a.workspace.strides[0] != 1):
             raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(a.workspace.shape)}")
-        if as_size(a.workspace.shape[0]) < needed:
-            raise fail(
-                "workspace",
-                f"at least {needed} bytes (index_select_workspace_bytes({num_tokens}, {pool_topk}))",
-                f"{a.workspace.shape[0]} bytes",
-            )
     return IndexSelectCall(
         num_tokens, heads, head_dim, batch, kpool, pages, cache_block_size, pool_topk, width, max_blocks, size,
-        bool(a.compact), splits, needed,
+        bool(a.compact),
     )  # fmt: skip
 
 
@@ -128,7 +118,7 @@ def output_shapes(call: IndexSelectCall) -> dict[str, OutputShape]:
     return shapes
 
 
-def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: int) -> Launch:
+def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: int, splits: int) -> Launch:
     """The launch of ``kpool_index_select_fp8``."""
     o = operands
     q, weights, cache, table, positions = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "positions"))
@@ -144,12 +134,12 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
     values |= {"block_size": max(call.block_size, 1), "positions": positions, "width": call.width}
     values |= {"counts": o["counts"] if call.compact else positions}  # written only when compacting
-    values |= {"workspace": o["workspace"], "splits": call.splits}
+    values |= {"workspace": o["workspace"], "splits": splits}
     vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
     template = {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": select_cap(call.pool_topk)}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
     template |= {"PAGED": paged, "COMPACT": call.compact}
-    geometry = LaunchGeometry(grid=call.num_tokens * call.splits, block=SELECT_THREADS, items=call.num_tokens)
+    geometry = LaunchGeometry(grid=call.num_tokens * splits, block=SELECT_THREADS, items=call.num_tokens)
     return Launch(INDEX_SELECT_FP8, template, values, geometry, o)
 
 
@@ -157,10 +147,18 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     """Validate (one host read of the offsets, lengths, the cache's table and the workspace's counters), find or
     make the workspace, allocate the outputs, launch."""
     workspace = a["workspace"]
+    splits = select_splits(call.num_tokens, call.pool_topk)
+    needed = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
+    if workspace is not None and workspace.shape[0] < needed:
+        raise fail(
+            "workspace",
+            f"at least {needed} bytes (index_select_workspace_bytes({call.num_tokens}, {call.pool_topk}))",
+            f"{workspace.shape[0]} bytes",
+        )
     if validate:
         table = a["cache_block_table"]
         copies = [a["input_row_offsets"], a["cache_lengths"], table.reshape(-1)]
-        counters = _align16(4 * call.num_tokens) if call.splits > 1 and workspace is not None else 0
+        counters = _align16(4 * call.num_tokens) if splits > 1 and workspace is not None else 0
         if counters:
             copies.append(workspace[:counters])
         host = backend.host_copies(copies)
@@ -177,16 +175,16 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
             )
     shapes = output_shapes(call)
     positions = backend.empty(*shapes["positions"])
-    if call.workspace_bytes == 0:
+    if needed == 0:
         workspace = positions  # one block a token: the kernel never touches it
     elif workspace is None:
-        workspace = backend.zeros((call.workspace_bytes,), UINT8)
+        workspace = backend.zeros((needed,), UINT8)
     counts = backend.empty(*shapes["counts"]) if call.compact else None
     if positions.size:
         operands = {n: a[n] for n in ("q", "weights", "cache", "cache_block_table", "input_row_offsets")}
         operands |= {"cache_lengths": a["cache_lengths"], "block_table": a["block_table"]}
         operands |= {"positions": positions, "counts": counts, "workspace": workspace}
-        backend.launch(index_select_launch(call, operands, tensor_core_kind(backend)))
+        backend.launch(index_select_launch(call, operands, tensor_core_kind(backend), splits))
     elif counts is not None and counts.size:
         counts[...] = 0
     return (positions, counts) if call.compact else positions
@@ -236,7 +234,7 @@ REFERENCE_DOC = (
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 KPOOL = Option("kpool", "int", check=check_kpool)
-WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True)
+WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True, scratch=True)
 PARAMETERS = (
     QUERY,
     WEIGHTS,

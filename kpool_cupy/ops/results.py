@@ -8,7 +8,7 @@ from .spec import Operand, OpSpec
 
 def given_outputs(spec: OpSpec) -> tuple[Operand, ...]:
     """The outputs a caller may hand the op (optional operands it writes, a cache that replaces some aside)."""
-    return tuple(o for o in spec.operands if o.optional and o.written and not o.replaces)
+    return tuple(o for o in spec.operands if o.optional and o.written and not o.replaces and not o.scratch)
 
 
 def cache_target(spec: OpSpec) -> Operand | None:

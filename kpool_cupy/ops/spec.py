@@ -45,6 +45,9 @@ class Operand:
     else ``rows_of``'s dtype), ``together`` the output it is only given with
     (FP8 values and scales).
 
+    ``scratch``: working memory the op writes and leaves as it found it (the
+    fused select's ``workspace``), never an output.
+
     ``with_operand`` names the operand an input is only taken with (an FP8
     op's slots and block table go with its cache): a torch overload without
     that operand leaves this one out of its schema; ``required_with`` makes
@@ -63,6 +66,7 @@ class Operand:
     together: str = ""
     with_operand: str = ""
     required_with: bool = False
+    scratch: bool = False
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required

@@ -169,8 +169,8 @@ def check_hadamard_quant_fp8(backend: Backend, case: Case, kpool: int, rng: np.r
 INDEX_TOKENS, INDEX_HEADS = 64, 8
 
 
-def check_index_logits_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
-    """Scores against the float64 model within ``index_accuracy``'s CPU bound (the GPU's with ``cupy``).
+def scoring_arrays(case: Case, kpool: int, rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    """A scoring call's arrays for a check case (q, weights, cache, cache_block_table, offsets, lengths).
 
     The case gives the batch (each request's last ``INDEX_TOKENS`` tokens
     after its cache); the pooled cache, its shuffled table, the e4m3 queries
@@ -204,13 +204,45 @@ def check_index_logits_fp8(backend: Backend, case: Case, kpool: int, rng: np.ran
     q = rng.integers(0, 256, (tokens, INDEX_HEADS, head_dim), dtype=np.uint8)
     q = np.where((q & 0x7F) == 0x7F, q ^ 1, q)
     weights = rng.standard_normal((tokens, INDEX_HEADS)).astype(np.float32)
-    arrays = (q, weights, paged, table, offsets, cache.astype(case.cache_lengths.dtype))
+    return (q, weights, paged, table, offsets, cache.astype(case.cache_lengths.dtype))
+
+
+def check_index_logits_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """Scores against the float64 model within ``index_accuracy``'s CPU bound (the GPU's with ``cupy``), on
+    ``scoring_arrays``."""
+    arrays = scoring_arrays(case, kpool, rng)
+    tokens = arrays[0].shape[0]
     got = backend.get(backend.ops.kpool_index_logits_fp8(*(backend.put(a) for a in arrays), kpool=kpool))
     want = reference.kpool_index_logits_fp8(*arrays, kpool=kpool)
     bits = _device_accumulation_bits() if getattr(backend.ops, "__name__", "") == "kpool_cupy" else 24
     bound = index_logits_bound(*arrays, kpool=kpool, max_pools=want.shape[1], accumulation_bits=bits)
     accuracy = index_logits_agree(got, want, bound) if got.shape == want.shape else {"ok": False}
     return Verdict(tokens, 0 if got.shape == want.shape else max(got.size, 1), accuracy)
+
+
+def check_index_select_fp8(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """The fused call against the backend's own two calls (scores, then ``kpool_index_topk``), bit for bit, at
+    two pool_topk values, plain, with the tail and compact, and paged, on ``scoring_arrays``."""
+    arrays = scoring_arrays(case, kpool, rng)
+    offsets, cache = arrays[4], arrays[5]
+    on_device = [backend.put(a) for a in arrays]
+    logits = backend.ops.kpool_index_logits_fp8(*on_device, kpool=kpool)
+    calls = [{"always_select_tail": tail, "compact": compact} for tail in (False, True) for compact in (False, True)]
+    top = int((cache.astype(np.int64) + np.diff(offsets.astype(np.int64))).max(initial=0))
+    blocks = -(-top // 16) + 1
+    table = rng.permutation(len(cache) * blocks).astype(np.int32).reshape(len(cache), blocks)
+    calls += [{**options, "block_table": table, "block_size": 16} for options in calls]
+    mismatches = 0
+    for pool_topk in (5, 512):
+        for options in calls:
+            given = {n: backend.put(v) if isinstance(v, np.ndarray) else v for n, v in options.items()}
+            fused = backend.ops.kpool_index_select_fp8(*on_device, kpool=kpool, pool_topk=pool_topk, **given)
+            two_step = backend.ops.kpool_index_topk(
+                logits, on_device[4], on_device[5], kpool=kpool, pool_topk=pool_topk, **given
+            )
+            pairs = zip(fused, two_step, strict=True) if options["compact"] else ((fused, two_step),)
+            mismatches += sum(parts.differ(backend.get(a), backend.get(b)) for a, b in pairs)
+    return Verdict(arrays[0].shape[0], mismatches, None)
 
 
 def _fp8(check: Callable[..., Verdict]) -> Callable[[Backend, Case, int, np.random.Generator], Verdict]:
@@ -233,6 +265,7 @@ OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], V
     "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
     "index_logits_fp8": (check_index_logits_fp8, "tokens"),
     "index_topk": (check_index_topk, "tokens"),
+    "index_select_fp8": (check_index_select_fp8, "tokens"),
 }
 
 

@@ -129,6 +129,60 @@ def kpool_index_logits_fp8(
     validate: bool = True,
 ) -> torch.Tensor: ...
 @overload
+def kpool_index_select_fp8(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    cache_block_table: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: Literal[False] = False,
+    workspace: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor: ...
+@overload
+def kpool_index_select_fp8(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    cache_block_table: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: Literal[True],
+    workspace: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]: ...
+@overload
+def kpool_index_select_fp8(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    cache: torch.Tensor,
+    cache_block_table: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    kpool: int,
+    pool_topk: int,
+    always_select_tail: bool = False,
+    block_table: torch.Tensor | None = None,
+    block_size: int | None = None,
+    compact: bool = False,
+    workspace: torch.Tensor | None = None,
+    validate: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]: ...
+@overload
 def kpool_index_topk(
     logits: torch.Tensor,
     input_row_offsets: torch.Tensor,

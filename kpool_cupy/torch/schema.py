@@ -90,7 +90,7 @@ def _overload(spec: OpSpec, name: str) -> Overload:
         if parameter.name in given or parameter.required_with:  # required, keyword-only
             keyword.append(f"Tensor{mutable} {parameter.name}")
         elif parameter.optional:
-            keyword.append(f"Tensor? {parameter.name}=None")
+            keyword.append(f"Tensor{mutable}? {parameter.name}=None")  # mutable: scratch the op writes
         else:
             positional.append(f"Tensor{mutable}{'[]' if parameter.pair else ''} {parameter.name}")
     if name in ("out", "cache_out"):
