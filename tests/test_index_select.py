@@ -1,0 +1,132 @@
+"""kpool_index_select_fp8: the fused call equals the backend's own two calls bit for bit, within a workspace that
+does not grow with the context."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from index_cases import index_case
+
+import kpool_cupy
+from kpool_cupy import emulate, reference
+from kpool_cupy.backends.emulate import EmulateBackend
+from kpool_cupy.backends.host import host_binding
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
+from kpool_cupy.ops.binding import bind
+from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
+from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
+from kpool_cupy.ops.index_select_fp8 import select_splits
+
+BACKENDS = [emulate, reference]
+
+
+def _same(got, want):
+    if isinstance(want, tuple):
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True)), (got, want)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def two_step(backend, case, **options):
+    """What the fused call must equal: the backend's scores of every visible pool, then its selection."""
+    logits = backend.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    return backend.kpool_index_topk(logits, case.input_row_offsets, case.cache_lengths, kpool=case.kpool, **options)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=["emulate", "reference"])
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "pool_topk"), [(1, 64, 3), (20, 128, 100), (64, 128, 512), (16, 256, 1024)]
+)
+def test_the_fused_call_equals_the_two_calls_bit_for_bit(backend, heads, head_dim, pool_topk):
+    # Three requests (8 tokens: each split over 32 blocks at pool_topk 3 to 512, 16 at 1024) from under
+    # pool_topk visible pools to ~9,000, pages of 16 in shuffled order; every expand mode.
+    rng = np.random.default_rng(heads + pool_topk)
+    case = index_case(rng, heads=heads, head_dim=head_dim, kpool=2, block_size=16, counts=(3, 1, 4),
+                      cache_lengths=(17_000, 30, 5_000))  # fmt: skip
+    modes = [{}, {"always_select_tail": True, "compact": True}]
+    modes.append({"block_table": rng.permutation(3 * 1100).astype(np.int32).reshape(3, 1100), "block_size": 16})
+    for mode in modes:
+        want = two_step(backend, case, pool_topk=pool_topk, **mode)
+        _same(backend.kpool_index_select_fp8(*case.args, kpool=2, pool_topk=pool_topk, **mode), want)
+
+
+def _emulate_with(spec, mma: int):
+    class Backend(EmulateBackend):
+        def index_mma(self) -> int:
+            return mma
+
+    return bind(spec, host_binding("emulate", lambda extras: Backend()))
+
+
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16], ids=["e4m3", "f16"])
+def test_both_tensor_core_paths_give_the_scorers_bits(mma):
+    # sm_80's f16 path sums in another order than the e4m3 path: the fused call takes the scorer's path and so
+    # its bits, whichever the device has. Ties made likely: few distinct key rows.
+    rng = np.random.default_rng(mma)
+    case = index_case(rng, heads=16, head_dim=128, kpool=1, block_size=16, counts=(2, 2), cache_lengths=(3000, 900))
+    flat = case.cache.reshape(case.cache.shape[0], -1)  # 16 rows of 128 bytes, then 16 float32 scales
+    flat[:, 8 * 128 : 16 * 128] = flat[:, : 8 * 128]  # rows 8..15 repeat rows 0..7 with their scales:
+    flat[:, 16 * 128 + 32 :] = flat[:, 16 * 128 : 16 * 128 + 32]  # equal logits, ties broken by pool id
+    logits = _emulate_with(SCORE, mma)(*case.args, kpool=1)
+    want = emulate.kpool_index_topk(logits, case.input_row_offsets, case.cache_lengths, kpool=1, pool_topk=300)
+    _same(_emulate_with(SELECT, mma)(*case.args, kpool=1, pool_topk=300), want)
+
+
+def test_nan_keys_and_missing_pages_select_as_the_two_calls_do():
+    # NaN bytes in some keys make NaN logits (last in the order); a page past the cache scores -inf
+    # (validate=False): both land where the two calls put them.
+    rng = np.random.default_rng(3)
+    case = index_case(rng, heads=4, kpool=1, block_size=16, counts=(2,), cache_lengths=(2500,))
+    used = int(case.cache_block_table[0, 3])
+    case.cache.reshape(case.cache.shape[0], -1)[used, : 3 * 128 : 5] = 0x7F  # NaN bytes in pools 48 to 50
+    case.cache_block_table[0, 10] = case.cache.shape[0] + 3
+    for backend in BACKENDS:
+        logits = backend.kpool_index_logits_fp8(*case.args, kpool=1, validate=False)
+        assert np.isnan(logits).any() and np.isneginf(logits).any()
+        want = backend.kpool_index_topk(logits, case.input_row_offsets, case.cache_lengths, kpool=1, pool_topk=2400)
+        _same(backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=2400, validate=False), want)
+
+
+def test_the_workspace_does_not_grow_with_the_context_and_is_left_zeroed():
+    # One decode token at a 256K-token context (65,536 pools): its logits alone (256 KiB) would not fit the
+    # workspace (32 splits x 512 keys and ids, 128 KiB); the call runs in it and leaves its counters zero.
+    rng = np.random.default_rng(4)
+    case = index_case(rng, heads=1, head_dim=64, kpool=4, block_size=1024, counts=(1,), cache_lengths=(1 << 18,),
+                      spare_pages=0, spare_columns=0)  # fmt: skip
+    needed = kpool_cupy.index_select_workspace_bytes(1, 512)
+    assert select_splits(1, 512) == 32 and needed < 4 * case.visible()[0]
+    workspace = np.zeros(needed, np.uint8)
+    got = emulate.kpool_index_select_fp8(*case.args, kpool=4, pool_topk=512, workspace=workspace)
+    _same(got, two_step(emulate, case, pool_topk=512))
+    assert not workspace[:16].any()  # the counter wrapped back to 0
+    again = emulate.kpool_index_select_fp8(*case.args, kpool=4, pool_topk=512, workspace=workspace)
+    _same(again, got)
+
+
+def test_workspace_sizes_and_refusals():
+    assert kpool_cupy.index_select_workspace_bytes(256, 512) == 0  # a block a token: nothing to merge
+    assert kpool_cupy.index_select_workspace_bytes(0, 512) == 0
+    # At most 256 lists of 512 keys and ids (1 MiB) and the counters, whatever the tokens (and the context).
+    sizes = [kpool_cupy.index_select_workspace_bytes(n, 512) for n in range(1, 300)]
+    assert max(sizes) <= 256 * 512 * 8 + 2 * 16 * 256 and min(sizes) == 0
+    rng = np.random.default_rng(5)
+    case = index_case(rng, heads=2, kpool=1, block_size=16, counts=(2,), cache_lengths=(700,))
+    needed = kpool_cupy.index_select_workspace_bytes(2, 100)
+    with pytest.raises(ValueError, match=rf"^Invalid workspace: expected at least {needed} bytes"):
+        emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100, workspace=np.zeros(needed - 1, np.uint8))
+    dirty = np.zeros(needed, np.uint8)
+    dirty[0] = 1  # a counter another use left
+    with pytest.raises(ValueError, match=r"^Invalid workspace: expected its first 16 bytes zero"):
+        emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100, workspace=dirty)
+    with pytest.raises(ValueError, match=r"^Invalid num_tokens"):
+        kpool_cupy.index_select_workspace_bytes(-1, 512)
+    with pytest.raises(ValueError, match=r"^Invalid pool_topk"):
+        kpool_cupy.index_select_workspace_bytes(1, 0)
+
+
+def test_the_same_under_the_reversed_thread_schedule(monkeypatch):
+    rng = np.random.default_rng(6)
+    case = index_case(rng, heads=8, kpool=1, block_size=16, counts=(1, 2), cache_lengths=(6000, 2000))
+    want = two_step(emulate, case, pool_topk=700, compact=True)
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
+    _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=700, compact=True), want)
