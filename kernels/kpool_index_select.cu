@@ -14,7 +14,9 @@
 // pool's place in its key tile (8 n + g) is the scorer's.
 //
 // Working memory: shared memory and the workspace, neither grows with the
-// context. Every index may be garbage when the caller skipped validation: a
+// context. A token's candidates are its visible pools up to the table's
+// reach (table_columns * cache_block_size; a validated call's table reaches
+// them all). Every index may be garbage when the caller skipped validation: a
 // token outside its request's rows selects nothing, a pool whose page is
 // missing scores -inf as in the scorer, a count read back from the
 // workspace is clamped to pool_topk, and nothing outside the arrays is read
@@ -89,8 +91,12 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
         batch > 0 &&
         kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) &&
         token >= row_begin && token < row_end;
-    const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
-    const bool all = visible <= pool_topk;  // every visible pool, nothing scored
+    long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
+    // Candidates stop at the table's reach (as the logits' width stops kpool_index_topk's): with a validated
+    // call the table covers every visible pool, and garbage lengths cannot send a block through 2^62 pools.
+    const long long reach = table_columns * cache_block_size;
+    visible = visible < reach ? visible : reach;
+    const bool all = visible <= pool_topk;  // every candidate, nothing scored
     if (all && split != 0) return;          // one block writes the row
 
     kp::SelectState state;

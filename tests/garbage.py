@@ -657,3 +657,29 @@ def topk_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
             block_size = _block_size(rng)
             case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
         yield "kpool_index_topk", case
+
+
+def select_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """``count`` garbage calls of ``kpool_index_select_fp8``: the scorer's garbage (``index_garbage_cases``:
+    offsets, lengths, tables, caches, odd query rows) with pool_topk below and above the candidates, the expand
+    modes in turn over garbage token tables, and a workspace that is None, exact or, every fifth call, full of
+    random bytes (wrong rows then, but nothing outside the arrays)."""
+    rng = np.random.default_rng([seed, 29])
+    for i, (_, scoring) in enumerate(index_garbage_cases(seed + 1000, count)):
+        case = {name: value for name, value in scoring.items() if name not in ("max_pools", "out")}
+        batch, tokens = case["cache_lengths"].shape[0], case["q"].shape[0]
+        if rng.random() < 0.5:  # requests that hold their tokens: pools are scored and selected
+            offsets = np.sort(rng.integers(0, tokens + 1, batch + 1))
+            offsets[0], offsets[-1] = 0, tokens
+            case["input_row_offsets"] = offsets.astype(case["input_row_offsets"].dtype)
+            lengths = rng.integers(0, 64 * case["cache"].shape[1], batch)
+            case["cache_lengths"] = lengths.astype(case["cache_lengths"].dtype)
+        case |= {"pool_topk": int(rng.choice([1, 3, 40])), "always_select_tail": bool(i % 2)}
+        case["compact"] = bool(i // 2 % 2)
+        if i // 4 % 2:
+            block_size = _block_size(rng)
+            case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
+        if i % 5 == 4:
+            size = 4096 * 64 + int(rng.integers(0, 64))
+            case["workspace"] = rng.integers(0, 256, size, dtype=np.uint8)
+        yield "kpool_index_select_fp8", case

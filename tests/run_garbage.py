@@ -15,7 +15,8 @@ Runs, by family (--families, all three by default):
   (``fp8_garbage_cases``), then --count // 4 of kpool_ring_close_fp8 and
   kpool_tail_update_fp8 (``fp8_ring_garbage_cases``), and --count // 24 of
   kpool_index_logits_fp8 (``index_garbage_cases``), kpool_index_topk
-  (``topk_garbage_cases``);
+  (``topk_garbage_cases``) and kpool_index_select_fp8
+  (``select_garbage_cases``);
 
 and prints how many ran. Any access outside the arrays is the sanitizer's
 to report.
@@ -39,6 +40,7 @@ from garbage import (
     garbage_cases,
     index_garbage_cases,
     ring_garbage_cases,
+    select_garbage_cases,
     topk_garbage_cases,
 )
 
@@ -89,6 +91,7 @@ def main() -> int:
         families_cases.append(fp8_ring_garbage_cases(options.seed, options.count // 4))
         families_cases.append(index_garbage_cases(options.seed, options.count // 24))
         families_cases.append(topk_garbage_cases(options.seed, options.count // 24))
+        families_cases.append(select_garbage_cases(options.seed, options.count // 24))
     calls = 0
     for function, case in itertools.chain.from_iterable(families_cases):
         getattr(module, function)(**{name: convert(value) for name, value in case.items()}, validate=False)

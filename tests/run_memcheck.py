@@ -46,6 +46,7 @@ from garbage import (
     garbage_cases,
     index_garbage_cases,
     ring_garbage_cases,
+    select_garbage_cases,
     topk_garbage_cases,
 )
 from model import BF16, assert_close_to_model, make_batch, standard_lengths
@@ -62,6 +63,7 @@ OPS = (
     "kpool_tail_update_fp8",
     "kpool_index_logits_fp8",
     "kpool_index_topk",
+    "kpool_index_select_fp8",
 )
 
 
@@ -169,6 +171,8 @@ def main() -> int:
     for function, case in index_garbage_cases(options.seed, max(options.count // 2, 4)):
         run(function, case)
     for function, case in topk_garbage_cases(options.seed, max(options.count // 2, 8)):
+        run(function, case)
+    for function, case in select_garbage_cases(options.seed, max(options.count // 2, 8)):
         run(function, case)
     print("garbage calls per op:", ", ".join(f"{op} {calls[op]}" for op in OPS), flush=True)
     print(f"strided device views: {views['strided device views']}", flush=True)

@@ -156,9 +156,9 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     done = _run_sanitized(script, tmp_path, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 50 kpool_compress_fp8, 10 hadamard_quant_fp8, 30 ring close and tail update, 5 of the scorer, 5 of the
-    # selection.
-    assert "garbage calls: 100" in done.stdout
+    # 50 kpool_compress_fp8, 10 hadamard_quant_fp8, 30 ring close and tail update, 5 each of the scorer, the
+    # selection and the fused selection.
+    assert "garbage calls: 105" in done.stdout
     # Control: every library that ran was built with the sanitizer.
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert len(built) > 20, built
@@ -174,14 +174,15 @@ _SANITIZED_FAMILIES_RUN = textwrap.dedent(
     import sys
     sys.path.insert(0, {tests!r})
     from garbage import (
-        expand_garbage_cases, fp8_garbage_cases, fp8_ring_garbage_cases, index_garbage_cases, topk_garbage_cases
+        expand_garbage_cases, fp8_garbage_cases, fp8_ring_garbage_cases, index_garbage_cases, select_garbage_cases,
+        topk_garbage_cases,
     )
     from kpool_cupy import emulate
     from kpool_cupy.emulator.launch import recording
 
     cases = [("kpool_expand_topk", case) for case in expand_garbage_cases(0, 6)]
     cases += [*fp8_garbage_cases(0, 12), *fp8_ring_garbage_cases(0, 6), *index_garbage_cases(0, 6)]
-    cases += list(topk_garbage_cases(0, 8))
+    cases += [*topk_garbage_cases(0, 8), *select_garbage_cases(0, 8)]
     launched = set()
     for function, case in cases:
         if function in launched:
@@ -198,10 +199,10 @@ _SANITIZED_FAMILIES_RUN = textwrap.dedent(
 def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path):
     # compress (its FP8 form: the pooling and the sink), ring (ring close's
     # and tail update's FP8 forms), expand (a garbage block table), the
-    # query side, the scorer and the selection (garbage offsets, tables,
-    # caches and logits widths), each with validate=False over garbage
-    # indices and each reaching its kernel (a call that launches nothing
-    # proves nothing).
+    # query side, the scorer, the selection and the fused selection
+    # (garbage offsets, tables, caches, logits widths and workspaces), each
+    # with validate=False over garbage indices and each reaching its kernel
+    # (a call that launches nothing proves nothing).
     libasan = _libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
@@ -209,7 +210,7 @@ def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
     families = "['hadamard_quant_fp8', 'kpool_compress_fp8', 'kpool_expand_topk', 'kpool_index_logits_fp8', "
-    families += "'kpool_index_topk', 'kpool_ring_close_fp8', 'kpool_tail_update_fp8']"
+    families += "'kpool_index_select_fp8', 'kpool_index_topk', 'kpool_ring_close_fp8', 'kpool_tail_update_fp8']"
     assert f"families: {families}" in done.stdout, done.stdout
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert built and all(b"__asan_report" in path.read_bytes() for path in built), built

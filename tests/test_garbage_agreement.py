@@ -18,6 +18,7 @@ from garbage import (
     fp8_ring_garbage_cases,
     garbage_cases,
     ring_garbage_cases,
+    select_garbage_cases,
     topk_garbage_cases,
 )
 from model import TOLERANCES
@@ -181,6 +182,27 @@ def test_selection_garbage_lands_in_the_same_places(chunk):
     # reference selects and expands exactly what the kernel does (the results are integers: no bound).
     for i, (function, case) in enumerate(topk_garbage_cases(seed=chunk, count=CASES // 4)):
         _compare(function.removeprefix("kpool_"), case, f"seed {chunk} case {i}")
+
+
+@pytest.mark.parametrize("chunk", SWEEP_4)
+def test_fused_selection_garbage_equals_the_two_calls(chunk):
+    # The scorer's garbage with selections on top: the fused call, with a zeroed workspace, equals the same
+    # backend's two calls with the logits as wide as the cache table reaches (its candidates' limit without
+    # validation), bit for bit on the emulator and on the reference alike.
+    for i, (_, case) in enumerate(select_garbage_cases(seed=chunk, count=CASES // 8)):
+        case.pop("workspace", None)
+        label = f"seed {chunk} case {i}"
+        scoring = {n: case[n] for n in ("q", "weights", "cache", "cache_block_table", "input_row_offsets")}
+        scoring |= {"cache_lengths": case["cache_lengths"], "kpool": case["kpool"]}
+        reach = case["cache_block_table"].shape[1] * case["cache"].shape[1]
+        selection = {n: v for n, v in case.items() if n not in scoring or n == "kpool"}
+        for module in (emulate, reference):
+            logits = module.kpool_index_logits_fp8(**scoring, max_pools=reach, validate=False)
+            offsets, lengths = case["input_row_offsets"], case["cache_lengths"]
+            want = module.kpool_index_topk(logits, offsets, lengths, **selection, validate=False)
+            got = module.kpool_index_select_fp8(**case, validate=False)
+            for a, b in zip(got if case["compact"] else (got,), want if case["compact"] else (want,), strict=True):
+                np.testing.assert_array_equal(a, b, err_msg=f"{label} {module.__name__}")
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=IDS)

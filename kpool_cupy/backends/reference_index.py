@@ -107,12 +107,13 @@ def select_rows(s: Any, o: dict, logits: np.ndarray, candidates: np.ndarray) -> 
 
 
 def index_select_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_index_select_fp8``: the reference scorer's logits over every visible pool, then ``select_rows``
-    (what the two calls give, so bit for bit the same)."""
+    """``kpool_index_select_fp8``: the reference scorer's logits over every visible pool the table reaches, then
+    ``select_rows`` (what the two calls give, so bit for bit the same)."""
     s = kernel_scalars(launch)
     o = launch.operands
     _, _, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
-    # Rows with at most pool_topk visible pools need no logits; the others fit in memory on the CPU.
+    visible = np.minimum(visible, s.table_columns * s.cache_block_size)  # the table's reach
+    # Rows with at most pool_topk candidates need no logits; the others fit in memory on the CPU.
     width = int(np.where(visible > s.pool_topk, visible, 0).max(initial=0))
     logits = np.empty((s.num_tokens, width), np.float32)
     score_rows(o, s.kpool, s.cache_block_size, s.pages, width, logits)

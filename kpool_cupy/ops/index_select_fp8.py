@@ -212,12 +212,17 @@ pool_topk, always_select_tail, block_table, block_size, compact
 workspace
     uint8, 1-D, at least :func:`index_select_workspace_bytes` ``(num_tokens,
     pool_topk)`` bytes (a ValueError names it otherwise), zero-filled before
-    its first use: every call leaves it zeroed again, so one buffer serves
-    every call and a CUDA graph. None: the call allocates a zeroed one.
+    its first use. It starts with a counter per token, which every call
+    leaves zero again, so one buffer serves every call and a CUDA graph; the
+    rest is scratch. None: the call allocates a zeroed one.
     ``validate=True`` checks the counters are zero.
 validate
     As :func:`kpool_index_topk`, and the pooled cache's table as
-    :func:`kpool_index_logits_fp8` checks it (one host read).
+    :func:`kpool_index_logits_fp8` checks it (one host read). Without
+    validation a token's candidates stop at the table's reach
+    (``cache_block_table`` columns times the cache's ``block_size``), as the
+    logits' width stops them in :func:`kpool_index_topk`: garbage lengths
+    cannot make a block walk more pools than the table names.
 stream
     As :func:`kpool_compress`.
 
