@@ -58,12 +58,19 @@ def _score_arguments(requests: int, g):
     return q, weights, cache, table, offsets, lengths
 
 
+def _select(tail, q, weights, cache, table, offsets, lengths):
+    """The engine's decode indexer step: score and select in one call, and the same in two."""
+    fused = kt.kpool_index_select_fp8(q, weights, cache, table, offsets, lengths, kpool=KPOOL, pool_topk=3)
+    logits = kt.kpool_index_logits_fp8(q, weights, cache, table, offsets, lengths, kpool=KPOOL, max_pools=INDEX_POOLS)
+    return fused, kt.kpool_index_topk(logits, offsets, lengths, kpool=KPOOL, pool_topk=3)
+
+
 def _arguments(step, requests: int, tail):
     """One call of ``step`` for ``requests`` requests (the ring first, where the step takes one)."""
     g = torch.Generator().manual_seed(requests)
     ape = torch.randn(KPOOL, HEAD_DIM, generator=g)
     slots = torch.arange(requests, dtype=torch.int32)
-    if step is _score:
+    if step in (_score, _select):
         return (tail, *_score_arguments(requests, g))
     if step in (_decode, _decode_fp8):
         k = torch.randn(requests, NEXT_N, HEAD_DIM, generator=g).to(torch.bfloat16)
@@ -79,7 +86,9 @@ def _arguments(step, requests: int, tail):
     return tail, ids, offsets, torch.full((requests,), 20, dtype=torch.int32)
 
 
-@pytest.mark.parametrize("step", [_decode, _decode_fp8, _prefill, _expand, _score], ids=lambda s: s.__name__[1:])
+@pytest.mark.parametrize(
+    "step", [_decode, _decode_fp8, _prefill, _expand, _score, _select], ids=lambda s: s.__name__[1:]
+)
 def test_twenty_batch_sizes_compile_at_most_twice_and_equal_eager(step):
     from torch._dynamo.testing import CompileCounterWithBackend
 

@@ -102,8 +102,9 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
     return IndexLogitsCall(num_tokens, heads, head_dim, batch, int(a.kpool), pages, block_size, max_pools)
 
 
-def output_shapes(call: IndexLogitsCall, max_pools: int) -> dict[str, OutputShape]:
-    return {"out": ((call.num_tokens, max_pools), FLOAT32)}
+def output_shapes(call: IndexLogitsCall, max_pools: int | None) -> dict[str, OutputShape]:
+    """``max_pools``: the width the data decided; None where the call fixed it (``call.max_pools``)."""
+    return {"out": ((call.num_tokens, call.max_pools if max_pools is None else max_pools), FLOAT32)}
 
 
 def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
@@ -294,9 +295,10 @@ PARAMETERS = (
 )
 
 
-def most_pools(call: IndexLogitsCall) -> int:
-    """The widest result a call can have without max_pools: every pool id fits int32."""
-    return call.max_pools if call.max_pools is not None else MAX_POOLS
+def most_pools(call: IndexLogitsCall) -> int | None:
+    """The widest result a call can have without max_pools (every pool id fits int32); None with max_pools (or
+    out): the width is the call's, not the data's."""
+    return None if call.max_pools is not None else MAX_POOLS
 
 
 SPEC = OpSpec(

@@ -220,7 +220,9 @@ class OpSpec:
     data-dependent ``total_pools``). ``extras`` are the options only one
     binding takes (the reference's ``accumulate``). ``dynamic_sizes`` names
     the sizes ``outputs`` takes that only the data decides, each with its
-    upper bound from the call record. ``conditional_results`` are results
+    upper bound from the call record, or None where the call record fixes
+    the size itself (``outputs`` then gets None for it; the scorer's
+    ``max_pools``). ``conditional_results`` are results
     returned after ``results`` only when a bool option is set (expand's
     ``counts`` with ``compact``), each with that option's name. ``kernel`` is
     the kernel the op launches (what ``kpool-cupy ptx --op`` compiles).

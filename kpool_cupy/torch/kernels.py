@@ -188,7 +188,9 @@ def _unbacked_sizes(spec: OpSpec) -> Callable[[Any], dict[str, Any]]:
         made = {}
         for name, bound in spec.dynamic_sizes.items():
             most = bound(call)
-            if isinstance(most, torch.SymInt):  # a bound from symbolic sizes: torch takes only a known one
+            if most is None:  # known from the call itself (the scorer's max_pools): nothing for the data to decide
+                made[name] = None
+            elif isinstance(most, torch.SymInt):  # a bound from symbolic sizes: torch takes only a known one
                 made[name] = torch.library.get_ctx().new_dynamic_size(min=0)
             else:
                 made[name] = torch.library.get_ctx().new_dynamic_size(min=0, max=most) if most > 0 else 0
