@@ -20,7 +20,7 @@ __device__ __forceinline__ long long expanded(long long token, long long column,
     const long long value =
         column < pool_topk * KPOOL
             ? pool_position(load_signed_index(pool_ids, token * pool_topk + column / KPOOL), column % KPOOL, KPOOL)
-            : tail_position(request, visible, column - pool_topk * KPOOL, KPOOL);
+            : tail_position(request, visible, visible % KPOOL, column - pool_topk * KPOOL);
     return PAGED ? paged_slot(value, request, block_table, max_blocks, table_stride, block_size) : value;
 }
 

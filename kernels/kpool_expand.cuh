@@ -42,29 +42,33 @@ __device__ __forceinline__ long long expand_request(long long token, const IO* i
 }
 
 // Position j of pool `pool`: pool * kpool + j, or -1 for a negative pool or
-// one whose last position would not fit int32.
+// one whose last position would not fit int32 (kpool <= 1024: no product
+// here overflows, and no division: a run-time 64-bit one is a call).
 __device__ __forceinline__ long long pool_position(long long pool, long long j, long long kpool) {
-    return pool >= 0 && pool <= (2147483647LL - (kpool - 1)) / kpool ? pool * kpool + j : -1;
+    return pool >= 0 && pool <= 2147483647LL && pool * kpool + (kpool - 1) <= 2147483647LL ? pool * kpool + j : -1;
 }
 
-// Tail column i of a token of `request` that sees `visible` positions.
-__device__ __forceinline__ long long tail_position(long long request, long long visible, long long i,
-                                                   long long kpool) {
+// Tail column i of a token of `request` that sees `visible` positions, of
+// which `partial` = visible % kpool are past its last complete pool.
+__device__ __forceinline__ long long tail_position(long long request, long long visible, long long partial,
+                                                   long long i) {
     if (request < 0) return -1;
-    const long long count = visible % kpool;
-    const long long value = i < count ? visible - count + i : -1;
+    const long long value = i < partial ? visible - partial + i : -1;
     return value > 2147483647LL ? -1 : value;
 }
 
 // A position's cache slot through `request`'s row of the block table (row b
-// at b * table_stride entries), -1 where there is none.
+// at b * table_stride entries), -1 where there is none. Positions fit int32
+// and block_size <= 2^20, so the block is a 32-bit division.
 __device__ __forceinline__ long long paged_slot(long long value, long long request, const int* block_table,
                                                 long long max_blocks, long long table_stride, long long block_size) {
-    if (value < 0) return -1;
-    const long long block = value / block_size;
+    if (value < 0 || value > 2147483647LL) return -1;
+    const unsigned int size = static_cast<unsigned int>(block_size);
+    const unsigned int block = static_cast<unsigned int>(value) / size;
     const long long entry = request >= 0 && block < max_blocks ? block_table[request * table_stride + block] : -1;
-    return entry >= 0 && entry <= (2147483647LL - (block_size - 1)) / block_size ? entry * block_size + value % block_size
-                                                                                 : -1;
+    return entry >= 0 && entry * block_size + (block_size - 1) <= 2147483647LL
+               ? entry * block_size + (static_cast<unsigned int>(value) - block * size)
+               : -1;
 }
 
 }  // namespace kp

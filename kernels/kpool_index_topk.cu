@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
     if (!all) {
         const float* row = logits + token * logits_stride;
         kp::select_best(buffer, candidates, static_cast<int>(pool_topk),
-                        [&](long long first, unsigned int (&keys)[kp::kSelectPerThread], int count) {
+                        [row](long long first, unsigned int (&keys)[kp::kSelectPerThread], int count) {
                             if (VECTOR && count == kp::kSelectPerThread) {
                                 const uint4 v = kp_load16(row + first);
                                 keys[0] = kp::order_key(kp_bits_to_float(v.x));
@@ -47,7 +47,9 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                                 keys[2] = kp::order_key(kp_bits_to_float(v.z));
                                 keys[3] = kp::order_key(kp_bits_to_float(v.w));
                             } else {
-                                for (int e = 0; e < count; ++e) keys[e] = kp::order_key(row[first + e]);
+#pragma unroll
+                                for (int e = 0; e < kp::kSelectPerThread; ++e)  // unrolled: keys stay in registers
+                                    if (e < count) keys[e] = kp::order_key(row[first + e]);
                             }
                         });
     }

@@ -242,17 +242,24 @@ __device__ __forceinline__ void write_selection(const SelectBuffer<CAP>& buffer,
                                                 long long max_blocks, long long block_table_stride,
                                                 long long block_size, int* positions, long long width,
                                                 int* counts) {
-    long long visible = 0;
-    const long long request = expand_request(token, input_row_offsets, cache_lengths, batch, num_tokens, &visible);
-    const long long pool_columns = pool_topk * kpool;
-    auto column_value = [&](long long column) -> long long {
+    long long visible_positions = 0;
+    const long long request =
+        expand_request(token, input_row_offsets, cache_lengths, batch, num_tokens, &visible_positions);
+    const long long visible = visible_positions;  // a copy the lambda takes by value: no local memory
+    const long long partial = visible % kpool;     // once a token: a run-time 64-bit division is a call
+    // Columns and kpool fit 32 bits (pool_topk <= 4096, kpool <= 1024): the slot is a 32-bit division.
+    const unsigned int pool_columns = static_cast<unsigned int>(pool_topk * kpool);
+    const unsigned int per_pool = static_cast<unsigned int>(kpool);
+    auto column_value = [&buffer, all, selected, request, visible, partial, pool_columns, per_pool, kpool,
+                         block_table, max_blocks, block_table_stride, block_size](long long column) -> long long {
+        const unsigned int c = static_cast<unsigned int>(column);
         long long value;
-        if (column < pool_columns) {
-            const long long slot = column / kpool;
+        if (c < pool_columns) {
+            const unsigned int slot = c / per_pool;
             const long long pool = slot < selected ? (all ? slot : buffer.ids[slot]) : -1;
-            value = pool_position(pool, column % kpool, kpool);
+            value = pool_position(pool, c - slot * per_pool, kpool);
         } else {
-            value = tail_position(request, visible, column - pool_columns, kpool);
+            value = tail_position(request, visible, partial, c - pool_columns);
         }
         return PAGED ? paged_slot(value, request, block_table, max_blocks, block_table_stride, block_size) : value;
     };

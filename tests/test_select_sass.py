@@ -1,0 +1,96 @@
+"""The selection kernels' machine code, read off what the GPU path compiles (no GPU needed): no spill in a loop, static
+shared memory inside the 48 KiB every GPU gives a block without opting in (the largest buffer, pool_topk 4096,
+included), 16-byte logits loads in kpool_index_topk, and the fused kernel's tensor-core count per call of the
+scorer's routine. Each logit is read from global memory once on every architecture: the streaming selection
+keeps no second pass (kernels/kpool_select.cuh)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TOPK, MMA_E4M3, MMA_F16
+from kpool_cupy.tools import sass
+from kpool_cupy.tools.nvrtc import kernel_ptx
+from kpool_cupy.tools.sass_report import tensor_core_count
+
+STATIC_SHARED_LIMIT = 48 * 1024
+I32 = np.dtype(np.int32)
+
+
+def _shared_bytes(source: str, name: str, arch: str) -> int:
+    """The static shared memory ptxas reports for the kernel."""
+    with tempfile.TemporaryDirectory(prefix="kpool-smem-") as folder:
+        ptx = Path(folder, "kernel.ptx")
+        ptx.write_text(kernel_ptx(source, name, sass.sm_arch(arch)))
+        log = subprocess.run(
+            [sass.find_tool("ptxas"), f"-arch={sass.sm_arch(arch)}", "-v", str(ptx), "-o", str(Path(folder, "k"))],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    found = re.search(r"(\d+) bytes smem", log.stdout + log.stderr)
+    return int(found.group(1)) if found else 0
+
+
+def _loops(text: str) -> list[tuple[int, int]]:
+    """Each backward branch's [target, branch] address range: the loops' bodies."""
+    instructions, labels = sass.parse_instructions(text)
+    ranges = []
+    for instruction in instructions:
+        target = sass.branch_target(instruction, labels) if instruction.opcode[0] == "BRA" else None
+        if target is not None and target < instruction.address:
+            ranges.append((target, instruction.address))
+    return ranges
+
+
+def local_accesses_in_loops(text: str) -> list[int]:
+    """Addresses of local-memory loads and stores (spills) inside a loop: a spill there costs every chunk."""
+    instructions, _ = sass.parse_instructions(text)
+    loops = _loops(text)
+    local = [i.address for i in instructions if i.opcode[0] in ("LDL", "STL")]
+    return [a for a in local if any(start <= a <= end for start, end in loops)]
+
+
+def _topk(cap: int) -> str:
+    return INDEX_TOPK.instance(CAP=cap, VECTOR=1, IO=I32, IC=I32, PAGED=True, COMPACT=True)
+
+
+def _select(cap: int, mma: int = MMA_E4M3) -> str:
+    return INDEX_SELECT_FP8.instance(HEAD_DIM=128, MMA=mma, VECTOR=3, CAP=cap, IO=I32, IC=I32, PAGED=True,
+                                     COMPACT=True)  # fmt: skip
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_selection_reads_logits_16_bytes_at_a_time_and_spills_nothing_in_its_loops():
+    # At pool_topk <= 512 ptxas keeps one 64-bit value of the token (its candidates) in local memory across
+    # the selection: a store before and a load after, once a token (at most 32 bytes), never in a loop.
+    machine = sass.summarize_sass(INDEX_TOPK.source, _topk(512), arch="sm_90")
+    assert machine.spill_stores <= 32 and machine.spill_loads <= 32, machine.registers
+    assert local_accesses_in_loops(machine.sass) == []
+    assert machine.vector_loads == 1  # the chunk's four logits a thread (kernels/kpool_index_topk.cu)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_fused_kernel_scores_on_tensor_cores_without_spills():
+    # head_dim 128 on sm_90: one inlined score_token, 4 key tiles x 4 steps x 2 HMMAs (tests/test_index_sass.py).
+    machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch="sm_90")
+    assert machine.spill_stores == machine.spill_loads == 0
+    assert tensor_core_count(machine.sass) == 4 * 4 * 2
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_the_largest_buffers_fit_static_shared_memory(arch):
+    # pool_topk up to 4096: a buffer of 4096 + 1024 keys and ids (40 KiB), with the fused kernel's chunk of
+    # 1024 logits (4 KiB) beside it.
+    mma = MMA_F16 if arch == "sm_80" else MMA_E4M3
+    for source, name in ((INDEX_TOPK.source, _topk(4096)), (INDEX_SELECT_FP8.source, _select(4096, mma))):
+        shared = _shared_bytes(source, name, arch)
+        assert 40 * 1024 < shared <= STATIC_SHARED_LIMIT, (name, arch, shared)
+        machine = sass.summarize_sass(source, name, arch=arch)
+        assert local_accesses_in_loops(machine.sass) == [], (name, arch)
