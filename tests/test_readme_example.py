@@ -58,3 +58,19 @@ def test_the_fp8_cache_example(backend):
     assert q_values.shape == (96, 64) and q_values.dtype == np.uint8 and q_scales.shape == (96,)
     logits = namespace["logits"]
     assert np.isfinite(logits[:, : namespace["visible"] - 1]).all()  # every token sees all but maybe the last
+
+
+def indexer_example() -> str:
+    text = README.read_text().split("## The indexer step: compress, quantize the queries, select", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+def test_the_indexer_step_example(backend):
+    code = indexer_example().replace("kp = kpool_cupy.emulate", f"kp = kpool_cupy.{backend}")
+    assert f"kpool_cupy.{backend}" in code
+    namespace: dict = {}
+    exec(compile(code, str(README), "exec"), namespace)  # its assert: the fused call equals the two calls
+    slots, workspace = namespace["slots"], namespace["workspace"]
+    assert slots.shape == (2, 256 * 4 + 3) and workspace.size > 0 and not workspace[:16].any()
+    assert (slots[:, : 256 * 4] >= 0).all()  # 1,024 pools seen: 256 chosen, each slot in the KV table
