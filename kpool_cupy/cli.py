@@ -312,7 +312,8 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     "--index/--no-index",
     default=True,
     show_default=True,
-    help="Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite.",
+    help="Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite, "
+    "and kpool_index_select_fp8 against the scorer then kpool_index_topk and a torch composite.",
 )
 def bench(
     json_file: str | None,

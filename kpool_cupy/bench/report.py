@@ -147,6 +147,7 @@ def records(results: dict[str, Any]) -> list[dict[str, Any]]:
         *results.get("lifecycle", []),
         *results.get("fp8", []),
         *results.get("index", []),
+        *results.get("select", []),
         *results.get("shapes", []),
     ]
 

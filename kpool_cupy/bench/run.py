@@ -18,6 +18,7 @@ from .index import run_index
 from .inputs import InputSet, make_input_sets
 from .lifecycle import run_lifecycle
 from .plans import plan_launch
+from .select import run_select
 from .shapes import BenchShape, minimum_bytes, sweep
 from .stats import ratios_to, rotation
 from .tail_fp8 import run_tail_fp8, tail_fp8_host_cost
@@ -233,6 +234,10 @@ def run_sweep(
     results["index"] = []
     for record in run_index(quick, samples) if index else ():
         results["index"].append(clock.stamp(record))
+        checkpoint(results)
+    results["select"] = []
+    for record in run_select(quick, samples) if index else ():
+        results["select"].append(clock.stamp(record))
         checkpoint(results)
     results["shapes"] = []
     checkpoint(results)
