@@ -312,8 +312,13 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     "--index/--no-index",
     default=True,
     show_default=True,
-    help="Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite, "
-    "and kpool_index_select_fp8 against the scorer then kpool_index_topk and a torch composite.",
+    help="Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite.",
+)
+@click.option(
+    "--select/--no-select",
+    default=True,
+    show_default=True,
+    help="Also time kpool_index_select_fp8 against the scorer then kpool_index_topk, and a torch composite.",
 )
 def bench(
     json_file: str | None,
@@ -326,6 +331,7 @@ def bench(
     decode_side: bool,
     fp8: bool,
     index: bool,
+    select: bool,
     sweep: bool,
 ) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one).
@@ -373,7 +379,7 @@ def bench(
             drawn[0] = len(partial["shapes"])
 
     shapes = sweep_shapes(quick) if sweep else []
-    swept = run_sweep(shapes, chosen, samples, progress, quick, write, decode_side, fp8, index)
+    swept = run_sweep(shapes, chosen, samples, progress, quick, write, decode_side, fp8, index, select)
     results = {"environment": env, **swept}
     results["complete"] = True
     for line in table(results):

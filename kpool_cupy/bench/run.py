@@ -200,6 +200,7 @@ def run_sweep(
     decode_side: bool = True,
     fp8: bool = True,
     index: bool = True,
+    select: bool = True,
 ) -> dict[str, Any]:
     """Host costs, the empty kernel, the decode side, the FP8 and the scorer's records, then every shape of the
     sweep;
@@ -236,7 +237,7 @@ def run_sweep(
         results["index"].append(clock.stamp(record))
         checkpoint(results)
     results["select"] = []
-    for record in run_select(quick, samples) if index else ():
+    for record in run_select(quick, samples) if select else ():
         results["select"].append(clock.stamp(record))
         checkpoint(results)
     results["shapes"] = []
