@@ -1,7 +1,10 @@
 """The FP8 scorer on a GPU: the CuPy path against the float64 reference within the GPU bound, both tensor-core
-paths (e4m3 and the sm_80 f16 path, forced), and its device time at engine shapes. Prints one JSON line a case.
+paths (e4m3 and the sm_80 f16 path, forced), and its device time at engine shapes; the selection: kpool_index_topk
+of the GPU's logits against the reference's selection of the same logits, and kpool_index_select_fp8 against the
+GPU's two calls, bit for bit, on both paths. Prints one JSON line a case.
 
     python scripts/gpu_index_check.py            (on a machine with a GPU; run from the repository root)
+    python scripts/gpu_index_check.py --no-timing (the checks alone)
 """
 
 from __future__ import annotations
@@ -49,6 +52,31 @@ def accuracy(name, case, mma):
         bound = index_logits_bound(*case.args, kpool=case.kpool, max_pools=want.shape[1], accumulation_bits=bits)
         verdict = index_logits_agree(got, want, bound)
         row[f"bits{bits}"] = {k: verdict[k] for k in ("ok", "worst_error_over_bound", "max_abs_err", "same_inf")}
+    print(json.dumps(row), flush=True)
+
+
+def selection(name, case, mma, pool_topk, **options):
+    """The GPU's selection of its own logits equals the reference's selection of them; the fused call equals the
+    GPU's two calls; the workspace's counters are zero after it."""
+    original = cupy_backend.CupyBackend.index_mma
+    if mma is not None:
+        cupy_backend.CupyBackend.index_mma = lambda self: mma
+    try:
+        args = [cupy.asarray(a) for a in case.args]
+        rows = {"input_row_offsets": args[4], "cache_lengths": args[5]}
+        call = {"kpool": case.kpool, "pool_topk": pool_topk, **options}
+        logits = kpool_cupy.kpool_index_logits_fp8(*args, kpool=case.kpool)
+        two = kpool_cupy.kpool_index_topk(logits, **rows, **call)
+        host = reference.kpool_index_topk(cupy.asnumpy(logits), case.input_row_offsets, case.cache_lengths, **call)
+        workspace = cupy.zeros(kpool_cupy.index_select_workspace_bytes(case.q.shape[0], pool_topk), cupy.uint8)
+        fused = kpool_cupy.kpool_index_select_fp8(*args, workspace=workspace, **call)
+    finally:
+        cupy_backend.CupyBackend.index_mma = original
+    counters = workspace[: 16 * -(-4 * case.q.shape[0] // 16)]
+    row = {"selection": name, "mma": "default" if mma is None else mma, "pool_topk": pool_topk}
+    row["topk_equals_reference"] = bool(np.array_equal(cupy.asnumpy(two), host))
+    row["fused_equals_two_calls"] = bool(cupy.array_equal(fused, two))
+    row["counters_zero"] = not bool(counters.any())
     print(json.dumps(row), flush=True)
 
 
@@ -112,6 +140,15 @@ def main() -> None:
         accuracy(f"decode next_n 2 forced mma {mma}", case, mma)
     case = index_case(rng, heads=128, block_size=64, counts=(3, 40), cache_lengths=(3000, 17))
     accuracy("h128 bs64", case, None)
+    for mma in (None, MMA_F16):
+        case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(1,), cache_lengths=(131071,))
+        selection("decode B1 ctx128K", case, mma, 512)
+        case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(2,) * 64, cache_lengths=(8190,) * 64)
+        selection("decode B64 next_n2 ctx8K", case, mma, 512, always_select_tail=True)
+        case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(512,), cache_lengths=(16384,))
+        selection("prefill 512 ctx16K", case, mma, 2048, compact=True)
+    if "--no-timing" in sys.argv:
+        return
     timing("decode B64 next_n1 ctx8K h64", 64, 64, 1, 8192)
     timing("decode B64 next_n2 ctx8K h64", 64, 64, 2, 8192)
     timing("decode B8 next_n1 ctx128K h64", 64, 8, 1, 131072)
