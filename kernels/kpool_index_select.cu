@@ -26,9 +26,14 @@
 
 namespace kp {
 
-// Where the workspace keeps what: counters [num_tokens] (zero between
-// calls), then per token and split a count, pool_topk keys and pool_topk
-// ids (ops/index_select_fp8.py's workspace_bytes lays it out the same).
+// Where the workspace keeps what: a counter per token in the first
+// kSelectCounterBytes, a fixed region whatever num_tokens (pools are split
+// only for 128 tokens or fewer), so a buffer reused across batch sizes finds
+// zero counters where the last call left them; then per token and split a
+// count, pool_topk keys and pool_topk ids (ops/index_select_fp8.py's
+// index_select_workspace_bytes lays it out the same).
+constexpr long long kSelectCounterBytes = 512;
+
 struct SelectWorkspace {
     unsigned int* counters;
     int* counts;
@@ -43,7 +48,7 @@ __device__ __forceinline__ SelectWorkspace select_workspace(unsigned char* base,
     const long long lists = num_tokens * splits;
     SelectWorkspace w;
     w.counters = reinterpret_cast<unsigned int*>(base);
-    base += align16(num_tokens * 4);
+    base += kSelectCounterBytes;
     w.counts = reinterpret_cast<int*>(base);
     base += align16(lists * 4);
     w.keys = reinterpret_cast<unsigned int*>(base);
@@ -96,6 +101,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
     // call the table covers every visible pool, and garbage lengths cannot send a block through 2^62 pools.
     const long long reach = table_columns * cache_block_size;
     visible = visible < reach ? visible : reach;
+    visible = visible < 2147483647LL ? visible : 2147483647LL;  // pool ids are int32, as the scorer's width
     const bool all = visible <= pool_topk;  // every candidate, nothing scored
     if (all && split != 0) return;          // one block writes the row
 

@@ -98,9 +98,34 @@ def test_the_workspace_does_not_grow_with_the_context_and_is_left_zeroed():
     workspace = np.zeros(needed, np.uint8)
     got = emulate.kpool_index_select_fp8(*case.args, kpool=4, pool_topk=512, workspace=workspace)
     _same(got, two_step(emulate, case, pool_topk=512))
-    assert not workspace[:16].any()  # the counter wrapped back to 0
+    assert not workspace[:512].any()  # the counter wrapped back to 0
     again = emulate.kpool_index_select_fp8(*case.args, kpool=4, pool_topk=512, workspace=workspace)
     _same(again, got)
+
+
+def test_one_workspace_serves_every_batch_size():
+    # The counters sit in a fixed region: a buffer sized for the most tokens, used by a call of 1 token, then 5,
+    # then 1 again (the lists of one call lie where the counters of another would be, were they per token),
+    # each equal to its two calls, with and without validation.
+    rng = np.random.default_rng(8)
+    size = max(kpool_cupy.index_select_workspace_bytes(n, 64) for n in (1, 5))
+    workspace = np.zeros(size, np.uint8)
+    for tokens, validate in ((1, True), (5, True), (1, False), (5, False)):
+        case = index_case(rng, heads=2, head_dim=64, kpool=1, block_size=16, counts=(tokens,),
+                          cache_lengths=(900,))  # fmt: skip
+        got = emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=64, workspace=workspace,
+                                             validate=validate)  # fmt: skip
+        _same(got, two_step(emulate, case, pool_topk=64))
+        assert not workspace[:512].any(), tokens
+
+
+def test_the_kernel_and_the_host_put_the_counters_in_the_same_region():
+    from pathlib import Path
+
+    from kpool_cupy.ops.index_select_fp8 import COUNTER_BYTES
+
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_index_select.cu").read_text()
+    assert f"constexpr long long kSelectCounterBytes = {COUNTER_BYTES};" in text
 
 
 def test_workspace_sizes_and_refusals():
@@ -116,10 +141,12 @@ def test_workspace_sizes_and_refusals():
         emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100, workspace=np.zeros(needed - 1, np.uint8))
     dirty = np.zeros(needed, np.uint8)
     dirty[0] = 1  # a counter another use left
-    with pytest.raises(ValueError, match=r"^Invalid workspace: expected its first 16 bytes zero"):
+    with pytest.raises(ValueError, match=r"^Invalid workspace: expected its first 512 bytes zero"):
         emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100, workspace=dirty)
     with pytest.raises(ValueError, match=r"^Invalid num_tokens"):
         kpool_cupy.index_select_workspace_bytes(-1, 512)
+    with pytest.raises(TypeError, match=r"^Invalid num_tokens"):
+        kpool_cupy.index_select_workspace_bytes(2.0, 512)
     with pytest.raises(ValueError, match=r"^Invalid pool_topk"):
         kpool_cupy.index_select_workspace_bytes(1, 0)
 

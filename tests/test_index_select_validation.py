@@ -54,6 +54,10 @@ MUTATIONS = {
     "select-workspace-dtype": lambda a: a.update(workspace=a["workspace"].view(np.int32)),
     "select-workspace-rank": lambda a: a.update(workspace=a["workspace"].reshape(-1, 4)),
     "select-workspace-small": lambda a: a.update(workspace=a["workspace"][:-1]),
+    "select-workspace-aligned": lambda a: a.update(workspace=np.zeros(a["workspace"].size + 16, np.uint8)[1:]),
+    "select-lengths-pools": lambda a: a.update(
+        cache_lengths=np.array([3, 2**34], np.int64), input_row_offsets=np.array([0, 2, 5], np.int64)
+    ),
     "select-workspace-dirty": _dirty,
     "select-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 2, 4], np.int32)),
 }
@@ -70,7 +74,7 @@ def test_table_and_mutations_match():
 def test_the_good_call_passes_and_leaves_the_workspace_zeroed(module):
     args = good()
     positions = module.kpool_index_select_fp8(**args)
-    assert positions.shape == (5, 2) and not args["workspace"][:32].any()  # 5 counters, 16-byte aligned
+    assert positions.shape == (5, 2) and not args["workspace"][:512].any()  # the counters' region
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])

@@ -113,6 +113,7 @@ def index_select_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     o = launch.operands
     _, _, visible = token_visibility(o["input_row_offsets"], o["cache_lengths"], s.num_tokens, s.kpool)
     visible = np.minimum(visible, s.table_columns * s.cache_block_size)  # the table's reach
+    visible = np.minimum(visible, 2**31 - 1)  # pool ids are int32
     # Rows with at most pool_topk candidates need no logits; the others fit in memory on the CPU.
     width = int(np.where(visible > s.pool_topk, visible, 0).max(initial=0))
     logits = np.empty((s.num_tokens, width), np.float32)

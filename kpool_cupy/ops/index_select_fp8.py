@@ -12,12 +12,14 @@ from ..dtypes import INT32
 from ..kernel import codes
 from ..kernel.declarations import INDEX_SELECT_FP8
 from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
+from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .checks import check_rows_and_cache, dtype_fail, fail, require_array
 from .expand_topk import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
 from .fp8_target import UINT8
 from .index_logits_fp8 import (
     CACHE_BLOCK_TABLE,
+    MAX_POOLS,
     POOLED_CACHE,
     QUERY,
     WEIGHTS,
@@ -33,6 +35,9 @@ from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, 
 # Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
 TARGET_BLOCKS = 256
 MAX_SPLITS = 64
+# The workspace's counters: one per token, for the most tokens whose pools are split (TARGET_BLOCKS // 2), in
+# a fixed region at its start (kp::kSelectCounterBytes in kernels/kpool_index_select.cu).
+COUNTER_BYTES = 4 * (TARGET_BLOCKS // 2)
 # The last block of a token selects again over splits x pool_topk candidates: at most this many.
 MAX_MERGED = 16384
 
@@ -51,21 +56,19 @@ def _align16(size: int) -> int:
 def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
     """Bytes of ``workspace`` ``kpool_index_select_fp8`` needs for ``num_tokens`` query tokens selecting
     ``pool_topk`` pools each, whatever the context length: 0 when a token's pools are not split over blocks
-    (``num_tokens`` at least 128 at pool_topk 512), else a counter per token and, per token and split,
-    pool_topk keys and ids (kernels/kpool_index_select.cu's ``kp::select_workspace``)."""
+    (more than 128 tokens), else the counters (the first ``COUNTER_BYTES``, whatever num_tokens, so one
+    zeroed buffer serves every batch size) and, per token and split, pool_topk keys and ids
+    (kernels/kpool_index_select.cu's ``kp::select_workspace``)."""
     check_pool_topk(pool_topk)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)) or num_tokens < 0:
-        raise fail("num_tokens", "a non-negative integer", num_tokens)
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)):
+        raise dtype_fail("num_tokens", "an integer", type(num_tokens).__name__)
+    if num_tokens < 0:
+        raise fail("num_tokens", "a non-negative integer", int(num_tokens))
     splits = select_splits(int(num_tokens), int(pool_topk))
     if splits == 1:
         return 0
     lists = int(num_tokens) * splits
-    return (
-        _align16(4 * int(num_tokens))
-        + _align16(4 * lists)
-        + _align16(4 * lists * int(pool_topk))
-        + (4 * lists * int(pool_topk))
-    )
+    return COUNTER_BYTES + _align16(4 * lists) + _align16(4 * lists * int(pool_topk)) + 4 * lists * int(pool_topk)
 
 
 @dataclass(frozen=True)
@@ -95,8 +98,8 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
     check_pool_topk(a.pool_topk)
     num_tokens, heads, head_dim, pages, cache_block_size, batch = check_scoring_inputs(a)
     kpool, pool_topk = int(a.kpool), int(a.pool_topk)
-    if num_tokens > MAX_TOKENS // MAX_SPLITS:
-        raise fail("q", f"at most {MAX_TOKENS // MAX_SPLITS} tokens (up to {MAX_SPLITS} blocks a token)", num_tokens)
+    if num_tokens > MAX_TOKENS:  # pools are split over blocks for 128 tokens or fewer only
+        raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
     width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
     max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
     if a.workspace is not None:  # its size in run: it depends on num_tokens, which torch.compile keeps symbolic
@@ -105,6 +108,11 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
             raise dtype_fail("workspace", "dtype uint8", str(np.dtype(a.workspace.dtype)))
         if a.workspace.ndim != 1 or (a.workspace.size > 1 and a.workspace.strides[0] != 1):
             raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(a.workspace.shape)}")
+        address = codes.data_pointer(a.workspace)
+        if address % 16:  # the kernel's counters and lists are 4-byte words: a GPU faults on a misaligned one
+            raise fail(
+                "workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16"
+            )
     return IndexSelectCall(
         num_tokens, heads, head_dim, batch, kpool, pages, cache_block_size, pool_topk, width, max_blocks, size,
         bool(a.compact),
@@ -158,12 +166,17 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     if validate:
         table = a["cache_block_table"]
         copies = [a["input_row_offsets"], a["cache_lengths"], table.reshape(-1)]
-        counters = _align16(4 * call.num_tokens) if splits > 1 and workspace is not None else 0
+        counters = COUNTER_BYTES if splits > 1 and workspace is not None else 0
         if counters:
             copies.append(workspace[:counters])
         host = backend.host_copies(copies)
         offsets, lengths = host[0].astype(np.int64), host[1].astype(np.int64)
         check_rows_and_cache(call.num_tokens, host[0], host[1])
+        _, _, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)
+        if visible.size and int(visible.max()) > MAX_POOLS:
+            t = int(np.argmax(visible))
+            raise fail("cache_lengths", f"at most {MAX_POOLS} pools a token sees (pool ids are int32)",
+                       f"{int(visible[t])} pools at token {t}")  # fmt: skip
         scoring = SimpleNamespace(kpool=call.kpool, block_size=call.cache_block_size, pages=call.pages)
         check_table_covers(scoring, host[2].reshape(table.shape), lengths, offsets)
         check_covered(call, offsets, lengths, call.width > call.pool_topk * call.kpool)
@@ -211,11 +224,13 @@ pool_topk, always_select_tail, block_table, block_size, compact
     pages; ``cache_block_table``: the pooled cache's).
 workspace
     uint8, 1-D, at least :func:`index_select_workspace_bytes` ``(num_tokens,
-    pool_topk)`` bytes (a ValueError names it otherwise), zero-filled before
-    its first use. It starts with a counter per token, which every call
-    leaves zero again, so one buffer serves every call and a CUDA graph; the
-    rest is scratch. None: the call allocates a zeroed one.
-    ``validate=True`` checks the counters are zero.
+    pool_topk)`` bytes (a ValueError names it otherwise), 16-byte aligned,
+    its first 512 bytes (the counters) zero before its first use: every call
+    leaves them zero again, so one buffer serves every call, every batch
+    size and a CUDA graph; the rest is scratch. None: the call allocates a
+    zeroed one. ``validate=True`` checks the counters are zero; without it,
+    non-zero counters give rows that may be wrong or left unwritten, in this
+    call and later ones, until they are zeroed again.
 validate
     As :func:`kpool_index_topk`, and the pooled cache's table as
     :func:`kpool_index_logits_fp8` checks it (one host read). Without
