@@ -62,6 +62,8 @@ from kpool_cupy.bench.lifecycle import (  # noqa: E402
     step_positions,
     tail_update_bytes,
 )
+from kpool_cupy.bench.select import KV_BLOCK_SIZE, select_bytes, select_shapes  # noqa: E402
+from kpool_cupy.bench.select import POOL_TOPK as SELECT_TOPK  # noqa: E402
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E402
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
@@ -72,6 +74,8 @@ from kpool_cupy.ops import (  # noqa: E402
     EXPAND_TOPK,
     HADAMARD_QUANT_FP8,
     INDEX_LOGITS_FP8,
+    INDEX_SELECT_FP8,
+    INDEX_TOPK,
     TAIL_UPDATE,
     TAIL_UPDATE_FP8,
 )
@@ -288,6 +292,34 @@ def index_cases(heads: int = 64) -> list[Case]:
     return cases
 
 
+def select_cases() -> list[Case]:
+    """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes. The
+    longest loop (a chunk of 1024 candidates: scored and offered, or read and offered) counted once a chunk a
+    block: the same upper bound as the scorer's."""
+    cases = []
+    for shape in select_shapes():
+        pages = shape.requests * shape.columns
+        q = device_like((shape.tokens, shape.heads, INDEX_HEAD_DIM), np.uint8, 0)
+        weights = device_like((shape.tokens, shape.heads), np.float32, 1)
+        cache = device_like((pages, CACHE_BLOCK_SIZE, INDEX_HEAD_DIM + 4), np.uint8)
+        table = device_like((shape.requests, shape.columns), np.int32, np.arange(pages).reshape(shape.requests, -1))
+        offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
+        lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
+        kv_columns = -(-shape.context // KV_BLOCK_SIZE)
+        kv = device_like((shape.requests, kv_columns), np.int32, 0)
+        paged = {"block_table": kv, "block_size": KV_BLOCK_SIZE}
+        chunks = -(-shape.pools // 1024)
+        arrays = (q, weights, cache, table, offsets, lengths)
+        launch = launched(INDEX_SELECT_FP8, *arrays, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
+        splits = launch.geometry.grid // shape.tokens
+        fused = Case("index_select_fp8", shape.name, select_bytes(shape), launch, repeats=-(-chunks // splits))
+        logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
+        launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
+        nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written
+        cases += [fused, Case("index_topk", shape.name, nbytes, launch, repeats=chunks)]
+    return cases
+
+
 def cases() -> list[Case]:
     """Every benchmarked launch, by kernel family (ring_close, ring_close_fp8 and seed_tail are not benchmarked)."""
     return [
@@ -297,6 +329,7 @@ def cases() -> list[Case]:
         *tail_cases(),
         *expand_cases(),
         *index_cases(),
+        *select_cases(),
     ]
 
 
