@@ -30,7 +30,8 @@ def test_the_shapes_are_the_issues():
     assert all(s.heads == 32 for s in shapes) and set(select.select_shapes(quick=True)).isdisjoint(shapes)
 
 
-# A guard against a hang: the record on the double emulates the scorer over 1024 pools for 68 tokens.
+# A guard against a hang: the records on the double emulate the scorer over 1024 pools for 20 tokens (117 s
+# with 68 tokens, 2026-12-04).
 DOUBLE_TIMEOUT_S = 900
 
 

@@ -31,7 +31,7 @@ def select_shapes(quick: bool = False) -> list[IndexShape]:
     """Decode B 1/64/512 at 8K and 128K of context, next_n 1 and 2, and prefill chunks of 2048 and 8192
     tokens ending at 128K, at 32 heads. ``quick``: sizes the CPU emulator behind the CuPy double runs."""
     if quick:
-        return [IndexShape("decode", 16, 2, 2, 4096), IndexShape("prefill", 16, 1, 64, 4096)]
+        return [IndexShape("decode", 16, 2, 2, 4096), IndexShape("prefill", 16, 1, 16, 4096)]
     shapes = []
     for context in (8192, 131072):
         for requests in (1, 64, 512):
