@@ -491,6 +491,16 @@ struct PoolChunks {
     }
 };
 
+// pool8's reduction, its channels' softmax state kept (the backward pass
+// needs each channel's maximum and weight sum as well as its value).
+template <int KPOOL, typename KT, typename GT, bool KEY_VECTOR, bool GATE_VECTOR, bool APE_VECTOR,
+          typename MemberRows>
+__device__ __forceinline__ void pool_channels8(MemberRows member_rows, const float* ape, long long ape_row_stride,
+                                               PoolChannel (&channels)[kChannelsPerThread]) {
+    for_each_chunk<KPOOL, chunk_members<KPOOL, KT, GT>()>(
+        PoolChunks<KT, GT, KEY_VECTOR, GATE_VECTOR, APE_VECTOR, MemberRows>{member_rows, ape, ape_row_stride, channels});
+}
+
 // Reduces one pool over this thread's 8 channels: members m = 0 .. KPOOL - 1
 // in order, member m's key and gate rows (this thread's 8 channels) from
 // member_rows(m, &key_row, &gate_row), its ape row at ape + m * ape_row_stride.
@@ -501,8 +511,7 @@ template <int KPOOL, typename KT, typename GT, bool KEY_VECTOR, bool GATE_VECTOR
 __device__ __forceinline__ void pool8(MemberRows member_rows, const float* ape, long long ape_row_stride,
                                       float (&result)[kChannelsPerThread]) {
     PoolChannel channels[kChannelsPerThread];
-    for_each_chunk<KPOOL, chunk_members<KPOOL, KT, GT>()>(
-        PoolChunks<KT, GT, KEY_VECTOR, GATE_VECTOR, APE_VECTOR, MemberRows>{member_rows, ape, ape_row_stride, channels});
+    pool_channels8<KPOOL, KT, GT, KEY_VECTOR, GATE_VECTOR, APE_VECTOR>(member_rows, ape, ape_row_stride, channels);
 #pragma unroll
     for (int c = 0; c < kChannelsPerThread; ++c) result[c] = channels[c].value();
 }

@@ -195,3 +195,231 @@ __global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL
     kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
                                                                                      channel, placed, v);
 }
+
+// ---------------------------------------------------------------------------
+// The backward pass of kpool_compress. For one pool, with g = d loss / d pooled:
+//
+//     d k[m, c]    = w[m, c] * g[c]
+//     d l[m, c]    = w[m, c] * g[c] * (k[m, c] - pooled[c])    (l = gate + ape)
+//     d gate[m, c] = d l[m, c]
+//     d ape[m, c]  = sum over every pool of d l[m, c]
+//
+// w and pooled are recomputed from k, gate and ape through the forward's own
+// reduction (kp::pool_channels8: the same chunks, so pooled has the forward's
+// bits), never stored. Then w[m] = exp(l[m] - max) * (1 / weight sum), 1 for
+// the maximum itself, as the forward weighs it. float32 throughout, one
+// rounding of each stored gradient.
+namespace kp {
+
+// Eight channels of a gradient row as float32, at any column stride (0
+// included: autograd hands in expanded gradients), 16-byte words when VECTOR
+// (unit column stride, rows 16-byte aligned).
+template <bool VECTOR, typename T>
+__device__ __forceinline__ void load_gradient8(const T* row, long long column_stride,
+                                               float (&grad)[kChannelsPerThread]) {
+    if constexpr (VECTOR) {
+        Row8<T, true> words;
+        words.load(row);
+#pragma unroll
+        for (int c = 0; c < kChannelsPerThread; ++c) grad[c] = words[c];
+    } else {
+#pragma unroll
+        for (int c = 0; c < kChannelsPerThread; ++c) grad[c] = to_float(row[c * column_stride]);
+    }
+}
+
+// One pool's softmax state over a thread's 8 channels, and the pool's gradient.
+struct PoolGradient {
+    float max_logit[kChannelsPerThread];
+    float inverse_sum[kChannelsPerThread];
+    float pooled[kChannelsPerThread];
+    float grad[kChannelsPerThread];
+
+    __device__ __forceinline__ void set(const PoolChannel (&channels)[kChannelsPerThread]) {
+#pragma unroll
+        for (int c = 0; c < kChannelsPerThread; ++c) {
+            max_logit[c] = channels[c].max_logit;
+            inverse_sum[c] = kp_rcp(channels[c].weight_sum);
+            pooled[c] = channels[c].weighted_keys * inverse_sum[c];  // PoolChannel::value()'s bits
+        }
+    }
+    // Member m's gradients of its key and of its logit at channel c.
+    __device__ __forceinline__ void member(int c, float logit, float key, float* grad_key, float* grad_logit) const {
+        const float exp_weight = kp_exp2((logit - max_logit[c]) * kLog2e);
+        const float weight = (logit == max_logit[c] ? 1.0f : exp_weight) * inverse_sum[c];
+        const float scaled = weight * grad[c];
+        *grad_key = scaled;
+        *grad_logit = scaled * (key - pooled[c]);
+    }
+};
+
+// The blocks' partial sums of d ape: each block adds its groups' d l of
+// member m in group order (0, 1, ...) into partials[blockIdx.x][m][:].
+// Every thread of the block calls it, each member in turn (two barriers);
+// a thread without a pool brings zeros. `exchange` holds a float per
+// channel of each group.
+template <int HEAD_DIM, int KPOOL>
+__device__ __forceinline__ void block_member_sum(float* exchange, bool in_group, int channel,
+                                                 const float (&grad_logit)[kChannelsPerThread], float* partials,
+                                                 int member) {
+    constexpr unsigned int kLanes = HEAD_DIM / kChannelsPerThread;
+    const unsigned int groups = blockDim.x / kLanes;
+    if (in_group) {
+        float* slot = exchange + (threadIdx.x / kLanes) * HEAD_DIM + channel;
+#pragma unroll
+        for (int c = 0; c < kChannelsPerThread; ++c) slot[c] = grad_logit[c];
+    }
+    __syncthreads();
+    float* row = partials + (static_cast<long long>(blockIdx.x) * KPOOL + member) * HEAD_DIM;
+    for (unsigned int column = threadIdx.x; column < HEAD_DIM; column += blockDim.x) {
+        float sum = exchange[column];
+        for (unsigned int g = 1; g < groups; ++g) sum += exchange[g * HEAD_DIM + column];
+        row[column] = sum;
+    }
+    __syncthreads();
+}
+
+// Member m's gradients: grad_key and grad_gate rows stored (when the pool was
+// located) and its d l handed to the block's sum.
+template <int HEAD_DIM, int KPOOL, bool KEY_VECTOR, bool GATE_VECTOR, typename KT, typename GT, typename KeyRow,
+          typename GateRow, typename BiasRow>
+__device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool located, int m, const KeyRow& key,
+                                                 const GateRow& gate, const BiasRow& bias, KT* grad_key_row,
+                                                 GT* grad_gate_row, float* exchange, bool in_group, int channel,
+                                                 float* partials) {
+    float grad_key[kChannelsPerThread], grad_logit[kChannelsPerThread];
+#pragma unroll
+    for (int c = 0; c < kChannelsPerThread; ++c) {
+        grad_key[c] = 0.0f;
+        grad_logit[c] = 0.0f;
+        if (located) pool.member(c, gate[c] + bias[c], key[c], &grad_key[c], &grad_logit[c]);
+    }
+    if (located) {
+        store8<KEY_VECTOR>(grad_key_row, grad_key);
+        store8<GATE_VECTOR>(grad_gate_row, grad_logit);
+    }
+    block_member_sum<HEAD_DIM, KPOOL>(exchange, in_group, channel, grad_logit, partials, m);
+}
+
+}  // namespace kp
+
+// One group of head_dim / 8 threads per pool, as kpool_compress; each thread
+// recomputes its pool's 8 channels and writes its members' d k and d gate
+// rows (rows of tokens in no complete pool are the launcher's to zero). A
+// pool whose members fit the forward's prefetch (kp::chunk_members: the
+// whole pool) keeps its rows in registers, so k, gate and ape are read once;
+// a larger pool reads them again, member by member. d ape goes to `partials`
+// ([gridDim.x, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
+// sums in block order: no float atomics, so two runs give the same bits.
+// Every thread reaches every barrier, so none leaves early.
+//
+// VECTOR: kp::VectorAccess bits: kVectorK for k and grad_k together,
+// kVectorGate for gate and grad_gate, kVectorApe, and kVectorOut for grad
+// (unit column stride and 16-byte rows).
+template <typename KT, typename GT, typename DT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC,
+          typename IP>
+__global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
+                                  kp::kMaxThreadsPerBlock / kp::group_block_bound(HEAD_DIM))
+    kpool_compress_backward(KP_COMPRESS_INPUT_PARAMS, const DT* __restrict__ grad, long long grad_row_stride,
+                            long long grad_column_stride, long long grad_rows, KT* __restrict__ grad_k,
+                            long long grad_k_row_stride, GT* __restrict__ grad_gate, long long grad_gate_row_stride,
+                            float* __restrict__ partials) {
+    static_assert(KPOOL >= 1, "kpool must be at least 1");
+    KP_THREADS_COOPERATE(true);
+    constexpr bool kKeyVector = kp::vector_bits(VECTOR, kp::kVectorK);
+    constexpr bool kGateVector = kp::vector_bits(VECTOR, kp::kVectorGate);
+    constexpr bool kApeVector = kp::vector_bits(VECTOR, kp::kVectorApe);
+    constexpr bool kWhole = kp::chunk_members<KPOOL, KT, GT>() == KPOOL;
+    __shared__ float exchange[kp::group_block_bound(HEAD_DIM) * kp::kChannelsPerThread];
+    long long pool;
+    int channel;
+    const bool in_group = kp::thread_group<HEAD_DIM>(&pool, &channel);
+    bool located = false;
+    long long first_row = 0;
+    if (in_group && batch > 0 && pool < grad_rows) {
+        const long long total_pools = kp::load_index(pool_row_offsets, batch);
+        long long request, number;
+        located = pool < total_pools && kp::locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths,
+                                                               pool_row_offsets, batch, total_tokens, &first_row,
+                                                               &request, &number);
+    }
+    const KT* k_member = k + first_row * k_row_stride + channel;
+    const GT* gate_member = gate + first_row * gate_row_stride + channel;
+    KT* grad_k_member = grad_k + first_row * grad_k_row_stride + channel;
+    GT* grad_gate_member = grad_gate + first_row * grad_gate_row_stride + channel;
+    kp::PoolGradient state;
+    if constexpr (kWhole) {
+        // The whole pool in registers: loaded once, reduced as pool_chunk reduces it.
+        kp::Row8<KT, kKeyVector> keys[KPOOL];
+        kp::Row8<GT, kGateVector> gates[KPOOL];
+        kp::Row8<float, kApeVector> bias[KPOOL];
+        if (located) {
+#pragma unroll
+            for (int m = 0; m < KPOOL; ++m) bias[m].load(ape + m * ape_row_stride + channel);
+#pragma unroll
+            for (int m = 0; m < KPOOL; ++m) keys[m].load(k_member + m * k_row_stride);
+#pragma unroll
+            for (int m = 0; m < KPOOL; ++m) gates[m].load(gate_member + m * gate_row_stride);
+            kp::load_gradient8<kp::vector_bits(VECTOR, kp::kVectorOut)>(
+                grad + pool * grad_row_stride + channel * grad_column_stride, grad_column_stride, state.grad);
+            kp::PoolChannel channels[kp::kChannelsPerThread];
+#pragma unroll
+            for (int c = 0; c < kp::kChannelsPerThread; ++c) {
+                float logits[KPOOL], values[KPOOL];
+#pragma unroll
+                for (int m = 0; m < KPOOL; ++m) {
+                    logits[m] = gates[m][c] + bias[m][c];
+                    values[m] = keys[m][c];
+                }
+                channels[c].template add<KPOOL, true>(logits, values);
+            }
+            state.set(channels);
+        }
+#pragma unroll
+        for (int m = 0; m < KPOOL; ++m)
+            kp::member_gradients<HEAD_DIM, KPOOL, kKeyVector, kGateVector>(
+                state, located, m, keys[m], gates[m], bias[m], grad_k_member + m * grad_k_row_stride,
+                grad_gate_member + m * grad_gate_row_stride, exchange, in_group, channel, partials);
+    } else {
+        if (located) {
+            kp::load_gradient8<kp::vector_bits(VECTOR, kp::kVectorOut)>(
+                grad + pool * grad_row_stride + channel * grad_column_stride, grad_column_stride, state.grad);
+            kp::PoolChannel channels[kp::kChannelsPerThread];
+            kp::pool_channels8<KPOOL, KT, GT, kKeyVector, kGateVector, kApeVector>(
+                [&](int m, const KT** key_row, const GT** gate_row) {
+                    *key_row = k_member + m * k_row_stride;
+                    *gate_row = gate_member + m * gate_row_stride;
+                },
+                ape + channel, ape_row_stride, channels);
+            state.set(channels);
+        }
+#pragma unroll 1
+        for (int m = 0; m < KPOOL; ++m) {
+            kp::Row8<KT, kKeyVector> key;
+            kp::Row8<GT, kGateVector> gate_row;
+            kp::Row8<float, kApeVector> bias;
+            if (located) {
+                bias.load(ape + m * ape_row_stride + channel);
+                key.load(k_member + m * k_row_stride);
+                gate_row.load(gate_member + m * gate_row_stride);
+            }
+            kp::member_gradients<HEAD_DIM, KPOOL, kKeyVector, kGateVector>(
+                state, located, m, key, gate_row, bias, grad_k_member + m * grad_k_row_stride,
+                grad_gate_member + m * grad_gate_row_stride, exchange, in_group, channel, partials);
+        }
+    }
+}
+
+// d ape: element e of [KPOOL, HEAD_DIM] is the sum of the `blocks` partials
+// kpool_compress_backward wrote, in block order, one thread an element.
+template <int HEAD_DIM, int KPOOL>
+__global__ void kpool_compress_backward_ape(const float* __restrict__ partials, long long blocks,
+                                            float* __restrict__ grad_ape, long long grad_ape_row_stride) {
+    constexpr long long kElements = static_cast<long long>(KPOOL) * HEAD_DIM;
+    const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (e >= kElements) return;
+    float sum = blocks > 0 ? partials[e] : 0.0f;
+#pragma unroll 8
+    for (long long b = 1; b < blocks; ++b) sum += partials[b * kElements + e];
+    grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = sum;
+}

@@ -33,6 +33,21 @@ def kpool_compress(
     rotate: bool = False,
     stream: Any = None,
 ) -> CupyArray: ...
+def kpool_compress_backward(
+    grad_pooled: DeviceArray,
+    k: DeviceArray,
+    gate: DeviceArray,
+    ape: DeviceArray,
+    input_row_offsets: DeviceArray,
+    cache_lengths: DeviceArray,
+    *,
+    pool_row_offsets: DeviceArray | None = None,
+    grad_k: DeviceArray | None = None,
+    grad_gate: DeviceArray | None = None,
+    grad_ape: DeviceArray | None = None,
+    validate: bool = True,
+    stream: Any = None,
+) -> tuple[CupyArray, CupyArray, CupyArray]: ...
 @overload
 def kpool_compress_fp8(
     k: DeviceArray,

@@ -35,6 +35,20 @@ def kpool_compress(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> np.ndarray: ...
+def kpool_compress_backward(
+    grad_pooled: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    grad_k: np.ndarray | None = None,
+    grad_gate: np.ndarray | None = None,
+    grad_ape: np.ndarray | None = None,
+    validate: bool = True,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 @overload
 def kpool_compress_fp8(
     k: np.ndarray,

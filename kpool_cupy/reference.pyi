@@ -26,6 +26,21 @@ def kpool_compress(
     rotate: bool = False,
     accumulate: str = "float32",
 ) -> np.ndarray: ...
+def kpool_compress_backward(
+    grad_pooled: np.ndarray,
+    k: np.ndarray,
+    gate: np.ndarray,
+    ape: np.ndarray,
+    input_row_offsets: np.ndarray,
+    cache_lengths: np.ndarray,
+    *,
+    pool_row_offsets: np.ndarray | None = None,
+    grad_k: np.ndarray | None = None,
+    grad_gate: np.ndarray | None = None,
+    grad_ape: np.ndarray | None = None,
+    validate: bool = True,
+    accumulate: str = "float32",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...
 @overload
 def kpool_compress_fp8(
     k: np.ndarray,

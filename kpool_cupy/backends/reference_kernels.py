@@ -118,12 +118,25 @@ def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulat
     """Pooled keys ``[pools, head_dim]`` from members ``[pools, kpool, head_dim]``, unrounded.
 
     The one pooling function of the reference: every kernel here calls it, so
-    the reference agrees with itself bit for bit. It takes the kernel's chunks
-    (``kp::chunk_members``, from k's and gate's dtypes) and, per chunk, its
-    two passes: the chunk's maximum (NaN skipped, like fmaxf), the weights
-    and their member-order sums, a rescale when a chunk raises the maximum.
-    So overflowing or infinite keys give what the kernel gives. Subnormal
-    inputs, weights and results are flushed to zero like the device's.
+    the reference agrees with itself bit for bit (``pool_statistics``).
+    """
+    _, weight_sum, key_sum = pool_statistics(keys, gates, ape, accumulate)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        return flush_subnormals(key_sum / weight_sum)
+
+
+def pool_statistics(
+    keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulate: type[np.floating]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each pool's softmax state per channel, ``[pools, head_dim]`` each: the logits' maximum, the weight sum
+    and the weighted key sum (the pool is their quotient).
+
+    It takes the kernel's chunks (``kp::chunk_members``, from k's and gate's
+    dtypes) and, per chunk, its two passes: the chunk's maximum (NaN
+    skipped, like fmaxf), the weights and their member-order sums, a rescale
+    when a chunk raises the maximum. So overflowing or infinite keys give
+    what the kernel gives. Subnormal inputs, weights and results are flushed
+    to zero like the device's.
     """
     acc = accumulate
     kpool = keys.shape[1]
@@ -151,7 +164,7 @@ def pool_members(keys: np.ndarray, gates: np.ndarray, ape: np.ndarray, accumulat
                 scale = flush_subnormals(np.where(peak == new_peak, acc(1), np.exp(peak - new_peak)))
                 weight_sum, key_sum = weight_sum * scale + chunk_weights, key_sum * scale + chunk_keys
             peak = new_peak
-        return flush_subnormals(key_sum / weight_sum)
+        return peak, weight_sum, key_sum
 
 
 def pooled_output(pooled: np.ndarray, dtype: np.dtype, rotated: bool) -> np.ndarray:
@@ -189,6 +202,53 @@ def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
     rows = first[ok][:, None] + np.arange(pooling.kpool)  # [pools, kpool]
     pooled = pool_members(o["k"][rows], o["gate"][rows], o["ape"], accumulate)
     write_fp8(launch, pooled, np.flatnonzero(ok), request[ok], number[ok])
+
+
+def compress_backward(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_compress_backward``: each located pool's d k and d gate rows, and each block's partial sums of
+    d ape in group order (``kp::block_member_sum``); pools are found as compress finds them."""
+    call, o = kernel_scalars(launch), launch.operands
+    grad, partials = o["grad_pooled"], o["partials"]
+    count = min(launch.geometry.items, grad.shape[0])
+    first, ok = member_rows(call, count, o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"])
+    rows = first[ok][:, None] + np.arange(call.kpool)  # [pools, kpool]
+    keys, gates, ape = o["k"][rows], o["gate"][rows], o["ape"]
+    acc = accumulate
+    peak, weight_sum, key_sum = pool_statistics(keys, gates, ape, acc)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        inverse = flush_subnormals(acc(1) / weight_sum)
+        pooled = flush_subnormals(key_sum * inverse)
+        keys, gates, ape = (flush_subnormals(a.astype(acc)) for a in (keys, gates, ape))
+        logits = flush_subnormals(gates + ape[None])
+        weights = np.where(logits == peak[:, None], acc(1), flush_subnormals(np.exp(logits - peak[:, None])))
+        weights = flush_subnormals(weights * inverse[:, None])
+        g = flush_subnormals(grad[np.flatnonzero(ok)].astype(acc))
+        grad_keys = flush_subnormals(weights * g[:, None])
+        grad_logits = flush_subnormals(grad_keys * flush_subnormals(keys - pooled[:, None]))
+    o["grad_k"][rows] = grad_keys.astype(o["grad_k"].dtype)
+    o["grad_gate"][rows] = grad_logits.astype(o["grad_gate"].dtype)
+    # Every block's partials, its groups summed in order (a group without a pool brings zeros).
+    per_group = np.zeros((launch.geometry.items, call.kpool, call.head_dim), np.float32)
+    per_group[np.flatnonzero(ok)] = grad_logits
+    blocks = per_group.reshape(launch.geometry.grid, -1, call.kpool, call.head_dim)
+    with np.errstate(invalid="ignore", over="ignore"):
+        total = blocks[:, 0]
+        for g in range(1, blocks.shape[1]):
+            total = flush_subnormals(total + blocks[:, g])
+    partials[: launch.geometry.grid] = total
+
+
+def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_compress_backward_ape``: the blocks' partials summed in block order."""
+    call, o = kernel_scalars(launch), launch.operands
+    partials = o["partials"].reshape(-1, call.kpool, call.head_dim)
+    total = np.zeros((call.kpool, call.head_dim), np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if call.blocks > 0:
+            total = partials[0].copy()
+        for b in range(1, int(call.blocks)):
+            total = flush_subnormals(total + partials[b])
+    o["grad_ape"][...] = total
 
 
 def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np.ndarray, numbers: np.ndarray) -> None:
@@ -420,6 +480,8 @@ KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_tail_update": tail_update,
     "kpool_expand_topk": expand_topk,
     "kpool_compress_fp8": compress_fp8,
+    "kpool_compress_backward": compress_backward,
+    "kpool_compress_backward_ape": compress_backward_ape,
     "kpool_ring_close_fp8": ring_close_fp8,
     "kpool_tail_update_fp8": tail_update_fp8,
     "kpool_hadamard_quant_fp8": hadamard_quant_fp8,

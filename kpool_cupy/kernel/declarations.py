@@ -243,6 +243,28 @@ COMPRESS = Kernel(
     (*_COMPRESS_INPUTS, *rows("pooled", "OT*"), Param("pooled_rows", "long long")),
     aligned=_POOLING | _V.OUT,
 )
+# The backward pass of compress (same file): the pooling inputs, the pooled rows' gradient at any strides,
+# the gradients of k and gate, and the blocks' partial sums of ape's gradient; then their sum in block order.
+COMPRESS_BACKWARD = Kernel(
+    "kpool_compress_backward",
+    "kpool_compress.cu",
+    (*_ELEMENTS, typename("DT"), *_SIZES, index("IO"), index("IC"), index("IP")),
+    (
+        *_COMPRESS_INPUTS,
+        *rows("grad", "const DT*"),
+        *longs("grad_column_stride", "grad_rows"),
+        *rows("grad_k", "KT*"),
+        *rows("grad_gate", "GT*"),
+        Param("partials", "float*"),
+    ),
+    aligned=_POOLING | _V.OUT,
+)
+COMPRESS_BACKWARD_APE = Kernel(
+    "kpool_compress_backward_ape",
+    "kpool_compress.cu",
+    (integer("HEAD_DIM"), integer("KPOOL")),
+    (Param("partials", "const float*"), Param("blocks", "long long"), *rows("grad_ape", "float*")),
+)
 RING_CLOSE = Kernel(
     "kpool_ring_close",
     "kpool_ring.cu",
@@ -397,6 +419,8 @@ COMPRESS_BASELINE = Kernel(
 KERNELS: tuple[Kernel, ...] = (
     COMPRESS,
     COMPRESS_FP8,
+    COMPRESS_BACKWARD,
+    COMPRESS_BACKWARD_APE,
     RING_CLOSE,
     RING_CLOSE_FP8,
     SEED_TAIL,

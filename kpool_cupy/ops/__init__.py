@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .compress import SPEC as COMPRESS
+from .compress_backward import SPEC as COMPRESS_BACKWARD
 from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
 from .hadamard_quant_fp8 import SPEC as HADAMARD_QUANT_FP8
@@ -29,10 +30,12 @@ OPS: tuple[OpSpec, ...] = (
     INDEX_LOGITS_FP8,
     INDEX_TOPK,
     INDEX_SELECT_FP8,
+    COMPRESS_BACKWARD,
 )
 
 __all__ = [
     "COMPRESS",
+    "COMPRESS_BACKWARD",
     "COMPRESS_FP8",
     "EXPAND_TOPK",
     "HADAMARD_QUANT_FP8",

@@ -25,6 +25,20 @@ def kpool_compress(
     out_dtype: Any = None,
     rotate: bool = False,
 ) -> torch.Tensor: ...
+def kpool_compress_backward(
+    grad_pooled: torch.Tensor,
+    k: torch.Tensor,
+    gate: torch.Tensor,
+    ape: torch.Tensor,
+    input_row_offsets: torch.Tensor,
+    cache_lengths: torch.Tensor,
+    *,
+    pool_row_offsets: torch.Tensor | None = None,
+    grad_k: torch.Tensor | None = None,
+    grad_gate: torch.Tensor | None = None,
+    grad_ape: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 @overload
 def kpool_compress_fp8(
     k: torch.Tensor,

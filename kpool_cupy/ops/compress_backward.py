@@ -1,0 +1,273 @@
+"""kpool_compress_backward, described once: the gradients of kpool_compress with respect to k, gate and ape.
+
+For one pool, with ``g = d loss / d pooled``, ``l = gate + ape`` and ``w`` the per-channel softmax of l::
+
+    d k[m, c]    = w[m, c] * g[c]
+    d gate[m, c] = w[m, c] * g[c] * (k[m, c] - pooled[c])
+    d ape[m, c]  = sum over every pool of d gate[m, c]
+
+Two launches: ``kpool_compress_backward`` recomputes each pool (w and pooled, never stored) and writes its
+members' d k and d gate rows and its block's partial sums of d ape; ``kpool_compress_backward_ape`` sums the
+partials in block order, so d ape has the same bits on every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..dtypes import FLOAT32, dtype_name
+from ..kernel import codes
+from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE
+from ..kernel.geometry import flat_geometry, group_geometry
+from .checks import (
+    OUTPUT_DTYPES,
+    as_size,
+    check_ape,
+    check_batch_index,
+    check_index,
+    check_keys,
+    check_rows,
+    check_writable_rows,
+    dtype_fail,
+    fail,
+    require_array,
+)
+from .compress import (
+    ACCUMULATE,
+    POOL_ROW_OFFSETS,
+    CompressCall,
+    find_pools,
+    pooling_template,
+    pooling_values,
+    pools_to_cover,
+)
+from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+
+
+@dataclass(frozen=True)
+class CompressBackwardCall(CompressCall):
+    """compress's call record, with the gradient's dtype and rows."""
+
+    grad_dtype: np.dtype = FLOAT32
+    grad_rows: int = 0
+
+
+def check_grad_pooled(grad: Any, head_dim: int) -> None:
+    """``[>= total_pools, head_dim]`` in any of the pooled dtypes, at any strides in whole elements (0 too)."""
+    require_array("grad_pooled", grad)
+    if np.dtype(grad.dtype) not in OUTPUT_DTYPES:
+        allowed = " or ".join(dtype_name(d) for d in OUTPUT_DTYPES)
+        raise dtype_fail("grad_pooled", f"dtype {allowed}", dtype_name(np.dtype(grad.dtype)))
+    if grad.ndim != 2 or grad.shape[1] != head_dim:
+        raise fail("grad_pooled", f"shape [>= total_pools, {head_dim}] (head_dim of k)", f"shape {tuple(grad.shape)}")
+    itemsize = np.dtype(grad.dtype).itemsize
+    if any(s % itemsize for s in grad.strides):
+        raise fail("grad_pooled", f"strides in whole elements ({itemsize} bytes)", f"strides {tuple(grad.strides)}")
+
+
+def check_gradient_out(name: str, array: Any, like: str, shape: tuple[Any, ...], dtype: np.dtype) -> None:
+    """A given gradient output: the shape and dtype of what it is the gradient of, rows that do not overlap."""
+    if array is None:
+        return
+    check_rows(name, array, (dtype,))
+    if tuple(array.shape) != tuple(shape):
+        raise fail(name, f"shape {tuple(shape)} like {like}", f"shape {tuple(array.shape)}")
+    check_writable_rows(name, array)
+
+
+def check_compress_backward_args(a: CallArgs) -> CompressBackwardCall:
+    head_dim = check_keys(a.k, a.gate)
+    kpool, batch = check_ape(a.ape, head_dim), check_batch_index(a.input_row_offsets, a.cache_lengths)
+    if a.pool_row_offsets is not None:
+        check_index("pool_row_offsets", a.pool_row_offsets, batch + 1)
+    check_grad_pooled(a.grad_pooled, head_dim)
+    check_gradient_out("grad_k", a.grad_k, "k", tuple(a.k.shape), np.dtype(a.k.dtype))
+    check_gradient_out("grad_gate", a.grad_gate, "gate", tuple(a.gate.shape), np.dtype(a.gate.dtype))
+    check_gradient_out("grad_ape", a.grad_ape, "ape", tuple(a.ape.shape), FLOAT32)
+    return CompressBackwardCall(
+        head_dim=head_dim,
+        kpool=kpool,
+        batch=batch,
+        total_tokens=as_size(a.k.shape[0]),
+        k_dtype=np.dtype(a.k.dtype),
+        gate_dtype=np.dtype(a.gate.dtype),
+        out_dtype=np.dtype(a.grad_pooled.dtype),
+        grad_dtype=np.dtype(a.grad_pooled.dtype),
+        grad_rows=as_size(a.grad_pooled.shape[0]),
+    )
+
+
+def output_shapes(call: CompressBackwardCall) -> dict[str, OutputShape]:
+    return {
+        "grad_k": ((call.total_tokens, call.head_dim), call.k_dtype),
+        "grad_gate": ((call.total_tokens, call.head_dim), call.gate_dtype),
+        "grad_ape": ((call.kpool, call.head_dim), FLOAT32),
+    }
+
+
+def zeroed(backend: Backend, given: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
+    """A new zeroed output, or the given one written zero (rows of tokens in no complete pool stay so)."""
+    if given is None:
+        return backend.zeros(shape, dtype)
+    if given.size:
+        given[...] = 0
+    return given
+
+
+def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, validate: bool) -> Any:
+    """Validate (with compress's checks, and a gradient row for every pool), zero the outputs, launch the
+    gradients, then the sum of ape's."""
+    pools, total_pools, _ = find_pools(
+        backend, call, a["input_row_offsets"], a["cache_lengths"], a["pool_row_offsets"], None,
+        validate=validate, sized=False,
+    )  # fmt: skip
+    grad = a["grad_pooled"]
+    if total_pools is not None and grad.shape[0] < total_pools:
+        raise fail("grad_pooled", f"at least {total_pools} rows (total_pools)", f"{grad.shape[0]} rows")
+    shapes = output_shapes(call)
+    outputs = {name: zeroed(backend, a[name], *shapes[name]) for name in shapes}
+    covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(grad.shape[0]))
+    blocks = 0
+    if covered > 0:
+        geometry = group_geometry(call.head_dim, covered)
+        blocks = geometry.grid
+        partials = backend.empty((blocks, call.kpool, call.head_dim), FLOAT32)
+        o = a | outputs | {"pool_row_offsets": pools, "partials": partials}
+        grad_strides = [s // grad.dtype.itemsize for s in grad.strides]
+        values = pooling_values(call, o) | codes.rows("grad", grad)
+        values |= {"grad_column_stride": grad_strides[1], "grad_rows": grad.shape[0]}
+        values |= codes.rows("grad_k", o["grad_k"]) | codes.rows("grad_gate", o["grad_gate"])
+        values |= {"partials": partials}
+        template = pooling_template(call, o) | {"DT": call.grad_dtype}
+        template["VECTOR"] = gradient_vector(o)
+        backend.launch(Launch(COMPRESS_BACKWARD, template, values, geometry, o))
+    else:
+        partials = outputs["grad_ape"]  # never read: no block wrote a partial
+    o = {"partials": partials, "grad_ape": outputs["grad_ape"]}
+    values = {"partials": partials, "blocks": blocks} | codes.rows("grad_ape", outputs["grad_ape"])
+    template = {"HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
+    geometry = flat_geometry(call.kpool * call.head_dim)
+    backend.launch(Launch(COMPRESS_BACKWARD_APE, template, values, geometry, o))
+    return outputs["grad_k"], outputs["grad_gate"], outputs["grad_ape"]
+
+
+def gradient_vector(o: dict[str, Any]) -> int:
+    """The backward's VECTOR bits: k's with grad_k's, gate's with grad_gate's, ape's, and OUT for the
+    gradient rows when their column stride is 1."""
+    both = codes.allows_vector_access
+    bits = codes.VectorAccess(0)
+    if both(o["k"]) and both(o["grad_k"]):
+        bits |= codes.VectorAccess.K
+    if both(o["gate"]) and both(o["grad_gate"]):
+        bits |= codes.VectorAccess.GATE
+    if both(o["ape"]):
+        bits |= codes.VectorAccess.APE
+    grad = o["grad_pooled"]
+    unit = grad.shape[1] <= 1 or grad.strides[1] == grad.dtype.itemsize
+    if unit and both(grad):
+        bits |= codes.VectorAccess.OUT
+    return int(bits)
+
+
+GPU_DOC = """The gradients of :func:`kpool_cupy.kpool_compress` with respect to k, gate and ape, on the GPU.
+
+For one pool, with ``g = grad_pooled[p]``, ``l = gate + ape`` and ``w`` the
+softmax of l over the pool's members, per channel::
+
+    d k[m, c]    = w[m, c] * g[c]
+    d gate[m, c] = w[m, c] * g[c] * (k[m, c] - pooled[c])
+    d ape[m, c]  = sum over every pool of d gate[m, c]
+
+w and pooled are recomputed from k, gate and ape (nothing from the forward
+is kept); float32 arithmetic, each gradient rounded once to its array's
+dtype. Tokens in no complete pool get zero gradient. ``grad_ape`` is summed
+in a fixed order (per-block partial sums, then their sum in block order, no
+float atomics): two runs give the same bits. Subnormal values flush to
+zero, as in the forward; NaN and inf propagate as float32 arithmetic gives
+them. The forward's ``rotate=True`` has no backward here.
+
+Parameters
+----------
+grad_pooled
+    ``[>= total_pools, head_dim]``, bfloat16, float16 or float32 (the
+    forward's output dtype), any strides (0 too: autograd hands in expanded
+    gradients); rows past ``total_pools`` are not read.
+k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets
+    The forward call's arguments, as :func:`kpool_cupy.kpool_compress` takes
+    them.
+grad_k, grad_gate
+    Optional outputs shaped like k and gate, in their dtypes; written whole
+    (zero where a token is in no complete pool).
+grad_ape
+    Optional float32 ``[kpool, head_dim]`` output.
+validate
+    Check offset contents and that ``grad_pooled`` has a row for every pool
+    (one device-to-host copy). Unvalidated garbage never makes the kernels
+    touch memory outside their arrays.
+stream
+    A ``cupy.cuda.Stream``, a raw handle, or anything with
+    ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
+
+Returns
+-------
+tuple of cupy.ndarray
+    ``(grad_k, grad_gate, grad_ape)``.
+"""
+
+EMULATE_DOC = """The gradients of kpool_compress, by running the CUDA kernels on the CPU.
+
+Same arguments and results as :func:`kpool_cupy.kpool_compress_backward`, on
+host arrays (bfloat16 as ``ml_dtypes.bfloat16``).
+
+Raises
+------
+CompilerNotFoundError
+    When no host C++ compiler is found.
+"""
+
+REFERENCE_DOC = """The gradients of kpool_compress, in NumPy.
+
+Same arguments and results as :func:`kpool_cupy.kpool_compress_backward`, on
+host arrays (bfloat16 as ``ml_dtypes.bfloat16``).
+
+Parameters
+----------
+accumulate
+    ``"float32"`` (the kernels' arithmetic) or ``"float64"``.
+"""
+
+GRAD_POOLED = Operand("grad_pooled", "[>= total_pools, head_dim] bfloat16, float16 or float32; any strides")
+GRAD_K = Operand("grad_k", "like k", True, True, rows_of="k")
+GRAD_GATE = Operand("grad_gate", "like gate", True, True, rows_of="gate")
+GRAD_APE = Operand("grad_ape", "float32 [kpool, head_dim] like ape", True, True, rows_of="ape", dtype="float32")
+PARAMETERS = (
+    GRAD_POOLED,
+    TOKEN_K,
+    TOKEN_GATE,
+    APE,
+    INPUT_ROW_OFFSETS,
+    CACHE_LENGTHS,
+    POOL_ROW_OFFSETS,
+    GRAD_K,
+    GRAD_GATE,
+    GRAD_APE,
+    VALIDATE,
+)
+DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+
+
+SPEC = OpSpec(
+    "kpool_compress_backward",
+    PARAMETERS,
+    ("grad_k", "grad_gate", "grad_ape"),
+    check_compress_backward_args,
+    run,
+    DOCS,
+    output_shapes,
+    extras={"reference": (ACCUMULATE,)},
+    kernel=COMPRESS_BACKWARD,
+)
