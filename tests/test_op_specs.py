@@ -15,6 +15,7 @@ from kpool_cupy.backends import emulate as emulate_backend
 from kpool_cupy.backends import reference as reference_backend
 from kpool_cupy.ops import COMPRESS, OPS
 from kpool_cupy.ops.binding import bind, execute
+from kpool_cupy.ops.compress_backward import partials_shape
 from kpool_cupy.ops.index_select_fp8 import index_select_workspace_bytes
 from kpool_cupy.ops.spec import Operand, Option
 
@@ -61,6 +62,14 @@ def _calls():
             pool_topk=2,
         ),
         "kpool_index_select_fp8": {**_index_call(rng), "pool_topk": 1},
+        "kpool_compress_backward": dict(
+            grad_pooled=rng.standard_normal((2, 16)).astype(BF16),
+            k=k,
+            gate=k,
+            ape=ape,
+            input_row_offsets=offsets,
+            cache_lengths=cached,
+        ),
     }
 
 
@@ -112,6 +121,8 @@ def test_run_allocates_exactly_the_declared_outputs(spec):
     if any(o.scratch for o in spec.operands):  # the fused select's scratch, made when the caller gives none
         scratch = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
         declared += [((scratch,), np.dtype(np.uint8))] if scratch else []
+    if spec.name == "kpool_compress_backward":  # d ape's block partials, working memory of the call's own
+        declared.append(partials_shape(call, 2))  # two pools in _calls
     assert recorded.get("allocated", []) == declared
 
 
@@ -131,7 +142,7 @@ def test_required_operands_come_first_and_written_ones_are_arrays_the_op_writes(
     kinds = [isinstance(p, Operand) and not p.optional for p in spec.parameters]
     assert kinds == sorted(kinds, reverse=True), spec.name  # all required operands before the rest
     written = {o.name for o in spec.operands if o.written}
-    assert written <= {"out", "out_scale", "closed", "tail", "cache", "workspace"}
+    assert written <= {"out", "out_scale", "closed", "tail", "cache", "workspace", "grad_k", "grad_gate", "grad_ape"}
 
 
 def test_a_keyword_added_to_a_spec_reaches_every_backend():

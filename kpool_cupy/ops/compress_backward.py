@@ -135,7 +135,7 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     if covered > 0:
         geometry = group_geometry(call.head_dim, covered)
         blocks = geometry.grid
-        partials = backend.empty((blocks, call.kpool, call.head_dim), FLOAT32)
+        partials = backend.empty(*partials_shape(call, covered))
         o = a | outputs | {"pool_row_offsets": pools, "partials": partials}
         grad_strides = [s // grad.dtype.itemsize for s in grad.strides]
         values = pooling_values(call, o) | codes.rows("grad", grad)
@@ -153,6 +153,11 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     geometry = flat_geometry(call.kpool * call.head_dim)
     backend.launch(Launch(COMPRESS_BACKWARD_APE, template, values, geometry, o))
     return outputs["grad_k"], outputs["grad_gate"], outputs["grad_ape"]
+
+
+def partials_shape(call: CompressBackwardCall, covered: int) -> OutputShape:
+    """The working memory of d ape's block partials when the grid covers ``covered`` pools (none for 0)."""
+    return (group_geometry(call.head_dim, covered).grid, call.kpool, call.head_dim), FLOAT32
 
 
 def gradient_vector(o: dict[str, Any]) -> int:

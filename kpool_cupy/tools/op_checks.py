@@ -21,6 +21,7 @@ from .. import reference
 from . import op_check_parts as parts
 from .accuracy import compare
 from .cases import SENTINEL, Case
+from .gradient_accuracy import compare_gradients, gradient_allowed_error
 from .index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
 from .op_check_parts import Backend, Verdict
 from .ring_op_checks import check_ring_close, check_seed_tail, check_tail_update
@@ -45,6 +46,29 @@ def check_compress(backend: Backend, case: Case, kpool: int, rng: np.random.Gene
         rotated = backend.get(backend.ops.kpool_compress(*args, rotate=True, **offsets))
         mismatches += parts.differ(rotated, parts.rotation(pooled, rotated.dtype))
     return Verdict(pools, mismatches, accuracy)
+
+
+def check_compress_backward(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
+    """The three gradients of a random loss against float64 within ``gradient_allowed_error``, and grad_ape
+    the same bits on a second call."""
+    arrays = (case.k, case.gate, case.ape, case.input_row_offsets, case.cache_lengths)
+    pools = int(reference.kpool_compress(*arrays).shape[0])
+    grad = rng.standard_normal((pools, case.k.shape[1])).astype(case.k.dtype)
+    offsets = {n: v for n, v in case.extra.items() if n == "pool_row_offsets"}
+    on_device = [backend.put(a) for a in (grad, *arrays)]
+    extra = {n: backend.put(v) for n, v in offsets.items()}
+    got = [backend.get(r) for r in backend.ops.kpool_compress_backward(*on_device, **extra)]
+    again = backend.get(backend.ops.kpool_compress_backward(*on_device, **extra)[2])
+    want = reference.kpool_compress_backward(grad, *arrays, accumulate="float64")
+    names = ("grad_k", "grad_gate", "grad_ape")
+    key, logit = parts.accuracy_bounds(case.k, case.gate, case.ape)
+    largest_grad = float(np.abs(grad.astype(np.float32)).max(initial=0.0))
+    bounds = gradient_allowed_error(
+        dict(zip(names, (w.astype(np.float64) for w in want), strict=True)),
+        {n: w.dtype for n, w in zip(names, want, strict=True)}, kpool, pools, largest_grad, key, logit,
+    )  # fmt: skip
+    accuracy = compare_gradients(dict(zip(names, got, strict=True)), dict(zip(names, want, strict=True)), bounds)
+    return Verdict(pools, parts.differ(again, got[2]), accuracy)
 
 
 EXPAND_TOKENS = 64
@@ -266,6 +290,7 @@ OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], V
     "index_logits_fp8": (check_index_logits_fp8, "tokens"),
     "index_topk": (check_index_topk, "tokens"),
     "index_select_fp8": (check_index_select_fp8, "tokens"),
+    "compress_backward": (check_compress_backward, "pools"),
 }
 
 
