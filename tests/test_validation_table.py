@@ -183,3 +183,131 @@ def test_gpu_path(row: Row):
         for name, value in bad_call(row.id).items()
     }
     _expect(kpool_cupy.kpool_compress, args, row.argument, row.error)
+
+
+# kpool_compress_backward: the "Backward function" table.
+
+
+def good_backward() -> dict:
+    """compress's good call (3 pools, bfloat16, head_dim 128, kpool 4) with a gradient row per pool."""
+    rng = np.random.default_rng(2)
+    return good() | {"grad_pooled": rng.standard_normal((3, 128)).astype(BF16)}
+
+
+def _read_only(name: str, like: str, dtype=None):
+    def mutate(a):
+        array = np.zeros(a[like].shape, dtype or a[like].dtype)
+        array.flags.writeable = False
+        a[name] = array
+
+    return mutate
+
+
+def _broadcast_rows(name: str, like: str):
+    """A writable array whose rows are all one row (row stride 0): writes to one row land in every row."""
+
+    def rows(a):
+        row = np.zeros((1, a[like].shape[1]), a[like].dtype)
+        return np.lib.stride_tricks.as_strided(row, a[like].shape, (0, row.itemsize), writeable=True)
+
+    return _set(**{name: rows})
+
+
+def _grad_gate_over_grad(a):
+    # grad_pooled is the first 3 rows of a [15, 128] buffer whose rows are grad_gate.
+    buffer = np.zeros(a["gate"].shape, BF16)
+    buffer[:3] = a["grad_pooled"]
+    a["grad_pooled"], a["grad_gate"] = buffer[:3], buffer
+
+
+def _one_array_for_both(a):
+    a["grad_k"] = a["grad_gate"] = np.zeros(a["k"].shape, BF16)
+
+
+BACKWARD_MUTATIONS = {
+    "bw-grad-not-array": _set(grad_pooled=lambda a: a["grad_pooled"].tolist()),
+    "bw-grad-dtype": _set(grad_pooled=lambda a: a["grad_pooled"].astype(np.float64)),
+    "bw-grad-rank": _set(grad_pooled=lambda a: a["grad_pooled"].reshape(-1)),
+    "bw-grad-width": _set(grad_pooled=lambda a: a["grad_pooled"][:, :-8]),
+    "bw-grad-strides": _set(
+        grad_pooled=lambda a: np.lib.stride_tricks.as_strided(np.zeros(2000, np.uint8).view(BF16), (3, 128), (256, 3))
+    ),
+    "bw-grad-rows": _set(grad_pooled=lambda a: a["grad_pooled"][:2]),
+    "bw-k-dtype": _set(k=lambda a: a["k"].astype(np.int16)),
+    "bw-ape-width": _set(ape=lambda a: a["ape"][:, :-8]),
+    "bw-offsets-end": _set(input_row_offsets=lambda a: np.array([0, 9, 14], np.int32)),
+    "bw-pool-row-offsets-mismatch": _set(pool_row_offsets=lambda a: np.array([0, 2, 4], np.int64)),
+    "bw-grad-k-shape": _set(grad_k=lambda a: np.zeros((14, 128), BF16)),
+    "bw-grad-k-dtype": _set(grad_k=lambda a: np.zeros((15, 128), np.float32)),
+    "bw-grad-k-last-dim": _set(grad_k=lambda a: np.asfortranarray(np.zeros((15, 128), BF16))),
+    "bw-grad-k-read-only": _read_only("grad_k", "k"),
+    "bw-grad-k-overlapping": _broadcast_rows("grad_k", "k"),
+    "bw-grad-k-is-k": _set(grad_k=lambda a: a["k"]),
+    "bw-grad-gate-shape": _set(grad_gate=lambda a: np.zeros((14, 128), BF16)),
+    "bw-grad-gate-dtype": _set(grad_gate=lambda a: np.zeros((15, 128), np.float16)),
+    "bw-grad-gate-read-only": _read_only("grad_gate", "gate"),
+    "bw-grad-gate-over-grad": _grad_gate_over_grad,
+    "bw-grad-gate-is-grad-k": _one_array_for_both,
+    "bw-grad-ape-shape": _set(grad_ape=lambda a: np.zeros((3, 128), np.float32)),
+    "bw-grad-ape-dtype": _set(grad_ape=lambda a: np.zeros((4, 128), BF16)),
+    "bw-grad-ape-read-only": _read_only("grad_ape", "ape"),
+    "bw-grad-ape-overlapping": _broadcast_rows("grad_ape", "ape"),
+    "bw-grad-ape-is-ape": _set(grad_ape=lambda a: a["ape"]),
+    "bw-validate-not-bool": _set(validate=lambda a: "False"),
+}
+
+BACKWARD_ROWS = table("Backward function")
+BACKWARD_IDS = [row.id for row in BACKWARD_ROWS]
+
+
+def test_backward_table_and_mutations_match():
+    assert len(BACKWARD_ROWS) >= 20, "the backward table in docs/validation.md did not parse"
+    assert sorted(BACKWARD_IDS) == sorted(BACKWARD_MUTATIONS)
+
+
+def test_the_good_backward_call_passes_on_the_cpu():
+    # The control for every row below: unmutated, the call is accepted, and with every output given too.
+    outputs = {"grad_k": np.zeros((15, 128), BF16), "grad_gate": np.zeros((15, 128), BF16)}
+    outputs["grad_ape"] = np.zeros((4, 128), np.float32)
+    for run in (emulate.kpool_compress_backward, reference.kpool_compress_backward):
+        shapes = [grad.shape for grad in run(**good_backward())]
+        assert shapes == [(15, 128), (15, 128), (4, 128)], shapes
+        assert all(got is given for got, given in zip(run(**good_backward(), **outputs), outputs.values(), strict=True))
+
+
+def bad_backward_call(row_id: str) -> dict:
+    args = good_backward()
+    BACKWARD_MUTATIONS[row_id](args)
+    return args
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+@pytest.mark.parametrize("row", BACKWARD_ROWS, ids=BACKWARD_IDS)
+def test_backward_cpu_backends(backend, row: Row):
+    run = {"emulate": emulate.kpool_compress_backward, "reference": reference.kpool_compress_backward}[backend]
+    _expect(run, bad_backward_call(row.id), row.argument, row.error)
+
+
+# Layouts cupy.asarray copies contiguous and writable, or arrays it cannot take: their checks hold on the same
+# metadata on the GPU path, but these calls cannot show it there.
+HOST_ONLY = {
+    "bw-grad-not-array", "bw-grad-strides", "bw-grad-k-last-dim", "bw-grad-k-read-only", "bw-grad-k-overlapping",
+    "bw-grad-k-is-k", "bw-grad-gate-read-only", "bw-grad-gate-over-grad", "bw-grad-gate-is-grad-k",
+    "bw-grad-ape-read-only", "bw-grad-ape-overlapping", "bw-grad-ape-is-ape",
+}  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("row", BACKWARD_ROWS, ids=BACKWARD_IDS)
+def test_backward_gpu_path(row: Row):
+    import cupy
+
+    import kpool_cupy
+
+    if row.id in HOST_ONLY:
+        pytest.skip("a layout or array cupy.asarray does not carry to the device")
+    args = {
+        name: cupy.asarray(value) if isinstance(value, np.ndarray) else value
+        for name, value in bad_backward_call(row.id).items()
+    }
+    _expect(kpool_cupy.kpool_compress_backward, args, row.argument, row.error)
