@@ -228,6 +228,19 @@ __device__ __forceinline__ void load_gradient8(const T* row, long long column_st
     }
 }
 
+// Whether the backward keeps a whole pool's rows in registers (read once):
+// where the forward loads the pool in one chunk, so the recomputed pool has
+// its bits, and the rows take at most kBackwardWholeBytes, since the thread
+// also holds 32 floats of softmax state and gradient (at 384 bytes, 4
+// float32 members, ptxas spills under the 128-register bound). Larger pools
+// are read twice: reduced as the forward streams them, then member by member.
+enum : int { kBackwardWholeBytes = 320 };
+template <int KPOOL, typename KT, typename GT>
+__host__ __device__ constexpr bool backward_whole_pool() {
+    constexpr int kMemberBytes = kChannelsPerThread * (sizeof(KT) + sizeof(GT) + sizeof(float));
+    return chunk_members<KPOOL, KT, GT>() == KPOOL && KPOOL * kMemberBytes <= kBackwardWholeBytes;
+}
+
 // One pool's softmax state over a thread's 8 channels, and the pool's gradient.
 struct PoolGradient {
     float max_logit[kChannelsPerThread];
@@ -307,8 +320,9 @@ __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool 
 // recomputes its pool's 8 channels and writes its members' d k and d gate
 // rows (rows of tokens in no complete pool are the launcher's to zero). A
 // pool whose members fit the forward's prefetch (kp::chunk_members: the
-// whole pool) keeps its rows in registers, so k, gate and ape are read once;
-// a larger pool reads them again, member by member. d ape goes to `partials`
+// whole pool, within kp::kBackwardWholeBytes) keeps its rows in registers, so
+// k, gate and ape are read once; a larger pool reads them again, member by
+// member. d ape goes to `partials`
 // ([gridDim.x, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
 // sums in block order: no float atomics, so two runs give the same bits.
 // Every thread reaches every barrier, so none leaves early.
@@ -329,7 +343,7 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
     constexpr bool kKeyVector = kp::vector_bits(VECTOR, kp::kVectorK);
     constexpr bool kGateVector = kp::vector_bits(VECTOR, kp::kVectorGate);
     constexpr bool kApeVector = kp::vector_bits(VECTOR, kp::kVectorApe);
-    constexpr bool kWhole = kp::chunk_members<KPOOL, KT, GT>() == KPOOL;
+    constexpr bool kWhole = kp::backward_whole_pool<KPOOL, KT, GT>();
     __shared__ float exchange[kp::group_block_bound(HEAD_DIM) * kp::kChannelsPerThread];
     long long pool;
     int channel;

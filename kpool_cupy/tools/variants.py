@@ -17,7 +17,7 @@ from .nvrtc import check_variant
 
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
 OP_KERNELS: dict[str, Kernel] = {spec.name.removeprefix("kpool_"): spec.kernel for spec in OPS if spec.kernel}
-_ELEMENTS = ("T", "G", "KT", "GT", "OT")
+_ELEMENTS = ("T", "G", "KT", "GT", "OT", "DT")
 
 
 def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> tuple[Kernel, str]:

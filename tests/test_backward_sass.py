@@ -1,0 +1,76 @@
+"""The backward kernel's machine code, read off sm_90 SASS without a GPU (`kpool-cupy ptx --sass --op
+compress_backward`): no spill under its 128-register bound, 16-byte loads of every member row and of the
+gradient row, and each member row read once where the pool is held in registers (kernels/kpool_compress.cu,
+``kp::backward_whole_pool``) — twice (the forward's reduction, then member by member) where it is not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
+from kpool_cupy.kernel.declarations import COMPRESS_BACKWARD
+from kpool_cupy.kernel.geometry import CHANNELS_PER_THREAD, chunk_members
+from kpool_cupy.tools import sass
+
+pytestmark = pytest.mark.usefixtures("sass_tools")
+
+BACKWARD_WHOLE_BYTES = 320  # kp::kBackwardWholeBytes
+
+
+def _backward(dtype: np.dtype, head_dim: int, kpool: int, grad: np.dtype | None = None) -> sass.SassSummary:
+    name = COMPRESS_BACKWARD.instance(KT=dtype, GT=dtype, DT=grad or dtype, HEAD_DIM=head_dim, KPOOL=kpool)
+    return sass.summarize_sass(COMPRESS_BACKWARD.source, name)
+
+
+def _whole(dtype: np.dtype, kpool: int) -> bool:
+    member_bytes = CHANNELS_PER_THREAD * (2 * dtype.itemsize + 4)
+    return chunk_members(kpool, member_bytes) == kpool and kpool * member_bytes <= BACKWARD_WHOLE_BYTES
+
+
+def test_the_holding_limit_is_the_kernels():
+    text = Path(__file__).resolve().parent.parent.joinpath("kernels", "kpool_compress.cu").read_text()
+    assert f"kBackwardWholeBytes = {BACKWARD_WHOLE_BYTES} " in text
+
+
+# The engines' shape (bf16, head_dim 128, kpool 4) and the edges of the two paths for each dtype: the
+# largest pool held in registers, the smallest streamed one, and kpool 16.
+CASES = [
+    (BFLOAT16, 128, 4),
+    (BFLOAT16, 128, 5),
+    (BFLOAT16, 128, 6),
+    (BFLOAT16, 128, 16),
+    (FLOAT16, 512, 8),
+    (FLOAT32, 128, 3),
+    (FLOAT32, 128, 4),
+    (FLOAT32, 64, 1),
+]
+
+
+@pytest.mark.parametrize(("dtype", "head_dim", "kpool"), CASES, ids=lambda v: str(getattr(v, "name", v)))
+def test_no_spill_and_every_row_in_16_byte_loads(dtype, head_dim, kpool):
+    summary = _backward(dtype, head_dim, kpool)
+    assert summary.spill_stores == summary.spill_loads == 0, summary
+    words = dtype.itemsize // 2  # 16-byte words of 8 channels of k, and of gate
+    per_member = 2 * words + 2  # k, gate and the float32 ape row
+    gradient = words  # the pool's gradient row, in k's dtype here
+    if _whole(dtype, kpool):
+        # Every member row loaded once (unrolled), the gradient once; d k and d gate stored once a member.
+        assert summary.vector_loads == kpool * per_member + gradient, summary
+        assert summary.vector_stores == kpool * 2 * words, summary
+    else:
+        # Streamed: the forward's chunks (a loop's body counts once), then one member a loop iteration.
+        chunk = chunk_members(kpool, CHANNELS_PER_THREAD * (2 * dtype.itemsize + 4))
+        first = min(chunk, kpool)
+        rest = (kpool - first) % chunk
+        streamed = (first + (chunk if kpool - first >= chunk else 0) + rest) * per_member
+        assert summary.vector_loads == streamed + per_member + gradient, summary
+        assert summary.vector_stores == 2 * words, summary
+
+
+def test_a_gradient_in_another_dtype_is_still_one_16_byte_row():
+    summary = _backward(BFLOAT16, 128, 4, grad=FLOAT32)
+    assert summary.spill_stores == summary.spill_loads == 0, summary
+    assert summary.vector_loads == 4 * 4 + 2, summary  # two 16-byte words of 8 float32 gradient channels
