@@ -320,6 +320,12 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     show_default=True,
     help="Also time kpool_index_select_fp8 against the scorer then kpool_index_topk, and a torch composite.",
 )
+@click.option(
+    "--backward/--no-backward",
+    default=True,
+    show_default=True,
+    help="Also time kpool_compress_backward against torch autograd through an eager implementation.",
+)
 def bench(
     json_file: str | None,
     plot_file: str | None,
@@ -332,6 +338,7 @@ def bench(
     fp8: bool,
     index: bool,
     select: bool,
+    backward: bool,
     sweep: bool,
 ) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one).
@@ -379,7 +386,7 @@ def bench(
             drawn[0] = len(partial["shapes"])
 
     shapes = sweep_shapes(quick) if sweep else []
-    swept = run_sweep(shapes, chosen, samples, progress, quick, write, decode_side, fp8, index, select)
+    swept = run_sweep(shapes, chosen, samples, progress, quick, write, decode_side, fp8, index, select, backward)
     results = {"environment": env, **swept}
     results["complete"] = True
     for line in table(results):

@@ -148,6 +148,7 @@ def records(results: dict[str, Any]) -> list[dict[str, Any]]:
         *results.get("fp8", []),
         *results.get("index", []),
         *results.get("select", []),
+        *results.get("backward", []),
         *results.get("shapes", []),
     ]
 

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import element_dtype
+from .backward import run_backward
 from .empty import bench_empty_kernel, over_empty
 from .fp8 import run_fp8
 from .impls import IMPLEMENTATIONS, capture_refusal, torch_op_call, torch_stream_of_cupy, torch_unavailable
@@ -201,6 +202,7 @@ def run_sweep(
     fp8: bool = True,
     index: bool = True,
     select: bool = True,
+    backward: bool = True,
 ) -> dict[str, Any]:
     """Host costs, the empty kernel, the decode side, the FP8 and the scorer's records, then every shape of the
     sweep;
@@ -239,6 +241,10 @@ def run_sweep(
     results["select"] = []
     for record in run_select(quick, samples) if select else ():
         results["select"].append(clock.stamp(record))
+        checkpoint(results)
+    results["backward"] = []
+    for record in run_backward(quick, samples) if backward else ():
+        results["backward"].append(clock.stamp(record))
         checkpoint(results)
     results["shapes"] = []
     checkpoint(results)

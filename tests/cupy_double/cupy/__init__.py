@@ -199,6 +199,11 @@ def ascontiguousarray(array) -> ndarray:
     return _wrap(np.ascontiguousarray(_plain(array)))
 
 
+def broadcast_to(array, shape) -> ndarray:
+    """A read-only view with stride 0 along the broadcast dims, as CuPy's (no new memory)."""
+    return _wrap(np.broadcast_to(_plain(array), shape), new=False)
+
+
 def where(condition, x, y) -> ndarray:
     cuda._before_array_op()
     return _wrap(np.where(_plain(condition), _plain(x), _plain(y)))
