@@ -68,9 +68,9 @@ declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
     [precompile]=24      # 303 variants over 16 processes (9 s and 8 s on the H200 for 248; estimated from NVRTC here)
     [pytest-gpu]=30      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed)
-    [check]=21           # kpool-cupy check: compress on three dtypes, every other op on bfloat16 (14 runs; 11: 15 s, 12 s)
+    [check]=25           # kpool-cupy check: compress and its backward on three and two dtypes, every other op on bfloat16 (16 runs; 11: 15 s, 12 s)
     [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s)
-    [bench]=201          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s)
+    [bench]=197          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s)
     [bench-compile]=50   # the quick sweep's three shapes with torch.compile, from a cold start (41 s and 24 s on the H200)
 )
 kill_after=2
@@ -167,7 +167,8 @@ run check bash -c '
     for run in "compress bfloat16" "compress float16" "compress float32" "ring_close bfloat16" \
         "seed_tail bfloat16" "tail_update bfloat16" "expand_topk bfloat16" "compress_fp8 bfloat16" \
         "ring_close_fp8 bfloat16" "tail_update_fp8 bfloat16" "hadamard_quant_fp8 bfloat16" \
-        "index_logits_fp8 bfloat16" "index_topk bfloat16" "index_select_fp8 bfloat16"; do
+        "index_logits_fp8 bfloat16" "index_topk bfloat16" "index_select_fp8 bfloat16" \
+        "compress_backward bfloat16" "compress_backward float32"; do
         read -r op dtype <<< "$run"
         runs=$((runs + 1))
         "$1" -m kpool_cupy check --backend cupy --op "$op" --dtype "$dtype" --json && passed=$((passed + 1))
@@ -188,13 +189,13 @@ else
     pack
 fi
 
-# The selection's records are left out here: the limits' sum has no room for them (they run on their own,
+# The selection's and the backward's records are left out here: the limits' sum has no room for them (they run on their own,
 # docs/benchmarks.md "The selection").
-run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --min-calls "$min_calls" --no-select --json "$out/bench.json" \
+run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --min-calls "$min_calls" --no-select --no-backward --json "$out/bench.json" \
     --plot "$out/bench.png" --table "$logs/bench-table.txt"
 # torch.compile cold, on the quick shapes, against this package alone (the
 # other alternatives, the decode side and the FP8 records were measured above).
-run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --min-calls "$min_calls" --no-decode-side --no-fp8 --no-index --no-select \
+run bench-compile "$py" -m kpool_cupy bench --quick --samples "$compile_samples" --min-calls "$min_calls" --no-decode-side --no-fp8 --no-index --no-select --no-backward \
     --skip upstream-geometry --skip cupy-composite --skip torch-eager --skip triton --skip torch.ops.kpool --json "$out/bench-compile.json"
 
 echo
