@@ -79,6 +79,10 @@ def calls(dtype=BF16, split=False):
     step_gate = rng.standard_normal((2, 3, HEAD_DIM)).astype(gate_dtype)
     positions = np.array([[5, 6, 7], [9, 10, -1]], np.int32)
     pool_ids = rng.integers(-1, 5, (11, 3)).astype(np.int32)
+    # compress's gradient, one row a pool (its own generator: the other ops' samples stay as they were).
+    grad = np.random.default_rng(1).standard_normal(
+        (reference.kpool_compress(k, gate, ape, offsets, cache).shape[0], HEAD_DIM)
+    )
     return {
         "kpool_compress": ((k, gate, ape, offsets, cache), {}),
         "kpool_ring_close": ((tail, k, gate, ape, offsets, cache, slots), {}),
@@ -95,6 +99,7 @@ def calls(dtype=BF16, split=False):
             {"kpool": 2, "pool_topk": 3, "always_select_tail": True},
         ),
         "kpool_index_select_fp8": (index_args(rng), {"kpool": 2, "pool_topk": 1, "always_select_tail": True}),
+        "kpool_compress_backward": ((grad.astype(dtype), k, gate, ape, offsets, cache), {}),
     }
 
 
@@ -170,17 +175,18 @@ def test_out_variants_write_the_given_tensors_and_allocate_the_missing_one():
     _same(got, reference.kpool_compress(*args, out_dtype="float32"))
 
 
-def test_a_parameter_ape_is_read_and_a_gradient_request_names_the_op():
-    args, _ = calls(BF16)["kpool_compress"]
+def test_a_parameter_ape_is_read_and_a_gradient_request_names_an_op_without_one():
+    # Ring close declares no gradient (compress does: tests/test_torch_autograd.py).
+    args, _ = calls(BF16)["kpool_ring_close"]
     tensors = [_tensor(a) for a in args]
-    tensors[2] = torch.nn.Parameter(tensors[2])
-    pooled = kt.kpool_compress(*tensors)
-    _same(pooled.detach(), reference.kpool_compress(*args))
+    tensors[3] = torch.nn.Parameter(tensors[3])
+    pooled, closed = kt.kpool_ring_close(*tensors)
+    _same((pooled.detach(), closed), reference.kpool_ring_close(*copy.deepcopy(args)))
     assert pooled.requires_grad
-    with pytest.raises(RuntimeError, match="kpool::compress is not differentiable"):
+    with pytest.raises(RuntimeError, match="kpool::ring_close is not differentiable"):
         pooled.float().sum().backward()
     with torch.no_grad():
-        assert not kt.kpool_compress(*tensors).requires_grad
+        assert not kt.kpool_ring_close(*tensors)[0].requires_grad
 
 
 def test_out_dtype_takes_a_torch_dtype_or_a_name():
@@ -262,11 +268,12 @@ def test_opcheck(spec, overload, args, kwargs):
 
 @pytest.mark.slow
 def test_opcheck_with_a_parameter_ape_checks_the_autograd_registration():
-    args, _ = calls(BF16)["kpool_compress"]
-    tensors = [_tensor(a) for a in args]
-    tensors[2] = torch.nn.Parameter(tensors[2])
+    # Ring close has no gradient (compress's opcheck with one: tests/test_torch_autograd.py).
+    args, _ = calls(BF16)["kpool_ring_close"]
+    tensors = [[_tensor(args[0])], *(_tensor(a) for a in args[1:])]
+    tensors[3] = torch.nn.Parameter(tensors[3])
     utils = ("test_schema", "test_autograd_registration", "test_faketensor")  # no backward: it raises by design
-    result = torch.library.opcheck(torch.ops.kpool.compress.default, tuple(tensors), test_utils=utils)
+    result = torch.library.opcheck(torch.ops.kpool.ring_close.default, tuple(tensors), test_utils=utils)
     assert set(result.values()) == {"SUCCESS"}, result
 
 
@@ -397,13 +404,13 @@ class _Op(torch.nn.Module):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["kpool_compress", "kpool_tail_update"])
+@pytest.mark.parametrize("name", ["kpool_ring_close", "kpool_tail_update"])
 def test_a_compiled_backward_is_traced_without_raising_and_raises_when_run(name):
     # Compiling a model whose ape is a Parameter traces the backward (with a
     # ring written in place, AOTAutograd traces it at compile time); only
     # running it is the error that names the op.
     args, _ = calls(BF16)[name]
-    ape_at = 3 if name == "kpool_tail_update" else 2
+    ape_at = 3  # after the ring
     module = _Op(name, _tensor(args[ape_at]), ape_at)
     tensors = [_tensor(a) for i, a in enumerate(args) if i != ape_at]
     eager_inputs = [t.clone() for t in tensors]
@@ -462,7 +469,10 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
                 host = copy.deepcopy(args)
                 # The scorer's sums run in the tensor cores' order: its bits are the emulated kernel's, which
                 # meet the float64 reference within a bound (tests/test_index_logits.py), not bit for bit.
-                expected = emulate if name in ("kpool_index_logits_fp8", "kpool_index_select_fp8") else reference
+                # compress's backward: its float32 gradients (ape's, a float32 gate's) differ from the
+                # NumPy reference's by an ulp here; the CUDA path's bits are the emulated kernel's.
+                emulated = ("kpool_index_logits_fp8", "kpool_index_select_fp8", "kpool_compress_backward")
+                expected = emulate if name in emulated else reference
                 want = getattr(expected, name)(*host, **kwargs)
                 pairs = [o.pair for o in spec.operands if not o.optional]
                 tensors = [[t._tensor(r) for r in (a if isinstance(a, tuple) else (a,))] if pair else t._tensor(a)

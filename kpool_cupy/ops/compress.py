@@ -32,7 +32,7 @@ from .checks import (
 from .destinations import Destination, Landing, into_pooled_rows, launch_template, returned
 from .fp8_target import check_rotation_head_dim
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, OUT_DTYPE, ROTATE, TOKEN_GATE, TOKEN_K
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
+from .spec import VALIDATE, Backend, CallArgs, Gradient, Launch, Operand, OpSpec, Option, OutputShape
 
 
 @dataclass(frozen=True)
@@ -316,4 +316,6 @@ SPEC = OpSpec(
     extras={"reference": (ACCUMULATE,)},
     dynamic_sizes={"total_pools": most_pools},
     kernel=COMPRESS,
+    # Named, not imported: compress_backward imports this module.
+    gradient=Gradient("kpool_compress_backward", ("k", "gate", "ape"), ("grad_pooled",), refused=("rotate",)),
 )

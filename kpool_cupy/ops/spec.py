@@ -201,6 +201,27 @@ class Backend(Protocol):
 
 
 @dataclass(frozen=True)
+class Gradient:
+    """What an op's backward is, declared beside the op (by the backward's spec name, so the op's module
+    need not import the backward's, which imports it).
+
+    ``op`` is the backward op's spec name; it takes the forward's operands and
+    options by name where it has them (the inputs, never the forward's
+    results: it recomputes what it needs). ``inputs`` are the operands that
+    get gradients, in the order of the backward's results; ``outputs`` is
+    the backward's operand that takes each forward result's gradient, in
+    the order of ``results``. ``refused`` are options with no backward: a
+    call that sets one (truthy) is not differentiable, and asking for its
+    gradient raises, naming the option.
+    """
+
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    refused: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class OpSpec:
     """One op, described once.
 
@@ -226,6 +247,8 @@ class OpSpec:
     returned after ``results`` only when a bool option is set (expand's
     ``counts`` with ``compact``), each with that option's name. ``kernel`` is
     the kernel the op launches (what ``kpool-cupy ptx --op`` compiles).
+    ``gradient`` declares the op differentiable and names its backward
+    (``Gradient``); None: no gradient (a frontend refuses to differentiate).
     """
 
     name: str
@@ -239,6 +262,7 @@ class OpSpec:
     dynamic_sizes: Mapping[str, Callable[[Any], int]] = field(default_factory=dict)
     conditional_results: Mapping[str, str] = field(default_factory=dict)
     kernel: Kernel | None = None
+    gradient: Gradient | None = None
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:

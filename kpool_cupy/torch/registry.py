@@ -1,5 +1,10 @@
 """Defines every op under ``torch.ops.kpool`` from the op specs, with its CPU, CUDA and fake kernels.
 
+An op whose spec declares a gradient (``OpSpec.gradient``) gets it on its
+default overload (an autograd kernel, the backward a call of the declared
+backward op); every other overload, and every other op,
+refuses a gradient when one is asked for (``_NoGradient``).
+
 Registration happens once per process (``register``); the library object
 that holds it lives here for as long as the process does.
 """
@@ -77,12 +82,99 @@ def _autograd_kernel(name: str, op: Any) -> Any:
     return kernel
 
 
+class _Differentiable(torch.autograd.Function):
+    """Runs an op below autograd, with the backward its spec declares (``_Gradient``).
+
+    Not ``torch.library.register_autograd``: that refuses a schema with
+    keyword-only tensors (``pool_row_offsets``), which the schemas keep to
+    match the functions' signatures. This is what it would register: an
+    autograd kernel around a Function whose inputs are the positional
+    tensors.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, rule: _Gradient, keyword: dict[str, Any], *inputs: Any) -> Any:
+        with torch._C._AutoDispatchBelowAutograd():
+            result = rule.forward(*inputs, **keyword)
+        rule.setup_context(ctx, inputs, keyword)
+        return result
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> Any:
+        return (None, None, *ctx.rule.backward(ctx, ctx.needs_input_grad[2:], grads))
+
+
+class _Gradient:
+    """An op's declared gradient (``OpSpec.gradient``) on one overload: the backward op takes the forward's
+    inputs by name (saved, never its results) and each result's gradient as it comes (the dtype the forward
+    returned, any strides: the backward op takes every stride, 0 too)."""
+
+    def __init__(self, spec: OpSpec, overload: Overload) -> None:
+        gradient = spec.gradient
+        if gradient is None:
+            raise ValueError(f"Invalid spec: expected one with a gradient, got {spec.name}")
+        self.gradient, self.name = gradient, qualified(spec, overload.name)
+        backward_spec = next((s for s in SPECS if s.name == gradient.op), None)
+        if backward_spec is None:
+            raise ValueError(f"Invalid gradient of {spec.name}: expected an op of OPS, got {gradient.op!r}")
+        self.backward_spec = backward_spec
+        self.backward_overload = overloads(backward_spec)[0]  # the default: it allocates the gradients
+        self.positional = [o.name for o in overload.operands if not o.optional]
+        self.defaults = {o.name: None for o in overload.operands if o.optional} | {
+            o.name: o.default for o in overload.options
+        }
+        # What the backward takes of the forward's inputs (by name), and of its options (validate).
+        self.saved = [o.name for o in self.backward_overload.operands if o.name not in gradient.outputs]
+        missing = [n for n in (*self.saved, *gradient.inputs) if n not in {o.name for o in overload.operands}]
+        if missing:
+            raise ValueError(f"Invalid gradient of {spec.name}: expected inputs of {self.name}, got {missing}")
+        self.options = [o.name for o in self.backward_overload.options if o.name in self.defaults]
+        self.forward = getattr(getattr(getattr(torch.ops, NAMESPACE), op_name(spec)), overload.name or "default")
+
+    def kernel(self, *args: Any, **kwargs: Any) -> Any:
+        """The overload's autograd kernel: the Function where an input requires grad in grad mode."""
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return _Differentiable.apply(self, kwargs, *args)
+        with torch._C._AutoDispatchBelowAutograd():
+            return self.forward(*args, **kwargs)
+
+    def setup_context(self, ctx: Any, inputs: tuple[Any, ...], keyword: dict[str, Any]) -> None:
+        # The dispatcher leaves out arguments equal to their defaults.
+        given = self.defaults | dict(zip(self.positional, inputs, strict=True)) | keyword
+        ctx.rule = self
+        ctx.save_for_backward(*(given[n] for n in self.saved))
+        ctx.options = {n: given[n] for n in self.options}  # validate: the backward checks what the forward did
+        ctx.refused = [f"{n}={given[n]!r}" for n in self.gradient.refused if given[n]]
+
+    def backward(self, ctx: Any, needs: tuple[bool, ...], grads: tuple[torch.Tensor, ...]) -> tuple[Any, ...]:
+        """One gradient (or None) per positional input."""
+        tensors = dict(zip(self.saved, ctx.saved_tensors, strict=True))
+        if ctx.refused:  # an op, so that a compiled model traces this backward; running it raises
+            inputs = [tensors[n] for n in self.gradient.inputs]
+            got = torch.ops.kpool.no_gradient(grads[0], inputs, f"{self.name} with {', '.join(ctx.refused)}")
+        else:
+            given = tensors | dict(zip(self.gradient.outputs, grads, strict=True))
+            operands = self.backward_overload.operands
+            args = [given[o.name] for o in operands if not o.optional]
+            kwargs = {o.name: given[o.name] for o in operands if o.optional and given.get(o.name) is not None}
+            op = getattr(getattr(torch.ops, NAMESPACE), op_name(self.backward_spec)).default
+            got = op(*args, **kwargs, **ctx.options)
+        by_input = dict(zip(self.gradient.inputs, got, strict=True))
+        return tuple(by_input.get(n) if need else None for n, need in zip(self.positional, needs, strict=True))
+
+
 def _define(library: torch.library.Library, spec: OpSpec, overload: Overload) -> None:
     name = qualified(spec, overload.name)
     torch.library.define(name, overload.schema, lib=library)
     torch.library.register_kernel(name, "cpu", cpu_kernel(spec, overload), lib=library)
     torch.library.register_kernel(name, "cuda", cuda_kernel(spec, overload), lib=library)
     torch.library.register_fake(name, fake_kernel(spec, overload), lib=library)
+    if spec.gradient is not None and not overload.name:
+        # Declared differentiable (the default overload only: .out writes in
+        # place, and the cache overloads write a cache).
+        rule = _Gradient(spec, overload)
+        library.impl(op_name(spec), rule.kernel, "Autograd")
+        return
     # A float result from an input that requires grad: asking for its
     # gradient is an error that names the op, not a silent None. (The .out
     # overloads return nothing.)
