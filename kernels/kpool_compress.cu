@@ -437,3 +437,47 @@ __global__ void kpool_compress_backward_ape(const float* __restrict__ partials, 
     for (long long b = 1; b < blocks; ++b) sum += partials[b * kElements + e];
     grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = sum;
 }
+
+// The gradient rows of the tokens no pool of this call covers, zero: one
+// group of head_dim / 8 threads a request, which writes the rows before its
+// first pool (those completing a pool the cached prefix opened) and after
+// its last (its unfinished pool), at most KPOOL - 1 of each, as consistent
+// offsets have them. kpool_compress_backward writes every other row, so no
+// row is written twice and the outputs need no clearing first. Garbage
+// offsets may leave rows unwritten but make nothing outside the arrays be
+// written.
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP>
+__global__ void kpool_compress_backward_rest(const IO* __restrict__ input_row_offsets,
+                                             const IC* __restrict__ cache_lengths,
+                                             const IP* __restrict__ pool_row_offsets, long long batch,
+                                             long long total_tokens, KT* __restrict__ grad_k,
+                                             long long grad_k_row_stride, GT* __restrict__ grad_gate,
+                                             long long grad_gate_row_stride) {
+    long long request;
+    int channel;
+    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
+    long long row_begin, row_end, cached;
+    if (!kp::request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached))
+        return;
+    const long long pool_begin = kp::load_index(pool_row_offsets, request);
+    const long long pool_end = kp::load_index(pool_row_offsets, request + 1);
+    const long long pools = pool_begin < 0 || pool_end < pool_begin ? 0 : pool_end - pool_begin;  // no overflow
+    const long long rows = row_end - row_begin;
+    const long long phase = cached % KPOOL;
+    const long long align = phase == 0 ? 0 : KPOOL - phase;
+    const long long head = align < rows ? align : rows;  // rows before the first pool
+    // Pools past what the rows hold (only garbage claims them) cover nothing.
+    const long long fits = (rows - head) / KPOOL;
+    const long long covered = head + (pools < fits ? pools : fits) * KPOOL;
+    const long long tail_begin = covered > rows - (KPOOL - 1) ? covered : rows - (KPOOL - 1);
+    float zeros[kp::kChannelsPerThread];
+#pragma unroll
+    for (int c = 0; c < kp::kChannelsPerThread; ++c) zeros[c] = 0.0f;
+    const auto clear = [&](long long r) {
+        const long long row = row_begin + r;
+        kp::store8<kp::vector_bits(VECTOR, kp::kVectorK)>(grad_k + row * grad_k_row_stride + channel, zeros);
+        kp::store8<kp::vector_bits(VECTOR, kp::kVectorGate)>(grad_gate + row * grad_gate_row_stride + channel, zeros);
+    };
+    for (long long r = 0; r < head; ++r) clear(r);
+    for (long long r = tail_begin > head ? tail_begin : head; r < rows; ++r) clear(r);
+}

@@ -251,6 +251,28 @@ def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None
     o["grad_ape"][...] = total
 
 
+def compress_backward_rest(launch: Launch, accumulate: type[np.floating]) -> None:
+    """``kpool_compress_backward_rest``: each request's rows before its first pool and after its last, at most
+    kpool - 1 of each, zero, checked as the kernel checks them."""
+    call, o = kernel_scalars(launch), launch.operands
+    offsets = np.asarray(o["input_row_offsets"]).astype(np.int64)
+    cached = np.asarray(o["cache_lengths"]).astype(np.int64)
+    pools = np.asarray(o["pool_row_offsets"]).astype(np.int64)
+    for request in range(call.batch):
+        rows_of = request_rows(offsets, cached, np.array(request), call.total_tokens)
+        begin, end, length, usable = (int(v) for v in rows_of)
+        if not usable:
+            continue
+        first, last = int(pools[request]), int(pools[request + 1])
+        rows, claimed = end - begin, 0 if first < 0 or last < first else last - first
+        head = min((-length) % call.kpool, rows)
+        covered = head + min(claimed, (rows - head) // call.kpool) * call.kpool
+        tail = max(covered, rows - (call.kpool - 1), head)
+        for name in ("grad_k", "grad_gate"):
+            o[name][begin : begin + head] = 0
+            o[name][begin + tail : end] = 0
+
+
 def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np.ndarray, numbers: np.ndarray) -> None:
     """The FP8 epilogue of pooled float32 rows, written where ``kp::Fp8Sink::place`` puts output row ``rows[i]``
     (request ``requests[i]``'s pool ``numbers[i]``), skipping what it skips."""
@@ -482,6 +504,7 @@ KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_compress_fp8": compress_fp8,
     "kpool_compress_backward": compress_backward,
     "kpool_compress_backward_ape": compress_backward_ape,
+    "kpool_compress_backward_rest": compress_backward_rest,
     "kpool_ring_close_fp8": ring_close_fp8,
     "kpool_tail_update_fp8": tail_update_fp8,
     "kpool_hadamard_quant_fp8": hadamard_quant_fp8,

@@ -259,6 +259,20 @@ COMPRESS_BACKWARD = Kernel(
     ),
     aligned=_POOLING | _V.OUT,
 )
+COMPRESS_BACKWARD_REST = Kernel(
+    "kpool_compress_backward_rest",
+    "kpool_compress.cu",
+    (*_ELEMENTS, *_SIZES, index("IO"), index("IC"), index("IP")),
+    (
+        Param("input_row_offsets", "const IO*"),
+        Param("cache_lengths", "const IC*"),
+        Param("pool_row_offsets", "const IP*"),
+        *longs("batch", "total_tokens"),
+        *rows("grad_k", "KT*"),
+        *rows("grad_gate", "GT*"),
+    ),
+    aligned=_V.K | _V.GATE,
+)
 COMPRESS_BACKWARD_APE = Kernel(
     "kpool_compress_backward_ape",
     "kpool_compress.cu",
@@ -421,6 +435,7 @@ KERNELS: tuple[Kernel, ...] = (
     COMPRESS_FP8,
     COMPRESS_BACKWARD,
     COMPRESS_BACKWARD_APE,
+    COMPRESS_BACKWARD_REST,
     RING_CLOSE,
     RING_CLOSE_FP8,
     SEED_TAIL,

@@ -6,9 +6,10 @@ For one pool, with ``g = d loss / d pooled``, ``l = gate + ape`` and ``w`` the p
     d gate[m, c] = w[m, c] * g[c] * (k[m, c] - pooled[c])
     d ape[m, c]  = sum over every pool of d gate[m, c]
 
-Two launches: ``kpool_compress_backward`` recomputes each pool (w and pooled, never stored) and writes its
+Three launches: ``kpool_compress_backward`` recomputes each pool (w and pooled, never stored) and writes its
 members' d k and d gate rows and its block's partial sums of d ape; ``kpool_compress_backward_ape`` sums the
-partials in block order, so d ape has the same bits on every run.
+partials in block order, so d ape has the same bits on every run; ``kpool_compress_backward_rest`` writes the
+zero rows of the tokens no pool covers (so the outputs need no clearing first).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import numpy as np
 
 from ..dtypes import FLOAT32, dtype_name
 from ..kernel import codes
-from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE
+from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE, COMPRESS_BACKWARD_REST
 from ..kernel.geometry import flat_geometry, group_geometry
 from .checks import (
     OUTPUT_DTYPES,
@@ -109,18 +110,18 @@ def output_shapes(call: CompressBackwardCall) -> dict[str, OutputShape]:
     }
 
 
-def zeroed(backend: Backend, given: Any, shape: tuple[int, ...], dtype: np.dtype) -> Any:
-    """A new zeroed output, or the given one written zero (rows of tokens in no complete pool stay so)."""
-    if given is None:
-        return backend.zeros(shape, dtype)
-    if given.size:
-        given[...] = 0
-    return given
+def made(backend: Backend, given: Any, shape: tuple[int, ...], dtype: np.dtype, validate: bool) -> Any:
+    """The given output, or a new one: uninitialized when the offsets were validated (the kernels then write
+    every element), zeroed when not (garbage offsets may leave rows unwritten, and those read zero alike on
+    every backend)."""
+    if given is not None:
+        return given
+    return (backend.empty if validate else backend.zeros)(shape, dtype)
 
 
 def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, validate: bool) -> Any:
-    """Validate (with compress's checks, and a gradient row for every pool), zero the outputs, launch the
-    gradients, then the sum of ape's."""
+    """Validate (with compress's checks, and a gradient row for every pool), make the outputs the caller left
+    out, launch the pools' gradients, the sum of ape's, and the zero rows of tokens in no pool."""
     pools, total_pools, _ = find_pools(
         backend, call, a["input_row_offsets"], a["cache_lengths"], a["pool_row_offsets"], None,
         validate=validate, sized=False,
@@ -129,7 +130,7 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     if total_pools is not None and grad.shape[0] < total_pools:
         raise fail("grad_pooled", f"at least {total_pools} rows (total_pools)", f"{grad.shape[0]} rows")
     shapes = output_shapes(call)
-    outputs = {name: zeroed(backend, a[name], *shapes[name]) for name in shapes}
+    outputs = {name: made(backend, a[name], *shapes[name], validate) for name in shapes}
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(grad.shape[0]))
     blocks = 0
     if covered > 0:
@@ -152,6 +153,15 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     template = {"HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
     geometry = flat_geometry(call.kpool * call.head_dim)
     backend.launch(Launch(COMPRESS_BACKWARD_APE, template, values, geometry, o))
+    if call.batch > 0 and call.total_tokens > 0:
+        o = a | outputs | {"pool_row_offsets": pools}
+        values = {n: o[n] for n in ("input_row_offsets", "cache_lengths", "pool_row_offsets")}
+        values |= {"batch": call.batch, "total_tokens": call.total_tokens}
+        values |= codes.rows("grad_k", o["grad_k"]) | codes.rows("grad_gate", o["grad_gate"])
+        template = pooling_template(call, o)
+        template["VECTOR"] = int(codes.vector_mask(k=o["grad_k"], gate=o["grad_gate"]))
+        geometry = group_geometry(call.head_dim, call.batch)
+        backend.launch(Launch(COMPRESS_BACKWARD_REST, template, values, geometry, o))
     return outputs["grad_k"], outputs["grad_gate"], outputs["grad_ape"]
 
 
