@@ -443,6 +443,23 @@ __device__ __forceinline__ void for_each_chunk(Visit visit) {
     if constexpr (kRest > 0) visit(Chunk<kRest, false>{}, KPOOL - kRest);
 }
 
+// Feeds COUNT loaded members (their key, gate and ape rows) to each of the
+// thread's channels: logit = gate + ape. FIRST: they start the pool.
+template <int COUNT, bool FIRST, typename KeyRow, typename GateRow, typename BiasRow>
+__device__ __forceinline__ void add_rows(const KeyRow (&keys)[COUNT], const GateRow (&gates)[COUNT],
+                                         const BiasRow (&bias)[COUNT], PoolChannel (&channels)[kChannelsPerThread]) {
+#pragma unroll
+    for (int c = 0; c < kChannelsPerThread; ++c) {
+        float logits[COUNT], values[COUNT];
+#pragma unroll
+        for (int j = 0; j < COUNT; ++j) {
+            logits[j] = gates[j][c] + bias[j][c];
+            values[j] = keys[j][c];
+        }
+        channels[c].template add<COUNT, FIRST>(logits, values);
+    }
+}
+
 // Loads members m0 .. m0 + COUNT - 1 (keys, gate scores and ape rows), all
 // before the first is used, then feeds them to each channel. FIRST: member
 // m0 is the pool's first.
@@ -463,16 +480,7 @@ __device__ __forceinline__ void pool_chunk(int m0, MemberRows member_rows, const
     for (int j = 0; j < COUNT; ++j) keys[j].load(key_rows[j]);
 #pragma unroll
     for (int j = 0; j < COUNT; ++j) gates[j].load(gate_rows[j]);
-#pragma unroll
-    for (int c = 0; c < kChannelsPerThread; ++c) {
-        float logits[COUNT], values[COUNT];
-#pragma unroll
-        for (int j = 0; j < COUNT; ++j) {
-            logits[j] = gates[j][c] + bias[j][c];
-            values[j] = keys[j][c];
-        }
-        channels[c].template add<COUNT, FIRST>(logits, values);
-    }
+    add_rows<COUNT, FIRST>(keys, gates, bias, channels);
 }
 
 // for_each_chunk's visitor in pool8 (a struct: NVRTC compiles no generic

@@ -377,16 +377,7 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
             kp::load_gradient8<kp::vector_bits(VECTOR, kp::kVectorOut)>(
                 grad + pool * grad_row_stride + channel * grad_column_stride, grad_column_stride, state.grad);
             kp::PoolChannel channels[kp::kChannelsPerThread];
-#pragma unroll
-            for (int c = 0; c < kp::kChannelsPerThread; ++c) {
-                float logits[KPOOL], values[KPOOL];
-#pragma unroll
-                for (int m = 0; m < KPOOL; ++m) {
-                    logits[m] = gates[m][c] + bias[m][c];
-                    values[m] = keys[m][c];
-                }
-                channels[c].template add<KPOOL, true>(logits, values);
-            }
+            kp::add_rows<KPOOL, true>(keys, gates, bias, channels);  // as pool_chunk reduces a whole pool
             state.set(channels);
         }
 #pragma unroll

@@ -65,15 +65,22 @@ def check_compress_args(a: CallArgs) -> CompressCall:
         check_index("pool_row_offsets", a.pool_row_offsets, batch + 1)
     check_out(a.out, head_dim, ">= total_pools")
     return CompressCall(
-        head_dim=head_dim,
-        kpool=kpool,
-        batch=batch,
-        total_tokens=as_size(a.k.shape[0]),
-        k_dtype=np.dtype(a.k.dtype),
-        gate_dtype=np.dtype(a.gate.dtype),
+        **token_fields(a, head_dim, kpool, batch),
         out_dtype=check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype)),
         rotate=bool(a.rotate),
     )
+
+
+def token_fields(a: CallArgs, head_dim: int, kpool: int, batch: int) -> dict[str, Any]:
+    """The call record's fields of a call that pools a ragged batch's token rows ``a.k`` and ``a.gate``."""
+    return {
+        "head_dim": head_dim,
+        "kpool": kpool,
+        "batch": batch,
+        "total_tokens": as_size(a.k.shape[0]),
+        "k_dtype": np.dtype(a.k.dtype),
+        "gate_dtype": np.dtype(a.gate.dtype),
+    }
 
 
 def check_offset_values(

@@ -44,6 +44,7 @@ from .compress import (
     pooling_template,
     pooling_values,
     pools_to_cover,
+    token_fields,
 )
 from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
 from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
@@ -90,12 +91,7 @@ def check_compress_backward_args(a: CallArgs) -> CompressBackwardCall:
     check_gradient_out("grad_gate", a.grad_gate, "gate", tuple(a.gate.shape), np.dtype(a.gate.dtype))
     check_gradient_out("grad_ape", a.grad_ape, "ape", tuple(a.ape.shape), FLOAT32)
     return CompressBackwardCall(
-        head_dim=head_dim,
-        kpool=kpool,
-        batch=batch,
-        total_tokens=as_size(a.k.shape[0]),
-        k_dtype=np.dtype(a.k.dtype),
-        gate_dtype=np.dtype(a.gate.dtype),
+        **token_fields(a, head_dim, kpool, batch),
         out_dtype=np.dtype(a.grad_pooled.dtype),
         grad_dtype=np.dtype(a.grad_pooled.dtype),
         grad_rows=as_size(a.grad_pooled.shape[0]),
