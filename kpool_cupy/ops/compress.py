@@ -291,18 +291,9 @@ accumulate
 
 POOL_ROW_OFFSETS = Operand("pool_row_offsets", "[batch + 1] int32, uint32 or int64", optional=True)
 OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
-PARAMETERS = (
-    TOKEN_K,
-    TOKEN_GATE,
-    APE,
-    INPUT_ROW_OFFSETS,
-    CACHE_LENGTHS,
-    POOL_ROW_OFFSETS,
-    OUT,
-    VALIDATE,
-    OUT_DTYPE,
-    ROTATE,
-)
+# The forward's inputs, in its order: what its backward takes after the gradient.
+POOLING_INPUTS = (TOKEN_K, TOKEN_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, POOL_ROW_OFFSETS)
+PARAMETERS = (*POOLING_INPUTS, OUT, VALIDATE, OUT_DTYPE, ROTATE)
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
 

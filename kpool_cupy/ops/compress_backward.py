@@ -38,7 +38,7 @@ from .checks import (
 )
 from .compress import (
     ACCUMULATE,
-    POOL_ROW_OFFSETS,
+    POOLING_INPUTS,
     CompressCall,
     find_pools,
     pooling_template,
@@ -46,7 +46,6 @@ from .compress import (
     pools_to_cover,
     token_fields,
 )
-from .operands import APE, CACHE_LENGTHS, INPUT_ROW_OFFSETS, TOKEN_GATE, TOKEN_K
 from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
@@ -255,19 +254,7 @@ GRAD_POOLED = Operand("grad_pooled", "[>= total_pools, head_dim] bfloat16, float
 GRAD_K = Operand("grad_k", "like k", True, True, rows_of="k")
 GRAD_GATE = Operand("grad_gate", "like gate", True, True, rows_of="gate")
 GRAD_APE = Operand("grad_ape", "float32 [kpool, head_dim] like ape", True, True, rows_of="ape", dtype="float32")
-PARAMETERS = (
-    GRAD_POOLED,
-    TOKEN_K,
-    TOKEN_GATE,
-    APE,
-    INPUT_ROW_OFFSETS,
-    CACHE_LENGTHS,
-    POOL_ROW_OFFSETS,
-    GRAD_K,
-    GRAD_GATE,
-    GRAD_APE,
-    VALIDATE,
-)
+PARAMETERS = (GRAD_POOLED, *POOLING_INPUTS, GRAD_K, GRAD_GATE, GRAD_APE, VALIDATE)
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
 
