@@ -105,3 +105,35 @@ def test_tensors_on_a_second_device_run_there():
     assert got.device == torch.device("cuda:1")
     _, on_first = _batch(5, device="cuda:0")
     assert torch.equal(got.cpu().view(torch.int16), kt.kpool_compress(*on_first).cpu().view(torch.int16))
+
+
+@pytest.mark.parametrize(
+    "loss",
+    [
+        lambda pooled: pooled.sum(),  # an expanded gradient, strides (0, 0)
+        lambda pooled: (pooled.T * torch.arange(1.0, 1.0 + pooled.shape[0], device="cuda")).sum(),  # column-major
+        lambda pooled: (pooled * pooled).sum(),  # a plain one
+    ],
+    ids=["expanded", "transposed", "dense"],
+)
+def test_cuda_gradients_equal_the_cupy_backward_bit_for_bit(loss):
+    # The gradient goes to the backward op as autograd made it (through
+    # DLPack, strides and all); the CuPy call on a contiguous copy of it
+    # gives the same bits.
+    import cupy
+
+    import kpool_cupy
+    import kpool_cupy.torch as kt
+
+    host, (k, gate, ape, offsets, cache) = _batch(6)
+    leaves = [t.detach().clone().requires_grad_() for t in (k, gate, ape)]
+    pooled = kt.kpool_compress(*leaves, offsets, cache, out_dtype=torch.float32)
+    seen = []
+    pooled.register_hook(seen.append)
+    loss(pooled).backward()
+    grad = cupy.asarray(seen[0].contiguous().cpu().numpy())
+    want = kpool_cupy.kpool_compress_backward(grad, *(cupy.asarray(a) for a in host))
+    for leaf, wanted in zip(leaves, want, strict=True):
+        got = leaf.grad.cpu()
+        got = (got.view(torch.int16) if got.dtype == torch.bfloat16 else got).numpy()
+        assert got.tobytes() == cupy.asnumpy(wanted).tobytes()

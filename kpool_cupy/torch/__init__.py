@@ -22,8 +22,15 @@ CPU tensors run the NumPy reference on their own memory (bfloat16
 included); CUDA tensors run the kernels on torch's current stream of their
 device, zero copy. Fake (meta) tensors get the output shapes from the op's
 own argument checks, compress's pool count as an unbacked size, so
-``torch.compile(fullgraph=True)`` traces a plain call. The ops have no
-gradient: asking for one raises.
+``torch.compile(fullgraph=True)`` traces a plain call.
+
+An op whose spec declares a gradient (``OpSpec.gradient``: compress, with
+respect to k, gate and ape) is differentiable in its default overload: the
+backward calls the declared backward op (``compress_backward``) on the
+saved inputs and the gradient as it comes, eager and under
+``torch.compile``. An option the declaration refuses (compress's
+``rotate=True``) and every other overload and op have no gradient: the
+forward runs, and asking for the gradient raises, naming the op.
 
 The functions below take what the package's functions take, as tensors,
 and give the same errors for the same bad call.

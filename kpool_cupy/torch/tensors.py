@@ -4,6 +4,9 @@ bfloat16 goes through an int16 view both ways: NumPy takes no bfloat16
 tensor (``.numpy()`` refuses it, and its DLPack import refuses kDLBfloat) and
 torch takes no ml_dtypes array. A tensor that requires grad (an
 ``nn.Parameter`` ape) is read through ``.detach()``: the ops only read it.
+Strides come along as they are, 0 and transposed ones too (``.numpy()`` and
+torch's DLPack export keep them; the int16 view as well): an expanded
+gradient reaches the backward op with no copy.
 """
 
 from __future__ import annotations
