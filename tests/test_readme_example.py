@@ -74,3 +74,20 @@ def test_the_indexer_step_example(backend):
     slots, workspace = namespace["slots"], namespace["workspace"]
     assert slots.shape == (2, 256 * 4 + 3) and workspace.size > 0 and not workspace[:16].any()
     assert (slots[:, : 256 * 4] >= 0).all()  # 1,024 pools seen: 256 chosen, each slot in the KV table
+
+
+def training_example() -> str:
+    text = README.read_text().split("## Training: gradients through compress", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_the_training_example():
+    # CPU tensors: the NumPy reference forward and backward, compiled by inductor.
+    pytest.importorskip("torch")
+    import torch.compiler.config
+
+    namespace: dict = {}
+    with torch.compiler.config.patch(force_disable_caches=True):  # compile, not replay an older graph
+        exec(compile(training_example(), str(README), "exec"), namespace)  # its asserts: dtypes, zero rows
+    assert namespace["model"].ape.detach().any()  # trained from zeros
+    assert namespace["k"].grad[3:].any()
