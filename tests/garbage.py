@@ -683,3 +683,55 @@ def select_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
             size = 4096 * 64 + int(rng.integers(0, 64))
             case["workspace"] = rng.integers(0, 256, size, dtype=np.uint8)
         yield "kpool_index_select_fp8", case
+
+
+def backward_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
+    """``count`` garbage calls of ``kpool_compress_backward``, as (function, keywords).
+
+    The offsets, cache lengths and pool_row_offsets of :func:`garbage_cases`
+    (its k, gate and ape too), or in 70% of the cases requests that hold their
+    tokens (sorted offsets from 0 to the tokens, cached lengths under 64;
+    pool_row_offsets None or garbage), so pools are found and their rows
+    written; one case in four with kpool 9 instead (a pool that streams: 9
+    members exceed the prefetch for both dtypes); grad_pooled
+    of 0 to 63 rows (most often fewer than the pools claimed), in any
+    pooled dtype, contiguous, transposed, every other column of a wider
+    array, rows reversed or one row at stride 0; grad_k, grad_gate and
+    grad_ape given full of NaN or left to the call, at a padded row stride
+    or not.
+    """
+    rng = np.random.default_rng([seed, 31])  # a stream of its own: garbage_cases' cases stay as they were
+    dtypes = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16), np.dtype(np.float32))
+    for compress in garbage_cases(seed, count):
+        k, gate, ape = compress["k"], compress["gate"], compress["ape"]
+        head_dim = k.shape[1]
+        if rng.random() < 0.25:
+            ape = rng.standard_normal((9, head_dim)).astype(np.float32)
+        offsets, cached, pools = (compress[n] for n in ("input_row_offsets", "cache_lengths", "pool_row_offsets"))
+        if rng.random() < 0.7:  # requests that hold their tokens: pools are found
+            batch = cached.shape[0] or int(rng.integers(1, 4))  # an empty batch finds nothing: 1 to 3 requests
+            held = np.sort(rng.integers(0, k.shape[0] + 1, batch + 1))
+            held[-1], held[0] = k.shape[0], 0
+            offsets, cached = held.astype(offsets.dtype), rng.integers(0, 64, batch).astype(cached.dtype)
+            pools = pools if rng.random() < 0.3 and pools is not None and pools.shape[0] == batch + 1 else None
+        rows = int(rng.integers(0, 64))
+        grad = rng.standard_normal((rows, head_dim)).astype(dtypes[int(rng.integers(0, 3))])
+        layout = int(rng.integers(0, 5))
+        if layout == 1:  # column stride rows, row stride 1
+            grad = np.ascontiguousarray(grad.T).T
+        elif layout == 2:
+            wide = np.full((rows, 2 * head_dim), np.nan, grad.dtype)
+            wide[:, ::2] = grad
+            grad = wide[:, ::2]
+        elif layout == 3:
+            grad = np.ascontiguousarray(grad[::-1])[::-1]
+        elif layout == 4 and rows:
+            grad = np.broadcast_to(grad[0], grad.shape)
+        case = {"input_row_offsets": offsets, "cache_lengths": cached, "pool_row_offsets": pools}
+        case |= {"grad_pooled": grad, "k": k, "gate": gate, "ape": ape}
+        for name, like in (("grad_k", k), ("grad_gate", gate), ("grad_ape", ape)):
+            if rng.random() < 0.4:
+                pad = int(rng.integers(0, 2)) * 8
+                given = np.full((like.shape[0], like.shape[1] + pad), np.nan, like.dtype)
+                case[name] = given[:, : like.shape[1]]
+        yield "kpool_compress_backward", case

@@ -3,7 +3,7 @@
     python tests/run_garbage.py --backend emulate --count 300   (under LD_PRELOAD=libasan)
     compute-sanitizer --tool memcheck python tests/run_garbage.py --backend cupy --count 200
 
-Runs, by family (--families, all three by default):
+Runs, by family (--families, all four by default):
 
 - compress: --count compress calls;
 - lifecycle: --count lifecycle calls (ring close, seed tail, tail update,
@@ -17,6 +17,9 @@ Runs, by family (--families, all three by default):
   kpool_index_logits_fp8 (``index_garbage_cases``), kpool_index_topk
   (``topk_garbage_cases``) and kpool_index_select_fp8
   (``select_garbage_cases``);
+- backward: --count // 4 calls of kpool_compress_backward
+  (``backward_garbage_cases``: compress's garbage offsets, grad_pooled of
+  fewer rows than the pools claimed, at odd strides);
 
 and prints how many ran. Any access outside the arrays is the sanitizer's
 to report.
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from garbage import (
+    backward_garbage_cases,
     fp8_garbage_cases,
     fp8_ring_garbage_cases,
     garbage_cases,
@@ -44,7 +48,7 @@ from garbage import (
     topk_garbage_cases,
 )
 
-FAMILIES = ("compress", "lifecycle", "fp8")
+FAMILIES = ("compress", "lifecycle", "fp8", "backward")
 
 
 def main() -> int:
@@ -92,6 +96,8 @@ def main() -> int:
         families_cases.append(index_garbage_cases(options.seed, options.count // 24))
         families_cases.append(topk_garbage_cases(options.seed, options.count // 24))
         families_cases.append(select_garbage_cases(options.seed, options.count // 24))
+    if "backward" in families:
+        families_cases.append(backward_garbage_cases(options.seed, options.count // 4))
     calls = 0
     for function, case in itertools.chain.from_iterable(families_cases):
         getattr(module, function)(**{name: convert(value) for name, value in case.items()}, validate=False)

@@ -18,7 +18,11 @@ the pool owns, where memcheck sees nothing.
    four lifecycle ops, then ``--count // 4`` (at least 6) calls of the FP8
    ops (garbage slots, block tables, caches, out rows;
    ``fp8_garbage_cases``) and ``--count // 8`` (at least 2) of the FP8 ring
-   ops (``fp8_ring_garbage_cases``). A host array that is a view of a larger buffer (every
+   ops (``fp8_ring_garbage_cases``), then the scorer's and the selections'
+   garbage, and ``--count // 2`` (at least 4) calls of the backward
+   (``backward_garbage_cases``: grad_pooled shorter than the pools claimed,
+   transposed, strided, reversed or at stride 0; given gradient outputs at a
+   padded row stride). A host array that is a view of a larger buffer (every
    other row) becomes the same view of a device copy of that buffer, made on
    the device: ``cupy.asarray`` would copy the view contiguous and hide the
    stride.
@@ -41,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from garbage import (
+    backward_garbage_cases,
     fp8_garbage_cases,
     fp8_ring_garbage_cases,
     garbage_cases,
@@ -64,6 +69,7 @@ OPS = (
     "kpool_index_logits_fp8",
     "kpool_index_topk",
     "kpool_index_select_fp8",
+    "kpool_compress_backward",
 )
 
 
@@ -173,6 +179,8 @@ def main() -> int:
     for function, case in topk_garbage_cases(options.seed, max(options.count // 2, 8)):
         run(function, case)
     for function, case in select_garbage_cases(options.seed, max(options.count // 2, 8)):
+        run(function, case)
+    for function, case in backward_garbage_cases(options.seed, max(options.count // 2, 4)):
         run(function, case)
     print("garbage calls per op:", ", ".join(f"{op} {calls[op]}" for op in OPS), flush=True)
     print(f"strided device views: {views['strided device views']}", flush=True)

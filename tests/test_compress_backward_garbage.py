@@ -1,0 +1,65 @@
+"""kpool_compress_backward's garbage family under AddressSanitizer: validate=False never leaves the arrays.
+
+Garbage offsets, cache lengths and pool_row_offsets (tests/garbage.py,
+``backward_garbage_cases``), grad_pooled of fewer rows than the pools
+claimed and at odd strides, given outputs or not, through the emulated
+kernels built with ``-fsanitize=address`` (the harness of
+tests/test_emulator_build.py). The default tier runs a few calls that reach
+the kernels once; the sweep is ``slow``.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from test_emulator_build import ROOT, _libasan, _run_sanitized
+
+_SANITIZED_BACKWARD_RUN = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {tests!r})
+    from garbage import backward_garbage_cases
+    from kpool_cupy import emulate
+    from kpool_cupy.emulator.launch import recording
+
+    kinds = set()  # (streamed, grad rows fewer than the tokens): the kinds of call that reached the kernels
+    for function, case in backward_garbage_cases({seed}, {count}):
+        kind = (case["ape"].shape[0] == 9, case["grad_pooled"].shape[0] < case["k"].shape[0])
+        if {only} is not None and (kind != {only} or kinds):
+            continue  # one call of that kind
+        with recording() as launches:
+            getattr(emulate, function)(**case, validate=False)
+        if len(launches) == 2:
+            kinds.add(kind)
+    print("kinds:", sorted(kinds))
+    """
+)
+
+
+def _sanitized(tmp_path, seed: int, count: int, only: tuple[bool, bool] | None):
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime")
+    script = _SANITIZED_BACKWARD_RUN.format(tests=str(ROOT / "tests"), seed=seed, count=count, only=only)
+    done = _run_sanitized(script, tmp_path, libasan)
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
+    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
+    return done.stdout
+
+
+def test_address_sanitizer_sees_a_garbage_backward_call(tmp_path):
+    # The default tier's one call (two instrumented builds): a streamed pool (kpool 9, read member by member)
+    # and grad_pooled shorter than the tokens, over garbage offsets, reaching both kernels.
+    stdout = _sanitized(tmp_path, seed=0, count=40, only=(True, True))
+    assert "kinds: [(True, True)]" in stdout, stdout
+
+
+@pytest.mark.slow
+def test_address_sanitizer_sees_no_access_outside_the_backward_arrays_on_garbage(tmp_path):
+    # 60 garbage calls, every one run (each new variant an instrumented build): whole and streamed pools,
+    # grad_pooled shorter than the tokens and not.
+    stdout = _sanitized(tmp_path, seed=1, count=60, only=None)
+    assert "kinds: [(False, False), (False, True), (True, False), (True, True)]" in stdout, stdout
