@@ -30,7 +30,7 @@ _SANITIZED_BACKWARD_RUN = textwrap.dedent(
             continue  # one call of that kind
         with recording() as launches:
             getattr(emulate, function)(**case, validate=False)
-        if len(launches) == 2:
+        if any(launch.kernel_name.startswith("kpool_compress_backward<") for launch in launches):
             kinds.add(kind)
     print("kinds:", sorted(kinds))
     """
@@ -51,15 +51,15 @@ def _sanitized(tmp_path, seed: int, count: int, only: tuple[bool, bool] | None):
 
 
 def test_address_sanitizer_sees_a_garbage_backward_call(tmp_path):
-    # The default tier's one call (two instrumented builds): a streamed pool (kpool 9, read member by member)
-    # and grad_pooled shorter than the tokens, over garbage offsets, reaching both kernels.
+    # The default tier's one call (three instrumented builds, about 10 s): a streamed pool (kpool 9, read
+    # member by member) and grad_pooled shorter than the tokens, over garbage offsets, reaching the kernels.
     stdout = _sanitized(tmp_path, seed=0, count=40, only=(True, True))
     assert "kinds: [(True, True)]" in stdout, stdout
 
 
 @pytest.mark.slow
 def test_address_sanitizer_sees_no_access_outside_the_backward_arrays_on_garbage(tmp_path):
-    # 60 garbage calls, every one run (each new variant an instrumented build): whole and streamed pools,
-    # grad_pooled shorter than the tokens and not.
-    stdout = _sanitized(tmp_path, seed=1, count=60, only=None)
+    # 16 garbage calls, every one run (each new variant an instrumented build; about 40 s): held and streamed
+    # pools, grad_pooled shorter than the tokens and not.
+    stdout = _sanitized(tmp_path, seed=2, count=16, only=None)
     assert "kinds: [(False, False), (False, True), (True, False), (True, True)]" in stdout, stdout
