@@ -59,18 +59,18 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # whole script has not run with them.
 #
 # NVRTC, measured on this CPU-only machine (scripts/gpu_variants.py time:
-# NVRTC 12.9, 2 cores, 2026-12-04), for the 303 variants of
-# scripts/gpu_variants.json, sm_90 cubins: 71.0 s one after another; over 16
-# processes (scripts/gpu_variants.py estimate) 4.5 s. The H200 machine's
+# NVRTC 12.9, 2 cores, 2026-12-04), for the 363 variants of
+# scripts/gpu_variants.json, sm_90 cubins: 65.5 s one after another; over 16
+# processes (scripts/gpu_variants.py estimate) 4.1 s. The H200 machine's
 # precompile took 8.7 s with 16 processes for 248, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
-    [precompile]=24      # 303 variants over 16 processes (9 s and 8 s on the H200 for 248; estimated from NVRTC here)
-    [pytest-gpu]=30      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed)
+    [precompile]=24      # 363 variants over 16 processes (9 s and 8 s on the H200 for 248; estimated from NVRTC here)
+    [pytest-gpu]=40      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed; the backward's added since)
     [check]=25           # kpool-cupy check: compress and its backward on three and two dtypes, every other op on bfloat16 (16 runs; 11: 15 s, 12 s)
     [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s)
-    [bench]=197          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s)
+    [bench]=187          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s)
     [bench-compile]=50   # the quick sweep's three shapes with torch.compile, from a cold start (41 s and 24 s on the H200)
 )
 kill_after=2
