@@ -324,7 +324,7 @@ __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool 
 // k, gate and ape are read once; a larger pool reads them again, member by
 // member. d ape goes to `partials`
 // ([gridDim.x, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
-// sums in block order: no float atomics, so two runs give the same bits.
+// sums in a fixed order: no float atomics, so two runs give the same bits.
 // Every thread reaches every barrier, so none leaves early.
 //
 // VECTOR: kp::VectorAccess bits: kVectorK for k and grad_k together,
@@ -416,17 +416,39 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
 }
 
 // d ape: element e of [KPOOL, HEAD_DIM] is the sum of the `blocks` partials
-// kpool_compress_backward wrote, in block order, one thread an element.
+// kpool_compress_backward wrote, in a fixed order: a block of kApeSlices x
+// kApeColumns threads takes kApeColumns consecutive elements (coalesced
+// loads); slice s sums blocks s, s + kApeSlices, ... in order, then slice 0
+// sums the slices' sums in order. Many slices keep many loads in flight
+// (one thread an element would wait on thousands of loads in turn), and the
+// order is the same on every run.
+namespace kp {
+enum : int { kApeSlices = 16, kApeColumns = 32 };
+}  // namespace kp
+
 template <int HEAD_DIM, int KPOOL>
-__global__ void kpool_compress_backward_ape(const float* __restrict__ partials, long long blocks,
-                                            float* __restrict__ grad_ape, long long grad_ape_row_stride) {
+__global__ void __launch_bounds__(kp::kApeSlices * kp::kApeColumns)
+    kpool_compress_backward_ape(const float* __restrict__ partials, long long blocks, float* __restrict__ grad_ape,
+                                long long grad_ape_row_stride) {
+    KP_THREADS_COOPERATE(true);
     constexpr long long kElements = static_cast<long long>(KPOOL) * HEAD_DIM;
-    const long long e = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-    if (e >= kElements) return;
-    float sum = blocks > 0 ? partials[e] : 0.0f;
+    __shared__ float slice_sums[kp::kApeSlices][kp::kApeColumns];
+    const int column = static_cast<int>(threadIdx.x % kp::kApeColumns);
+    const int slice = static_cast<int>(threadIdx.x / kp::kApeColumns);
+    const long long e = static_cast<long long>(blockIdx.x) * kp::kApeColumns + column;
+    float sum = 0.0f;
+    if (e < kElements && slice < blocks) {
+        sum = partials[slice * kElements + e];
 #pragma unroll 8
-    for (long long b = 1; b < blocks; ++b) sum += partials[b * kElements + e];
-    grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = sum;
+        for (long long b = slice + kp::kApeSlices; b < blocks; b += kp::kApeSlices) sum += partials[b * kElements + e];
+    }
+    slice_sums[slice][column] = sum;
+    __syncthreads();
+    if (slice == 0 && e < kElements) {
+        float total = slice_sums[0][column];
+        for (int s = 1; s < kp::kApeSlices; ++s) total += slice_sums[s][column];
+        grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = total;
+    }
 }
 
 // The gradient rows of the tokens no pool of this call covers, zero: one

@@ -348,19 +348,21 @@ def _exact_pools(pools: int, kpool: int, head_dim: int, seed: int) -> dict:
     }
 
 
-def test_exact_pools_give_the_same_bits_on_both_backends():
+@pytest.mark.parametrize("pools", [100, 1200], ids=["4-blocks", "38-blocks"])
+def test_exact_pools_give_the_same_bits_on_both_backends(pools):
     # With every d gate exact, the only rounding left is d ape's sums: over a block's groups in group order,
-    # then over blocks in block order (the reference spells that order out). 100 pools of head_dim 64 (8
-    # lanes, 32 groups a block) fill four blocks (three partials or more: a sum of two cannot tell an
-    # order): a changed order in either sum changes bits.
-    args = _exact_pools(pools=100, kpool=4, head_dim=64, seed=11)
-    assert group_geometry(64, 100).grid == 4
+    # then over the blocks (the reference spells that order out: slice s of kpool_compress_backward_ape
+    # sums blocks s, s + 16, ... in order, then the slices in order). 100 pools of head_dim 64 (8 lanes, 32
+    # groups a block) fill four blocks (three partials or more: a sum of two cannot tell an order), 1200
+    # fill 38, so slices sum three blocks and two: a changed order in any sum changes bits.
+    args = _exact_pools(pools=pools, kpool=4, head_dim=64, seed=11)
+    assert group_geometry(64, pools).grid == {100: 4, 1200: 38}[pools]
     got = emulate.kpool_compress_backward(**args)
     want = reference.kpool_compress_backward(**args)
     for what, a, b in zip(NAMES, got, want, strict=True):
         assert a.tobytes() == b.tobytes(), what
     # The control: the sum over pools in another order (pool order, float64) is different somewhere.
-    d_gate = want[1].reshape(100, 4, 64).astype(np.float64)
+    d_gate = want[1].reshape(pools, 4, 64).astype(np.float64)
     assert (d_gate.sum(0).astype(np.float32) != want[2]).any()
 
 

@@ -180,7 +180,8 @@ def test_a_smoke_run_on_the_double_passes_within_the_file_budget(tmp_path):
     assert re.search(rf"precompiled {len(manifest)} of {len(manifest)} kernel variants", summary), summary
     # What the summary folds in: the environment, the checks, the sanitizer's driver, the tables.
     assert "cupy: 0.0+numpy-double" in summary
-    assert summary.count(": ok true") == 16  # compress on three dtypes, the eleven other ops on bfloat16, the backward on two
+    # compress on three dtypes, the eleven other ops on bfloat16, the backward on two
+    assert summary.count(": ok true") == 16
     assert "tail_update_fp8 bfloat16, head_dim 128, kpool 4: ok true" in summary
     assert "index_logits_fp8 bfloat16, head_dim 128, kpool 4: ok true" in summary
     assert "index_select_fp8 bfloat16, head_dim 128, kpool 4: ok true" in summary

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..dtypes import INT32_MAX, signed_index
 from ..kernel.codes import Fp8Target
-from ..kernel.geometry import CHANNELS_PER_THREAD, chunk_members
+from ..kernel.geometry import APE_SLICES, CHANNELS_PER_THREAD, chunk_members
 from ..kernel.requests import find_request, request_rows
 from ..ops.spec import Launch, is_pair
 from .reference_epilogue import epilogue, rotate
@@ -239,15 +239,20 @@ def compress_backward(launch: Launch, accumulate: type[np.floating]) -> None:
 
 
 def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_compress_backward_ape``: the blocks' partials summed in block order."""
+    """``kpool_compress_backward_ape``: slice s sums the partials of blocks s, s + APE_SLICES, ... in order (0
+    with none), then the slices' sums are added in order, as the kernel adds them."""
     call, o = kernel_scalars(launch), launch.operands
     partials = o["partials"].reshape(-1, call.kpool, call.head_dim)
-    total = np.zeros((call.kpool, call.head_dim), np.float32)
+    slices = []
     with np.errstate(invalid="ignore", over="ignore"):
-        if call.blocks > 0:
-            total = partials[0].copy()
-        for b in range(1, int(call.blocks)):
-            total = flush_subnormals(total + partials[b])
+        for s in range(APE_SLICES):
+            total = partials[s].copy() if s < call.blocks else np.zeros((call.kpool, call.head_dim), np.float32)
+            for b in range(s + APE_SLICES, int(call.blocks), APE_SLICES):
+                total = flush_subnormals(total + partials[b])
+            slices.append(total)
+        total = slices[0]
+        for part in slices[1:]:
+            total = flush_subnormals(total + part)
     o["grad_ape"][...] = total
 
 

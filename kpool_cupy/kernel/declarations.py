@@ -244,7 +244,7 @@ COMPRESS = Kernel(
     aligned=_POOLING | _V.OUT,
 )
 # The backward pass of compress (same file): the pooling inputs, the pooled rows' gradient at any strides,
-# the gradients of k and gate, and the blocks' partial sums of ape's gradient; then their sum in block order.
+# the gradients of k and gate, and the blocks' partial sums of ape's gradient; then their sum in a fixed order.
 COMPRESS_BACKWARD = Kernel(
     "kpool_compress_backward",
     "kpool_compress.cu",

@@ -68,6 +68,17 @@ def flat_geometry(elements: int) -> LaunchGeometry:
     return LaunchGeometry(grid=grid, block=TARGET_THREADS_PER_BLOCK, items=grid * TARGET_THREADS_PER_BLOCK)
 
 
+# kp::kApeSlices and kp::kApeColumns (kernels/kpool_compress.cu): the backward's sum of ape's partials, a
+# block of 16 slices of 32 consecutive elements.
+APE_SLICES, APE_COLUMNS = 16, 32
+
+
+def ape_sum_geometry(elements: int) -> LaunchGeometry:
+    """The grid of ``kpool_compress_backward_ape``: a block per APE_COLUMNS elements; ``items`` the elements."""
+    grid = -(-elements // APE_COLUMNS)
+    return LaunchGeometry(grid=grid, block=APE_SLICES * APE_COLUMNS, items=grid * APE_COLUMNS)
+
+
 INDEX_THREADS = 128  # kp::kIndexThreads: 4 warps
 
 

@@ -8,8 +8,9 @@ For one pool, with ``g = d loss / d pooled``, ``l = gate + ape`` and ``w`` the p
 
 Three launches: ``kpool_compress_backward`` recomputes each pool (w and pooled, never stored) and writes its
 members' d k and d gate rows and its block's partial sums of d ape; ``kpool_compress_backward_ape`` sums the
-partials in block order, so d ape has the same bits on every run; ``kpool_compress_backward_rest`` writes the
-zero rows of the tokens no pool covers (so the outputs need no clearing first).
+partials in a fixed order (16 slices of the blocks, each in block order, then the slices in order), so d ape
+has the same bits on every run; ``kpool_compress_backward_rest`` writes the zero rows of the tokens no pool
+covers (so the outputs need no clearing first).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from ..dtypes import FLOAT32, dtype_name
 from ..kernel import codes
 from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE, COMPRESS_BACKWARD_REST
-from ..kernel.geometry import flat_geometry, group_geometry
+from ..kernel.geometry import ape_sum_geometry, group_geometry
 from .checks import (
     OUTPUT_DTYPES,
     as_size,
@@ -146,7 +147,7 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     o = {"partials": partials, "grad_ape": outputs["grad_ape"]}
     values = {"partials": partials, "blocks": blocks} | codes.rows("grad_ape", outputs["grad_ape"])
     template = {"HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
-    geometry = flat_geometry(call.kpool * call.head_dim)
+    geometry = ape_sum_geometry(call.kpool * call.head_dim)
     backend.launch(Launch(COMPRESS_BACKWARD_APE, template, values, geometry, o))
     if call.batch > 0 and call.total_tokens > 0:
         o = a | outputs | {"pool_row_offsets": pools}
@@ -195,7 +196,7 @@ softmax of l over the pool's members, per channel::
 w and pooled are recomputed from k, gate and ape (nothing from the forward
 is kept); float32 arithmetic, each gradient rounded once to its array's
 dtype. Tokens in no complete pool get zero gradient. ``grad_ape`` is summed
-in a fixed order (per-block partial sums, then their sum in block order, no
+in a fixed order (per-block partial sums, then their sum in a fixed order, no
 float atomics): two runs give the same bits. Subnormal values flush to
 zero, as in the forward; NaN and inf propagate as float32 arithmetic gives
 them. The forward's ``rotate=True`` has no backward here.
