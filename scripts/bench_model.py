@@ -34,12 +34,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kpool_cupy.backends.host import HostMemory, host_binding  # noqa: E402
+from kpool_cupy.bench.backward import backward_bytes, backward_shapes  # noqa: E402
 from kpool_cupy.bench.fp8 import (  # noqa: E402
     CACHE_BLOCK_SIZE,
     QUERY_HEADS,
@@ -70,6 +72,7 @@ from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
+    COMPRESS_BACKWARD,
     COMPRESS_FP8,
     EXPAND_TOPK,
     HADAMARD_QUANT_FP8,
@@ -116,17 +119,23 @@ _RECORDER = Recorder()
 _RECORDING: dict[str, Any] = {}  # each op bound once onto the recorder, by the op's name
 
 
-def launched(spec: OpSpec, *arrays: Any, **keywords: Any) -> Launch:
-    """The one launch ``spec``'s op makes for this call (validate=False, as the benchmark calls it)."""
+def launches(spec: OpSpec, *arrays: Any, **keywords: Any) -> list[Launch]:
+    """The launches ``spec``'s op makes for this call (validate=False, as the benchmark calls it), in order."""
     recorder = _RECORDER
     if spec.name not in _RECORDING:
         _RECORDING[spec.name] = bind(spec, host_binding("model", lambda extras: recorder))
     function = _RECORDING[spec.name]
     recorder.launches.clear()
     function(*arrays, validate=False, **keywords)
-    if len(recorder.launches) != 1:
-        raise ValueError(f"Invalid call of {spec.name}: expected one launch, got {len(recorder.launches)}")
-    return recorder.launches[0]
+    return list(recorder.launches)
+
+
+def launched(spec: OpSpec, *arrays: Any, **keywords: Any) -> Launch:
+    """The one launch ``spec``'s op makes for this call."""
+    made = launches(spec, *arrays, **keywords)
+    if len(made) != 1:
+        raise ValueError(f"Invalid call of {spec.name}: expected one launch, got {len(made)}")
+    return made[0]
 
 
 def device_like(shape: tuple[int, ...], dtype: Any, fill: Any = None) -> np.ndarray:
@@ -320,6 +329,35 @@ def select_cases() -> list[Case]:
     return cases
 
 
+def backward_cases() -> list[Case]:
+    """bench.backward.bench_backward: the backward's pooling kernel (the bytes the benchmark credits the call
+    with) and the sum of ape's block partials (the partials read), at its shapes; the zero rows (none here:
+    every token is in a pool) not modelled."""
+    cases = []
+    for shape in backward_shapes():
+        rows = (shape.total_tokens, shape.head_dim)
+        offsets = np.arange(shape.requests + 1, dtype=np.int64) * shape.tokens
+        pools = pool_row_offsets(offsets, np.zeros(shape.requests, np.int64), shape.kpool)
+        arrays = (
+            device_like((shape.pools, shape.head_dim), ml_dtypes.bfloat16),
+            device_like(rows, ml_dtypes.bfloat16),
+            device_like(rows, ml_dtypes.bfloat16),
+            device_like((shape.kpool, shape.head_dim), np.float32),
+            device_like(offsets.shape, np.int32, offsets),
+            device_like((shape.requests,), np.int32, 0),
+        )
+        outputs = {"grad_k": device_like(rows, ml_dtypes.bfloat16), "grad_gate": device_like(rows, ml_dtypes.bfloat16)}
+        outputs["grad_ape"] = device_like((shape.kpool, shape.head_dim), np.float32)
+        pooling, ape_sum, _ = launches(
+            COMPRESS_BACKWARD, *arrays, pool_row_offsets=device_like(pools.shape, np.int32, pools), **outputs
+        )
+        name = f"{shape.requests}x{shape.tokens}"
+        cases.append(Case("compress_backward", name, backward_bytes(shape), pooling, shape.kpool, 64))
+        partial_bytes = pooling.geometry.grid * shape.kpool * shape.head_dim * 4
+        cases.append(Case("compress_backward", f"{name} ape sum", partial_bytes, ape_sum))
+    return cases
+
+
 def cases() -> list[Case]:
     """Every benchmarked launch, by kernel family (ring_close, ring_close_fp8 and seed_tail are not benchmarked)."""
     return [
@@ -330,6 +368,7 @@ def cases() -> list[Case]:
         *expand_cases(),
         *index_cases(),
         *select_cases(),
+        *backward_cases(),
     ]
 
 
