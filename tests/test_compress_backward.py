@@ -449,7 +449,8 @@ def test_without_validation_pools_past_grad_pooled_get_zeros(backend):
 
 
 def _small(dtype, seed: int) -> dict:
-    """3 requests, kpool 4, head_dim 16, 9 pools; request 0's pools are 0 to 3."""
+    """3 requests, kpool 4, head_dim 16, 8 pools (grad_pooled has a 9th row, never read); request 0's pools are
+    0 to 3."""
     batch = make_batch([17, 10, 9], [0, 2, 3], head_dim=16, kpool=4, dtype=dtype, seed=seed)
     grad = np.random.default_rng(seed).standard_normal((9, 16)).astype(dtype)
     return {"grad_pooled": grad, **dict(zip(("k", "gate", "ape", "input_row_offsets", "cache_lengths"),
@@ -483,6 +484,31 @@ def test_an_infinite_gradient_row_stays_in_its_pool(backend):
     np.testing.assert_array_equal(np.isinf(grad_k), bad)
     np.testing.assert_array_equal(~np.isfinite(grad_gate), bad)
     np.testing.assert_array_equal(~np.isfinite(grad_ape), np.arange(16)[None, :].repeat(4, 0) == 5)
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=IDS)
+def test_infinite_logits_give_the_gradient_of_the_forwards_limits(backend):
+    # A logit equal to the maximum weighs exactly 1, as in the forward. Pool 1 (tokens 4-7), channel 2: every
+    # gate -inf, so w = 1/4 each: d k = g / 4, d gate = (g / 4)(k - mean), all finite. Pool 2 (tokens 8-11),
+    # channel 6: token 9's gate +inf, so w = (0, 1, 0, 0): d k = g at token 9 and 0 elsewhere, d gate 0.
+    # ape[:, 9] = -inf: every pool's channel 9 has all logits -inf, equal weights again.
+    args = _small(F32, seed=19)
+    args["gate"][4:8, 2] = -np.inf
+    args["gate"][9, 6] = np.inf
+    args["ape"][:, 9] = -np.inf
+    grad_k, grad_gate, grad_ape = backend.kpool_compress_backward(**args)
+    assert np.isfinite(grad_k).all() and np.isfinite(grad_gate).all() and np.isfinite(grad_ape).all()
+    g, k = args["grad_pooled"], args["k"]
+    # 1/4 and the mean of four float32 keys: exact up to the sum's rounding (2 float32 ulps of the largest key).
+    np.testing.assert_allclose(grad_k[4:8, 2], np.full(4, g[1, 2] / 4), rtol=0, atol=0)
+    mean = k[4:8, 2].astype(np.float64).mean()
+    np.testing.assert_allclose(grad_gate[4:8, 2], g[1, 2] / 4 * (k[4:8, 2] - mean), rtol=0,
+                               atol=2 * abs(g[1, 2]) * np.abs(k[4:8, 2]).max() * 2.0**-23)  # fmt: skip
+    np.testing.assert_array_equal(grad_k[8:12, 6], [0, g[2, 6], 0, 0])
+    np.testing.assert_array_equal(grad_gate[8:12, 6], np.zeros(4))
+    members = np.flatnonzero(grad_k.any(axis=1))  # every pool's members, in pool order: 8 pools
+    assert members.size == 32
+    np.testing.assert_array_equal(grad_k[members, 9], np.repeat(g[:8, 9], 4) / 4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=IDS)
