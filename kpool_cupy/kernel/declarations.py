@@ -310,6 +310,15 @@ TAIL_UPDATE = Kernel(
 COMPRESS_FP8 = fp8_form(COMPRESS)
 RING_CLOSE_FP8 = fp8_form(RING_CLOSE)
 TAIL_UPDATE_FP8 = fp8_form(TAIL_UPDATE)
+# Where an expanded row of positions goes (kernels/kpool_expand.cuh, kp::write_selection): the token KV cache's
+# block table, the positions, their width and the counts; expand and both selecting kernels take it last.
+_EXPANSION = (
+    Param("block_table", "const int*"),
+    *longs("max_blocks", "block_table_stride", "block_size"),
+    Param("positions", "int*"),
+    Param("width", "long long"),
+    Param("counts", "int*"),
+)
 EXPAND_TOPK = Kernel(
     "kpool_expand_topk",
     "kpool_expand.cu",
@@ -320,11 +329,7 @@ EXPAND_TOPK = Kernel(
         Param("input_row_offsets", "const IO*"),
         Param("cache_lengths", "const IC*"),
         *longs("batch", "total_tokens"),
-        Param("block_table", "const int*"),
-        *longs("max_blocks", "block_table_stride", "block_size"),
-        Param("positions", "int*"),
-        Param("width", "long long"),
-        Param("counts", "int*"),
+        *_EXPANSION,
     ),
 )
 HADAMARD_QUANT_FP8 = Kernel(
@@ -373,11 +378,7 @@ INDEX_TOPK = Kernel(
         Param("input_row_offsets", "const IO*"),
         Param("cache_lengths", "const IC*"),
         *longs("batch", "num_tokens", "kpool", "pool_topk"),
-        Param("block_table", "const int*"),
-        *longs("max_blocks", "block_table_stride", "block_size"),
-        Param("positions", "int*"),
-        Param("width", "long long"),
-        Param("counts", "int*"),
+        *_EXPANSION,
     ),
     aligned=1,
 )
@@ -406,11 +407,7 @@ INDEX_SELECT_FP8 = Kernel(
         Param("input_row_offsets", "const IO*"),
         Param("cache_lengths", "const IC*"),
         *longs("batch", "num_tokens", "kpool", "pool_topk"),
-        Param("block_table", "const int*"),
-        *longs("max_blocks", "block_table_stride", "block_size"),
-        Param("positions", "int*"),
-        Param("width", "long long"),
-        Param("counts", "int*"),
+        *_EXPANSION,
         Param("workspace", "unsigned char*"),
         Param("splits", "long long"),
     ),

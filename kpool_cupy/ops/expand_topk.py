@@ -178,6 +178,9 @@ ALWAYS_SELECT_TAIL = Option("always_select_tail", "bool", False)
 BLOCK_TABLE = Operand("block_table", "[batch, max_blocks] int32: each request's cache pages", optional=True)
 BLOCK_SIZE = Option("block_size", "int | None", None, check=check_block_size)
 COMPACT = Option("compact", "bool", False)
+# How a selected pool becomes positions: the tail, the KV cache's pages, compaction (the selecting ops take them
+# after their own options).
+EXPANSION_OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)
 PARAMETERS = (
     POOL_IDS,
     INPUT_ROW_OFFSETS,

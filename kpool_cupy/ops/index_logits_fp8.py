@@ -281,18 +281,9 @@ CACHE_BLOCK_TABLE = Operand("cache_block_table", "[batch, max_blocks] int32: eac
 KPOOL = Option("kpool", "int", check=check_kpool)
 MAX_POOLS_OPTION = Option("max_pools", "int | None", None, check=check_max_pools)
 LOGITS_OUT = Operand("out", "[num_tokens, max_pools] float32", True, True, rows_of="", dtype="float32")
-PARAMETERS = (
-    QUERY,
-    WEIGHTS,
-    POOLED_CACHE,
-    CACHE_BLOCK_TABLE,
-    INPUT_ROW_OFFSETS,
-    CACHE_LENGTHS,
-    KPOOL,
-    MAX_POOLS_OPTION,
-    LOGITS_OUT,
-    VALIDATE,
-)
+# What the scorer reads, in its order: the fused select takes the same first.
+SCORING_PARAMETERS = (QUERY, WEIGHTS, POOLED_CACHE, CACHE_BLOCK_TABLE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, KPOOL)
+PARAMETERS = (*SCORING_PARAMETERS, MAX_POOLS_OPTION, LOGITS_OUT, VALIDATE)
 
 
 def most_pools(call: IndexLogitsCall) -> int | None:

@@ -15,22 +15,18 @@ from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .checks import check_rows_and_cache, dtype_fail, fail, require_array
-from .expand_topk import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
+from .expand_topk import EXPANSION_OPTIONS, check_paged_table
 from .fp8_target import UINT8
 from .index_logits_fp8 import (
-    CACHE_BLOCK_TABLE,
     MAX_POOLS,
-    POOLED_CACHE,
-    QUERY,
-    WEIGHTS,
+    SCORING_PARAMETERS,
     aligned16,
     check_scoring_inputs,
     check_table_covers,
     tensor_core_kind,
 )
 from .index_topk import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
+from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 # Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
 TARGET_BLOCKS = 256
@@ -253,21 +249,11 @@ REFERENCE_DOC = (
 )
 DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
 
-KPOOL = Option("kpool", "int", check=check_kpool)
 WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True, scratch=True)
 PARAMETERS = (
-    QUERY,
-    WEIGHTS,
-    POOLED_CACHE,
-    CACHE_BLOCK_TABLE,
-    INPUT_ROW_OFFSETS,
-    CACHE_LENGTHS,
-    KPOOL,
+    *SCORING_PARAMETERS,
     POOL_TOPK,
-    ALWAYS_SELECT_TAIL,
-    BLOCK_TABLE,
-    BLOCK_SIZE,
-    COMPACT,
+    *EXPANSION_OPTIONS,
     WORKSPACE,
     VALIDATE,
 )

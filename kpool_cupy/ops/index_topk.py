@@ -14,7 +14,7 @@ from ..kernel.geometry import select_geometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .checks import as_size, check_batch_index, check_rows_and_cache, dtype_fail, fail
-from .expand_topk import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
+from .expand_topk import EXPANSION_OPTIONS, check_paged_table
 from .index_logits_fp8 import MAX_POOLS, check_rows_of
 from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
 from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
@@ -208,10 +208,7 @@ PARAMETERS = (
     CACHE_LENGTHS,
     KPOOL,
     POOL_TOPK,
-    ALWAYS_SELECT_TAIL,
-    BLOCK_TABLE,
-    BLOCK_SIZE,
-    COMPACT,
+    *EXPANSION_OPTIONS,
     VALIDATE,
 )
 
