@@ -267,29 +267,53 @@ struct PoolGradient {
 };
 
 // The blocks' partial sums of d ape: each block adds its groups' d l of
-// member m in group order (0, 1, ...) into partials[blockIdx.x][m][:].
-// Every thread of the block calls it, each member in turn (two barriers);
-// a thread without a pool brings zeros. `exchange` holds a float per
-// channel of each group.
+// member m in group order (0, 1, ...) into partials[blockIdx.x][m][:]. The
+// members go in rounds of round_members() (as many as kExchangeBytes of
+// shared memory hold for every thread's 8 channels): each thread leaves its
+// d l of a member in the round's slot (member_slot), and at the round's last
+// member (round_end) the block meets once, sums every member of the round,
+// and meets again before the next round reuses the slots. A thread without a
+// pool brings zeros; every thread runs every member, so all reach each
+// barrier.
+enum : int { kExchangeBytes = 32 * 1024 };
 template <int HEAD_DIM, int KPOOL>
-__device__ __forceinline__ void block_member_sum(float* exchange, bool in_group, int channel,
-                                                 const float (&grad_logit)[kChannelsPerThread], float* partials,
-                                                 int member) {
-    constexpr unsigned int kLanes = HEAD_DIM / kChannelsPerThread;
-    const unsigned int groups = blockDim.x / kLanes;
-    if (in_group) {
-        float* slot = exchange + (threadIdx.x / kLanes) * HEAD_DIM + channel;
+__host__ __device__ constexpr int round_members() {
+    constexpr int kMemberBytes = group_block_bound(HEAD_DIM) * kChannelsPerThread * static_cast<int>(sizeof(float));
+    constexpr int kMost = kExchangeBytes / kMemberBytes > 0 ? kExchangeBytes / kMemberBytes : 1;
+    return KPOOL < kMost ? KPOOL : kMost;
+}
+
+template <int HEAD_DIM, int KPOOL>
+__device__ __forceinline__ void member_slot(float* exchange, bool in_group, int member,
+                                            const float (&grad_logit)[kChannelsPerThread]) {
+    constexpr int kSlot = group_block_bound(HEAD_DIM) * kChannelsPerThread;
+    if (in_group) {  // threadIdx.x * 8 is the group's row HEAD_DIM times its index, plus the channel
+        float* slot = exchange + (member % round_members<HEAD_DIM, KPOOL>()) * kSlot + threadIdx.x * kChannelsPerThread;
 #pragma unroll
         for (int c = 0; c < kChannelsPerThread; ++c) slot[c] = grad_logit[c];
     }
+}
+
+// At member m: when m ends a round, the round's sums into partials (every
+// thread calls it with the same m).
+template <int HEAD_DIM, int KPOOL>
+__device__ __forceinline__ void round_end(float* exchange, float* partials, int member) {
+    constexpr int kRound = round_members<HEAD_DIM, KPOOL>();
+    constexpr int kSlot = group_block_bound(HEAD_DIM) * kChannelsPerThread;
+    constexpr unsigned int kLanes = HEAD_DIM / kChannelsPerThread;
+    if (member % kRound != kRound - 1 && member != KPOOL - 1) return;
+    const int first = member - member % kRound;
+    const unsigned int groups = blockDim.x / kLanes;
     __syncthreads();
-    float* row = partials + (static_cast<long long>(blockIdx.x) * KPOOL + member) * HEAD_DIM;
-    for (unsigned int column = threadIdx.x; column < HEAD_DIM; column += blockDim.x) {
-        float sum = exchange[column];
-        for (unsigned int g = 1; g < groups; ++g) sum += exchange[g * HEAD_DIM + column];
-        row[column] = sum;
+    for (unsigned int item = threadIdx.x; item < static_cast<unsigned int>(member - first + 1) * HEAD_DIM;
+         item += blockDim.x) {
+        const unsigned int j = item / HEAD_DIM, column = item % HEAD_DIM;
+        const float* slot = exchange + j * kSlot + column;
+        float sum = slot[0];
+        for (unsigned int g = 1; g < groups; ++g) sum += slot[g * HEAD_DIM];
+        partials[(static_cast<long long>(blockIdx.x) * KPOOL + first + j) * HEAD_DIM + column] = sum;
     }
-    __syncthreads();
+    if (member != KPOOL - 1) __syncthreads();  // the next round writes the slots
 }
 
 // Member m's gradients: grad_key and grad_gate rows stored (when the pool was
@@ -298,8 +322,7 @@ template <int HEAD_DIM, int KPOOL, bool KEY_VECTOR, bool GATE_VECTOR, typename K
           typename GateRow, typename BiasRow>
 __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool located, int m, const KeyRow& key,
                                                  const GateRow& gate, const BiasRow& bias, KT* grad_key_row,
-                                                 GT* grad_gate_row, float* exchange, bool in_group, int channel,
-                                                 float* partials) {
+                                                 GT* grad_gate_row, float* exchange, bool in_group, float* partials) {
     float grad_key[kChannelsPerThread], grad_logit[kChannelsPerThread];
 #pragma unroll
     for (int c = 0; c < kChannelsPerThread; ++c) {
@@ -311,7 +334,8 @@ __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool 
         store8<KEY_VECTOR>(grad_key_row, grad_key);
         store8<GATE_VECTOR>(grad_gate_row, grad_logit);
     }
-    block_member_sum<HEAD_DIM, KPOOL>(exchange, in_group, channel, grad_logit, partials, m);
+    member_slot<HEAD_DIM, KPOOL>(exchange, in_group, m, grad_logit);
+    round_end<HEAD_DIM, KPOOL>(exchange, partials, m);
 }
 
 }  // namespace kp
@@ -344,7 +368,8 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
     constexpr bool kGateVector = kp::vector_bits(VECTOR, kp::kVectorGate);
     constexpr bool kApeVector = kp::vector_bits(VECTOR, kp::kVectorApe);
     constexpr bool kWhole = kp::backward_whole_pool<KPOOL, KT, GT>();
-    __shared__ float exchange[kp::group_block_bound(HEAD_DIM) * kp::kChannelsPerThread];
+    __shared__ float exchange[kp::round_members<HEAD_DIM, KPOOL>() * kp::group_block_bound(HEAD_DIM) *
+                              kp::kChannelsPerThread];
     long long pool;
     int channel;
     const bool in_group = kp::thread_group<HEAD_DIM>(&pool, &channel);
@@ -384,7 +409,7 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
         for (int m = 0; m < KPOOL; ++m)
             kp::member_gradients<HEAD_DIM, KPOOL, kKeyVector, kGateVector>(
                 state, located, m, keys[m], gates[m], bias[m], grad_k_member + m * grad_k_row_stride,
-                grad_gate_member + m * grad_gate_row_stride, exchange, in_group, channel, partials);
+                grad_gate_member + m * grad_gate_row_stride, exchange, in_group, partials);
     } else {
         if (located) {
             kp::load_gradient8<kp::vector_bits(VECTOR, kp::kVectorOut)>(
@@ -410,7 +435,7 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
             }
             kp::member_gradients<HEAD_DIM, KPOOL, kKeyVector, kGateVector>(
                 state, located, m, key, gate_row, bias, grad_k_member + m * grad_k_row_stride,
-                grad_gate_member + m * grad_gate_row_stride, exchange, in_group, channel, partials);
+                grad_gate_member + m * grad_gate_row_stride, exchange, in_group, partials);
         }
     }
 }

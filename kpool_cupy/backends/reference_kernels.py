@@ -206,7 +206,7 @@ def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
 
 def compress_backward(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_compress_backward``: each located pool's d k and d gate rows, and each block's partial sums of
-    d ape in group order (``kp::block_member_sum``); pools are found as compress finds them."""
+    d ape in group order (``kp::round_end``); pools are found as compress finds them."""
     call, o = kernel_scalars(launch), launch.operands
     grad, partials = o["grad_pooled"], o["partials"]
     count = min(launch.geometry.items, grad.shape[0])
