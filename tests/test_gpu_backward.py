@@ -1,5 +1,5 @@
 """kpool_compress_backward on the GPU: the gradients against float64 within the stated bound, d ape the same
-bits on every run, gradients at any strides, given outputs zeroed; skipped without a CUDA device."""
+bits on every run, gradients at any strides, given outputs written whole; skipped without a CUDA device."""
 
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def test_gpu_grad_ape_is_the_same_bits_on_every_run():
         assert again.tobytes() == first.tobytes()
 
 
-def test_gpu_gradient_at_any_strides_and_given_outputs_zeroed():
+def test_gpu_gradient_at_any_strides_and_given_outputs_written_whole():
     import cupy
 
     import kpool_cupy
