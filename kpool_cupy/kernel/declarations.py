@@ -345,21 +345,32 @@ INDEX_VECTOR_Q = 2
 # Its MMA template argument: the tensor-core instruction (kernels/kpool_index.cuh).
 MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
 MMA_E4M3 = 1  # e4m3 mma.sync m16n8k32: sm_89 and newer
-INDEX_LOGITS_FP8 = Kernel(
-    "kpool_index_logits_fp8",
-    "kpool_index_logits.cu",
-    (integer("HEAD_DIM"), integer("MMA", MMA_E4M3), integer("VECTOR"), index("IO"), index("IC")),
-    (
+
+
+def scoring_inputs(page_size: str) -> tuple[Param, ...]:
+    """What the scorer and the fused select read, in their order: queries, weights, the pooled FP8 cache and its
+    pages (the page size named ``page_size``: the fused select's own ``block_size`` is the token table's), the
+    requests' offsets and lengths."""
+    return (
         Param("q", "const unsigned char*"),
         *longs("q_token_stride", "q_head_stride", "heads"),
         Param("weights", "const float*"),
         Param("weights_stride", "long long"),
         Param("cache", "const unsigned char*"),
-        *longs("page_stride", "pages", "block_size"),
+        *longs("page_stride", "pages", page_size),
         Param("cache_block_table", "const int*"),
         *longs("table_columns", "table_stride"),
         Param("input_row_offsets", "const IO*"),
         Param("cache_lengths", "const IC*"),
+    )
+
+
+INDEX_LOGITS_FP8 = Kernel(
+    "kpool_index_logits_fp8",
+    "kpool_index_logits.cu",
+    (integer("HEAD_DIM"), integer("MMA", MMA_E4M3), integer("VECTOR"), index("IO"), index("IC")),
+    (
+        *scoring_inputs("block_size"),
         *longs("batch", "num_tokens", "kpool"),
         Param("out", "float*"),
         *longs("out_stride", "max_pools", "tokens_per_block", "token_tiles"),
@@ -396,16 +407,7 @@ INDEX_SELECT_FP8 = Kernel(
         boolean("COMPACT"),
     ),
     (
-        Param("q", "const unsigned char*"),
-        *longs("q_token_stride", "q_head_stride", "heads"),
-        Param("weights", "const float*"),
-        Param("weights_stride", "long long"),
-        Param("cache", "const unsigned char*"),
-        *longs("page_stride", "pages", "cache_block_size"),
-        Param("cache_block_table", "const int*"),
-        *longs("table_columns", "table_stride"),
-        Param("input_row_offsets", "const IO*"),
-        Param("cache_lengths", "const IC*"),
+        *scoring_inputs("cache_block_size"),
         *longs("batch", "num_tokens", "kpool", "pool_topk"),
         *_EXPANSION,
         Param("workspace", "unsigned char*"),
