@@ -28,7 +28,7 @@ from .schema import Overload
 from .tensors import from_cupy, from_numpy, metadata, numpy_dtype, to_cupy, to_numpy, torch_dtype
 
 
-def _gather(overload: Overload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+def gather_arguments(overload: Overload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The overload's arguments by name, options at their defaults where the dispatcher left them out."""
     positional = [o.name for o in overload.operands if not o.optional]
     given = dict(zip(positional, args, strict=True)) | kwargs
@@ -116,7 +116,7 @@ def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     function = getattr(reference, spec.name)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        given = _gather(overload, args, kwargs)
+        given = gather_arguments(overload, args, kwargs)
         _check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
         _check_writable(written)
@@ -145,7 +145,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         import kpool_cupy
 
-        given = _gather(overload, args, kwargs)
+        given = gather_arguments(overload, args, kwargs)
         device = _check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
         _check_writable(written)
@@ -201,7 +201,7 @@ def _unbacked_sizes(spec: OpSpec) -> Callable[[Any], dict[str, Any]]:
 
 def fake_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        given = _gather(overload, args, kwargs)
+        given = gather_arguments(overload, args, kwargs)
         device = _check_devices(given, tuple(o.name for o in overload.operands))
         if not overload.results:  # an .out overload: the checks alone (no size to make, none to return)
             spec.describe(*arguments(spec, given, metadata))

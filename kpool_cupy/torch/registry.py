@@ -19,7 +19,7 @@ import torch
 
 from ..ops.spec import OpSpec
 from ..pool_offsets import pool_row_offsets
-from .kernels import cpu_kernel, cuda_kernel, fake_kernel
+from .kernels import cpu_kernel, cuda_kernel, fake_kernel, gather_arguments
 from .schema import NAMESPACE, POOL_ROW_OFFSETS_SCHEMA, SPECS, Overload, op_name, overloads
 from .tensors import from_cupy, from_numpy, to_cupy, to_numpy
 
@@ -119,16 +119,14 @@ class _Gradient:
             raise ValueError(f"Invalid gradient of {spec.name}: expected an op of OPS, got {gradient.op!r}")
         self.backward_spec = backward_spec
         self.backward_overload = overloads(backward_spec)[0]  # the default: it allocates the gradients
+        self.overload = overload
         self.positional = [o.name for o in overload.operands if not o.optional]
-        self.defaults = {o.name: None for o in overload.operands if o.optional} | {
-            o.name: o.default for o in overload.options
-        }
         # What the backward takes of the forward's inputs (by name), and of its options (validate).
         self.saved = [o.name for o in self.backward_overload.operands if o.name not in gradient.outputs]
         missing = [n for n in (*self.saved, *gradient.inputs) if n not in {o.name for o in overload.operands}]
         if missing:
             raise ValueError(f"Invalid gradient of {spec.name}: expected inputs of {self.name}, got {missing}")
-        self.options = [o.name for o in self.backward_overload.options if o.name in self.defaults]
+        self.options = [o.name for o in self.backward_overload.options if o.name in {p.name for p in overload.options}]
         self.forward = getattr(getattr(getattr(torch.ops, NAMESPACE), op_name(spec)), overload.name or "default")
 
     def kernel(self, *args: Any, **kwargs: Any) -> Any:
@@ -139,10 +137,9 @@ class _Gradient:
             return self.forward(*args, **kwargs)
 
     def setup_context(self, ctx: Any, inputs: tuple[Any, ...], keyword: dict[str, Any]) -> None:
-        # The dispatcher leaves out arguments equal to their defaults.
-        given = self.defaults | dict(zip(self.positional, inputs, strict=True)) | keyword
+        given = gather_arguments(self.overload, inputs, keyword)  # an optional operand left out is absent: None
         ctx.rule = self
-        ctx.save_for_backward(*(given[n] for n in self.saved))
+        ctx.save_for_backward(*(given.get(n) for n in self.saved))
         ctx.options = {n: given[n] for n in self.options}  # validate: the backward checks what the forward did
         ctx.refused = [f"{n}={given[n]!r}" for n in self.gradient.refused if given[n]]
 
