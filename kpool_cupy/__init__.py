@@ -8,20 +8,22 @@
 (NumPy) and ``emulate.kpool_compress`` (the CUDA source run on the CPU) take the
 same arguments on host arrays. Importing the package needs no CuPy.
 
-Every op is described once in ``kpool_cupy.ops``; the functions here are
-bound from those descriptions to the GPU backend (``kpool_cupy.backends``).
+Every op is described once in ``kpool_cupy.ops`` and defined once in
+``kpool_cupy.functions``; the functions here are those defs bound to the
+GPU backend (``kpool_cupy.backends``).
 """
 
 from . import emulate, reference
 from .backends.cupy import BINDING as _GPU
-from .ops import OPS as _OPS
+from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
+from .functions import DEFINITIONS as _DEFINITIONS
+from .kernel.nvrtc import compile_ptx
 from .ops.binding import bind_into as _bind_into
 from .ops.index_select_fp8 import index_select_workspace_bytes
 from .pool_offsets import pool_row_offsets
-from .tools.nvrtc import compile_ptx
 
-# Every op, bound to this module's backend; the names come from the op list.
-_OP_NAMES = _bind_into(globals(), _OPS, _GPU)
+# Every op's def, bound to this module's backend; the names come from the defs.
+_OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _GPU)
 
 
 def _package_version() -> str:

@@ -31,6 +31,16 @@ if TYPE_CHECKING:
 else:
     CupyArray = Any
 
+# What the ops' defs (kpool_cupy/functions.py) take and return. One def serves
+# every backend, so its array parameters take what any of them might
+# (NumPy, CuPy and torch arrays all export DLPack) and what it returns is the
+# array type of the module it is called through: cupy.ndarray from
+# kpool_cupy, numpy.ndarray from .emulate and .reference, torch.Tensor from
+# kpool_cupy.torch; to a type checker, Any. Each bound copy's
+# inspect.signature names its backend's own types.
+Array = DeviceArray
+Result = Any
+
 
 def is_cupy_array(array: Any) -> bool:
     """Whether ``array`` is a CuPy array, told without importing CuPy."""

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .dtypes import MAX_KPOOL, dtype_name, element_dtype
-from .ops.checks import MAX_HEAD_DIM
+from .kernel.geometry import MAX_HEAD_DIM
 from .tools.op_checks import OP_CHECKS
 from .tools.self_check import BACKENDS, pick_backend, run_check
 from .tools.variants import OP_KERNELS as OP_NAMES

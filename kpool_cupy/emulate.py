@@ -23,11 +23,12 @@ build with ``-fsanitize=address``.
 from .backends.emulate import BINDING as _EMULATE
 from .emulator.launch import launch
 from .emulator.toolchain import BASE_FLAGS, FLAGS_VARIABLE, CompilerNotFoundError, cache_dir, compiler, load_variant
-from .ops import OPS as _OPS
+from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
+from .functions import DEFINITIONS as _DEFINITIONS
 from .ops.binding import bind_into as _bind_into
 
-# Every op, bound to this module's backend; the names come from the op list.
-_OP_NAMES = _bind_into(globals(), _OPS, _EMULATE)
+# Every op's def, bound to this module's backend; the names come from the defs.
+_OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _EMULATE)
 
 __all__ = [
     *_OP_NAMES,

@@ -13,11 +13,12 @@ rounding (the bound of tools/accuracy.py), not bit for bit.
 
 from .backends.reference import BINDING as _REFERENCE
 from .backends.reference_kernels import member_rows, pool_members
-from .ops import OPS as _OPS
+from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
+from .functions import DEFINITIONS as _DEFINITIONS
 from .ops.binding import bind_into as _bind_into
 
-# Every op, bound to this module's backend; the names come from the op list.
-_OP_NAMES = _bind_into(globals(), _OPS, _REFERENCE)
+# Every op's def, bound to this module's backend; the names come from the defs.
+_OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _REFERENCE)
 
 __all__ = [
     *_OP_NAMES,

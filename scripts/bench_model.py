@@ -69,6 +69,7 @@ from kpool_cupy.bench.select import POOL_TOPK as SELECT_TOPK  # noqa: E402
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E402
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
+from kpool_cupy.functions import definition  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
@@ -123,7 +124,7 @@ def launches(spec: OpSpec, *arrays: Any, **keywords: Any) -> list[Launch]:
     """The launches ``spec``'s op makes for this call (validate=False, as the benchmark calls it), in order."""
     recorder = _RECORDER
     if spec.name not in _RECORDING:
-        _RECORDING[spec.name] = bind(spec, host_binding("model", lambda extras: recorder))
+        _RECORDING[spec.name] = bind(definition(spec), host_binding("model", lambda extras: recorder), spec)
     function = _RECORDING[spec.name]
     recorder.launches.clear()
     function(*arrays, validate=False, **keywords)

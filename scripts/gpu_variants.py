@@ -124,11 +124,11 @@ def run_sweep_once() -> None:
 def nvrtc_seconds(source: str, instance: str) -> float:
     """Wall time of one NVRTC compile of the variant to a cubin for ARCH, as CuPy makes it."""
     from kpool_cupy.bench.empty import EMPTY_KERNEL
-    from kpool_cupy.tools import nvrtc
+    from kpool_cupy.kernel import nvrtc
 
     code = EMPTY_KERNEL if source == INLINE else nvrtc.kernel_source(source)
     began = time.perf_counter()
-    nvrtc._compile_code(code, source, instance, [f"--gpu-architecture={ARCH}"], "cubin")
+    nvrtc.compile_code(code, source, instance, [f"--gpu-architecture={ARCH}"], "cubin")
     return time.perf_counter() - began
 
 

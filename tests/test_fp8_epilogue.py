@@ -17,8 +17,8 @@ import pytest
 from kpool_cupy.backends import reference_epilogue as ref
 from kpool_cupy.emulator.launch import launch_code, recording
 from kpool_cupy.kernel.geometry import group_geometry
+from kpool_cupy.kernel.nvrtc import code_ptx, code_ptxas_report
 from kpool_cupy.kernel.sources import kernel_source
-from kpool_cupy.tools.nvrtc import code_ptx, code_ptxas_report
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "tests/kernels/fp8_epilogue.cu"

@@ -10,6 +10,7 @@ from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.emulator.launch import recording
+from kpool_cupy.functions import definition
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
 from kpool_cupy.ops.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC
@@ -32,7 +33,7 @@ def _emulate_with(mma: int, case, **options):
         def index_mma(self) -> int:
             return mma
 
-    call = bind(SPEC, host_binding("emulate", lambda extras: Backend()))
+    call = bind(definition(SPEC), host_binding("emulate", lambda extras: Backend()))
     return call(*case.args, kpool=case.kpool, **options)
 
 

@@ -11,6 +11,7 @@ import kpool_cupy
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
+from kpool_cupy.functions import definition
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
 from kpool_cupy.ops.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
@@ -55,7 +56,7 @@ def _emulate_with(spec, mma: int):
         def index_mma(self) -> int:
             return mma
 
-    return bind(spec, host_binding("emulate", lambda extras: Backend()))
+    return bind(definition(spec), host_binding("emulate", lambda extras: Backend()))
 
 
 @pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16], ids=["e4m3", "f16"])

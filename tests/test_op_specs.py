@@ -13,6 +13,7 @@ from kpool_cupy import emulate, reference
 from kpool_cupy.backends import cupy as gpu_backend
 from kpool_cupy.backends import emulate as emulate_backend
 from kpool_cupy.backends import reference as reference_backend
+from kpool_cupy.functions import call_backend, definition
 from kpool_cupy.ops import COMPRESS, OPS
 from kpool_cupy.ops.binding import bind, execute
 from kpool_cupy.ops.compress_backward import partials_shape
@@ -145,9 +146,10 @@ def test_required_operands_come_first_and_written_ones_are_arrays_the_op_writes(
     assert written <= {"out", "out_scale", "closed", "tail", "cache", "workspace", "grad_k", "grad_gate", "grad_ape"}
 
 
-def test_a_keyword_added_to_a_spec_reaches_every_backend():
+def test_a_keyword_added_to_a_spec_and_its_def_reaches_every_backend():
     # The worked example of docs/architecture.md, as a test: one Option in the
-    # spec, and the GPU, emulate and reference functions all take it.
+    # spec and one parameter in the op's def (kpool_cupy/functions.py), and
+    # the GPU, emulate and reference functions all take it.
     seen = []
 
     def run(backend, call, arrays, *, scale, **options):
@@ -155,12 +157,27 @@ def test_a_keyword_added_to_a_spec_reaches_every_backend():
         return COMPRESS.run(backend, call, arrays, **options)
 
     scaled = dataclasses.replace(COMPRESS, parameters=(*COMPRESS.parameters, Option("scale", "float", 1.0)), run=run)
+
+    def kpool_compress(k, gate, ape, input_row_offsets, cache_lengths, *, pool_row_offsets=None, out=None,
+                       validate=True, out_dtype=None, rotate=False, scale=1.0, **backend_options):  # fmt: skip
+        arrays = (k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out)
+        options = {"validate": validate, "out_dtype": out_dtype, "rotate": rotate, "scale": scale}
+        return call_backend(arrays, options, backend_options)
+
     for binding in BINDINGS:
-        parameter = inspect.signature(bind(scaled, binding)).parameters["scale"]
+        parameter = inspect.signature(bind(kpool_compress, binding, scaled)).parameters["scale"]
         assert parameter.kind is parameter.KEYWORD_ONLY and parameter.default == 1.0, binding.name
     arguments = _calls()["kpool_compress"]
     for module, binding in ((emulate, emulate_backend.BINDING), (reference, reference_backend.BINDING)):
-        got = bind(scaled, binding)(**arguments, scale=2.5)
+        got = bind(kpool_compress, binding, scaled)(**arguments, scale=2.5)
         want = module.kpool_compress(**arguments)
         np.testing.assert_array_equal(got.view(np.uint16), want.view(np.uint16))
     assert seen == [2.5, 2.5]
+
+
+def test_a_keyword_added_to_a_spec_alone_is_refused_when_bound():
+    # The spec and the def are one edit: a spec that gains an option its def
+    # lacks fails at import (bind), naming the option.
+    scaled = dataclasses.replace(COMPRESS, parameters=(*COMPRESS.parameters, Option("scale", "float", 1.0)))
+    with pytest.raises(ValueError, match=r"want \*, scale=1\.0, got none"):
+        bind(definition(COMPRESS), reference_backend.BINDING, scaled)

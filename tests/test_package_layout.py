@@ -82,3 +82,59 @@ def test_backends_know_no_op():
     for path in (PACKAGE / "backends").glob("*.py"):
         ops = {m for m in _imports(path) if m.startswith("kpool_cupy.ops.")}
         assert ops <= {"kpool_cupy.ops.spec", "kpool_cupy.ops.binding"}, (path, ops)
+
+
+# The package's layers, lowest first: a module imports from its own layer or
+# lower ones only (docs/architecture.md, "Layers"). The longest prefix names a
+# module's layer; a new module outside every prefix fails until it is placed.
+LAYERS = (
+    ("foundation", ("kpool_cupy.dtypes", "kpool_cupy.arrays", "kpool_cupy.pool_offsets")),
+    ("kernel", ("kpool_cupy.kernel",)),
+    ("emulator", ("kpool_cupy.emulator",)),
+    ("ops", ("kpool_cupy.ops",)),
+    ("backends", ("kpool_cupy.backends",)),
+    (
+        "public",
+        ("kpool_cupy", "kpool_cupy.functions", "kpool_cupy.emulate", "kpool_cupy.reference", "kpool_cupy.torch"),
+    ),
+    ("developer tools", ("kpool_cupy.tools", "kpool_cupy.bench", "kpool_cupy.cli", "kpool_cupy.__main__")),
+)
+
+
+def _layer(module: str) -> int:
+    """The layer of ``module``: its longest listed prefix's (the package itself only by its own name), -1 for a
+    module no layer lists."""
+    found = [
+        (len(prefix), i)
+        for i, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or (prefix != "kpool_cupy" and module.startswith(prefix + "."))
+    ]
+    return max(found)[1] if found else -1
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    return [
+        f"{m} ({LAYERS[_layer(m)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
+        for m, targets in sorted(graph.items())
+        for t in sorted(targets)
+        if _layer(t) > _layer(m)
+    ]
+
+
+def test_imports_go_down_the_layers_only():
+    assert _upward(_graph()) == []
+
+
+def test_the_layer_check_sees_an_upward_import():
+    # The package's top imports nothing from the developer tools (compile_ptx
+    # lives in kernel/nvrtc.py); planting such an import must fail.
+    graph = _graph()
+    assert not {m for m in graph["kpool_cupy"] if _layer(m) == len(LAYERS) - 1}
+    graph["kpool_cupy"] = graph["kpool_cupy"] | {"kpool_cupy.tools.variants"}
+    assert _upward(graph) == ["kpool_cupy (public) imports kpool_cupy.tools.variants (developer tools)"]
+
+
+def test_every_module_has_a_layer():
+    assert [module for module in _graph() if _layer(module) < 0] == []
+    assert _layer("kpool_cupy.brand_new") == -1  # the check can fail

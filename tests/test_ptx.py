@@ -18,7 +18,7 @@ from kpool_cupy.kernel.declarations import (
     Kernel,
 )
 from kpool_cupy.kernel.geometry import chunk_members
-from kpool_cupy.tools.nvrtc import kernel_ptxas_report, ptxas_report
+from kpool_cupy.kernel.nvrtc import kernel_ptxas_report, ptxas_report
 from kpool_cupy.tools.ptx_report import count_accesses  # 16-byte accesses as `kpool-cupy ptx` counts them
 
 

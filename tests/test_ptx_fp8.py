@@ -21,8 +21,8 @@ from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from kpool_cupy.kernel.codes import Fp8Target, VectorAccess
 from kpool_cupy.kernel.declarations import COMPRESS_FP8, HADAMARD_QUANT_FP8
 from kpool_cupy.kernel.geometry import chunk_members
+from kpool_cupy.kernel.nvrtc import kernel_ptx, kernel_ptxas_report
 from kpool_cupy.tools import sass
-from kpool_cupy.tools.nvrtc import kernel_ptx, kernel_ptxas_report
 from kpool_cupy.tools.ptx_report import PtxAccesses, count_accesses  # as `kpool-cupy ptx` counts them
 
 DTYPES = [BFLOAT16, FLOAT16, FLOAT32]

@@ -24,7 +24,7 @@ from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
 from kpool_cupy.kernel.codes import Fp8Target
 from kpool_cupy.kernel.declarations import COMPRESS, RING_CLOSE, RING_CLOSE_FP8, TAIL_UPDATE, TAIL_UPDATE_FP8
 from kpool_cupy.kernel.geometry import group_block_bound
-from kpool_cupy.tools.nvrtc import kernel_ptxas_report
+from kpool_cupy.kernel.nvrtc import kernel_ptxas_report
 
 PAIRS = [(BFLOAT16, BFLOAT16), (FLOAT16, FLOAT32), (FLOAT32, FLOAT16)]
 CORNERS = [(8, 17), (256, 7), (128, 8)]  # (head_dim, kpool)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TOPK, MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.nvrtc import kernel_ptx
 from kpool_cupy.tools import sass
-from kpool_cupy.tools.nvrtc import kernel_ptx
 from kpool_cupy.tools.sass_report import tensor_core_count
 
 STATIC_SHARED_LIMIT = 48 * 1024

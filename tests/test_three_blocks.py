@@ -18,7 +18,7 @@ from model import BF16, F16, F32
 from kpool_cupy.kernel.codes import Fp8Target
 from kpool_cupy.kernel.declarations import COMPRESS, COMPRESS_FP8
 from kpool_cupy.kernel.geometry import group_geometry
-from kpool_cupy.tools.nvrtc import kernel_ptxas_report
+from kpool_cupy.kernel.nvrtc import kernel_ptxas_report
 
 INT64 = "int64"
 THREE_BLOCKS = 65536 // (3 * 256) // 8 * 8  # 80: ptxas allocates registers in steps of 8

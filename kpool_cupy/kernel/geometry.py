@@ -10,6 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 CHANNELS_PER_THREAD = 8  # kp::kChannelsPerThread in kernels/kpool_common.cuh
+# A group of head_dim / 8 threads serves one pool; at 4096 that is one
+# 512-thread block, which leaves each thread the 128 registers the kernels use
+# at most (tests/test_ptx.py). 8192 would need 1024-thread blocks at 64
+# registers, and the launch would fail.
+MAX_HEAD_DIM = 4096
 # kp::kWholePoolBytes and kp::kStreamBytes: a thread loads a whole pool at
 # once up to the first, else chunks of the second (tests/test_kernel_codes.py
 # compares them with the header).

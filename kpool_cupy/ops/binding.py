@@ -1,20 +1,21 @@
-"""Public functions bound from op specs: one factory for every op on every backend.
+"""Public functions bound to a backend: each op's def (``kpool_cupy/functions.py``) copied for one backend.
 
-``bind(spec, binding)`` writes a real Python function whose signature is the
-spec's parameters plus the binding's own options (``stream=`` on the GPU),
-with the binding's docstring, so ``help()`` and ``inspect.signature`` show a
-plain function and a wrong call fails the way a plain function does. The
-function only gathers its arguments and hands them to ``binding.call``; a new
-keyword on an op is a new entry in its spec, not an edit here.
+``bind(function, binding)`` makes a copy of the def (same code, so the same
+source file and lines) whose ``call_backend`` hands the arguments to
+``binding.call``; the copy gets the binding's module name, its docstring
+and a ``__signature__`` with the binding's array types and keywords, so
+``help()`` and ``inspect.signature`` show what this backend takes. Binding
+checks the def against its spec first: the same parameters in the same
+order with the same defaults, or a ValueError naming the difference.
 """
 
 from __future__ import annotations
 
 import inspect
-import linecache
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 
@@ -30,13 +31,22 @@ CallFn = Callable[[OpSpec, tuple[Any, ...], dict[str, Any], dict[str, Any]], Any
 class Binding:
     """How one backend takes calls: its name and module, how it annotates arrays, its options, its entry."""
 
-    name: str  # "cupy", "emulate", "reference": the key of OpSpec.docs and OpSpec.extras
+    name: str  # "cupy", "emulate", "reference", "torch": the key of OpSpec.docs and OpSpec.extras
     module: str  # where the bound functions are public
     array: str  # annotation of an array parameter (an optional one adds ``| None``)
     result: str  # annotation of a returned array
     options: tuple[Option, ...]  # options every op takes on this backend, after the op's own
     call: CallFn
     names: tuple[tuple[str, Any], ...] = ()  # what the annotations name, so typing.get_type_hints resolves them
+
+
+class BackendOptions(TypedDict, total=False):
+    """The keywords a backend adds to an op, for a type checker reading a def's ``**backend_options``: ``stream``
+    on the GPU (every op), ``accumulate`` on the reference (the ops that declare it in ``OpSpec.extras``). A bound
+    copy takes its own backend's alone and refuses any other keyword as a plain function would."""
+
+    stream: Any
+    accumulate: str
 
 
 def parameters(spec: OpSpec, binding: Binding) -> list[Operand | Option]:
@@ -88,106 +98,121 @@ def _returns(results: tuple[str, ...], binding: Binding) -> str:
     return f"tuple[{', '.join([binding.result] * len(results))}]"
 
 
-# A parameter that decides what the op returns: its name, and for each way it is
-# given (annotation, default) what the op then returns.
-Switch = tuple[str, tuple[tuple[str, Any, tuple[str, ...]], ...]]
-
-
-def _switch(spec: OpSpec, binding: Binding) -> Switch | None:
-    """The FP8 ops return less with a cache (``Operand.replaces``); expand returns counts with ``compact``."""
-    target = cache_target(spec)
-    if target is not None:
-        forms = (("None", None, spec.results), (binding.array, inspect.Parameter.empty, remaining_results(spec)))
-        return target.name, forms
+def _result_forms(spec: OpSpec) -> tuple[tuple[str, ...], ...]:
+    """What the op returns in each of its forms: the FP8 ops return less with a cache (``Operand.replaces``),
+    expand returns counts with ``compact`` (``OpSpec.conditional_results``)."""
+    if cache_target(spec) is not None:
+        return spec.results, remaining_results(spec)
     if spec.conditional_results:
-        ((result, option),) = spec.conditional_results.items()
-        with_it = (*spec.results, result)
-        return option, (("Literal[False]", False, spec.results), ("Literal[True]", inspect.Parameter.empty, with_it))
-    return None
+        return spec.results, (*spec.results, *spec.conditional_results)
+    return (spec.results,)
 
 
 def _result_annotation(spec: OpSpec, binding: Binding) -> str:
-    switch = _switch(spec, binding)
-    if switch is None:
-        return _returns(spec.results, binding)
-    return " | ".join(dict.fromkeys(_returns(results, binding) for _, _, results in switch[1]))
+    return " | ".join(dict.fromkeys(_returns(results, binding) for results in _result_forms(spec)))
 
 
-def typed_forms(spec: OpSpec, binding: Binding) -> tuple[inspect.Signature, ...]:
-    """The bound function's forms for a stub's ``@overload``s: one for each way its switch is given, with what
-    it then returns, and last the plain signature, which returns any of them; none for an op with one form."""
-    switch = _switch(spec, binding)
-    if switch is None:
-        return ()
-    name, forms = switch
-    plain = signature(spec, binding)
-    typed = []
-    for annotation, default, results in forms:
-        listed = [
-            p.replace(annotation=annotation, default=default) if p.name == name else p
-            for p in plain.parameters.values()
-        ]
-        typed.append(plain.replace(parameters=listed, return_annotation=_returns(results, binding)))
-    return (*typed, plain)
+def definition_parameters(spec: OpSpec) -> list[tuple[str, Any, Any]]:
+    """(name, kind, default) of each parameter a def of ``spec`` must list before ``**backend_options``."""
+    listed = []
+    for p in spec.parameters:
+        if isinstance(p, Operand) and not p.optional:
+            listed.append((p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.empty))
+        elif isinstance(p, Operand):
+            listed.append((p.name, inspect.Parameter.KEYWORD_ONLY, None))
+        else:
+            default = inspect.Parameter.empty if p.default is REQUIRED else p.default
+            listed.append((p.name, inspect.Parameter.KEYWORD_ONLY, default))
+    return listed
 
 
-def bind(spec: OpSpec, binding: Binding) -> Callable[..., Any]:
-    """The public function of ``spec`` on ``binding``'s backend."""
-    listed = parameters(spec, binding)
-    names = [p.name for p in listed]
-    if len(set(names)) != len(names) or not all(n.isidentifier() and not n.startswith("_") for n in names):
-        raise ValueError(f"{spec.name}: parameter names must be distinct public identifiers, got {names}")
-    positional = [p.name for p in listed if isinstance(p, Operand) and not p.optional]
-    keyword = [p for p in listed if p.name not in positional]
-    if positional != names[: len(positional)]:
-        raise ValueError(f"{spec.name}: required operands must come first, got {names}")
-    defaults = {p.name: (None if isinstance(p, Operand) else p.default) for p in keyword}
-    spelled = [*positional, "*"] if keyword else positional
-    spelled += [n if defaults[n] is REQUIRED else f"{n}=__defaults[{n!r}]" for n in defaults]
-    arrays = ", ".join(p.name for p in spec.operands)
-    own = ", ".join(f"{o.name!r}: {o.name}" for o in spec.options)
-    theirs = ", ".join(f"{o.name!r}: {o.name}" for o in [*spec.extras.get(binding.name, ()), *binding.options])
-    # Generated, like a dataclass's __init__: a plain function is the cheapest
-    # call and the clearest signature.
-    text = f"def {spec.name}({', '.join(spelled)}):\n    return __call(__spec, ({arrays},), {{{own}}}, {{{theirs}}})\n"
-    filename = f"<kpool_cupy {binding.name} {spec.name}>"
-    linecache.cache[filename] = (len(text), None, text.splitlines(True), filename)  # for inspect.getsource
-    # The function's globals: its helpers, and the names its string annotations
-    # use, so typing.get_type_hints resolves them.
-    namespace: dict[str, Any] = {
-        "__call": binding.call,
-        "__spec": spec,
-        "__defaults": defaults,
-        "Any": Any,
-        "Literal": Literal,
-        "np": np,
-    }
-    namespace.update(binding.names)
-    exec(compile(text, filename, "exec"), namespace)
-    function = namespace[spec.name]
-    function.__module__ = binding.module
-    function.__qualname__ = spec.name
-    doc = spec.docs.get(binding.name) or f"Same contract as :func:`kpool_cupy.{spec.name}`."
-    if RAISES_HEADER in doc:
-        function.__doc__ = doc.replace(RAISES_HEADER, RAISES_HEADER + RAISES, 1)
+def check_definition(function: Callable[..., Any], spec: OpSpec) -> None:
+    """A ValueError unless ``function``'s parameters are ``spec``'s (names, order, kinds, defaults), then
+    ``**backend_options``."""
+    listed = list(inspect.signature(function).parameters.values())
+    if not listed or listed[-1].kind is not inspect.Parameter.VAR_KEYWORD or listed[-1].name != "backend_options":
+        raise ValueError(f"Invalid def of {spec.name}: expected **backend_options last, got {listed[-1:]}")
+    got = [(p.name, p.kind, p.default) for p in listed[:-1]]
+    want = definition_parameters(spec)
+    for i in range(max(len(got), len(want))):
+        if i >= len(got) or i >= len(want) or got[i] != want[i]:
+            raise ValueError(
+                f"Invalid def of {spec.name}: expected its spec's parameters, parameter {i}: "
+                f"want {_spelled(want[i : i + 1])}, got {_spelled(got[i : i + 1])}"
+            )
+
+
+def _spelled(parameter: list[tuple[str, Any, Any]]) -> str:
+    """A parameter as a def spells it (``k``, ``*, out=None``), or "none"."""
+    if not parameter:
+        return "none"
+    name, kind, default = parameter[0]
+    star = "*, " if kind is inspect.Parameter.KEYWORD_ONLY else ""
+    return f"{star}{name}" + ("" if default is inspect.Parameter.empty else f"={default!r}")
+
+
+def _doc(function: Callable[..., Any], spec: OpSpec, binding: Binding) -> str:
+    """The copy's docstring: the def's own on the GPU, else the spec's for the binding; with the errors every
+    op raises in its Raises section (one it has already, such as the emulator's CompilerNotFoundError, takes
+    them first)."""
+    if binding.name == "cupy":
+        doc = inspect.cleandoc(function.__doc__ or "") + "\n"
     else:
-        function.__doc__ = doc.rstrip("\n") + "\n" + RAISES_HEADER + RAISES
-    function.__signature__ = signature(spec, binding)
-    function.__kpool_forms__ = typed_forms(spec, binding)  # type: ignore[attr-defined]  # the stubs' overloads
-    function.__annotations__ = {
-        **{p.name: p.annotation for p in function.__signature__.parameters.values()},
-        "return": function.__signature__.return_annotation,
+        doc = spec.docs.get(binding.name) or f"Same contract as :func:`kpool_cupy.{spec.name}`."
+    if RAISES_HEADER in doc:
+        return doc.replace(RAISES_HEADER, RAISES_HEADER + RAISES, 1)
+    return doc.rstrip("\n") + "\n" + RAISES_HEADER + RAISES
+
+
+def backend_caller(spec: OpSpec, binding: Binding) -> Callable[[tuple[Any, ...], dict[str, Any], dict[str, Any]], Any]:
+    """What a bound copy calls: ``binding.call`` with the binding's keywords at their defaults unless given,
+    and a TypeError, as from a plain function, for any keyword the binding does not take."""
+    accepted = {o.name: o.default for o in [*spec.extras.get(binding.name, ()), *binding.options]}
+    call = binding.call
+
+    def call_backend(arrays: tuple[Any, ...], options: dict[str, Any], given: dict[str, Any]) -> Any:
+        if given.keys() <= accepted.keys():
+            return call(spec, arrays, options, accepted | given)
+        unknown = sorted(given.keys() - accepted.keys())[0]
+        raise TypeError(f"{spec.name}() got an unexpected keyword argument '{unknown}'")
+
+    return call_backend
+
+
+def bind(function: Callable[..., Any], binding: Binding, spec: OpSpec | None = None) -> Callable[..., Any]:
+    """``function`` (an op's def) bound to ``binding``'s backend, as described by ``spec`` (default the spec the
+    def was written for, ``functions.defines``)."""
+    spec = spec if spec is not None else function.__kpool_spec__  # type: ignore[attr-defined]
+    check_definition(function, spec)
+    # The copy's globals: the def's module's, its call_backend replaced, and
+    # what the binding's string annotations name, so typing.get_type_hints
+    # resolves them. Without the module's __name__: a dict that is no
+    # module's must not claim one, since torch.compile finds an inlined
+    # function's globals by that name (it would read the unbound module's).
+    namespace = {name: value for name, value in function.__globals__.items() if name != "__name__"}
+    namespace.update({"Any": Any, "Literal": Literal, "np": np, **dict(binding.names)})
+    namespace["call_backend"] = backend_caller(spec, binding)
+    bound = types.FunctionType(function.__code__, namespace, spec.name, function.__defaults__, function.__closure__)
+    bound.__kwdefaults__ = dict(function.__kwdefaults__ or {})
+    bound.__module__ = binding.module
+    bound.__qualname__ = spec.name
+    bound.__doc__ = _doc(function, spec, binding)
+    listed = signature(spec, binding)
+    bound.__signature__ = listed  # type: ignore[attr-defined]
+    bound.__annotations__ = {
+        **{p.name: p.annotation for p in listed.parameters.values()},
+        "return": listed.return_annotation,
     }
-    return function
+    return bound
 
 
-def bind_into(namespace: dict[str, Any], specs: tuple[OpSpec, ...], binding: Binding) -> list[str]:
-    """Bind every op of ``specs`` into a public module's ``namespace`` under its own name; returns the names,
-    for the module's ``__all__``. Editors read the names and signatures from the module's ``.pyi`` stub,
-    which ``kpool_cupy.tools.stubs`` writes from the same specs."""
-    functions = {spec.name: bind(spec, binding) for spec in specs}
-    namespace.update(functions)
-    return list(functions)
+def bind_into(namespace: dict[str, Any], functions: Iterable[Callable[..., Any]], binding: Binding) -> list[str]:
+    """Bind each def of ``functions`` into a public module's ``namespace`` under its own name (in place of the
+    def the module star-imported from ``kpool_cupy.functions`` for readers and type checkers); returns the
+    names, for the module's ``__all__``."""
+    bound = [bind(function, binding) for function in functions]
+    namespace.update({function.__name__: function for function in bound})
+    return [function.__name__ for function in bound]
 
 
 def check_bool_options(spec: OpSpec, options: dict[str, Any]) -> None:

@@ -14,13 +14,8 @@ import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, dtype_name, element_dtype
 from ..kernel.codes import data_pointer
+from ..kernel.geometry import MAX_HEAD_DIM
 from .spec import Operand, spread
-
-# A group of head_dim / 8 threads serves one pool; at 4096 that is one
-# 512-thread block, which leaves each thread the 128 registers the kernels use
-# at most (tests/test_ptx.py). 8192 would need 1024-thread blocks at 64
-# registers, and the launch would fail.
-MAX_HEAD_DIM = 4096
 
 # Cache lengths at or above this would overflow 64-bit position arithmetic
 # once the call's tokens are added; no real cache comes near it.

@@ -212,61 +212,6 @@ def pool_into(backend: Backend, call: CompressCall, a: dict[str, Any], *, valida
     return returned(to, a)
 
 
-GPU_DOC = """Pool each complete k-pool of a ragged batch into one key, on the GPU.
-
-    logits[m, c] = gate[member m, c] + ape[m, c]
-    w[:, c]      = softmax over m of logits[:, c]
-    pooled[p, c] = sum_m w[m, c] * k[member m, c]
-
-The softmax runs per channel: each channel of a pool has its own member
-weights. Request ``b`` owns token rows ``[input_row_offsets[b],
-input_row_offsets[b+1])`` at absolute positions ``cache_lengths[b] + i``;
-pool ``q`` covers positions ``[q*kpool, (q+1)*kpool)`` and only pools whose
-members all arrive in this call are built, in order, at output rows
-``[pool_row_offsets[b], pool_row_offsets[b+1])``.
-
-Parameters
-----------
-k, gate
-    ``[total_tokens, head_dim]``, bfloat16, float16 or float32, last dim
-    contiguous, rows at any stride. CuPy arrays or any CUDA array with
-    ``__dlpack__`` or ``__cuda_array_interface__`` (zero copy).
-ape
-    float32 ``[kpool, head_dim]``; ``kpool`` is ``ape.shape[0]``.
-input_row_offsets, cache_lengths
-    ``[batch + 1]`` and ``[batch]``, int32, uint32 or int64.
-pool_row_offsets
-    Optional ``[batch + 1]``; must equal :func:`kpool_cupy.pool_row_offsets`.
-out
-    Optional ``[>= total_pools, head_dim]``, bfloat16, float16 or float32
-    whatever k's dtype; rows past ``total_pools`` are not written.
-validate
-    Check offset contents (one device-to-host copy). With ``out``,
-    ``pool_row_offsets`` and ``validate=False`` the call neither syncs nor
-    allocates, so it can be captured in a CUDA graph (for CuPy and DLPack
-    inputs; CuPy syncs on the stream a ``__cuda_array_interface__``
-    names). Unvalidated garbage never makes the kernel touch memory
-    outside its arrays.
-out_dtype
-    bfloat16, float16 or float32 (a name or a dtype): the dtype of the new
-    output, or the one ``out`` must have; default out's dtype, else k's.
-rotate
-    Write each pool's Walsh-Hadamard rotation ``y = bf16(B(bf16(pooled)) *
-    fl32(1/sqrt(head_dim)))`` (rounded to the output dtype) instead of the
-    pool: the keys of a bf16 cache that an engine scores with rotated
-    queries (:func:`hadamard_quant_fp8`'s rotation). head_dim must be a
-    power of two from 8 to 256.
-stream
-    A ``cupy.cuda.Stream``, a raw handle, or anything with
-    ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
-
-Returns
--------
-cupy.ndarray
-    ``out`` (as a CuPy view), or a new ``[total_pools, head_dim]`` array in
-    ``out_dtype`` (default the dtype of ``k``).
-"""
-
 EMULATE_DOC = """Pool each complete k-pool of a ragged batch by running the CUDA kernel on the CPU.
 
 Same arguments and result as :func:`kpool_cupy.kpool_compress`, on host
@@ -294,7 +239,7 @@ OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", 
 # The forward's inputs, in its order: what its backward takes after the gradient.
 POOLING_INPUTS = (TOKEN_K, TOKEN_GATE, APE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, POOL_ROW_OFFSETS)
 PARAMETERS = (*POOLING_INPUTS, OUT, VALIDATE, OUT_DTYPE, ROTATE)
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 ACCUMULATE = Option("accumulate", "str", "float32")  # the reference's alone
 
 

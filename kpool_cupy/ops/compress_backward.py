@@ -184,51 +184,6 @@ def gradient_vector(o: dict[str, Any]) -> int:
     return int(bits)
 
 
-GPU_DOC = """The gradients of :func:`kpool_cupy.kpool_compress` with respect to k, gate and ape, on the GPU.
-
-For one pool, with ``g = grad_pooled[p]``, ``l = gate + ape`` and ``w`` the
-softmax of l over the pool's members, per channel::
-
-    d k[m, c]    = w[m, c] * g[c]
-    d gate[m, c] = w[m, c] * g[c] * (k[m, c] - pooled[c])
-    d ape[m, c]  = sum over every pool of d gate[m, c]
-
-w and pooled are recomputed from k, gate and ape (nothing from the forward
-is kept); float32 arithmetic, each gradient rounded once to its array's
-dtype. Tokens in no complete pool get zero gradient. ``grad_ape`` is summed
-in a fixed order (per-block partial sums, then their sum in a fixed order, no
-float atomics): two runs give the same bits. Subnormal values flush to
-zero, as in the forward; NaN and inf propagate as float32 arithmetic gives
-them. The forward's ``rotate=True`` has no backward here.
-
-Parameters
-----------
-grad_pooled
-    ``[>= total_pools, head_dim]``, bfloat16, float16 or float32 (the
-    forward's output dtype), any strides (0 too: autograd hands in expanded
-    gradients); rows past ``total_pools`` are not read.
-k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets
-    The forward call's arguments, as :func:`kpool_cupy.kpool_compress` takes
-    them.
-grad_k, grad_gate
-    Optional outputs shaped like k and gate, in their dtypes; written whole
-    (zero where a token is in no complete pool).
-grad_ape
-    Optional float32 ``[kpool, head_dim]`` output.
-validate
-    Check offset contents and that ``grad_pooled`` has a row for every pool
-    (one device-to-host copy). Unvalidated garbage never makes the kernels
-    touch memory outside their arrays.
-stream
-    A ``cupy.cuda.Stream``, a raw handle, or anything with
-    ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
-
-Returns
--------
-tuple of cupy.ndarray
-    ``(grad_k, grad_gate, grad_ape)``.
-"""
-
 EMULATE_DOC = """The gradients of kpool_compress, by running the CUDA kernels on the CPU.
 
 Same arguments and results as :func:`kpool_cupy.kpool_compress_backward`, on
@@ -256,7 +211,7 @@ GRAD_K = Operand("grad_k", "like k", True, True, rows_of="k")
 GRAD_GATE = Operand("grad_gate", "like gate", True, True, rows_of="gate")
 GRAD_APE = Operand("grad_ape", "float32 [kpool, head_dim] like ape", True, True, rows_of="ape", dtype="float32")
 PARAMETERS = (GRAD_POOLED, *POOLING_INPUTS, GRAD_K, GRAD_GATE, GRAD_APE, VALIDATE)
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
 SPEC = OpSpec(

@@ -151,27 +151,6 @@ def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool
     return (positions, counts) if call.compact else positions
 
 
-GPU_DOC = """Selected pool ids ``[total_tokens, pool_topk]`` to token positions, int32.
-
-    positions[t, s*kpool + j] = pool_ids[t, s] * kpool + j, or -1 where pool_ids[t, s] < 0
-
-A -1 id stays -1 in all its columns, never a clamped valid position (so
-does an id whose positions would not fit int32). With
-``always_select_tail``, ``kpool - 1`` more columns hold the query's
-trailing positions no complete pool covers yet: with ``visible =
-cache_len + local_index + 1``, column ``i < visible % kpool`` holds
-``visible - visible % kpool + i``, the rest -1.
-
-With ``block_table`` (int32 ``[batch, max_blocks]``) and ``block_size``,
-each position ``p`` of a token of request ``b`` becomes its cache slot
-``block_table[b, p // block_size] * block_size + p % block_size``; -1 stays
--1, and so does a position whose block is past the table (with
-``validate=True`` that is a ``ValueError``) or whose entry is negative. With
-``compact=True`` each row's valid entries are packed to the left in column
-order, -1 after, and the call returns ``(positions, counts)``, ``counts``
-int32 ``[total_tokens]``.
-"""
-
 POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
 KPOOL = Option("kpool", "int", check=check_kpool)  # keyword-only and required: the ids alone do not say it
 ALWAYS_SELECT_TAIL = Option("always_select_tail", "bool", False)
@@ -196,7 +175,7 @@ EMULATE_DOC = """Selected pool ids to token positions, running the CUDA kernel o
 
 Same contract as :func:`kpool_cupy.kpool_expand_topk`."""
 REFERENCE_DOC = "Selected pool ids to token positions (NumPy); same contract as :func:`kpool_cupy.kpool_expand_topk`."
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
 # One result, or (positions, counts) when compacting.

@@ -91,12 +91,12 @@ def fp8_parameters(plain: OpSpec, slots: Operand | None) -> tuple[Any, ...]:
     return tuple(listed)
 
 
-def fp8_docs(name: str, gpu_doc: str, reference_more: str = "") -> dict[str, str]:
-    """An FP8 form's docstrings: its own on the GPU; the CPU backends' name the GPU's (the reference's with
-    ``reference_more``, its own options)."""
+def fp8_docs(name: str, reference_more: str = "") -> dict[str, str]:
+    """An FP8 form's CPU docstrings, naming the GPU's (its def's, ``kpool_cupy/functions.py``); the reference's
+    with ``reference_more``, its own options."""
     emulate = f":func:`kpool_cupy.{name}`, running the CUDA kernel on the CPU (host arrays)."
     reference = "\n\n".join(filter(None, (f":func:`kpool_cupy.{name}` in NumPy (host arrays).", reference_more)))
-    return {"cupy": gpu_doc, "emulate": emulate, "reference": reference}
+    return {"emulate": emulate, "reference": reference}
 
 
 def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, docs: Mapping[str, str]) -> OpSpec:

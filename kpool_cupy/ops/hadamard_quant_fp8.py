@@ -61,42 +61,9 @@ def run(backend: Backend, call: HadamardQuantFp8Call, a: dict[str, Any], *, vali
     return a["out"], a["out_scale"]
 
 
-GPU_DOC = """Rotate and quantize query rows to FP8 with the epilogue of :func:`kpool_compress_fp8`.
-
-    y = bf16(B(x) * fl32(1/sqrt(D)))         B: Walsh-Hadamard butterflies, strides 1 .. D/2
-    s = the smallest power of two >= fl32(max(max_c |y_c|, 1e-4) * fl32(1/448))   (round_scale=True)
-    q = e4m3fn(clamp(fl32(y / s), -448, 448))
-
-The rotation is orthonormal and the keys of an FP8 cache get the same one,
-so scores keep their values (to the quantization). ``x`` is taken as it is
-(converted to float32 exactly; no bfloat16 rounding first, unlike a pooled
-key).
-
-Parameters
-----------
-x
-    ``[rows, head_dim]`` bfloat16, float16 or float32 (e.g. queries as
-    ``[tokens * heads, head_dim]``), last dim contiguous; head_dim a power of
-    two from 8 to 256.
-round_scale
-    Round each scale up to a power of two (ue8m0), exactly (default).
-out, out_scale
-    uint8 ``[rows, head_dim]`` and float32 ``[rows]``, given together; new
-    ones otherwise.
-validate
-    Accepted for symmetry with the other ops; there are no contents to check.
-stream
-    As :func:`kpool_compress`.
-
-Returns
--------
-tuple of cupy.ndarray
-    ``(values, scales)``: e4m3fn bit patterns and one scale per row.
-"""
-
 EMULATE_DOC = """:func:`kpool_cupy.hadamard_quant_fp8`, running the CUDA kernel on the CPU (host arrays)."""
 REFERENCE_DOC = """:func:`kpool_cupy.hadamard_quant_fp8` in NumPy (host arrays)."""
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 QUERY = Operand("x", "[rows, head_dim] bfloat16, float16 or float32; last dim contiguous")
 QUERY_VALUES = dataclasses.replace(VALUES_OUT, rows_of="x")  # rows as wide as x's

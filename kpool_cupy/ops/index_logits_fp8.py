@@ -207,72 +207,12 @@ def tensor_core_kind(backend: Backend) -> int:
     return MMA_E4M3 if kind is None else int(kind())
 
 
-GPU_DOC = """Score every query token against the pooled FP8 cache: the indexer's logits.
-
-    logits[t, p] = sum over h of weights[t, h] * relu(s[p] * dot(q[t, h, :], k[p, :]))   for p < visible(t)
-                 = -inf                                                                 for visible(t) <= p < max_pools
-    visible(t)   = (cache_lengths[b] + t - input_row_offsets[b] + 1) // kpool            (b: the request of t)
-
-One logit per token and pool: the heads are summed inside, each weighted
-after its relu (fold the query's own scale into ``weights``). A token sees
-the complete pools at or before its position. relu keeps NaN: an e4m3 NaN
-byte (0x7f, 0xff) in q or a key makes the logit NaN.
-
-Parameters
-----------
-q
-    uint8 ``[num_tokens, heads, head_dim]``: e4m3fn bytes (for example
-    :func:`hadamard_quant_fp8` of the queries), heads 1 to 128, head_dim
-    64, 128 or 256; last dim contiguous.
-weights
-    float32 ``[num_tokens, heads]``, last dim contiguous.
-cache
-    uint8 ``[num_blocks, block_size, head_dim + 4]``: the pooled FP8 cache
-    :func:`kpool_compress_fp8` writes (each page: block_size rows of
-    head_dim e4m3fn bytes, then block_size float32 scales).
-cache_block_table
-    int32 ``[batch, max_blocks]``: request b's pool p is at page
-    ``cache_block_table[b, p // block_size]``, entry ``p % block_size`` (the
-    writers' ``block_table=``).
-input_row_offsets, cache_lengths
-    The ragged batch, as every op takes it (decode with next_n tokens a
-    request: ``[0, n, 2n, ...]``).
-kpool
-    Tokens per pool, 1 to 1024 (a run-time value: one compile serves all).
-max_pools
-    Columns of the result. None: ``out``'s width when ``out`` is given,
-    else the most pools any token sees, read from the device (one host
-    read). A smaller value than some token sees is a ValueError with
-    ``validate=True``; without validation those pools are left out.
-out
-    float32 ``[num_tokens, max_pools]``, last dim contiguous, writable, rows
-    that do not overlap: written in place. With ``out``, ``max_pools`` and ``validate=False`` the call reads
-    nothing back to the host and can be captured in a CUDA graph.
-validate
-    Check offsets, lengths and that the table holds a page in the cache for
-    every pool a token sees (one host read). Without it a missing or
-    out-of-range page gives -inf logits for its pools, and nothing outside
-    the arrays is read.
-stream
-    As :func:`kpool_compress`.
-
-Returns
--------
-cupy.ndarray
-    float32 ``[num_tokens, max_pools]``.
-
-Runs on tensor cores: e4m3 ``mma.sync`` on sm_89 and newer, f16 ``mma.sync``
-after an exact conversion on sm_80 to sm_88; older GPUs are refused. The
-float32 sums follow a fixed order (``kernels/kpool_index.cuh``); the README
-states how far the result may be from exact.
-"""
-
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8`, running the CUDA kernel on the CPU (host arrays).
 
 The emulated ``mma.sync`` adds each step's 32 exact products in k order in
 float32; a GPU's tensor cores add them in their own order and width."""
 REFERENCE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8` in NumPy: exact e4m3 values, float64 sums, one rounding."""
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 QUERY = Operand("q", "[num_tokens, heads, head_dim] uint8 (e4m3fn); last dim contiguous")
 WEIGHTS = Operand("weights", "[num_tokens, heads] float32")

@@ -199,55 +199,11 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     return (positions, counts) if call.compact else positions
 
 
-GPU_DOC = """Score and select in one launch: ``kpool_index_topk(kpool_index_logits_fp8(q, ...), ...)``, bit for bit,
-without writing the ``[num_tokens, pools]`` logits.
-
-Each token's visible pools are scored by the scorer's own routines (the
-same tensor-core instruction, the same order of sums, so every logit has
-the scorer's bits) a chunk of 1024 at a time into shared memory, and the
-best ``pool_topk`` are kept there as they stream past (the selection rule
-and expansion of :func:`kpool_index_topk`). Few tokens (decode) split
-their pools over several blocks of the same launch, whose best lists the
-last block of the token selects over again; many (prefill) take a block
-each. Working memory does not grow with the context length.
-
-Parameters
-----------
-q, weights, cache, cache_block_table, input_row_offsets, cache_lengths, kpool
-    As :func:`kpool_index_logits_fp8`.
-pool_topk, always_select_tail, block_table, block_size, compact
-    As :func:`kpool_index_topk` (``block_table``: the token KV cache's
-    pages; ``cache_block_table``: the pooled cache's).
-workspace
-    uint8, 1-D, at least :func:`index_select_workspace_bytes` ``(num_tokens,
-    pool_topk)`` bytes (a ValueError names it otherwise), 16-byte aligned,
-    its first 512 bytes (the counters) zero before its first use: every call
-    leaves them zero again, so one buffer serves every call, every batch
-    size and a CUDA graph; the rest is scratch. None: the call allocates a
-    zeroed one. ``validate=True`` checks the counters are zero; without it,
-    non-zero counters give rows that may be wrong or left unwritten, in this
-    call and later ones, until they are zeroed again.
-validate
-    As :func:`kpool_index_topk`, and the pooled cache's table as
-    :func:`kpool_index_logits_fp8` checks it (one host read). Without
-    validation a token's candidates stop at the table's reach
-    (``cache_block_table`` columns times the cache's ``block_size``), as the
-    logits' width stops them in :func:`kpool_index_topk`: garbage lengths
-    cannot make a block walk more pools than the table names.
-stream
-    As :func:`kpool_compress`.
-
-Returns
--------
-cupy.ndarray
-    int32 positions as :func:`kpool_index_topk`, or ``(positions, counts)``
-    with ``compact=True``.
-"""
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_select_fp8`, running the CUDA kernel on the CPU (host arrays)."""
 REFERENCE_DOC = (
     """:func:`kpool_cupy.kpool_index_select_fp8` in NumPy: the reference scorer's logits, then its selection."""
 )
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True, scratch=True)
 PARAMETERS = (

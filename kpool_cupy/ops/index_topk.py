@@ -144,60 +144,11 @@ def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: b
     return (positions, counts) if call.compact else positions
 
 
-GPU_DOC = """Each token's ``pool_topk`` best pools by their index logits, expanded to token positions (int32).
-
-    candidates(t) = the pools t sees: (cache_lengths[b] + t - input_row_offsets[b] + 1) // kpool
-    selected(t)   = all candidates if there are at most pool_topk (no logit read), else the pool_topk best
-    positions[t]  = kpool_expand_topk of selected(t), listed in ascending pool id, -1 after
-
-The order: a larger logit first; equal logits, the lower pool id (-0.0
-equals +0.0); every NaN, whatever its sign, below every number, -inf
-included. A pool the token cannot see is never selected, whatever its
-logit (the columns past its visible pools are not read). The expansion,
-tail columns (``always_select_tail``), block-table mapping (``block_table``,
-``block_size``: the token KV cache's pages) and ``compact`` are exactly
-:func:`kpool_expand_topk`'s, as if it were given the selected ids.
-
-One launch: one block a token reads its logits row once (when it has more
-candidates than ``pool_topk``), keeps the best in shared memory and writes
-the expanded row.
-
-Parameters
-----------
-logits
-    float32 ``[num_tokens, pools]``, last dim contiguous: for example
-    :func:`kpool_index_logits_fp8`'s result. With ``validate=True`` it must
-    be at least as wide as the most pools a token sees (ValueError); without
-    validation a token's candidates stop at its width.
-input_row_offsets, cache_lengths
-    The ragged batch, as every op takes it.
-kpool
-    Tokens per pool, 1 to 1024 (a run-time value: one compile serves all).
-pool_topk
-    Pools a token selects, 1 to 4096.
-always_select_tail, block_table, block_size, compact
-    As :func:`kpool_expand_topk`. With ``validate=True`` the block table
-    must reach every position a token could select (every visible pool's
-    and its tail's), stricter than :func:`kpool_expand_topk`'s check of
-    the positions it was given: the selection is not known on the host.
-validate
-    Check offsets and lengths, the logits' width and the block table's
-    reach (one host read). Without it garbage offsets give a token no
-    candidate, and nothing outside the arrays is read or written.
-stream
-    As :func:`kpool_compress`.
-
-Returns
--------
-cupy.ndarray
-    int32 ``[num_tokens, pool_topk * kpool (+ kpool - 1 with the tail)]``,
-    or ``(positions, counts)`` with ``compact=True``.
-"""
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_topk`, running the CUDA kernel on the CPU (host arrays)."""
 REFERENCE_DOC = (
     """:func:`kpool_cupy.kpool_index_topk` in NumPy: a stable argsort by the stated order, then the expansion."""
 )
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 LOGITS = Operand("logits", "[num_tokens, pools] float32; last dim contiguous")
 KPOOL = Option("kpool", "int", check=check_kpool)

@@ -104,30 +104,6 @@ def pool_into(backend: Backend, call: RingCloseCall, a: dict[str, Any], *, valid
     return returned(to, a, a["closed"])
 
 
-GPU_DOC = """Close each request's pending pool from its ring and this call's first tokens.
-
-    pooled[b] = kpool_compress's pool c // kpool, members m < c % kpool
-                from ring positions m, the rest from the call's first tokens
-
-For a request whose cached prefix ends mid-pool (``c % kpool != 0``) and
-whose call brings at least ``kpool - c % kpool`` tokens. ``tail`` is
-``[max_slots, 2, ring, head_dim]`` in the dtype of k (0 keys, 1 gate
-scores), or a pair ``(key_ring, gate_ring)`` of ``[max_slots, ring,
-head_dim]`` arrays in k's and gate's dtypes; ``ring >= kpool`` rows,
-position ``pos`` at row ``pos % ring``; any slot, half and row strides, last
-dim contiguous. Request b's ring is slot ``slot_idx[b]``; it is read, never
-written. The ring holds raw values, so the pool equals, bit for bit, the
-one kpool_compress builds over the whole sequence. ``rotate=True`` writes its
-Hadamard rotation instead, as :func:`kpool_compress`'s ``rotate``.
-
-Returns
--------
-(pooled, closed)
-    pooled ``[batch, head_dim]`` (``out_dtype``, else out's or k's dtype), closed
-    ``[batch]`` int32: the pool id, or -1 where nothing closed (that
-    pooled row is left alone).
-"""
-
 OUT = Operand("out", "[>= batch, head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
 CLOSED = Operand("closed", "[>= batch] int32", optional=True, written=True, dtype="int32")
 PARAMETERS = (
@@ -150,7 +126,7 @@ Same contract as :func:`kpool_cupy.kpool_ring_close`."""
 REFERENCE_DOC = """Close each request's pending pool from its ring and the call's first tokens (NumPy).
 
 Same contract as :func:`kpool_cupy.kpool_ring_close`."""
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
 run = into_pooled_rows(RING_CLOSE, pool_into)

@@ -12,39 +12,7 @@ from .ring_close import SPEC as PLAIN_SPEC
 from .ring_close import RingCloseCall, pool_into
 from .spec import Operand
 
-GPU_DOC = """Close each request's pending pool into an FP8 key: :func:`kpool_ring_close` with the FP8 epilogue fused.
-
-The pool is :func:`kpool_ring_close`'s; its bytes and scale are
-:func:`kpool_compress_fp8`'s for the same pool, bit for bit (head_dim a
-power of two from 8 to 256). ``tail``, ``k``, ``gate``, ``ape``,
-offsets, lengths and ``slot_idx`` as :func:`kpool_ring_close`; every ring
-form (longer, split, padded) is taken.
-
-Parameters
-----------
-round_scale
-    As :func:`kpool_compress_fp8`.
-cache
-    As :func:`kpool_compress_fp8`; request b's pool goes to slot
-    ``slots[b]`` (int64 or int32 ``[batch]``, -1 skips) or through
-    ``block_table`` row b.
-out, out_scale
-    Without ``cache``: uint8 ``[>= batch, head_dim]`` and float32 ``[out
-    rows]``, given together; new zeroed ones otherwise.
-closed
-    Optional int32 ``[>= batch]``: the pool id closed, or -1.
-validate
-    As :func:`kpool_ring_close`, and every closed pool lands in the cache in
-    a slot of its own.
-
-Returns
--------
-(values, scales, closed), or closed when writing the cache
-    values uint8 ``[batch, head_dim]``, scales float32 ``[batch]``; rows of
-    requests that close nothing are left alone.
-"""
-
-DOCS = fp8_docs("kpool_ring_close_fp8", GPU_DOC)
+DOCS = fp8_docs("kpool_ring_close_fp8")
 
 RING_SLOTS = Operand("slots", "[batch] int64 or int32: each request's cache slot, -1 to skip", optional=True)
 

@@ -60,23 +60,6 @@ def run(backend: Backend, call: SeedTailCall, a: dict[str, Any], *, validate: bo
         backend.launch(seed_tail_launch(call, a))
 
 
-GPU_DOC = """Stash each request's last tokens into its ring, in place.
-
-Positions ``[max(c + n - ring, c), c + n)``, the call's last
-``min(n, ring)`` tokens, go to ring row ``pos % ring`` of slot
-``slot_idx[b]``. Seed tail needs no kpool: on a ring of any
-``ring >= kpool`` rows (a longer one for speculative decoding, see
-:func:`kpool_cupy.kpool_tail_update`) every member a later call's pools read
-from the ring is among them, and seeding a prompt in two chunks leaves the
-ring as seeding it in one. A prefill chunk calls ring close, then compress,
-then seed tail. ``tail`` is ``[max_slots, 2, ring, head_dim]`` in the dtype
-of k, or a pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]``
-arrays in k's and gate's dtypes, any slot, half and row strides with the
-last dim contiguous. ``kpool=`` is optional; given, the ring must have at
-least that many rows. With ``validate=True`` each request with tokens in
-the call needs a slot of its own (requests without tokens may share one).
-"""
-
 # Seed tail stashes whatever kpool is; a kpool given is checked against the ring (at least that many rows).
 SEED_KPOOL = Option("kpool", "int | None", None, check=check_kpool)
 PARAMETERS = (RING, TOKEN_K, RING_GATE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, SLOT_IDX, VALIDATE, SEED_KPOOL)
@@ -86,7 +69,7 @@ Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
 REFERENCE_DOC = """Stash each request's trailing tokens into its ring (NumPy).
 
 Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
 # No results and no outputs: it writes only the ring.

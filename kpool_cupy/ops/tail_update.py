@@ -189,48 +189,6 @@ def pool_into(backend: Backend, call: TailUpdateCall, a: dict[str, Any], *, vali
     return returned(to, a, a["closed"])
 
 
-GPU_DOC = """The decode step: stash each token in its request's ring, close every pool it completes.
-
-``k``, ``gate`` ``[R, next_n, head_dim]``, ``positions`` ``[R, next_n]``
-(int32, uint32 or int64) with -1 for padding. Each request's tokens are
-walked in order; every real token is stashed at ring row ``pos % ring``
-(``tail`` ``[max_slots, 2, ring, head_dim]`` in k's dtype, gate in it too,
-or a pair ``(key_ring, gate_ring)`` of ``[max_slots, ring, head_dim]`` in
-k's and gate's dtypes; ``ring >= kpool``, any slot, half and row strides,
-last dim contiguous), and pool ``pos // kpool``
-closes from its members' rows ``(q * kpool + m) % ring`` when
-``pos % kpool == kpool - 1``. A padded entry leaves the ring byte-identical.
-
-Speculative decoding: with ``ring >= kpool + next_n - 1``, a schedule of
-steps in which any suffix of a step's tokens may be rejected, and the next
-step restarts at the first rejected position, closes every pool whose
-closing token was accepted with the bits one ``kpool_compress`` over the
-accepted sequence gives (discard the pools closed by rejected tokens). No
-state but the ring is kept. Proof: a pool closed at an accepted position
-``p`` has members ``p - kpool + 1 .. p``, all accepted. Each was written
-when it was last stashed, and a later write to its row came from a position
-``d`` with ``d ≡ a (mod ring)``, ``d > a``. Within a step positions only
-grow, so such a ``d`` before ``p`` in the walk is below ``p``, hence within
-``kpool - 1`` of ``a``: not a multiple of ``ring`` away. A ``d`` from an
-earlier step that was rejected is at least the restart position ``r`` and
-at most ``r + next_n - 1``, while ``a >= r - kpool + 1`` for a member of the
-pool open at the restart (members below ``r`` were accepted) or ``a >= r``
-(stashed again after it): so ``0 < d - a <= kpool + next_n - 2 < ring``, never
-a multiple of ``ring``. Every member row therefore holds the accepted token,
-and the pool is reduced in member order as compress reduces it.
-
-``rotate=True`` writes each closed pool's Hadamard rotation instead, as
-:func:`kpool_compress`'s ``rotate``.
-
-Returns
--------
-(pooled, closed)
-    pooled ``[R, ceil(next_n / kpool), head_dim]`` (``out_dtype``, else
-    out's or k's dtype) and closed
-    ``[R, ceil(next_n / kpool)]`` int32: the pool ids closed, in order,
-    padded with -1 (those pooled rows are left alone).
-"""
-
 STEP_K = Operand("k", "[R, next_n, head_dim] bfloat16, float16 or float32; last dim contiguous")
 POSITIONS = Operand("positions", "[R, next_n] int32, uint32 or int64, -1 (uint32: 0xFFFFFFFF) for padding")
 OUT = Operand("out", "[R, ceil(next_n / kpool), head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
@@ -240,7 +198,7 @@ EMULATE_DOC = (
     "The decode step, running the CUDA kernel on the CPU; same contract as :func:`kpool_cupy.kpool_tail_update`."
 )
 REFERENCE_DOC = "The decode step (NumPy); same contract as :func:`kpool_cupy.kpool_tail_update`."
-DOCS = {"cupy": GPU_DOC, "emulate": EMULATE_DOC, "reference": REFERENCE_DOC}
+DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
 run = into_pooled_rows(TAIL_UPDATE, pool_into)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .nvrtc import kernel_ptx, kernel_ptxas_report
+from ..kernel.nvrtc import kernel_ptx, kernel_ptxas_report
 from .variants import op_variant
 
 # A 16-byte global access: one v4 of 32-bit lanes (ld.global.nc when read-only).

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..kernel.declarations import COMPRESS
-from .nvrtc import _arch_number, code_ptx, compress_instance, kernel_ptx, parse_ptxas_log
+from ..kernel.nvrtc import arch_number, code_ptx, compress_instance, kernel_ptx, parse_ptxas_log
 
 # The wheel that carries each tool, as nvidia/cu13/bin/<tool> under site-packages.
 WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -157,7 +157,7 @@ def parse_sass(text: str) -> SassCounts:
 
 def sm_arch(arch: str) -> str:
     """'sm_NN' for an 'sm_NN' or 'compute_NN' ``arch``: ptxas assembles for a real GPU only."""
-    return f"sm_{_arch_number(arch)}"
+    return f"sm_{arch_number(arch)}"
 
 
 def _wheel_bin_folders() -> list[Path]:

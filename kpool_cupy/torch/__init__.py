@@ -41,14 +41,15 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("kpool_cupy.torch needs PyTorch: pip install 'kpool-cupy[torch]'") from error
 
+from ..functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
+from ..functions import DEFINITIONS as _DEFINITIONS
 from ..ops.binding import bind_into as _bind_into
 from .registry import register as _register
-from .schema import SPECS as _SPECS
 from .wrappers import BINDING as _BINDING
 
 _register()
 
-# Every op as a function on tensors; the names come from the op list.
-_OP_NAMES = _bind_into(globals(), _SPECS, _BINDING)
+# Every op's def as a function on tensors; the names come from the defs.
+_OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _BINDING)
 
 __all__ = [*_OP_NAMES]

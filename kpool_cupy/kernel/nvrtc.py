@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..dtypes import element_dtype
-from ..kernel.declarations import COMPRESS
-from ..kernel.sources import CUPY_ADDS, NVRTC_OPTIONS, kernel_source
-from ..ops.checks import MAX_HEAD_DIM
 from ..pool_offsets import check_kpool
+from .declarations import COMPRESS
+from .geometry import MAX_HEAD_DIM
+from .sources import CUPY_ADDS, NVRTC_OPTIONS, kernel_source
 
 _ARCH = re.compile(r"^(?:sm|compute)_(\d+[a-z]?)$")
 
@@ -37,19 +37,19 @@ def _nvrtc() -> Any:
     return nvrtc
 
 
-def _arch_number(arch: str) -> str:
+def arch_number(arch: str) -> str:
     match = _ARCH.match(arch)
     if match is None:
         raise ValueError(f"Invalid arch: expected 'sm_NN' or 'compute_NN', got {arch!r}")
     return match.group(1)
 
 
-def _compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
+def compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
     """Compile kernel ``name`` of kernels/``source``; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
-    return _compile_code(kernel_source(source), source, name, options, output)
+    return compile_code(kernel_source(source), source, name, options, output)
 
 
-def _compile_code(code: str, label: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
+def compile_code(code: str, label: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
     """Compile kernel ``name`` of the text ``code`` (``label`` names it in NVRTC's messages)."""
     nvrtc = _nvrtc()
     program = nvrtc.createProgram(code, label, [], [])
@@ -75,7 +75,7 @@ def compress_instance(head_dim: int, kpool: int, dtype: str) -> str:
 
 def _compile(head_dim: int, kpool: int, dtype: str, options: list[str], output: str) -> tuple[bytes, str]:
     """Compile the kpool_compress variant with k, gate and output of ``dtype``."""
-    return _compile_kernel(COMPRESS.source, compress_instance(head_dim, kpool, dtype), options, output)
+    return compile_kernel(COMPRESS.source, compress_instance(head_dim, kpool, dtype), options, output)
 
 
 def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> str:
@@ -92,7 +92,7 @@ def compile_ptx(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str
     RuntimeError
         NVRTC is missing or fails to compile, with its log.
     """
-    ptx, _ = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    ptx, _ = _compile(head_dim, kpool, dtype, [f"--gpu-architecture=compute_{arch_number(arch)}"], "ptx")
     return ptx.decode()
 
 
@@ -101,13 +101,13 @@ def kernel_ptx(source: str, name: str, arch: str) -> str:
 
     PTX is for the virtual architecture: 'sm_90' and 'compute_90' give the same text.
     """
-    ptx, _ = _compile_kernel(source, name, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    ptx, _ = compile_kernel(source, name, [f"--gpu-architecture=compute_{arch_number(arch)}"], "ptx")
     return ptx.decode()
 
 
 def code_ptx(code: str, name: str, arch: str = "sm_90") -> str:
     """PTX of kernel ``name`` of a kernel text (kernel_source's output plus more: a test's kernel)."""
-    ptx, _ = _compile_code(code, "kernel.cu", name, [f"--gpu-architecture=compute_{_arch_number(arch)}"], "ptx")
+    ptx, _ = compile_code(code, "kernel.cu", name, [f"--gpu-architecture=compute_{arch_number(arch)}"], "ptx")
     return ptx.decode()
 
 
@@ -126,14 +126,14 @@ def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: st
 
 def kernel_ptxas_report(source: str, name: str, arch: str = "sm_90") -> PtxasReport:
     """Registers, spills and stack of any kernel instantiation of kernels/``source`` for ``arch``."""
-    _, log = _compile_kernel(source, name, [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"], "cubin")
+    _, log = compile_kernel(source, name, [f"--gpu-architecture=sm_{arch_number(arch)}", "-Xptxas=-v"], "cubin")
     return parse_ptxas_log(log)
 
 
 def code_ptxas_report(code: str, name: str, arch: str = "sm_90") -> PtxasReport:
     """Registers, spills and stack of kernel ``name`` of a kernel text, for ``arch``."""
-    options = [f"--gpu-architecture=sm_{_arch_number(arch)}", "-Xptxas=-v"]
-    _, log = _compile_code(code, "kernel.cu", name, options, "cubin")
+    options = [f"--gpu-architecture=sm_{arch_number(arch)}", "-Xptxas=-v"]
+    _, log = compile_code(code, "kernel.cu", name, options, "cubin")
     return parse_ptxas_log(log)
 
 
