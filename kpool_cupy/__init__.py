@@ -18,7 +18,7 @@ from .backends.cupy import BINDING as _GPU
 from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
 from .functions import DEFINITIONS as _DEFINITIONS
 from .kernel.nvrtc import compile_ptx
-from .ops.binding import bind_into as _bind_into
+from .ops.framework.binding import bind_into as _bind_into
 from .ops.index_select_fp8 import index_select_workspace_bytes
 from .pool_offsets import pool_row_offsets
 

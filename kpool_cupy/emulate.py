@@ -25,7 +25,7 @@ from .emulator.launch import launch
 from .emulator.toolchain import BASE_FLAGS, FLAGS_VARIABLE, CompilerNotFoundError, cache_dir, compiler, load_variant
 from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
 from .functions import DEFINITIONS as _DEFINITIONS
-from .ops.binding import bind_into as _bind_into
+from .ops.framework.binding import bind_into as _bind_into
 
 # Every op's def, bound to this module's backend; the names come from the defs.
 _OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _EMULATE)

@@ -5,7 +5,7 @@
 Each def here is defined once and bound four times: ``kpool_cupy`` (the
 GPU), ``kpool_cupy.emulate``, ``kpool_cupy.reference`` and
 ``kpool_cupy.torch`` each hold a copy of it whose ``call_backend`` runs the
-op on their backend (``ops.binding.bind``). A copy keeps this code, so
+op on their backend (``ops.framework.binding.bind``). A copy keeps this code, so
 ``inspect.getsource`` and an editor's go-to-definition land here; it gets
 its module's name, the docstring of its backend (the one below is the
 GPU's), and a ``__signature__`` with its backend's array types and
@@ -44,8 +44,8 @@ from .ops import (
     TAIL_UPDATE,
     TAIL_UPDATE_FP8,
 )
-from .ops.binding import BackendOptions
-from .ops.spec import OpSpec
+from .ops.framework.binding import BackendOptions
+from .ops.framework.spec import OpSpec
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack

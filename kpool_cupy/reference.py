@@ -15,7 +15,7 @@ from .backends.reference import BINDING as _REFERENCE
 from .backends.reference_kernels import member_rows, pool_members
 from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
 from .functions import DEFINITIONS as _DEFINITIONS
-from .ops.binding import bind_into as _bind_into
+from .ops.framework.binding import bind_into as _bind_into
 
 # Every op's def, bound to this module's backend; the names come from the defs.
 _OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _REFERENCE)

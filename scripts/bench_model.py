@@ -83,8 +83,8 @@ from kpool_cupy.ops import (  # noqa: E402
     TAIL_UPDATE,
     TAIL_UPDATE_FP8,
 )
-from kpool_cupy.ops.binding import bind  # noqa: E402
-from kpool_cupy.ops.spec import Launch, OpSpec  # noqa: E402
+from kpool_cupy.ops.framework.binding import bind  # noqa: E402
+from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
 from kpool_cupy.tools.load_depth import load_depth  # noqa: E402
 from kpool_cupy.tools.sass import parse_instructions, summarize_sass  # noqa: E402

@@ -178,7 +178,7 @@ def split_ring_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]
 # all 27 (each is a compile); the ring cases above try every offsets type
 # against every cache type, and the table lookup does not depend on them.
 _EXPAND_TYPES = ((np.int32, np.uint32, np.int64), (np.uint32, np.int64, np.int32), (np.int64, np.int32, np.uint32))
-MAX_BLOCK_SIZE = 1 << 20  # kpool_cupy.ops.expand_topk.MAX_BLOCK_SIZE: a larger one is a ValueError, validated or not
+MAX_BLOCK_SIZE = 1 << 20  # ops/families/expansion.py's: a larger one is a ValueError, validated or not
 
 
 def _block_size(rng: np.random.Generator) -> int:

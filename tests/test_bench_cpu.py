@@ -112,7 +112,7 @@ def test_first_member_rows_match_the_reference_mapping():
     shape = BenchShape("m", "mixed", (13, 0, 7, 9, 4), (0, 3, 2, 5, 4), 8, 4)
     offsets = np.concatenate([[0], np.cumsum(shape.lengths)]).astype(np.int64)
     cache = np.asarray(shape.cache, np.int64)
-    from kpool_cupy.ops.compress import CompressCall
+    from kpool_cupy.ops.families.pooling import CompressCall
 
     call = CompressCall(8, 4, shape.requests, shape.tokens, BF16, BF16, BF16)
     pools = pool_row_offsets(offsets, cache, 4)

@@ -12,7 +12,7 @@ from kpool_cupy.backends.host import host_binding
 from kpool_cupy.emulator.launch import recording
 from kpool_cupy.functions import definition
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
-from kpool_cupy.ops.binding import bind
+from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC
 from kpool_cupy.tools.index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
 

@@ -13,7 +13,7 @@ from index_cases import index_case
 
 from kpool_cupy import reference
 from kpool_cupy.backends.reference import ReferenceBackend
-from kpool_cupy.ops.binding import execute
+from kpool_cupy.ops.framework.binding import execute
 from kpool_cupy.ops.index_logits_fp8 import SPEC
 from kpool_cupy.tools.index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
 

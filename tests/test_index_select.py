@@ -13,7 +13,7 @@ from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.functions import definition
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
-from kpool_cupy.ops.binding import bind
+from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
 from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
 from kpool_cupy.ops.index_select_fp8 import select_splits

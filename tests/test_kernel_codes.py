@@ -19,7 +19,7 @@ from kpool_cupy.kernel.geometry import (
     group_geometry,
 )
 from kpool_cupy.kernel.sources import kernels_dir
-from kpool_cupy.ops.checks import MAX_HEAD_DIM
+from kpool_cupy.ops.framework.checks import MAX_HEAD_DIM
 
 _ENUM = re.compile(r"enum\s+(\w+)\s*:\s*int\s*\{([^}]*)\}")
 

@@ -15,10 +15,10 @@ from kpool_cupy.backends import emulate as emulate_backend
 from kpool_cupy.backends import reference as reference_backend
 from kpool_cupy.functions import call_backend, definition
 from kpool_cupy.ops import COMPRESS, OPS
-from kpool_cupy.ops.binding import bind, execute
 from kpool_cupy.ops.compress_backward import partials_shape
+from kpool_cupy.ops.framework.binding import bind, execute
+from kpool_cupy.ops.framework.spec import Operand, Option
 from kpool_cupy.ops.index_select_fp8 import index_select_workspace_bytes
-from kpool_cupy.ops.spec import Operand, Option
 
 BINDINGS = (gpu_backend.BINDING, emulate_backend.BINDING, reference_backend.BINDING)
 

@@ -13,8 +13,8 @@ from model import BF16
 
 from kpool_cupy import emulate, reference
 from kpool_cupy.ops import OPS
-from kpool_cupy.ops.binding import check_bool_options
-from kpool_cupy.ops.spec import REQUIRED
+from kpool_cupy.ops.framework.binding import check_bool_options
+from kpool_cupy.ops.framework.spec import REQUIRED
 
 BACKENDS = {"emulate": emulate, "reference": reference}
 BOOL_OPTIONS = [(spec, o.name) for spec in OPS for o in spec.options if o.annotation == "bool"]

@@ -13,7 +13,7 @@ import pytest
 from model import F32
 
 from kpool_cupy import emulate, reference
-from kpool_cupy.ops.checks import shares_memory
+from kpool_cupy.ops.framework.checks import shares_memory
 
 BACKENDS = {"emulate": emulate, "reference": reference}
 HEAD_DIM, KPOOL = 16, 4
@@ -206,7 +206,7 @@ def test_the_overlap_rule_is_exact_on_random_strided_views():
 def test_a_huge_layout_is_settled_without_touching_its_elements():
     # The rule reads addresses, shapes and strides: 2^40 bytes of interleaved
     # halves (never allocated) are settled like four rows are.
-    from kpool_cupy.ops.checks import _address_view  # noqa: F401  (the solver's input)
+    from kpool_cupy.ops.framework.checks import _address_view  # noqa: F401  (the solver's input)
 
     class Fake:
         def __init__(self, offset):

@@ -81,7 +81,7 @@ def test_backends_know_no_op():
     # Backends place memory and run launches; the ops describe themselves.
     for path in (PACKAGE / "backends").glob("*.py"):
         ops = {m for m in _imports(path) if m.startswith("kpool_cupy.ops.")}
-        assert ops <= {"kpool_cupy.ops.spec", "kpool_cupy.ops.binding"}, (path, ops)
+        assert ops <= {"kpool_cupy.ops.framework.spec", "kpool_cupy.ops.framework.binding"}, (path, ops)
 
 
 # The package's layers, lowest first: a module imports from its own layer or
@@ -138,3 +138,31 @@ def test_the_layer_check_sees_an_upward_import():
 def test_every_module_has_a_layer():
     assert [module for module in _graph() if _layer(module) < 0] == []
     assert _layer("kpool_cupy.brand_new") == -1  # the check can fail
+
+
+def _ops_part(module: str) -> int:
+    """Inside ops/: 0 the framework, 1 the families, 2 a leaf op (one op and its FP8 form), 3 the op list."""
+    if module == "kpool_cupy.ops":
+        return 3
+    return {"framework": 0, "families": 1}.get(module.split(".")[2], 2)
+
+
+def _ops_upward(graph: dict[str, set[str]]) -> list[str]:
+    found = []
+    for m, targets in sorted(graph.items()):
+        for t in sorted(targets):
+            if not (m.startswith("kpool_cupy.ops") and t.startswith("kpool_cupy.ops")):
+                continue
+            if _ops_part(t) > _ops_part(m) or (_ops_part(m) == _ops_part(t) == 2 and m != t):
+                found.append(f"{m} imports {t}")
+    return found
+
+
+def test_a_leaf_op_imports_only_the_framework_and_the_families():
+    # ops/framework (spec, binding, results, checks, operands) < ops/families
+    # (pooling, rings, FP8 destinations, expansion, scoring, selection) < the
+    # leaf ops, and a leaf op never imports another leaf op.
+    graph = _graph()
+    assert _ops_upward(graph) == []
+    graph["kpool_cupy.ops.index_topk"] = graph["kpool_cupy.ops.index_topk"] | {"kpool_cupy.ops.expand_topk"}
+    assert _ops_upward(graph) == ["kpool_cupy.ops.index_topk imports kpool_cupy.ops.expand_topk"]

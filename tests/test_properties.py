@@ -142,7 +142,7 @@ def test_emulate_and_reference_agree(spec):
 
 def _call(batch):
     from kpool_cupy.ops.compress import check_compress_args
-    from kpool_cupy.ops.spec import CallArgs
+    from kpool_cupy.ops.framework.spec import CallArgs
 
     arrays = dict(k=batch.k, gate=batch.gate, ape=batch.ape, input_row_offsets=batch.input_row_offsets)
     arrays |= dict(cache_lengths=batch.cache_lengths, pool_row_offsets=None, out=None)

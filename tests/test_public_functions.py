@@ -1,7 +1,7 @@
 """Every public function is a plain ``def`` in a ``.py`` file of the package, and each op's def is its spec.
 
 The ops are defined once in kpool_cupy/functions.py and bound to each
-backend by copying the def (``ops.binding.bind``); what a reader, an editor
+backend by copying the def (``ops.framework.binding.bind``); what a reader, an editor
 or a type checker opens is that def. These tests hold the defs against the
 specs, so a def that drops, reorders or misroutes an argument fails here.
 """
@@ -24,8 +24,8 @@ from kpool_cupy.backends import cupy as gpu_backend
 from kpool_cupy.backends import emulate as emulate_backend
 from kpool_cupy.backends import reference as reference_backend
 from kpool_cupy.ops import OPS
-from kpool_cupy.ops.binding import BackendOptions, Binding, bind
-from kpool_cupy.ops.spec import Operand
+from kpool_cupy.ops.framework.binding import BackendOptions, Binding, bind
+from kpool_cupy.ops.framework.spec import Operand
 
 PACKAGE = Path(kpool_cupy.__file__).resolve().parent
 MODULES = ("kpool_cupy", "kpool_cupy.emulate", "kpool_cupy.reference", "kpool_cupy.torch")

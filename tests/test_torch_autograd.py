@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import kpool_cupy.torch as kt  # noqa: E402  (after the skip)
 from kpool_cupy import reference  # noqa: E402
-from kpool_cupy.ops.spec import OpSpec  # noqa: E402
+from kpool_cupy.ops.framework.spec import OpSpec  # noqa: E402
 from kpool_cupy.torch.schema import SPECS as OPS  # noqa: E402
 from kpool_cupy.torch.tensors import to_numpy, torch_dtype  # noqa: E402
 

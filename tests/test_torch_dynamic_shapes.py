@@ -4,7 +4,7 @@ An engine compiles its decode step once and feeds it every batch size. A
 fake kernel that calls int() on a symbolic size installs a guard per size:
 one recompile per batch size, and with fullgraph=True the 9th size was a
 hard error (FailOnRecompileLimitHit). The checks now keep symbolic sizes
-symbolic (``ops.checks.as_size``, ``torch.tensors.SymbolicMetadata``).
+symbolic (``ops.framework.checks.as_size``, ``torch.tensors.SymbolicMetadata``).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 import kpool_cupy.torch as kt  # noqa: E402  (after the skip)
 from kpool_cupy import reference  # noqa: E402
-from kpool_cupy.ops.results import given_outputs  # noqa: E402
+from kpool_cupy.ops.framework.results import given_outputs  # noqa: E402
 from kpool_cupy.torch.schema import SPECS as OPS  # noqa: E402  (the ops torch.ops.kpool has)
 from kpool_cupy.torch.schema import overloads  # noqa: E402
 from kpool_cupy.torch.tensors import from_numpy, to_numpy  # noqa: E402

@@ -13,8 +13,8 @@ import numpy as np
 from ..arrays import CupyArray, DeviceArray
 from ..kernel.declarations import MMA_E4M3, MMA_F16
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
-from ..ops.binding import Binding, execute
-from ..ops.spec import Launch, OpSpec, Option, gather, spread
+from ..ops.framework.binding import Binding, execute
+from ..ops.framework.spec import Launch, OpSpec, Option, gather, spread
 from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
 

@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops.spec import Launch, OpSpec
+from ..ops.framework.spec import Launch, OpSpec
 
 MISS = object()  # replay() found no plan, or a possible overlap: run the full path
 
@@ -83,7 +83,7 @@ def make_plan(
     """The plan of a full call that made exactly ``launch``, or None when the call cannot be replayed.
 
     ``arrays`` are the call's arrays one by one (a split ring's two are two,
-    ``ops.spec.spread``), ``writes`` whether the op writes each. Every array
+    ``ops.framework.spec.spread``), ``writes`` whether the op writes each. Every array
     argument of the launch must be one of them and every result one of them
     too; anything else (an array the op made) would have to be made again.
     One array passed as two operands makes no plan: the plan could not tell

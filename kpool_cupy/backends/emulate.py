@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..emulator import launch as emulator
-from ..ops.spec import Launch
+from ..ops.framework.spec import Launch
 from .host import HostMemory, host_binding
 
 

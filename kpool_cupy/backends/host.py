@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..arrays import check_array_kind
-from ..ops.binding import Binding, execute
-from ..ops.spec import Backend, OpSpec, spread
+from ..ops.framework.binding import Binding, execute
+from ..ops.framework.spec import Backend, OpSpec, spread
 
 
 class HostMemory:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.spec import Launch
+from ..ops.framework.spec import Launch
 from .host import HostMemory, host_binding
 from .reference_index import KERNELS as INDEX_KERNELS
 from .reference_kernels import KERNELS

@@ -20,7 +20,7 @@ import ml_dtypes
 import numpy as np
 
 from ..kernel.requests import token_visibility
-from ..ops.spec import Launch
+from ..ops.framework.spec import Launch
 from .reference_kernels import expand_pool_ids, kernel_scalars
 
 # Every e4m3fn byte's value (0x7f and 0xff are NaN), exactly, in float64.

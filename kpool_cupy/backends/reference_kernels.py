@@ -25,7 +25,7 @@ from ..dtypes import INT32_MAX, signed_index
 from ..kernel.codes import Fp8Target
 from ..kernel.geometry import APE_SLICES, CHANNELS_PER_THREAD, chunk_members
 from ..kernel.requests import find_request, request_rows
-from ..ops.spec import Launch, is_pair
+from ..ops.framework.spec import Launch, is_pair
 from .reference_epilogue import epilogue, rotate
 from .reference_epilogue import hadamard_quant as query_epilogue
 

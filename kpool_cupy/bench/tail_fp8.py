@@ -167,7 +167,7 @@ def tail_fp8_host_cost(repeats: int = HOST_REPEATS, shape: DecodeShape = HOST_SH
 
     import kpool_cupy
 
-    from ..ops.tail_update_fp8 import SPEC
+    from ..ops import TAIL_UPDATE_FP8 as SPEC
 
     sets, out = _step_sets(shape, 1)
     operands = {**sets[0], "out": out["values"][0], "out_scale": out["scales"][0], "closed": out["closed"][0]}

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
+from .compress import FP8_SPEC as COMPRESS_FP8
 from .compress import SPEC as COMPRESS
 from .compress_backward import SPEC as COMPRESS_BACKWARD
-from .compress_fp8 import SPEC as COMPRESS_FP8
 from .expand_topk import SPEC as EXPAND_TOPK
+from .framework.spec import OpSpec
 from .hadamard_quant_fp8 import SPEC as HADAMARD_QUANT_FP8
 from .index_logits_fp8 import SPEC as INDEX_LOGITS_FP8
 from .index_select_fp8 import SPEC as INDEX_SELECT_FP8
 from .index_topk import SPEC as INDEX_TOPK
+from .ring_close import FP8_SPEC as RING_CLOSE_FP8
 from .ring_close import SPEC as RING_CLOSE
-from .ring_close_fp8 import SPEC as RING_CLOSE_FP8
 from .seed_tail import SPEC as SEED_TAIL
-from .spec import OpSpec
+from .tail_update import FP8_SPEC as TAIL_UPDATE_FP8
 from .tail_update import SPEC as TAIL_UPDATE
-from .tail_update_fp8 import SPEC as TAIL_UPDATE_FP8
 
 OPS: tuple[OpSpec, ...] = (
     COMPRESS,

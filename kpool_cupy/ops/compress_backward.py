@@ -24,7 +24,17 @@ from ..dtypes import FLOAT32, dtype_name
 from ..kernel import codes
 from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE, COMPRESS_BACKWARD_REST
 from ..kernel.geometry import ape_sum_geometry, group_geometry
-from .checks import (
+from .families.pooling import (
+    ACCUMULATE,
+    POOLING_INPUTS,
+    CompressCall,
+    find_pools,
+    pooling_template,
+    pooling_values,
+    pools_to_cover,
+    token_fields,
+)
+from .framework.checks import (
     OUTPUT_DTYPES,
     as_size,
     check_ape,
@@ -37,17 +47,7 @@ from .checks import (
     fail,
     require_array,
 )
-from .compress import (
-    ACCUMULATE,
-    POOLING_INPUTS,
-    CompressCall,
-    find_pools,
-    pooling_template,
-    pooling_values,
-    pools_to_cover,
-    token_fields,
-)
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)

@@ -12,18 +12,18 @@ from ..kernel import codes
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import flat_geometry
 from ..pool_offsets import check_kpool
-from .checks import (
+from .families.expansion import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
+from .framework.checks import (
     as_size,
     check_batch_index,
-    check_block_table,
     check_contiguous,
     check_rows_and_cache,
     dtype_fail,
     fail,
     require_array,
 )
-from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
+from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
@@ -38,32 +38,6 @@ class ExpandCall:
     max_blocks: int  # columns of block_table; 0 without one
     block_size: int  # 0 without a block table
     compact: bool
-
-
-# A page of a paged KV cache holds at most this many tokens; real engines use
-# 16 to 256, and slot arithmetic stays far from int32's edge.
-MAX_BLOCK_SIZE = 1 << 20
-
-
-def check_block_size(block_size: Any) -> None:
-    """An integer (TypeError otherwise) in [1, MAX_BLOCK_SIZE] (ValueError otherwise)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-        raise dtype_fail("block_size", "an integer", type(block_size).__name__)
-    if not 1 <= int(block_size) <= MAX_BLOCK_SIZE:
-        raise fail("block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]", int(block_size))
-
-
-def check_paged_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
-    """block_table int32 ``[batch, max_blocks]`` (``checks.check_block_table``, as the FP8 ops take it) with a
-    block_size, or neither; (max_blocks, size)."""
-    if (block_table is None) != (block_size is None):
-        given, missing = ("block_table", "block_size") if block_table is not None else ("block_size", "block_table")
-        raise fail(missing, f"given with {given}", "None")
-    if block_table is None:
-        return 0, 0
-    check_block_size(block_size)
-    check_block_table(block_table, batch)
-    return as_size(block_table.shape[1]), int(block_size)
 
 
 def check_expand_topk_args(a: CallArgs) -> ExpandCall:
@@ -152,14 +126,6 @@ def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool
 
 
 POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
-KPOOL = Option("kpool", "int", check=check_kpool)  # keyword-only and required: the ids alone do not say it
-ALWAYS_SELECT_TAIL = Option("always_select_tail", "bool", False)
-BLOCK_TABLE = Operand("block_table", "[batch, max_blocks] int32: each request's cache pages", optional=True)
-BLOCK_SIZE = Option("block_size", "int | None", None, check=check_block_size)
-COMPACT = Option("compact", "bool", False)
-# How a selected pool becomes positions: the tail, the KV cache's pages, compaction (the selecting ops take them
-# after their own options).
-EXPANSION_OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)
 PARAMETERS = (
     POOL_IDS,
     INPUT_ROW_OFFSETS,

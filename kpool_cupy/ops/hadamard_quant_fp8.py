@@ -12,9 +12,9 @@ from ..dtypes import ELEMENT_CTYPES, FLOAT32
 from ..kernel import codes
 from ..kernel.declarations import HADAMARD_QUANT_FP8
 from ..kernel.geometry import group_geometry
-from .checks import as_size, check_rows, fail
-from .fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+from .families.fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
+from .framework.checks import as_size, check_rows, fail
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)

@@ -7,29 +7,28 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import FLOAT32, dtype_name
-from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
+from ..dtypes import FLOAT32
+from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_F16
 from ..kernel.geometry import index_block_pools, index_geometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
-from .checks import (
+from .families.scoring import (
+    MAX_POOLS,
+    SCORING_PARAMETERS,
+    aligned16,
+    check_rows_of,
+    check_scoring_inputs,
+    check_table_covers,
+    tensor_core_kind,
+)
+from .framework.checks import (
     as_size,
-    check_batch_index,
-    check_block_table,
     check_rows_and_cache,
     check_writable_rows,
     dtype_fail,
     fail,
-    require_array,
 )
-from .fp8_target import UINT8, check_cache_layout
-from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
-
-HEAD_DIMS = (64, 128, 256)
-MAX_HEADS = 128
-# A logits row is at most this wide: pool ids stay int32 (2^31 - 1 pools is a context of 2^31 tokens at kpool 1).
-MAX_POOLS = (1 << 31) - 1
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
 
 
 @dataclass(frozen=True)
@@ -46,43 +45,11 @@ class IndexLogitsCall:
     max_pools: int | None  # None: the most pools any token sees, read from the device
 
 
-def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str) -> None:
-    require_array(name, array)
-    if np.dtype(array.dtype) != dtype:
-        raise dtype_fail(name, f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
-    if array.ndim != ndim:
-        raise fail(name, f"a {ndim}-D array {shape_rule}", f"shape {tuple(array.shape)}")
-    if array.size and array.shape[-1] > 1 and array.strides[-1] != array.dtype.itemsize:
-        raise fail(name, "a contiguous last dim", f"strides {array.strides}")
-    if array.size and any(s < 0 or s % array.dtype.itemsize for s in array.strides):
-        raise fail(name, "non-negative strides in whole elements", f"strides {array.strides}")
-
-
 def check_max_pools(max_pools: Any) -> None:
     if isinstance(max_pools, bool) or not isinstance(max_pools, (int, np.integer)):
         raise dtype_fail("max_pools", "an integer or None", type(max_pools).__name__)
     if not 0 <= int(max_pools) <= MAX_POOLS:
         raise fail("max_pools", f"an integer in [0, {MAX_POOLS}]", int(max_pools))
-
-
-def check_scoring_inputs(a: CallArgs) -> tuple[int, int, int, int, int, int]:
-    """q, weights, the cache, its table, offsets and lengths, as every scoring op takes them: (num_tokens, heads,
-    head_dim, pages, block_size, batch)."""
-    check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
-    num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
-    if head_dim not in HEAD_DIMS:
-        raise fail("q", f"head_dim (last dim) one of {', '.join(map(str, HEAD_DIMS))}", head_dim)
-    if not 1 <= heads <= MAX_HEADS:
-        raise fail("q", f"1 to {MAX_HEADS} heads (dim 1)", heads)
-    check_rows_of("weights", a.weights, FLOAT32, 2, "[num_tokens, heads]")
-    if tuple(a.weights.shape) != (num_tokens, heads):
-        raise fail(
-            "weights", f"shape [{num_tokens}, {heads}] (q's tokens and heads)", f"shape {tuple(a.weights.shape)}"
-        )
-    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False)
-    batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
-    check_block_table(a.cache_block_table, batch, name="cache_block_table")
-    return num_tokens, heads, head_dim, pages, block_size, batch
 
 
 def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
@@ -105,32 +72,6 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
 def output_shapes(call: IndexLogitsCall, max_pools: int | None) -> dict[str, OutputShape]:
     """``max_pools``: the width the data decided; None where the call fixed it (``call.max_pools``)."""
     return {"out": ((call.num_tokens, call.max_pools if max_pools is None else max_pools), FLOAT32)}
-
-
-def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
-    """Every pool a token sees has its page in the table, inside the cache (host arrays). ``call``: kpool, the
-    cache's block_size and pages (an ``IndexLogitsCall``, or a scoring call's ``scoring``)."""
-    counts = offsets[1:] - offsets[:-1]
-    last = np.where(counts > 0, (lengths + counts) // call.kpool, 0)  # pools the request's last token sees
-    columns = -(-last // call.block_size)
-    wide = columns > table.shape[1]
-    if wide.any():
-        b = int(np.argmax(wide))
-        raise fail(
-            "cache_block_table",
-            f"a column for every visible pool's page (request {b} sees {int(last[b])} pools, "
-            f"block_size {call.block_size})",
-            f"{table.shape[1]} columns",
-        )
-    used = np.arange(table.shape[1])[None, :] < columns[:, None]
-    bad = used & ((table < 0) | (table >= call.pages))
-    if bad.any():
-        b, column = (int(i) for i in np.argwhere(bad)[0])
-        raise fail(
-            "cache_block_table",
-            f"pages in [0, {call.pages}) (num_blocks) for every visible pool",
-            f"{int(table[b, column])} at request {b}, column {column}",
-        )
 
 
 def tokens_per_block(heads: int, tokens: int, batch: int) -> int:
@@ -168,12 +109,6 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
     return Launch(INDEX_LOGITS_FP8, template, values, geometry, o)
 
 
-def aligned16(array: Any, *strides: int) -> bool:
-    from ..kernel.codes import data_pointer
-
-    return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)
-
-
 def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
     """Validate (one host read of the offsets, lengths and table), find max_pools if not given, launch."""
     max_pools = call.max_pools
@@ -201,12 +136,6 @@ def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate:
     return a["out"]
 
 
-def tensor_core_kind(backend: Backend) -> int:
-    """The MMA template argument for the backend's device: the CPU backends take the e4m3 instruction."""
-    kind = getattr(backend, "index_mma", None)
-    return MMA_E4M3 if kind is None else int(kind())
-
-
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8`, running the CUDA kernel on the CPU (host arrays).
 
 The emulated ``mma.sync`` adds each step's 32 exact products in k order in
@@ -214,15 +143,8 @@ float32; a GPU's tensor cores add them in their own order and width."""
 REFERENCE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8` in NumPy: exact e4m3 values, float64 sums, one rounding."""
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
-QUERY = Operand("q", "[num_tokens, heads, head_dim] uint8 (e4m3fn); last dim contiguous")
-WEIGHTS = Operand("weights", "[num_tokens, heads] float32")
-POOLED_CACHE = Operand("cache", "[num_blocks, block_size, head_dim + 4] uint8: the pooled FP8 cache (read only)")
-CACHE_BLOCK_TABLE = Operand("cache_block_table", "[batch, max_blocks] int32: each request's cache pages")
-KPOOL = Option("kpool", "int", check=check_kpool)
 MAX_POOLS_OPTION = Option("max_pools", "int | None", None, check=check_max_pools)
 LOGITS_OUT = Operand("out", "[num_tokens, max_pools] float32", True, True, rows_of="", dtype="float32")
-# What the scorer reads, in its order: the fused select takes the same first.
-SCORING_PARAMETERS = (QUERY, WEIGHTS, POOLED_CACHE, CACHE_BLOCK_TABLE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, KPOOL)
 PARAMETERS = (*SCORING_PARAMETERS, MAX_POOLS_OPTION, LOGITS_OUT, VALIDATE)
 
 

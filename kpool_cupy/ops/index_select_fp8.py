@@ -14,10 +14,9 @@ from ..kernel.declarations import INDEX_SELECT_FP8
 from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
-from .checks import check_rows_and_cache, dtype_fail, fail, require_array
-from .expand_topk import EXPANSION_OPTIONS, check_paged_table
-from .fp8_target import UINT8
-from .index_logits_fp8 import (
+from .families.expansion import EXPANSION_OPTIONS, check_paged_table
+from .families.fp8_target import UINT8
+from .families.scoring import (
     MAX_POOLS,
     SCORING_PARAMETERS,
     aligned16,
@@ -25,8 +24,9 @@ from .index_logits_fp8 import (
     check_table_covers,
     tensor_core_kind,
 )
-from .index_topk import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
+from .framework.checks import check_rows_and_cache, dtype_fail, fail, require_array
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 # Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
 TARGET_BLOCKS = 256

@@ -9,20 +9,15 @@ import numpy as np
 
 from ..dtypes import FLOAT32, INT32
 from ..kernel import codes
-from ..kernel.declarations import INDEX_TOPK, SELECT_CAPS
+from ..kernel.declarations import INDEX_TOPK
 from ..kernel.geometry import select_geometry
-from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
-from .checks import as_size, check_batch_index, check_rows_and_cache, dtype_fail, fail
-from .expand_topk import EXPANSION_OPTIONS, check_paged_table
-from .index_logits_fp8 import MAX_POOLS, check_rows_of
-from .operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
-
-# The most pools a token may select: the shared buffer of the largest instantiation (SELECT_CAPS).
-MAX_POOL_TOPK = SELECT_CAPS[-1]
-# One block a token: a grid of at most 2^31 - 1 blocks.
-MAX_TOKENS = (1 << 31) - 1
+from .families.expansion import EXPANSION_OPTIONS, check_paged_table
+from .families.scoring import MAX_POOLS, check_rows_of
+from .families.selection import MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
+from .framework.checks import as_size, check_batch_index, check_rows_and_cache, fail
+from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
@@ -38,14 +33,6 @@ class IndexTopkCall:
     max_blocks: int  # columns of block_table; 0 without one
     block_size: int  # 0 without a block table
     compact: bool
-
-
-def check_pool_topk(pool_topk: Any) -> None:
-    """An integer (TypeError otherwise) in [1, MAX_POOL_TOPK] (ValueError otherwise)."""
-    if isinstance(pool_topk, bool) or not isinstance(pool_topk, (int, np.integer)):
-        raise dtype_fail("pool_topk", "an integer", type(pool_topk).__name__)
-    if not 1 <= int(pool_topk) <= MAX_POOL_TOPK:
-        raise fail("pool_topk", f"an integer in [1, {MAX_POOL_TOPK}]", int(pool_topk))
 
 
 def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
@@ -71,11 +58,6 @@ def output_shapes(call: IndexTopkCall) -> dict[str, OutputShape]:
     return shapes
 
 
-def select_cap(pool_topk: int) -> int:
-    """The smallest instantiation's buffer that holds pool_topk."""
-    return next(cap for cap in SELECT_CAPS if cap >= pool_topk)
-
-
 def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_index_topk``."""
     o = operands
@@ -92,37 +74,6 @@ def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any]) -> Launch:
     template = {"CAP": select_cap(call.pool_topk), "VECTOR": vector, "IO": o["input_row_offsets"].dtype}
     template |= {"IC": o["cache_lengths"].dtype, "PAGED": paged, "COMPACT": call.compact}
     return Launch(INDEX_TOPK, template, values, select_geometry(call.num_tokens), o)
-
-
-def last_selectable_position(call: Any, offsets: np.ndarray, lengths: np.ndarray, tail: bool):
-    """Each token's last position it could select (any of its visible pools, its tail), -1 for none; and the
-    pools each sees (host arrays, validated). ``call``: num_tokens and kpool."""
-    _, placed, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)
-    last = np.where(visible > 0, visible * call.kpool - 1, -1)
-    if tail:
-        request = np.searchsorted(offsets, np.arange(call.num_tokens), side="right") - 1
-        seen = lengths[request] + np.arange(call.num_tokens) - offsets[request] + 1  # positions it sees
-        last = np.where(placed & (seen % call.kpool > 0), seen - 1, last)
-    return last, visible
-
-
-def check_covered(call: Any, offsets: np.ndarray, lengths: np.ndarray, tail: bool) -> None:
-    """The logits (when the call has them) hold every visible pool, and the block table every selectable
-    position (validate=True). ``call``: num_tokens, kpool, block_size, max_blocks, and logits_width or None."""
-    last, visible = last_selectable_position(call, offsets, lengths, tail)
-    if call.logits_width is not None and visible.size and int(visible.max()) > call.logits_width:
-        t = int(np.argmax(visible))
-        raise fail("logits", f"at least the {int(visible[t])} pools token {t} sees (columns)", call.logits_width)
-    if call.block_size:
-        bad = last // call.block_size >= call.max_blocks
-        if bad.any():
-            t = int(np.argmax(bad))
-            raise fail(
-                "block_table",
-                f"a block for every position token {t} could select (position {int(last[t])} is in block "
-                f"{int(last[t]) // call.block_size}; the selection is not known on the host)",
-                f"{call.max_blocks} blocks a request",
-            )
 
 
 def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
@@ -151,8 +102,6 @@ REFERENCE_DOC = (
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 LOGITS = Operand("logits", "[num_tokens, pools] float32; last dim contiguous")
-KPOOL = Option("kpool", "int", check=check_kpool)
-POOL_TOPK = Option("pool_topk", "int", check=check_pool_topk)
 PARAMETERS = (
     LOGITS,
     INPUT_ROW_OFFSETS,

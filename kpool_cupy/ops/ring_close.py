@@ -9,18 +9,20 @@ import numpy as np
 
 from ..dtypes import INT32, INT32_MAX, signed_index
 from ..kernel import codes
-from ..kernel.declarations import RING_CLOSE
+from ..kernel.declarations import RING_CLOSE, RING_CLOSE_FP8
 from ..kernel.geometry import group_geometry
-from .checks import (
+from .families.destinations import Destination, into_pooled_rows, launch_template, returned
+from .families.fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
+from .families.pooling import check_pooling_inputs
+from .families.rings import check_closed, check_slot_values, check_slots, check_tail
+from .framework.checks import (
     as_size,
     check_out,
     check_out_dtype,
     check_rows_and_cache,
     fail,
 )
-from .compress import check_pooling_inputs
-from .destinations import Destination, into_pooled_rows, launch_template, returned
-from .operands import (
+from .framework.operands import (
     APE,
     CACHE_LENGTHS,
     INPUT_ROW_OFFSETS,
@@ -34,8 +36,7 @@ from .operands import (
     token_ring_template,
     token_ring_values,
 )
-from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
 @dataclass(frozen=True)
@@ -139,4 +140,20 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     kernel=RING_CLOSE,
+)
+
+
+# kpool_ring_close_fp8: ring close with the FP8 epilogue fused (families.fp8_form), into rows or a paged cache.
+# Request b's closed pool lands at output row b, at slots[b], or through block table row b.
+FP8_SLOTS = Operand("slots", "[batch] int64 or int32: each request's cache slot, -1 to skip", optional=True)
+
+
+def fp8_rows_rule(call: RingCloseCall) -> RowsRule:
+    """One row, slot or block table row per request."""
+    return RowsRule(batch=call.batch, min_rows=(call.batch, "one per request"), slot_rows=call.batch)
+
+
+FP8_DOCS = fp8_docs("kpool_ring_close_fp8")
+FP8_SPEC = fp8_form(
+    "kpool_ring_close_fp8", PlainOp(SPEC, pool_into, fp8_rows_rule), RING_CLOSE_FP8, FP8_SLOTS, FP8_DOCS
 )

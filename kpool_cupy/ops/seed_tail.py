@@ -10,8 +10,9 @@ from ..dtypes import signed_index
 from ..kernel.declarations import SEED_TAIL
 from ..kernel.geometry import group_geometry
 from ..pool_offsets import check_kpool
-from .checks import as_size, check_batch_index, check_keys, check_rows_and_cache
-from .operands import (
+from .families.rings import check_slot_values, check_slots, check_tail
+from .framework.checks import as_size, check_batch_index, check_keys, check_rows_and_cache
+from .framework.operands import (
     CACHE_LENGTHS,
     INPUT_ROW_OFFSETS,
     RING,
@@ -22,8 +23,7 @@ from .operands import (
     token_ring_template,
     token_ring_values,
 )
-from .ring_checks import check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, CallArgs, Launch, OpSpec, Option
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, OpSpec, Option
 
 # What the checks learn about a seed tail call: the ring and the call's tokens, nothing written beside.
 SeedTailCall = TokenRingCall

@@ -9,9 +9,13 @@ import numpy as np
 
 from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name, signed_index
 from ..kernel import codes
-from ..kernel.declarations import TAIL_UPDATE
+from ..kernel.declarations import TAIL_UPDATE, TAIL_UPDATE_FP8
 from ..kernel.geometry import decode_geometry
-from .checks import (
+from .families.destinations import Destination, into_pooled_rows, launch_template, returned
+from .families.fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
+from .families.fp8_target import check_rotation_head_dim
+from .families.rings import check_closed, check_slot_values, check_slots, check_tail
+from .framework.checks import (
     MAX_HEAD_DIM,
     OUTPUT_DTYPES,
     as_size,
@@ -23,11 +27,8 @@ from .checks import (
     fail,
     require_array,
 )
-from .destinations import Destination, into_pooled_rows, launch_template, returned
-from .fp8_target import check_rotation_head_dim
-from .operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_template, ring_vector
-from .ring_checks import check_closed, check_slot_values, check_slots, check_tail
-from .spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape, is_pair
+from .framework.operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_template, ring_vector
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape, is_pair
 
 
 @dataclass(frozen=True)
@@ -212,3 +213,14 @@ SPEC = OpSpec(
     output_shapes,
     kernel=TAIL_UPDATE,
 )
+
+
+# kpool_tail_update_fp8: the decode step with the FP8 epilogue fused (families.fp8_form), into rows or a paged
+# cache. Request r's j-th closed pool lands at output row [r, j] or through block table row r; no slots.
+def fp8_rows_rule(call: TailUpdateCall) -> RowsRule:
+    """Rows ``[R, ceil(next_n / kpool)]``, C-contiguous; a block table row per request."""
+    return RowsRule(batch=call.requests, leading=(call.requests, call.pools_per_request))
+
+
+FP8_DOCS = fp8_docs("kpool_tail_update_fp8")
+FP8_SPEC = fp8_form("kpool_tail_update_fp8", PlainOp(SPEC, pool_into, fp8_rows_rule), TAIL_UPDATE_FP8, None, FP8_DOCS)

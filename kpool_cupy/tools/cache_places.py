@@ -2,7 +2,7 @@
 
 The cache is uint8 ``[pages, BLOCK, head_dim + 4]``: a page's ``BLOCK``
 rows of e4m3fn bytes, then their ``BLOCK`` float32 scales (the layout vLLM
-and SGLang share, ``ops/fp8_target.py``). Flat slot ``s`` is entry
+and SGLang share, ``ops/families/fp8_target.py``). Flat slot ``s`` is entry
 ``s % BLOCK`` of page ``s // BLOCK``.
 """
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .. import reference
 from ..backends.reference_epilogue import epilogue, rotate
-from ..ops.fp8_target import check_rotation_head_dim
+from ..ops.families.fp8_target import check_rotation_head_dim
 from .cache_places import empty_cache, filled_cache, places
 from .cases import Case
 

@@ -12,8 +12,8 @@ from ..dtypes import element_dtype
 from ..kernel.declarations import MMA_E4M3, MMA_F16, Kernel
 from ..kernel.nvrtc import check_variant
 from ..ops import OPS
-from ..ops.fp8_target import check_rotation_head_dim
-from ..ops.index_logits_fp8 import HEAD_DIMS as SCORER_HEAD_DIMS
+from ..ops.families.fp8_target import check_rotation_head_dim
+from ..ops.families.scoring import HEAD_DIMS as SCORER_HEAD_DIMS
 
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
 OP_KERNELS: dict[str, Kernel] = {spec.name.removeprefix("kpool_"): spec.kernel for spec in OPS if spec.kernel}

@@ -43,7 +43,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 from ..functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
 from ..functions import DEFINITIONS as _DEFINITIONS
-from ..ops.binding import bind_into as _bind_into
+from ..ops.framework.binding import bind_into as _bind_into
 from .registry import register as _register
 from .wrappers import BINDING as _BINDING
 

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.results import given_outputs, output_keys
-from ..ops.spec import OpSpec
+from ..ops.framework.results import given_outputs, output_keys
+from ..ops.framework.spec import OpSpec
 from .schema import Overload
 from .tensors import from_cupy, from_numpy, metadata, numpy_dtype, to_cupy, to_numpy, torch_dtype
 

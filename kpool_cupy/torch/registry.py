@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.spec import OpSpec
+from ..ops.framework.spec import OpSpec
 from ..pool_offsets import pool_row_offsets
 from .kernels import cpu_kernel, cuda_kernel, fake_kernel, gather_arguments
 from .schema import NAMESPACE, POOL_ROW_OFFSETS_SCHEMA, SPECS, Overload, op_name, overloads

@@ -25,8 +25,8 @@ import string
 from dataclasses import dataclass
 
 from ..ops import OPS
-from ..ops.results import all_results, cache_target, given_outputs, remaining_results
-from ..ops.spec import REQUIRED, Operand, OpSpec, Option
+from ..ops.framework.results import all_results, cache_target, given_outputs, remaining_results
+from ..ops.framework.spec import REQUIRED, Operand, OpSpec, Option
 
 # The ops torch.ops.kpool has: every op.
 SPECS: tuple[OpSpec, ...] = OPS

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.binding import Binding
-from ..ops.checks import check_bool, check_out_dtype, dtype_fail, fail, given_without, missing_with
-from ..ops.results import all_results, cache_target, given_outputs
-from ..ops.spec import OpSpec, Option, is_pair, pair_error
+from ..ops.framework.binding import Binding
+from ..ops.framework.checks import check_bool, check_out_dtype, dtype_fail, fail, given_without, missing_with
+from ..ops.framework.results import all_results, cache_target, given_outputs
+from ..ops.framework.spec import OpSpec, Option, is_pair, pair_error
 from .schema import NAMESPACE, op_name
 from .tensors import torch_dtype
 

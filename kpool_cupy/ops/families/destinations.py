@@ -5,7 +5,7 @@ destination; the destination decides the kernel of the family that writes
 there, the outputs to allocate, the checks of ``validate=True`` on where
 each pool lands, and its share of the launch (values, template, VECTOR
 bit). So an op's ``_fp8`` form is the same op with ``Fp8Rows`` in place of
-``PooledRows`` (``ops/fp8_form.py``), and a new destination is one class
+``PooledRows`` (``ops/families/fp8_form.py``), and a new destination is one class
 here, not a copy of three ops.
 """
 
@@ -17,12 +17,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..dtypes import FLOAT32
-from ..kernel import codes
-from ..kernel.declarations import Kernel
-from .checks import fail
+from ...dtypes import FLOAT32
+from ...kernel import codes
+from ...kernel.declarations import Kernel
+from ..framework.checks import fail
+from ..framework.spec import Backend
 from .fp8_target import ROWS, SLOTS, UINT8, Fp8Placement, check_destinations, sink_template, sink_values, sink_vector
-from .spec import Backend
 
 # Which pools a call writes, for the checks of where they land (host arrays):
 # each one's index into slots (its output row, or its request for ring

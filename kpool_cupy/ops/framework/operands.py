@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import codes
+from ...kernel import codes
+from ...pool_offsets import check_kpool
 from .spec import Operand, Option, is_pair
 
 TOKEN_K = Operand("k", "[total_tokens, head_dim] bfloat16, float16 or float32; last dim contiguous")
@@ -21,6 +22,8 @@ ROTATE = Option("rotate", "bool", False)
 APE = Operand("ape", "float32 [kpool, head_dim]")
 INPUT_ROW_OFFSETS = Operand("input_row_offsets", "[batch + 1] int32, uint32 or int64")
 CACHE_LENGTHS = Operand("cache_lengths", "[batch] int32, uint32 or int64")
+# kpool as an option: keyword-only, required where no array says it (ape's rows do for the pooling ops).
+KPOOL = Option("kpool", "int", check=check_kpool)
 SLOT_IDX = Operand("slot_idx", "[requests] int32, uint32 or int64: each request's ring")
 _RING_RULE = (
     "[max_slots, 2, ring >= kpool, head_dim] in k's dtype, or a pair (key_ring, gate_ring) of "

@@ -4,10 +4,10 @@ Each op module of ``ops.OPS`` builds one ``OpSpec`` (an ``_fp8`` form builds
 its spec from its plain op's, ``fp8_form``). Its ``check`` turns the arrays
 (by name) and options into a call record; its ``run`` checks array contents
 when asked, sizes and allocates the outputs, and hands ``Launch`` records
-to the backend (``ops.binding.execute`` runs the two, with the overlap rule
+to the backend (``ops.framework.binding.execute`` runs the two, with the overlap rule
 between them). A backend only places memory and runs launches
 (``Backend``); the public functions are bound from the spec
-(``ops.binding``).
+(``ops.framework.binding``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..kernel.declarations import Kernel
-from ..kernel.geometry import LaunchGeometry
+from ...kernel.declarations import Kernel
+from ...kernel.geometry import LaunchGeometry
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ class OpSpec:
     ``run(backend, call, arrays, **options)`` is the rest of the call flow,
     with the arrays already placed by the backend. Between the two the
     framework refuses outputs that share memory with anything else, from
-    what ``parameters`` say each operand is (``ops.binding.execute``).
+    what ``parameters`` say each operand is (``ops.framework.binding.execute``).
     ``results`` names what the op returns: one name returns one array,
     several a tuple, none returns None. ``docs`` holds the public docstring
     of each binding ("cupy", "emulate", "reference"). ``outputs(call,

@@ -20,9 +20,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..dtypes import FLOAT32
-from ..kernel.declarations import Kernel
-from .checks import fail
+from ...dtypes import FLOAT32
+from ...kernel.declarations import Kernel
+from ..framework.checks import fail
+from ..framework.spec import Backend, CallArgs, Operand, OpSpec, OutputShape
 from .destinations import Fp8Rows
 from .fp8_target import (
     BLOCK_TABLE_IN,
@@ -35,7 +36,6 @@ from .fp8_target import (
     check_rotation_head_dim,
     check_target,
 )
-from .spec import Backend, CallArgs, Operand, OpSpec, OutputShape
 
 # The plain op's options the FP8 form does not take: the epilogue fixes both.
 _PLAIN_ONLY = ("out_dtype", "rotate")

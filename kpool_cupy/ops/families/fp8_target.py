@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import FLOAT32, INT32, dtype_name
-from ..kernel import codes
-from .checks import (
+from ...dtypes import FLOAT32, INT32, dtype_name
+from ...kernel import codes
+from ..framework.checks import (
     as_size,
     check_block_table,
     check_contiguous,
@@ -35,7 +35,7 @@ from .checks import (
     missing_with,
     require_array,
 )
-from .spec import Operand, Option
+from ..framework.spec import Operand, Option
 
 UINT8 = np.dtype(np.uint8)
 INT64 = np.dtype(np.int64)

@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, dtype_name, element_dtype
-from ..kernel.codes import data_pointer
-from ..kernel.geometry import MAX_HEAD_DIM
+from ...dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, dtype_name, element_dtype
+from ...kernel.codes import data_pointer
+from ...kernel.geometry import MAX_HEAD_DIM
 from .spec import Operand, spread
 
 # Cache lengths at or above this would overflow 64-bit position arithmetic

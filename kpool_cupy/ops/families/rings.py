@@ -6,9 +6,9 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INT32, dtype_name
-from .checks import as_size, check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
-from .spec import is_pair, pair_error
+from ...dtypes import INT32, dtype_name
+from ..framework.checks import as_size, check_contiguous, check_index, check_writable, dtype_fail, fail, require_array
+from ..framework.spec import is_pair, pair_error
 
 # The most rows a ring may have: far above kpool + next_n - 1 for any real
 # speculative decoder, and small enough that row arithmetic stays far from

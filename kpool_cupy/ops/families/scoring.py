@@ -1,0 +1,121 @@
+"""Scoring: query tokens against the pooled FP8 cache, as kpool_index_logits_fp8 and the fused select read it.
+
+    logit[t, p] = sum over h of weights[t, h] * relu(s[p] * dot(q[t, h, :], k[p, :]))
+
+The operands the two share (q, weights, the cache and its block table), their checks, the page layout the
+cache must have, and the tensor-core instruction a backend runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...dtypes import FLOAT32, dtype_name
+from ...kernel.codes import data_pointer
+from ...kernel.declarations import MMA_E4M3
+from ..framework.checks import (
+    as_size,
+    check_batch_index,
+    check_block_table,
+    dtype_fail,
+    fail,
+    require_array,
+)
+from ..framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
+from ..framework.spec import Backend, CallArgs, Operand
+from .fp8_target import UINT8, check_cache_layout
+
+HEAD_DIMS = (64, 128, 256)
+
+
+MAX_HEADS = 128
+
+
+# A logits row is at most this wide: pool ids stay int32 (2^31 - 1 pools is a context of 2^31 tokens at kpool 1).
+MAX_POOLS = (1 << 31) - 1
+
+
+def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str) -> None:
+    require_array(name, array)
+    if np.dtype(array.dtype) != dtype:
+        raise dtype_fail(name, f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
+    if array.ndim != ndim:
+        raise fail(name, f"a {ndim}-D array {shape_rule}", f"shape {tuple(array.shape)}")
+    if array.size and array.shape[-1] > 1 and array.strides[-1] != array.dtype.itemsize:
+        raise fail(name, "a contiguous last dim", f"strides {array.strides}")
+    if array.size and any(s < 0 or s % array.dtype.itemsize for s in array.strides):
+        raise fail(name, "non-negative strides in whole elements", f"strides {array.strides}")
+
+
+def check_scoring_inputs(a: CallArgs) -> tuple[int, int, int, int, int, int]:
+    """q, weights, the cache, its table, offsets and lengths, as every scoring op takes them: (num_tokens, heads,
+    head_dim, pages, block_size, batch)."""
+    check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
+    num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
+    if head_dim not in HEAD_DIMS:
+        raise fail("q", f"head_dim (last dim) one of {', '.join(map(str, HEAD_DIMS))}", head_dim)
+    if not 1 <= heads <= MAX_HEADS:
+        raise fail("q", f"1 to {MAX_HEADS} heads (dim 1)", heads)
+    check_rows_of("weights", a.weights, FLOAT32, 2, "[num_tokens, heads]")
+    if tuple(a.weights.shape) != (num_tokens, heads):
+        raise fail(
+            "weights", f"shape [{num_tokens}, {heads}] (q's tokens and heads)", f"shape {tuple(a.weights.shape)}"
+        )
+    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False)
+    batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
+    check_block_table(a.cache_block_table, batch, name="cache_block_table")
+    return num_tokens, heads, head_dim, pages, block_size, batch
+
+
+def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
+    """Every pool a token sees has its page in the table, inside the cache (host arrays). ``call``: kpool, the
+    cache's block_size and pages (an ``IndexLogitsCall``, or a scoring call's ``scoring``)."""
+    counts = offsets[1:] - offsets[:-1]
+    last = np.where(counts > 0, (lengths + counts) // call.kpool, 0)  # pools the request's last token sees
+    columns = -(-last // call.block_size)
+    wide = columns > table.shape[1]
+    if wide.any():
+        b = int(np.argmax(wide))
+        raise fail(
+            "cache_block_table",
+            f"a column for every visible pool's page (request {b} sees {int(last[b])} pools, "
+            f"block_size {call.block_size})",
+            f"{table.shape[1]} columns",
+        )
+    used = np.arange(table.shape[1])[None, :] < columns[:, None]
+    bad = used & ((table < 0) | (table >= call.pages))
+    if bad.any():
+        b, column = (int(i) for i in np.argwhere(bad)[0])
+        raise fail(
+            "cache_block_table",
+            f"pages in [0, {call.pages}) (num_blocks) for every visible pool",
+            f"{int(table[b, column])} at request {b}, column {column}",
+        )
+
+
+def aligned16(array: Any, *strides: int) -> bool:
+    """Whether ``array``'s data and every stride given (in bytes) are multiples of 16: the 16-byte path's rule."""
+    return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)
+
+
+def tensor_core_kind(backend: Backend) -> int:
+    """The MMA template argument for the backend's device: the CPU backends take the e4m3 instruction."""
+    kind = getattr(backend, "index_mma", None)
+    return MMA_E4M3 if kind is None else int(kind())
+
+
+QUERY = Operand("q", "[num_tokens, heads, head_dim] uint8 (e4m3fn); last dim contiguous")
+
+
+WEIGHTS = Operand("weights", "[num_tokens, heads] float32")
+
+
+POOLED_CACHE = Operand("cache", "[num_blocks, block_size, head_dim + 4] uint8: the pooled FP8 cache (read only)")
+
+
+CACHE_BLOCK_TABLE = Operand("cache_block_table", "[batch, max_blocks] int32: each request's cache pages")
+
+
+# What the scorer reads, in its order: the fused select takes the same first.
+SCORING_PARAMETERS = (QUERY, WEIGHTS, POOLED_CACHE, CACHE_BLOCK_TABLE, INPUT_ROW_OFFSETS, CACHE_LENGTHS, KPOOL)
