@@ -58,6 +58,24 @@ def _op_option(help: str) -> Callable[..., Any]:
     return click.option("--op", type=click.Choice(list(OP_NAMES)), default="compress", show_default=True, help=help)
 
 
+# The bench's switches, each a set of records on by default (``--fp8/--no-fp8``), in the order of ``--help``.
+_RECORD_SWITCHES = (
+    ("decode-side", "Also time the tail update and expand top-k against their composites."),
+    ("fp8", "Also time kpool_compress_fp8 into a paged cache against the unfused sequence, and hadamard_quant_fp8."),
+    ("sweep", "Time kpool_compress over the sweep's shapes (the records above run first either way)."),
+    ("index", "Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite."),
+    ("select", "Also time kpool_index_select_fp8 against the scorer then kpool_index_topk, and a torch composite."),
+    ("backward", "Also time kpool_compress_backward against torch autograd through an eager implementation."),
+)
+
+
+def _record_switches(command: Callable[..., Any]) -> Callable[..., Any]:
+    """``--NAME/--no-NAME`` for every switch of ``_RECORD_SWITCHES`` (default on), onto ``command``."""
+    for name, help in reversed(_RECORD_SWITCHES):
+        command = click.option(f"--{name}/--no-{name}", default=True, show_default=True, help=help)(command)
+    return command
+
+
 def _skip(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> tuple[str, ...]:
     from .bench.impls import IMPLEMENTATIONS
 
@@ -290,42 +308,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
 @click.option(
     "--skip", multiple=True, callback=_skip, help="Implementation to leave out (repeatable), e.g. torch-compile."
 )
-@click.option(
-    "--decode-side/--no-decode-side",
-    default=True,
-    show_default=True,
-    help="Also time the tail update and expand top-k against their composites.",
-)
-@click.option(
-    "--fp8/--no-fp8",
-    default=True,
-    show_default=True,
-    help="Also time kpool_compress_fp8 into a paged cache against the unfused sequence, and hadamard_quant_fp8.",
-)
-@click.option(
-    "--sweep/--no-sweep",
-    default=True,
-    show_default=True,
-    help="Time kpool_compress over the sweep's shapes (the records above run first either way).",
-)
-@click.option(
-    "--index/--no-index",
-    default=True,
-    show_default=True,
-    help="Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite.",
-)
-@click.option(
-    "--select/--no-select",
-    default=True,
-    show_default=True,
-    help="Also time kpool_index_select_fp8 against the scorer then kpool_index_topk, and a torch composite.",
-)
-@click.option(
-    "--backward/--no-backward",
-    default=True,
-    show_default=True,
-    help="Also time kpool_compress_backward against torch autograd through an eager implementation.",
-)
+@_record_switches
 def bench(
     json_file: str | None,
     plot_file: str | None,

@@ -155,13 +155,14 @@ _ELEMENTS = (typename("KT"), typename("GT"))
 _SIZES = (integer("HEAD_DIM"), integer("KPOOL"), integer("VECTOR"))
 _RING_ELEMENTS = (typename("T"), typename("G"))
 
+# A ragged batch's requests: each one's first token row and its cached prefix.
+_BATCH = (Param("input_row_offsets", "const IO*"), Param("cache_lengths", "const IC*"))
 # The pooling inputs of compress and its FP8 form: tokens, ape, offsets.
 _COMPRESS_INPUTS = (
     *rows("k", "const KT*"),
     *rows("gate", "const GT*"),
     *rows("ape", "const float*"),
-    Param("input_row_offsets", "const IO*"),
-    Param("cache_lengths", "const IC*"),
+    *_BATCH,
     Param("pool_row_offsets", "const IP*"),
     *longs("batch", "total_tokens"),
 )
@@ -183,8 +184,7 @@ def ring(writable: bool) -> tuple[Param, ...]:
 # stride named apart from the ring's).
 _RING_TOKENS = (*rows("k", "const T*"), *rows("gate", "const G*", "gate_row_stride_tokens"))
 _REQUESTS = (
-    Param("input_row_offsets", "const IO*"),
-    Param("cache_lengths", "const IC*"),
+    *_BATCH,
     Param("slot_idx", "const IS*"),
     *longs("batch", "total_tokens"),
 )
@@ -264,8 +264,7 @@ COMPRESS_BACKWARD_REST = Kernel(
     "kpool_compress.cu",
     (*_ELEMENTS, *_SIZES, index("IO"), index("IC"), index("IP")),
     (
-        Param("input_row_offsets", "const IO*"),
-        Param("cache_lengths", "const IC*"),
+        *_BATCH,
         Param("pool_row_offsets", "const IP*"),
         *longs("batch", "total_tokens"),
         *rows("grad_k", "KT*"),
@@ -326,8 +325,7 @@ EXPAND_TOPK = Kernel(
     (
         Param("pool_ids", "const IPID*"),
         Param("pool_topk", "long long"),
-        Param("input_row_offsets", "const IO*"),
-        Param("cache_lengths", "const IC*"),
+        *_BATCH,
         *longs("batch", "total_tokens"),
         *_EXPANSION,
     ),
@@ -360,8 +358,7 @@ def scoring_inputs(page_size: str) -> tuple[Param, ...]:
         *longs("page_stride", "pages", page_size),
         Param("cache_block_table", "const int*"),
         *longs("table_columns", "table_stride"),
-        Param("input_row_offsets", "const IO*"),
-        Param("cache_lengths", "const IC*"),
+        *_BATCH,
     )
 
 
@@ -386,8 +383,7 @@ INDEX_TOPK = Kernel(
     (
         Param("logits", "const float*"),
         *longs("logits_stride", "logits_width"),
-        Param("input_row_offsets", "const IO*"),
-        Param("cache_lengths", "const IC*"),
+        *_BATCH,
         *longs("batch", "num_tokens", "kpool", "pool_topk"),
         *_EXPANSION,
     ),

@@ -7,12 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INDEX_DTYPES, INT32, signed_index
-from ..kernel import codes
+from ..dtypes import INDEX_DTYPES, signed_index
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import flat_geometry
 from ..pool_offsets import check_kpool
-from .families.expansion import ALWAYS_SELECT_TAIL, BLOCK_SIZE, BLOCK_TABLE, COMPACT, check_paged_table
+from .families import expansion
 from .framework.checks import (
     as_size,
     check_batch_index,
@@ -27,17 +26,11 @@ from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec
 
 
 @dataclass(frozen=True)
-class ExpandCall:
+class ExpandCall(expansion.Expansion):
     """What the checks learned about an expand top-k call."""
 
-    kpool: int
     batch: int
     total_tokens: int
-    pool_topk: int
-    width: int  # columns of positions: pool_topk * kpool, plus kpool - 1 with always_select_tail
-    max_blocks: int  # columns of block_table; 0 without one
-    block_size: int  # 0 without a block table
-    compact: bool
 
 
 def check_expand_topk_args(a: CallArgs) -> ExpandCall:
@@ -49,32 +42,22 @@ def check_expand_topk_args(a: CallArgs) -> ExpandCall:
         raise fail("pool_ids", "a 2-D array [total_tokens, pool_topk]", f"shape {tuple(a.pool_ids.shape)}")
     check_contiguous("pool_ids", a.pool_ids)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
-    kpool = int(a.kpool)
-    pool_topk = as_size(a.pool_ids.shape[1])
-    width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
-    max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
-    return ExpandCall(kpool, batch, as_size(a.pool_ids.shape[0]), pool_topk, width, max_blocks, size, bool(a.compact))
+    expanded = expansion.check(a, batch, as_size(a.pool_ids.shape[1]))
+    return ExpandCall(**expanded, batch=batch, total_tokens=as_size(a.pool_ids.shape[0]))
 
 
 def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:
-    shapes = {"positions": ((call.total_tokens, call.width), INT32)}
-    if call.compact:
-        shapes["counts"] = ((call.total_tokens,), INT32)
-    return shapes
+    return expansion.output_shapes(call, call.total_tokens)
 
 
 def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_expand_topk``."""
     o = operands
-    paged = o.get("block_table") is not None
-    values = {name: o[name] for name in ("pool_ids", "input_row_offsets", "cache_lengths", "positions")}
+    values, template = expansion.launch_values(call, o)
+    values |= {name: o[name] for name in ("pool_ids", "input_row_offsets", "cache_lengths")}
     values |= {"pool_topk": call.pool_topk, "batch": call.batch, "total_tokens": call.total_tokens}
-    values |= {"block_table": o["block_table"] if paged else o["positions"]}  # any int32 array where none is read
-    values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
-    values |= {"block_size": max(call.block_size, 1), "width": call.width}
-    values |= {"counts": o["counts"] if call.compact else o["positions"]}  # written only when compacting
-    template = {"KPOOL": call.kpool, "IPID": o["pool_ids"].dtype, "IO": o["input_row_offsets"].dtype}
-    template |= {"IC": o["cache_lengths"].dtype, "PAGED": paged, "COMPACT": call.compact}
+    template |= {"KPOOL": call.kpool, "IPID": o["pool_ids"].dtype, "IO": o["input_row_offsets"].dtype}
+    template |= {"IC": o["cache_lengths"].dtype}
     # One thread per element, or per token row when compacting.
     geometry = flat_geometry(call.total_tokens if call.compact else call.total_tokens * call.width)
     return Launch(EXPAND_TOPK, template, values, geometry, o)
@@ -85,18 +68,13 @@ def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, l
     tokens = np.arange(call.total_tokens)
     request = np.searchsorted(offsets, tokens, side="right") - 1
     last = np.where(ids >= 0, ids.astype(np.int64) * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
-    if call.width > call.pool_topk * call.kpool:  # the tail: visible - 1 at most, none when visible % kpool == 0
+    if call.tail:  # the tail: visible - 1 at most, none when visible % kpool == 0
         visible = lengths[request] + tokens - offsets[request] + 1
         last = np.maximum(last, np.where(visible % call.kpool > 0, visible - 1, -1))
-    bad = last // call.block_size >= call.max_blocks
-    if bad.any():
-        t = int(np.argmax(bad))
-        raise fail(
-            "block_table",
-            f"a block for every selected position (position {int(last[t])} of token {t}, request "
-            f"{int(request[t])}, is in block {int(last[t]) // call.block_size})",
-            f"{call.max_blocks} blocks a request",
-        )
+    expansion.check_blocks_reach(call, last, lambda t: (
+        f"a block for every selected position (position {int(last[t])} of token {t}, request "
+        f"{int(request[t])}, is in block {int(last[t]) // call.block_size})"
+    ))  # fmt: skip
 
 
 def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
@@ -111,18 +89,13 @@ def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool
         if block_table is not None:
             ids = signed_index(host[2], pool_ids.dtype).reshape(call.total_tokens, call.pool_topk)
             check_blocks_cover(call, ids, host[0], host[1])
-    # Every element is written, so no zero fill (ring close and tail update
-    # zero theirs: the rows of pools that did not close are left alone).
-    shapes = output_shapes(call)
-    positions = backend.empty(*shapes["positions"])
-    counts = backend.empty(*shapes["counts"]) if call.compact else None
-    if positions.size:
+
+    def launch(positions: Any, counts: Any) -> None:
         operands = {"pool_ids": pool_ids, "input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths}
-        operands |= {"block_table": block_table, "positions": positions, "counts": counts}
-        backend.launch(expand_launch(call, operands))
-    elif counts is not None and counts.size:
-        counts[...] = 0
-    return (positions, counts) if call.compact else positions
+        backend.launch(expand_launch(call, operands | {"block_table": block_table, "positions": positions,
+                                                       "counts": counts}))  # fmt: skip
+
+    return expansion.expand_into(backend, call, call.total_tokens, launch)
 
 
 POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
@@ -131,11 +104,11 @@ PARAMETERS = (
     INPUT_ROW_OFFSETS,
     CACHE_LENGTHS,
     KPOOL,
-    ALWAYS_SELECT_TAIL,
+    expansion.ALWAYS_SELECT_TAIL,
     VALIDATE,
-    BLOCK_TABLE,
-    BLOCK_SIZE,
-    COMPACT,
+    expansion.BLOCK_TABLE,
+    expansion.BLOCK_SIZE,
+    expansion.COMPACT,
 )
 EMULATE_DOC = """Selected pool ids to token positions, running the CUDA kernel on the CPU.
 

@@ -23,9 +23,9 @@ from .families.scoring import (
 )
 from .framework.checks import (
     as_size,
+    check_integer,
     check_rows_and_cache,
     check_writable_rows,
-    dtype_fail,
     fail,
 )
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
@@ -46,10 +46,7 @@ class IndexLogitsCall:
 
 
 def check_max_pools(max_pools: Any) -> None:
-    if isinstance(max_pools, bool) or not isinstance(max_pools, (int, np.integer)):
-        raise dtype_fail("max_pools", "an integer or None", type(max_pools).__name__)
-    if not 0 <= int(max_pools) <= MAX_POOLS:
-        raise fail("max_pools", f"an integer in [0, {MAX_POOLS}]", int(max_pools))
+    check_integer("max_pools", max_pools, 0, MAX_POOLS, or_none=True)
 
 
 def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:

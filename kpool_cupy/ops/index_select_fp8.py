@@ -8,13 +8,12 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INT32
 from ..kernel import codes
 from ..kernel.declarations import INDEX_SELECT_FP8
 from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
-from .families.expansion import EXPANSION_OPTIONS, check_paged_table
+from .families import expansion
 from .families.fp8_target import UINT8
 from .families.scoring import (
     MAX_POOLS,
@@ -25,7 +24,7 @@ from .families.scoring import (
     tensor_core_kind,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import check_rows_and_cache, dtype_fail, fail, require_array
+from .framework.checks import check_integer, check_rows_and_cache, dtype_fail, fail, require_array
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 # Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
@@ -56,10 +55,7 @@ def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
     zeroed buffer serves every batch size) and, per token and split, pool_topk keys and ids
     (kernels/kpool_index_select.cu's ``kp::select_workspace``)."""
     check_pool_topk(pool_topk)
-    if isinstance(num_tokens, bool) or not isinstance(num_tokens, (int, np.integer)):
-        raise dtype_fail("num_tokens", "an integer", type(num_tokens).__name__)
-    if num_tokens < 0:
-        raise fail("num_tokens", "a non-negative integer", int(num_tokens))
+    check_integer("num_tokens", num_tokens, 0)
     splits = select_splits(int(num_tokens), int(pool_topk))
     if splits == 1:
         return 0
@@ -68,21 +64,15 @@ def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
 
 
 @dataclass(frozen=True)
-class IndexSelectCall:
+class IndexSelectCall(expansion.Expansion):
     """What the checks learned about a fused scoring and selection call."""
 
     num_tokens: int
     heads: int
     head_dim: int
     batch: int
-    kpool: int
     pages: int
     cache_block_size: int
-    pool_topk: int
-    width: int  # columns of positions: pool_topk * kpool, plus kpool - 1 with always_select_tail
-    max_blocks: int  # columns of block_table; 0 without one
-    block_size: int  # the token table's; 0 without one
-    compact: bool
 
     @property
     def logits_width(self) -> None:  # no logits: check_covered's logits check does not apply
@@ -93,11 +83,9 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
     check_kpool(a.kpool)
     check_pool_topk(a.pool_topk)
     num_tokens, heads, head_dim, pages, cache_block_size, batch = check_scoring_inputs(a)
-    kpool, pool_topk = int(a.kpool), int(a.pool_topk)
     if num_tokens > MAX_TOKENS:  # pools are split over blocks for 128 tokens or fewer only
         raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
-    width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
-    max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
+    expanded = expansion.check(a, batch, int(a.pool_topk))
     if a.workspace is not None:  # its size in run: it depends on num_tokens, which torch.compile keeps symbolic
         require_array("workspace", a.workspace)
         if np.dtype(a.workspace.dtype) != UINT8:
@@ -109,40 +97,30 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
             raise fail(
                 "workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16"
             )
-    return IndexSelectCall(
-        num_tokens, heads, head_dim, batch, kpool, pages, cache_block_size, pool_topk, width, max_blocks, size,
-        bool(a.compact),
-    )  # fmt: skip
+    return IndexSelectCall(**expanded, num_tokens=num_tokens, heads=heads, head_dim=head_dim, batch=batch,
+                           pages=pages, cache_block_size=cache_block_size)  # fmt: skip
 
 
 def output_shapes(call: IndexSelectCall) -> dict[str, OutputShape]:
-    shapes = {"positions": ((call.num_tokens, call.width), INT32)}
-    if call.compact:
-        shapes["counts"] = ((call.num_tokens,), INT32)
-    return shapes
+    return expansion.output_shapes(call, call.num_tokens)
 
 
 def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: int, splits: int) -> Launch:
     """The launch of ``kpool_index_select_fp8``."""
     o = operands
-    q, weights, cache, table, positions = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "positions"))
-    paged = o.get("block_table") is not None
-    values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
+    q, weights, cache, table = (o[n] for n in ("q", "weights", "cache", "cache_block_table"))
+    values, template = expansion.launch_values(call, o)
+    values |= {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
     values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
     values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages}
     values |= {"cache_block_size": call.cache_block_size, "cache_block_table": table}
     values |= {"table_columns": table.shape[1], "table_stride": table.strides[0] // 4}
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
     values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool, "pool_topk": call.pool_topk}
-    values |= {"block_table": o["block_table"] if paged else positions}  # any int32 array where none is read
-    values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
-    values |= {"block_size": max(call.block_size, 1), "positions": positions, "width": call.width}
-    values |= {"counts": o["counts"] if call.compact else positions}  # written only when compacting
     values |= {"workspace": o["workspace"], "splits": splits}
     vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
-    template = {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": select_cap(call.pool_topk)}
+    template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": select_cap(call.pool_topk)}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
-    template |= {"PAGED": paged, "COMPACT": call.compact}
     geometry = LaunchGeometry(grid=call.num_tokens * splits, block=SELECT_THREADS, items=call.num_tokens)
     return Launch(INDEX_SELECT_FP8, template, values, geometry, o)
 
@@ -175,28 +153,23 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
                        f"{int(visible[t])} pools at token {t}")  # fmt: skip
         scoring = SimpleNamespace(kpool=call.kpool, block_size=call.cache_block_size, pages=call.pages)
         check_table_covers(scoring, host[2].reshape(table.shape), lengths, offsets)
-        check_covered(call, offsets, lengths, call.width > call.pool_topk * call.kpool)
+        check_covered(call, offsets, lengths, call.tail)
         if counters and host[3].any():
             raise fail(
                 "workspace",
                 f"its first {counters} bytes zero (a fresh zeroed buffer, or one a previous call left)",
                 "non-zero bytes",
             )
-    shapes = output_shapes(call)
-    positions = backend.empty(*shapes["positions"])
-    if needed == 0:
-        workspace = positions  # one block a token: the kernel never touches it
-    elif workspace is None:
-        workspace = backend.zeros((needed,), UINT8)
-    counts = backend.empty(*shapes["counts"]) if call.compact else None
-    if positions.size:
+
+    def launch(positions: Any, counts: Any) -> None:
+        # One block a token needs no workspace: the kernel never touches it, so any array stands in.
+        space = positions if needed == 0 else workspace if workspace is not None else backend.zeros((needed,), UINT8)
         operands = {n: a[n] for n in ("q", "weights", "cache", "cache_block_table", "input_row_offsets")}
         operands |= {"cache_lengths": a["cache_lengths"], "block_table": a["block_table"]}
-        operands |= {"positions": positions, "counts": counts, "workspace": workspace}
+        operands |= {"positions": positions, "counts": counts, "workspace": space}
         backend.launch(index_select_launch(call, operands, tensor_core_kind(backend), splits))
-    elif counts is not None and counts.size:
-        counts[...] = 0
-    return (positions, counts) if call.compact else positions
+
+    return expansion.expand_into(backend, call, call.num_tokens, launch)
 
 
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_select_fp8`, running the CUDA kernel on the CPU (host arrays)."""
@@ -209,7 +182,7 @@ WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; z
 PARAMETERS = (
     *SCORING_PARAMETERS,
     POOL_TOPK,
-    *EXPANSION_OPTIONS,
+    *expansion.OPTIONS,
     WORKSPACE,
     VALIDATE,
 )

@@ -7,12 +7,12 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import FLOAT32, INT32
+from ..dtypes import FLOAT32
 from ..kernel import codes
 from ..kernel.declarations import INDEX_TOPK
 from ..kernel.geometry import select_geometry
 from ..pool_offsets import check_kpool
-from .families.expansion import EXPANSION_OPTIONS, check_paged_table
+from .families import expansion
 from .families.scoring import MAX_POOLS, check_rows_of
 from .families.selection import MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
 from .framework.checks import as_size, check_batch_index, check_rows_and_cache, fail
@@ -21,18 +21,12 @@ from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec
 
 
 @dataclass(frozen=True)
-class IndexTopkCall:
+class IndexTopkCall(expansion.Expansion):
     """What the checks learned about a selection call."""
 
     num_tokens: int
     logits_width: int
     batch: int
-    kpool: int
-    pool_topk: int
-    width: int  # columns of positions: pool_topk * kpool, plus kpool - 1 with always_select_tail
-    max_blocks: int  # columns of block_table; 0 without one
-    block_size: int  # 0 without a block table
-    compact: bool
 
 
 def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
@@ -45,34 +39,25 @@ def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
     if logits_width > MAX_POOLS:
         raise fail("logits", f"at most {MAX_POOLS} pools a row (pool ids are int32)", logits_width)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
-    kpool, pool_topk = int(a.kpool), int(a.pool_topk)
-    width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
-    max_blocks, size = check_paged_table(a.block_table, a.block_size, batch)
-    return IndexTopkCall(num_tokens, logits_width, batch, kpool, pool_topk, width, max_blocks, size, bool(a.compact))
+    expanded = expansion.check(a, batch, int(a.pool_topk))
+    return IndexTopkCall(**expanded, num_tokens=num_tokens, logits_width=logits_width, batch=batch)
 
 
 def output_shapes(call: IndexTopkCall) -> dict[str, OutputShape]:
-    shapes = {"positions": ((call.num_tokens, call.width), INT32)}
-    if call.compact:
-        shapes["counts"] = ((call.num_tokens,), INT32)
-    return shapes
+    return expansion.output_shapes(call, call.num_tokens)
 
 
 def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any]) -> Launch:
     """The launch of ``kpool_index_topk``."""
     o = operands
-    logits, positions = o["logits"], o["positions"]
-    paged = o.get("block_table") is not None
-    values = {"logits": logits, "logits_stride": logits.strides[0] // 4, "logits_width": call.logits_width}
+    logits = o["logits"]
+    values, template = expansion.launch_values(call, o)
+    values |= {"logits": logits, "logits_stride": logits.strides[0] // 4, "logits_width": call.logits_width}
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
     values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool, "pool_topk": call.pool_topk}
-    values |= {"block_table": o["block_table"] if paged else positions}  # any int32 array where none is read
-    values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
-    values |= {"block_size": max(call.block_size, 1), "positions": positions, "width": call.width}
-    values |= {"counts": o["counts"] if call.compact else positions}  # written only when compacting
     vector = int(codes.data_pointer(logits) % 16 == 0 and logits.strides[0] % 16 == 0)
-    template = {"CAP": select_cap(call.pool_topk), "VECTOR": vector, "IO": o["input_row_offsets"].dtype}
-    template |= {"IC": o["cache_lengths"].dtype, "PAGED": paged, "COMPACT": call.compact}
+    template |= {"CAP": select_cap(call.pool_topk), "VECTOR": vector, "IO": o["input_row_offsets"].dtype}
+    template |= {"IC": o["cache_lengths"].dtype}
     return Launch(INDEX_TOPK, template, values, select_geometry(call.num_tokens), o)
 
 
@@ -81,18 +66,13 @@ def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: b
     if validate:
         offsets, lengths = backend.host_copies([a["input_row_offsets"], a["cache_lengths"]])
         check_rows_and_cache(call.num_tokens, offsets, lengths)
-        tail = call.width > call.pool_topk * call.kpool
-        check_covered(call, offsets.astype(np.int64), lengths.astype(np.int64), tail)
-    shapes = output_shapes(call)
-    positions = backend.empty(*shapes["positions"])
-    counts = backend.empty(*shapes["counts"]) if call.compact else None
-    if positions.size:
+        check_covered(call, offsets.astype(np.int64), lengths.astype(np.int64), call.tail)
+
+    def launch(positions: Any, counts: Any) -> None:
         operands = {name: a[name] for name in ("logits", "input_row_offsets", "cache_lengths", "block_table")}
-        operands |= {"positions": positions, "counts": counts}
-        backend.launch(index_topk_launch(call, operands))
-    elif counts is not None and counts.size:
-        counts[...] = 0
-    return (positions, counts) if call.compact else positions
+        backend.launch(index_topk_launch(call, operands | {"positions": positions, "counts": counts}))
+
+    return expansion.expand_into(backend, call, call.num_tokens, launch)
 
 
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_topk`, running the CUDA kernel on the CPU (host arrays)."""
@@ -108,7 +88,7 @@ PARAMETERS = (
     CACHE_LENGTHS,
     KPOOL,
     POOL_TOPK,
-    *EXPANSION_OPTIONS,
+    *expansion.OPTIONS,
     VALIDATE,
 )
 

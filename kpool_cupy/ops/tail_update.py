@@ -21,6 +21,7 @@ from .framework.checks import (
     as_size,
     check_ape,
     check_contiguous,
+    check_nowhere,
     check_out_dtype,
     check_writable,
     dtype_fail,
@@ -110,18 +111,14 @@ def check_tail_update_args(a: CallArgs) -> TailUpdateCall:
 def check_position_values(positions: np.ndarray, kpool: int, pools_per_request: int) -> None:
     """Positions >= 0 or -1, closing at most the pools the output has room for (a close past them would be
     lost while the ring moves on)."""
-    bad = positions < -1
-    if bad.any():
-        r, t = (int(i) for i in np.argwhere(bad)[0])
-        raise fail("positions", "positions >= 0, or -1 for padding", f"{int(positions[r, t])} at [{r}, {t}]")
-    too_far = positions // kpool > INT32_MAX
-    if too_far.any():
-        r, t = (int(i) for i in np.argwhere(too_far)[0])
-        raise fail(
-            "positions",
-            f"pool ids pos // kpool <= {INT32_MAX} (closed is int32)",
-            f"{int(positions[r, t])} at [{r}, {t}]",
-        )
+
+    def at(r: int, t: int) -> str:
+        return f"{int(positions[r, t])} at [{r}, {t}]"
+
+    check_nowhere(positions < -1, "positions", "positions >= 0, or -1 for padding", at)
+    check_nowhere(
+        positions // kpool > INT32_MAX, "positions", f"pool ids pos // kpool <= {INT32_MAX} (closed is int32)", at
+    )
     closes = ((positions >= 0) & (positions % kpool == kpool - 1)).sum(axis=1)
     if (closes > pools_per_request).any():
         r = int(np.argmax(closes > pools_per_request))

@@ -1,22 +1,27 @@
 """Expansion: selected pools back to token positions (kernels/kpool_expand.cuh).
 
 kpool_expand_topk, kpool_index_topk and kpool_index_select_fp8 all expand their selections the same way;
-these are the options the three share (the tail, a block table with its page size, compact rows) and
-their checks."""
+these are what the three share: the options (the tail, a block table with its page size, compact rows),
+their checks, the part of the call record they decide (``Expansion``), the kernel values they give, and
+the outputs (positions, and counts when compacting)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ...dtypes import INT32
+from ...kernel import codes
 from ..framework.checks import (
     as_size,
     check_block_table,
-    dtype_fail,
+    check_integer,
     fail,
 )
-from ..framework.spec import Operand, Option
+from ..framework.spec import Backend, CallArgs, Operand, Option, OutputShape
 
 # A page of a paged KV cache holds at most this many tokens; real engines use
 # 16 to 256, and slot arithmetic stays far from int32's edge.
@@ -25,10 +30,7 @@ MAX_BLOCK_SIZE = 1 << 20
 
 def check_block_size(block_size: Any) -> None:
     """An integer (TypeError otherwise) in [1, MAX_BLOCK_SIZE] (ValueError otherwise)."""
-    if isinstance(block_size, bool) or not isinstance(block_size, (int, np.integer)):
-        raise dtype_fail("block_size", "an integer", type(block_size).__name__)
-    if not 1 <= int(block_size) <= MAX_BLOCK_SIZE:
-        raise fail("block_size", f"an integer in [1, {MAX_BLOCK_SIZE}]", int(block_size))
+    check_integer("block_size", block_size, 1, MAX_BLOCK_SIZE)
 
 
 def check_paged_table(block_table: Any, block_size: Any, batch: int) -> tuple[int, int]:
@@ -58,4 +60,71 @@ COMPACT = Option("compact", "bool", False)
 
 # How a selected pool becomes positions: the tail, the KV cache's pages, compaction (the selecting ops take them
 # after their own options).
-EXPANSION_OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)
+OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)
+
+
+@dataclass(frozen=True)
+class Expansion:
+    """The part of a call record that says how selections expand (each op's record extends it)."""
+
+    kpool: int
+    pool_topk: int
+    width: int  # columns of positions: pool_topk * kpool, plus kpool - 1 with always_select_tail
+    max_blocks: int  # columns of block_table; 0 without one
+    block_size: int  # the token table's; 0 without one
+    compact: bool
+
+    @property
+    def tail(self) -> bool:
+        """Whether each row also takes the token's own unfinished pool (``always_select_tail``)."""
+        return self.width > self.pool_topk * self.kpool
+
+
+def check(a: CallArgs, batch: int, pool_topk: int) -> dict[str, Any]:
+    """The ``Expansion`` fields of a call (kpool already checked), its block table and page size checked."""
+    kpool = int(a.kpool)
+    max_blocks, block_size = check_paged_table(a.block_table, a.block_size, batch)
+    width = pool_topk * kpool + (kpool - 1 if a.always_select_tail else 0)
+    return {"kpool": kpool, "pool_topk": pool_topk, "width": width, "max_blocks": max_blocks,
+            "block_size": block_size, "compact": bool(a.compact)}  # fmt: skip
+
+
+def output_shapes(call: Expansion, rows: int) -> dict[str, OutputShape]:
+    """positions ``[rows, width]``, and with ``compact`` counts ``[rows]``, both int32."""
+    shapes = {"positions": ((rows, call.width), INT32)}
+    if call.compact:
+        shapes["counts"] = ((rows,), INT32)
+    return shapes
+
+
+def launch_values(call: Expansion, o: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The kernel values and template parameters of the expansion (``kp::write_selection``'s and
+    ``kp::expanded``'s), from the operands ``block_table``, ``positions`` and ``counts``."""
+    positions, paged = o["positions"], o.get("block_table") is not None
+    values = {"block_table": o["block_table"] if paged else positions}  # any int32 array where none is read
+    values |= {"max_blocks": call.max_blocks, "block_table_stride": codes.stride(o["block_table"]) if paged else 0}
+    values |= {"block_size": max(call.block_size, 1), "positions": positions, "width": call.width}
+    values |= {"counts": o["counts"] if call.compact else positions}  # written only when compacting
+    return values, {"PAGED": paged, "COMPACT": call.compact}
+
+
+def expand_into(backend: Backend, call: Expansion, rows: int, launch: Callable[[Any, Any], None]) -> Any:
+    """New outputs for ``rows`` rows, filled by ``launch(positions, counts)`` (no launch for an empty one: its
+    counts are zeros); what the op returns. Every element is written, so nothing is zeroed first."""
+    shapes = output_shapes(call, rows)
+    positions = backend.empty(*shapes["positions"])
+    counts = backend.empty(*shapes["counts"]) if call.compact else None
+    if positions.size:
+        launch(positions, counts)
+    elif counts is not None and counts.size:
+        counts[...] = 0
+    return (positions, counts) if call.compact else positions
+
+
+def check_blocks_reach(call: Expansion, last: np.ndarray, reach: Callable[[int], str]) -> None:
+    """Each token's last position (``last``, host int64, -1 for none) has a block in its request's table;
+    ``reach(t)`` says what the first token past it reaches for."""
+    bad = last // call.block_size >= call.max_blocks
+    if bad.any():
+        t = int(np.argmax(bad))
+        raise fail("block_table", reach(t), f"{call.max_blocks} blocks a request")

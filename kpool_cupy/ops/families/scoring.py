@@ -18,6 +18,7 @@ from ..framework.checks import (
     as_size,
     check_batch_index,
     check_block_table,
+    check_nowhere,
     dtype_fail,
     fail,
     require_array,
@@ -84,14 +85,12 @@ def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offset
             f"{table.shape[1]} columns",
         )
     used = np.arange(table.shape[1])[None, :] < columns[:, None]
-    bad = used & ((table < 0) | (table >= call.pages))
-    if bad.any():
-        b, column = (int(i) for i in np.argwhere(bad)[0])
-        raise fail(
-            "cache_block_table",
-            f"pages in [0, {call.pages}) (num_blocks) for every visible pool",
-            f"{int(table[b, column])} at request {b}, column {column}",
-        )
+    check_nowhere(
+        used & ((table < 0) | (table >= call.pages)),
+        "cache_block_table",
+        f"pages in [0, {call.pages}) (num_blocks) for every visible pool",
+        lambda b, column: f"{int(table[b, column])} at request {b}, column {column}",
+    )
 
 
 def aligned16(array: Any, *strides: int) -> bool:

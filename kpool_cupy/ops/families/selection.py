@@ -10,8 +10,9 @@ import numpy as np
 
 from ...kernel.declarations import SELECT_CAPS
 from ...kernel.requests import token_visibility
-from ..framework.checks import dtype_fail, fail
+from ..framework.checks import check_integer, fail
 from ..framework.spec import Option
+from .expansion import check_blocks_reach
 
 # The most pools a token may select: the shared buffer of the largest instantiation (SELECT_CAPS).
 MAX_POOL_TOPK = SELECT_CAPS[-1]
@@ -23,10 +24,7 @@ MAX_TOKENS = (1 << 31) - 1
 
 def check_pool_topk(pool_topk: Any) -> None:
     """An integer (TypeError otherwise) in [1, MAX_POOL_TOPK] (ValueError otherwise)."""
-    if isinstance(pool_topk, bool) or not isinstance(pool_topk, (int, np.integer)):
-        raise dtype_fail("pool_topk", "an integer", type(pool_topk).__name__)
-    if not 1 <= int(pool_topk) <= MAX_POOL_TOPK:
-        raise fail("pool_topk", f"an integer in [1, {MAX_POOL_TOPK}]", int(pool_topk))
+    check_integer("pool_topk", pool_topk, 1, MAX_POOL_TOPK)
 
 
 def select_cap(pool_topk: int) -> int:
@@ -54,15 +52,10 @@ def check_covered(call: Any, offsets: np.ndarray, lengths: np.ndarray, tail: boo
         t = int(np.argmax(visible))
         raise fail("logits", f"at least the {int(visible[t])} pools token {t} sees (columns)", call.logits_width)
     if call.block_size:
-        bad = last // call.block_size >= call.max_blocks
-        if bad.any():
-            t = int(np.argmax(bad))
-            raise fail(
-                "block_table",
-                f"a block for every position token {t} could select (position {int(last[t])} is in block "
-                f"{int(last[t]) // call.block_size}; the selection is not known on the host)",
-                f"{call.max_blocks} blocks a request",
-            )
+        check_blocks_reach(call, last, lambda t: (
+            f"a block for every position token {t} could select (position {int(last[t])} is in block "
+            f"{int(last[t]) // call.block_size}; the selection is not known on the host)"
+        ))  # fmt: skip
 
 
 POOL_TOPK = Option("pool_topk", "int", check=check_pool_topk)

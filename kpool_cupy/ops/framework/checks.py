@@ -7,6 +7,7 @@ checked on host copies, which the GPU path fetches in one transfer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -28,6 +29,24 @@ def fail(name: str, expected: str, got: object) -> ValueError:
 
 def dtype_fail(name: str, expected: str, got: object) -> TypeError:
     return TypeError(f"Invalid {name}: expected {expected}, got {got}")
+
+
+def check_nowhere(bad: np.ndarray, name: str, expected: str, got: Callable[..., str]) -> None:
+    """A ValueError naming ``name`` at the first index (row-major) where ``bad`` holds, if any: ``expected``
+    and ``got(*index)``, what stands there (host arrays)."""
+    if bad.any():
+        index = (int(i) for i in np.argwhere(bad)[0])
+        raise fail(name, expected, got(*index))
+
+
+def check_integer(name: str, value: Any, low: int, high: int | None = None, *, or_none: bool = False) -> None:
+    """An integer (a TypeError naming ``name`` otherwise; "or None" where None is taken, and checked by the
+    caller) in ``[low, high]``, or ``>= low`` with no ``high`` (a ValueError otherwise)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise dtype_fail(name, "an integer or None" if or_none else "an integer", type(value).__name__)
+    if int(value) < low or (high is not None and int(value) > high):
+        raise fail(name, f"an integer in [{low}, {high}]" if high is not None else "a non-negative integer"
+                   if low == 0 else f"an integer >= {low}", int(value))  # fmt: skip
 
 
 def check_bool(name: str, value: Any) -> None:
