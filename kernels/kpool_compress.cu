@@ -124,6 +124,26 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
     k, k_row_stride, gate, gate_row_stride, ape, ape_row_stride, input_row_offsets, cache_lengths, pool_row_offsets, \
         batch, total_tokens
 
+namespace kp {
+
+// A pool through compress_pool into a writer (kpool_fp8.cuh): its place
+// found before the pool's loads, its row written after. A pool that goes
+// nowhere still runs the writer (an FP8 row's lanes meet the warp's at its
+// shuffles) and stores nothing. What both compress kernels run.
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP,
+          typename Writer>
+__device__ __forceinline__ void compress_into(long long pool, int channel, KP_COMPRESS_INPUT_PARAMS, Writer& writer) {
+    bool placed = false;
+    float result[kChannelsPerThread];
+    if (!compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(
+            pool, channel, KP_COMPRESS_INPUT_ARGS, result,
+            [&](long long request, long long number) { placed = writer.prepare(pool, request, number); }))
+        return;
+    writer.write(pool, channel, placed, result);
+}
+
+}  // namespace kp
+
 // One group of head_dim / 8 threads per pool, several pools per block; each
 // thread owns 8 consecutive channels of its pool.
 //
@@ -150,12 +170,9 @@ __global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0 || pool >= pooled_rows) return;
     // Rows of `pooled` past the pool count are never written.
-    float result[kp::kChannelsPerThread];
-    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, result,
-                                                            [](long long, long long) {}))
-        return;
-    kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
-        pooled + pool * pooled_row_stride + channel, channel, result);
+    kp::PooledRowWriter<OT, HEAD_DIM, ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{pooled,
+                                                                                              pooled_row_stride};
+    kp::compress_into<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, writer);
 }
 
 // kpool_compress with the FP8 epilogue fused: each pool's float32 result
@@ -181,19 +198,9 @@ __global__ void __launch_bounds__(kp::pool_block_threads<KT, GT, HEAD_DIM, KPOOL
     int channel;
     if (!kp::thread_group<HEAD_DIM>(&pool, &channel) || batch <= 0) return;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    unsigned char* value_row = nullptr;
-    float* scale_address = nullptr;
-    bool placed = false;
-    float v[kp::kChannelsPerThread];
-    if (!kp::compress_pool<KT, GT, HEAD_DIM, KPOOL, VECTOR>(
-            pool, channel, KP_COMPRESS_INPUT_ARGS, v, [&](long long request, long long number) {
-                placed = sink.place(pool, request, number, &value_row, &scale_address);
-            }))
-        return;
-    // A pool whose row goes nowhere still runs the epilogue (its lanes meet
-    // the warp's at the shuffles) and stores nothing.
-    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
-                                                                                     channel, placed, v);
+    kp::Fp8RowWriter<HEAD_DIM, TARGET, ID, ROUND_SCALE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{sink, nullptr,
+                                                                                                   nullptr};
+    kp::compress_into<KT, GT, HEAD_DIM, KPOOL, VECTOR>(pool, channel, KP_COMPRESS_INPUT_ARGS, writer);
 }
 
 // ---------------------------------------------------------------------------

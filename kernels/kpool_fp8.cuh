@@ -291,6 +291,46 @@ __device__ __forceinline__ void write_fp8_row(unsigned char* value_row, float* s
     if (write) store_fp8<VECTOR>(value_row, scale_address, channel, q, scale);
 }
 
+// Where a pooling kernel's pools go (compress, ring close, tail update, and
+// their FP8 forms): writer.prepare(row, request, pool_id) once the pool is
+// known, before its loads (false: it goes nowhere; the FP8 writer reads its
+// slot or block-table entry there, and the pooling does not wait for it),
+// then writer.write(row, channel, write, result) after it (write false: the
+// lanes meet the warp's shuffles and store nothing).
+
+// The pool itself, rounded once to OT, at pooled + row * row_stride (ROTATE:
+// its rotation, kp::store_pooled).
+template <typename OT, int HEAD_DIM, bool ROTATE, bool VECTOR>
+struct PooledRowWriter {
+    OT* pooled;
+    long long row_stride;
+
+    __device__ __forceinline__ bool prepare(long long, long long, long long) { return true; }
+    __device__ __forceinline__ void write(long long row, int channel, bool write,
+                                          const float (&result)[kChannelsPerThread]) {
+        store_pooled<ROTATE, VECTOR, HEAD_DIM>(pooled + row * row_stride + channel, channel, result, write);
+    }
+};
+
+// The pool's FP8 bytes and scale, where the sink places it (kp::write_fp8_row).
+template <int HEAD_DIM, int TARGET, typename ID, bool ROUND_SCALE, bool VECTOR>
+struct Fp8RowWriter {
+    const Fp8Sink<HEAD_DIM, TARGET, ID>& sink;
+    unsigned char* value_row;
+    float* scale_address;
+
+    __device__ __forceinline__ bool prepare(long long row, long long request, long long pool_id) {
+        return sink.place(row, request, pool_id, &value_row, &scale_address);
+    }
+    __device__ __forceinline__ void write(long long, int channel, bool write,
+                                          const float (&result)[kChannelsPerThread]) {
+        float v[kChannelsPerThread];
+#pragma unroll
+        for (int i = 0; i < kChannelsPerThread; ++i) v[i] = result[i];
+        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, write, v);
+    }
+};
+
 }  // namespace kp
 
 #endif  // KPOOL_FP8_CUH

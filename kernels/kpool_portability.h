@@ -78,23 +78,20 @@ __device__ __forceinline__ int kp_round_to_int(float x) { return __float2int_rn(
 // ISA lays them out (kernels/emulator/kpool_mma.h spells the layouts and
 // runs them on the host). e4m3 inputs need sm_89 or newer, f16 sm_80.
 // Static, so NVRTC emits neither unless a kernel calls it.
+// The one mma.sync shape both take: D (4 floats), A (4 words), B (2 words), C (4 floats).
+#define KP_MMA_M16N8(shape_and_types)                                                                           \
+    asm volatile("mma.sync.aligned." shape_and_types " {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "          \
+                 "{%10, %11, %12, %13};"                                                                       \
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])                                              \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]),     \
+                   "f"(c[2]), "f"(c[3]))
 static __device__ __forceinline__ void kp_mma_e4m3_m16n8k32(float (&d)[4], const unsigned int (&a)[4],
                                                             const unsigned int (&b)[2], const float (&c)[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
+    KP_MMA_M16N8("m16n8k32.row.col.f32.e4m3.e4m3.f32");
 }
 static __device__ __forceinline__ void kp_mma_f16_m16n8k16(float (&d)[4], const unsigned int (&a)[4],
                                                            const unsigned int (&b)[2], const float (&c)[4]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
-          "f"(c[3]));
+    KP_MMA_M16N8("m16n8k16.row.col.f32.f16.f16.f32");
 }
 // Only the emulator needs telling that a kernel's threads cooperate.
 #define KP_THREADS_COOPERATE(when) \

@@ -130,6 +130,25 @@ __device__ __forceinline__ bool close_pending_pool(long long* thread_request, in
     return true;
 }
 
+// A request's pending pool, if it closes, through close_pending_pool into a
+// writer (kpool_fp8.cuh): its place found before the pool's loads, its row
+// written after (row b for request b). What both ring close kernels run.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IS,
+          typename Writer>
+__device__ __forceinline__ void close_into(KP_RING_PARAMS(const), KP_RING_TOKEN_PARAMS, const float* ape,
+                                           long long ape_row_stride, KP_REQUEST_PARAMS, int* closed, Writer& writer) {
+    long long request;
+    int channel;
+    bool placed = false;
+    float result[kChannelsPerThread];
+    if (!close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(
+            &request, &channel, KP_RING_CLOSE_ARGS, result, [&](long long pool_request, long long pool_id) {
+                placed = writer.prepare(pool_request, pool_request, pool_id);
+            }))
+        return;
+    writer.write(request, channel, placed, result);
+}
+
 }  // namespace kp
 
 // Closes each request's pending pool c / KPOOL when the call completes it:
@@ -151,14 +170,9 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
                      long long ape_row_stride, KP_REQUEST_PARAMS, OT* __restrict__ pooled,
                      long long pooled_row_stride, int* __restrict__ closed) {
     KP_THREADS_COOPERATE(ROTATE);
-    long long request;
-    int channel;
-    float result[kp::kChannelsPerThread];
-    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(&request, &channel, KP_RING_CLOSE_ARGS, result,
-                                                                [](long long, long long) {}))
-        return;
-    kp::store_pooled<ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut), HEAD_DIM>(
-        pooled + request * pooled_row_stride + channel, channel, result);
+    kp::PooledRowWriter<OT, HEAD_DIM, ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{pooled,
+                                                                                              pooled_row_stride};
+    kp::close_into<T, G, HEAD_DIM, KPOOL, VECTOR>(KP_RING_CLOSE_ARGS, writer);
 }
 
 // kpool_ring_close with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
@@ -177,20 +191,10 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
                          long long ape_row_stride, KP_REQUEST_PARAMS, KP_FP8_SINK_PARAMS(ID),
                          int* __restrict__ closed) {
     KP_THREADS_COOPERATE(true);
-    long long request;
-    int channel;
-    float v[kp::kChannelsPerThread];
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    unsigned char* value_row = nullptr;
-    float* scale_address = nullptr;
-    bool placed = false;
-    if (!kp::close_pending_pool<T, G, HEAD_DIM, KPOOL, VECTOR>(
-            &request, &channel, KP_RING_CLOSE_ARGS, v, [&](long long pool_request, long long pool_id) {
-                placed = sink.place(pool_request, pool_request, pool_id, &value_row, &scale_address);
-            }))
-        return;
-    kp::write_fp8_row<kp::vector_bits(VECTOR, kp::kVectorOut), ROUND_SCALE, HEAD_DIM>(value_row, scale_address,
-                                                                                     channel, placed, v);
+    kp::Fp8RowWriter<HEAD_DIM, TARGET, ID, ROUND_SCALE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{sink, nullptr,
+                                                                                                   nullptr};
+    kp::close_into<T, G, HEAD_DIM, KPOOL, VECTOR>(KP_RING_CLOSE_ARGS, writer);
 }
 
 // Stashes each request's last min(n, ring) tokens, positions
@@ -241,13 +245,15 @@ namespace kp {
 // the ids, padded with -1. Both tail update kernels run through here. See
 // kpool_tail_update for SPLIT.
 //
-// The writer says where a pool goes and writes it: writer.prepare(row,
-// pool_id) before the pool's loads (false: nowhere; an FP8 cache's block
-// table entry is read there, beside the ring's, and the pooling does not
-// wait for it), writer.write(row, write, result) after. MEET (the writer's stores shuffle): at every step where any lane of
-// the warp closes a pool, every lane of the warp that has not left calls
-// write, with write false where its own request closes none, so that the
-// shuffles name the whole warp (kp::kWarpLanes) and each meets in one step.
+// The writer (kpool_fp8.cuh) says where a pool goes and writes it:
+// writer.prepare(row, request, pool_id) before the pool's loads (false:
+// nowhere; an FP8 cache's block table entry is read there, beside the
+// ring's, and the pooling does not wait for it), writer.write(row, channel,
+// write, result) after. MEET (the writer's stores shuffle): at every step
+// where any lane of the warp closes a pool, every lane of the warp that has
+// not left calls write, with write false where its own request closes none,
+// so that the shuffles name the whole warp (kp::kWarpLanes) and each meets
+// in one step.
 //
 // Global loads wait on each other at most once on the path of a closing
 // pool: the slot, each step's position and tokens and ape depend on the
@@ -262,7 +268,8 @@ __device__ __forceinline__ void tail_update_steps(
     long long ring_rows, long long key_slot_stride, long long key_row_stride, long long gate_slot_stride,
     long long gate_row_stride, const T* k, long long k_request_stride, long long k_token_stride, const G* gate,
     long long gate_request_stride, long long gate_token_stride, const float* ape, long long ape_row_stride,
-    const IPOS* positions, const IS* slot_idx, int next_n, int* closed, int pools_per_request, Writer& writer) {
+    const IPOS* positions, const IS* slot_idx, long long requests, int next_n, int* closed, int pools_per_request,
+    Writer& writer) {
     static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
     const bool lead = channel == 0;  // the group's first thread writes closed
 
@@ -314,7 +321,7 @@ __device__ __forceinline__ void tail_update_steps(
         const long long row = request * pools_per_request + written;
         // Where the pool goes is read beside its members; the pooling does
         // not wait for it (a pool that goes nowhere is pooled and dropped).
-        const bool placed = closes && writer.prepare(row, position / KPOOL);
+        const bool placed = closes && writer.prepare(row, request, position / KPOOL);
         float result[kChannelsPerThread] = {};
         if (closes) {
             // The pool's members, positions position - KPOOL + 1 .. position,
@@ -335,9 +342,9 @@ __device__ __forceinline__ void tail_update_steps(
                 ape + channel, ape_row_stride, result);
         }
         if constexpr (MEET) {
-            if (__any_sync(kWarpLanes, closes)) writer.write(row, placed, result);
+            if (__any_sync(kWarpLanes, closes)) writer.write(row, channel, placed, result);
         } else if (placed) {
-            writer.write(row, true, result);
+            writer.write(row, channel, true, result);
         }
         if (closes) {
             if (lead) closed[row] = static_cast<int>(position / KPOOL);  // fits: checked with validate=True
@@ -348,8 +355,6 @@ __device__ __forceinline__ void tail_update_steps(
         for (int w = written; w < pools_per_request; ++w) closed[request * pools_per_request + w] = -1;
 }
 
-}  // namespace kp
-
 // The decode step's tokens and where they sit, as both tail update kernels
 // take them (declarations.py's _STEP), and the names tail_update_steps reads.
 #define KP_STEP_PARAMS                                                                                             \
@@ -359,7 +364,22 @@ __device__ __forceinline__ void tail_update_steps(
         long long requests, int next_n
 #define KP_STEP_ARGS                                                                                               \
     k, k_request_stride, k_token_stride, gate, gate_request_stride, gate_token_stride, ape, ape_row_stride,        \
-        positions, slot_idx, next_n
+        positions, slot_idx, requests, next_n
+
+// The calling thread's request (one group of HEAD_DIM / 8 threads each)
+// through tail_update_steps into a writer: what both tail update kernels run.
+template <typename T, typename G, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, bool MEET, typename IPOS,
+          typename IS, typename Writer>
+__device__ __forceinline__ void tail_update_into(KP_RING_PARAMS(), KP_STEP_PARAMS, int* closed, int pools_per_request,
+                                                 Writer& writer) {
+    long long request;
+    int channel;
+    if (!thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
+    tail_update_steps<T, G, KPOOL, VECTOR, SPLIT, MEET>(request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed,
+                                                        pools_per_request, writer);
+}
+
+}  // namespace kp
 
 // The decode step: k, gate [requests, next_n, HEAD_DIM], positions
 // [requests, next_n] (negative = padding). Walks each request's tokens in
@@ -377,44 +397,6 @@ __device__ __forceinline__ void tail_update_steps(
 // (two would cost the registers that keep the pool's loads from spilling).
 // ROTATE: as kpool_compress. IPOS, IS: the element types of positions and
 // slot_idx.
-namespace kp {
-
-// Where kpool_tail_update's pools go: pooled row `row`, rounded once to OT
-// (ROTATE: the rotation, whose shuffles need tail_update_steps' MEET).
-template <typename OT, int HEAD_DIM, bool ROTATE, bool VECTOR>
-struct PooledRowWriter {
-    OT* pooled;
-    int channel;
-
-    __device__ __forceinline__ bool prepare(long long, long long) { return true; }
-    __device__ __forceinline__ void write(long long row, bool write, const float (&result)[kChannelsPerThread]) {
-        store_pooled<ROTATE, VECTOR, HEAD_DIM>(pooled + row * HEAD_DIM + channel, channel, result, write);
-    }
-};
-
-// Where kpool_tail_update_fp8's pools go: the sink's place for the pool,
-// found in prepare (before the pool's loads), and its FP8 row.
-template <int HEAD_DIM, int TARGET, typename ID, bool ROUND_SCALE, bool VECTOR>
-struct Fp8RowWriter {
-    const Fp8Sink<HEAD_DIM, TARGET, ID>& sink;
-    long long request;
-    int channel;
-    unsigned char* value_row;
-    float* scale_address;
-
-    __device__ __forceinline__ bool prepare(long long row, long long pool_id) {
-        return sink.place(row, request, pool_id, &value_row, &scale_address);
-    }
-    __device__ __forceinline__ void write(long long, bool write, const float (&result)[kChannelsPerThread]) {
-        float v[kChannelsPerThread];
-#pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i) v[i] = result[i];
-        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, write, v);
-    }
-};
-
-}  // namespace kp
-
 template <typename T, typename G, typename OT, int HEAD_DIM, int KPOOL, int VECTOR, bool SPLIT, bool ROTATE,
           typename IPOS, typename IS>
 __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::kMaxThreadsPerBlock, 1)
@@ -422,12 +404,9 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
                       int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(ROTATE);
-    long long request;
-    int channel;
-    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
-    kp::PooledRowWriter<OT, HEAD_DIM, ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{pooled, channel};
-    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT, ROTATE>(request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed,
-                                                              pools_per_request, writer);
+    kp::PooledRowWriter<OT, HEAD_DIM, ROTATE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{pooled, HEAD_DIM};
+    kp::tail_update_into<T, G, HEAD_DIM, KPOOL, VECTOR, SPLIT, ROTATE>(KP_RING_ARGS, KP_STEP_ARGS, closed,
+                                                                       pools_per_request, writer);
 }
 
 // kpool_tail_update with the FP8 epilogue fused (kernels/kpool_fp8.cuh):
@@ -448,12 +427,9 @@ __global__ void __launch_bounds__(SPLIT ? kp::group_block_bound(HEAD_DIM) : kp::
                           int pools_per_request) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
-    long long request;
-    int channel;
-    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= requests) return;
     const kp::Fp8Sink<HEAD_DIM, TARGET, ID> sink{KP_FP8_SINK_ARGS};
-    kp::Fp8RowWriter<HEAD_DIM, TARGET, ID, ROUND_SCALE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{
-        sink, request, channel, nullptr, nullptr};
-    kp::tail_update_steps<T, G, KPOOL, VECTOR, SPLIT, true>(request, channel, KP_RING_ARGS, KP_STEP_ARGS, closed,
-                                                            pools_per_request, writer);
+    kp::Fp8RowWriter<HEAD_DIM, TARGET, ID, ROUND_SCALE, kp::vector_bits(VECTOR, kp::kVectorOut)> writer{sink, nullptr,
+                                                                                                   nullptr};
+    kp::tail_update_into<T, G, HEAD_DIM, KPOOL, VECTOR, SPLIT, true>(KP_RING_ARGS, KP_STEP_ARGS, closed,
+                                                                     pools_per_request, writer);
 }

@@ -92,22 +92,26 @@ inline void kp_mma_compute(void* const* lanes) {
     }
 }
 
+// One mma.sync as a warp-wide collective: every lane's fragments in, D out.
+template <int K, int E, float (*VALUE)(unsigned int)>
+inline void kp_mma_run(const char* name, float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[2],
+                       const float (&c)[4], const char* file, int line) {
+    float result[4];
+    KpMmaLane lane{a, b, c, result};
+    kp_warp_collective(name, &kp_mma_compute<K, E, VALUE>, &lane, file, line);
+    std::memcpy(d, result, sizeof result);
+}
+
 inline void kp_mma_e4m3_m16n8k32(float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[2],
                                  const float (&c)[4], const char* file = __builtin_FILE(),
                                  int line = __builtin_LINE()) {
-    float result[4];
-    KpMmaLane lane{a, b, c, result};
-    kp_warp_collective("mma.sync.m16n8k32.e4m3", &kp_mma_compute<32, 4, kp_e4m3_value>, &lane, file, line);
-    std::memcpy(d, result, sizeof result);
+    kp_mma_run<32, 4, kp_e4m3_value>("mma.sync.m16n8k32.e4m3", d, a, b, c, file, line);
 }
 
 inline void kp_mma_f16_m16n8k16(float (&d)[4], const unsigned int (&a)[4], const unsigned int (&b)[2],
                                 const float (&c)[4], const char* file = __builtin_FILE(),
                                 int line = __builtin_LINE()) {
-    float result[4];
-    KpMmaLane lane{a, b, c, result};
-    kp_warp_collective("mma.sync.m16n8k16.f16", &kp_mma_compute<16, 2, kp_f16_value>, &lane, file, line);
-    std::memcpy(d, result, sizeof result);
+    kp_mma_run<16, 2, kp_f16_value>("mma.sync.m16n8k16.f16", d, a, b, c, file, line);
 }
 
 #endif  // KPOOL_MMA_H
