@@ -32,14 +32,14 @@ from kpool_cupy.tools.index_accuracy import (
 
 
 def on_gpu(case, mma: int | None, **options):
-    original = cupy_backend.CupyBackend.index_mma
+    original = cupy_backend.CupyBackend.tensor_core
     if mma is not None:
-        cupy_backend.CupyBackend.index_mma = lambda self: mma
+        cupy_backend.CupyBackend.tensor_core = lambda self: mma
     try:
         args = [cupy.asarray(a) for a in case.args]
         return cupy.asnumpy(kpool_cupy.kpool_index_logits_fp8(*args, kpool=case.kpool, **options))
     finally:
-        cupy_backend.CupyBackend.index_mma = original
+        cupy_backend.CupyBackend.tensor_core = original
 
 
 def accuracy(name, case, mma):
@@ -47,7 +47,7 @@ def accuracy(name, case, mma):
     got = on_gpu(case, mma)
     row = {"case": name, "mma": "default" if mma is None else mma}
     capability = int(cupy.cuda.Device().compute_capability)
-    used = mma if mma is not None else cupy_backend.CupyBackend(cupy, cupy.cuda.Device().id).index_mma()
+    used = mma if mma is not None else cupy_backend.CupyBackend(cupy, cupy.cuda.Device().id).tensor_core()
     for bits in sorted({24, gpu_accumulation_bits(capability, used)}, reverse=True):
         bound = index_logits_bound(*case.args, kpool=case.kpool, max_pools=want.shape[1], accumulation_bits=bits)
         verdict = index_logits_agree(got, want, bound)
@@ -58,9 +58,9 @@ def accuracy(name, case, mma):
 def selection(name, case, mma, pool_topk, **options):
     """The GPU's selection of its own logits equals the reference's selection of them; the fused call equals the
     GPU's two calls; the workspace's counters are zero after it."""
-    original = cupy_backend.CupyBackend.index_mma
+    original = cupy_backend.CupyBackend.tensor_core
     if mma is not None:
-        cupy_backend.CupyBackend.index_mma = lambda self: mma
+        cupy_backend.CupyBackend.tensor_core = lambda self: mma
     try:
         args = [cupy.asarray(a) for a in case.args]
         rows = {"input_row_offsets": args[4], "cache_lengths": args[5]}
@@ -71,7 +71,7 @@ def selection(name, case, mma, pool_topk, **options):
         workspace = cupy.zeros(kpool_cupy.index_select_workspace_bytes(case.q.shape[0], pool_topk), cupy.uint8)
         fused = kpool_cupy.kpool_index_select_fp8(*args, workspace=workspace, **call)
     finally:
-        cupy_backend.CupyBackend.index_mma = original
+        cupy_backend.CupyBackend.tensor_core = original
     counters = workspace[: 16 * -(-4 * case.q.shape[0] // 16)]
     row = {"selection": name, "mma": "default" if mma is None else mma, "pool_topk": pool_topk}
     row["topk_equals_reference"] = bool(np.array_equal(cupy.asnumpy(two), host))

@@ -30,7 +30,7 @@ def _emulate_with(mma: int, case, **options):
     """The emulator's call flow with the scorer's instruction chosen (the f16 path is what an sm_80 GPU runs)."""
 
     class Backend(EmulateBackend):
-        def index_mma(self) -> int:
+        def tensor_core(self) -> int:
             return mma
 
     call = bind(definition(SPEC), host_binding("emulate", lambda extras: Backend()))

@@ -31,7 +31,7 @@ _BY_CAPABILITY = textwrap.dedent(
         cupy.cuda.COMPUTE_CAPABILITY = capability
         try:
             kpool_cupy.kpool_index_logits_fp8(*args, kpool=2)
-            seen[capability] = CupyBackend(cupy, 0).index_mma()
+            seen[capability] = CupyBackend(cupy, 0).tensor_core()
         except ValueError as error:
             seen[capability] = str(error)
     print(json.dumps(seen))
@@ -93,7 +93,7 @@ def test_gpu_scores_meet_the_gpu_bound(heads):
     want = reference.kpool_index_logits_fp8(*case.args, kpool=4)
     got = cupy.asnumpy(kpool_cupy.kpool_index_logits_fp8(*(cupy.asarray(a) for a in case.args), kpool=4))
     device = cupy.cuda.Device()
-    bits = gpu_accumulation_bits(int(device.compute_capability), CupyBackend(cupy, device.id).index_mma())
+    bits = gpu_accumulation_bits(int(device.compute_capability), CupyBackend(cupy, device.id).tensor_core())
     bound = index_logits_bound(*case.args, kpool=4, max_pools=want.shape[1], accumulation_bits=bits)
     verdict = index_logits_agree(got, want, bound)
     assert verdict["ok"], verdict

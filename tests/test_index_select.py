@@ -53,7 +53,7 @@ def test_the_fused_call_equals_the_two_calls_bit_for_bit(backend, heads, head_di
 
 def _emulate_with(spec, mma: int):
     class Backend(EmulateBackend):
-        def index_mma(self) -> int:
+        def tensor_core(self) -> int:
             return mma
 
     return bind(definition(spec), host_binding("emulate", lambda extras: Backend()))

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import CupyArray, DeviceArray
-from ..kernel.declarations import MMA_E4M3, MMA_F16
+from ..kernel.declarations import tensor_core_for
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
 from ..ops.framework.binding import Binding, execute
 from ..ops.framework.spec import Launch, OpSpec, Option, gather, spread
@@ -71,13 +71,12 @@ class CupyBackend:
         self.host_work = True
         return self.cupy.empty(shape, dtype=dtype)
 
-    def index_mma(self) -> int:
+    def tensor_core(self) -> int:
         """The scorer's tensor-core instruction for this device: e4m3 from sm_89, f16 on sm_80 to sm_88."""
         capability = int(self.cupy.cuda.Device(self.device_id).compute_capability)
-        if capability >= 89:
-            return MMA_E4M3
-        if capability >= 80:
-            return MMA_F16
+        kind = tensor_core_for(capability)
+        if kind is not None:
+            return kind
         raise ValueError(
             f"Invalid device: expected a GPU of compute capability 8.0 or newer (the FP8 scorer runs on tensor "
             f"cores), got sm_{capability} (device {self.device_id})"

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..arrays import check_array_kind
+from ..kernel.declarations import MMA_E4M3
 from ..ops.framework.binding import Binding, execute
 from ..ops.framework.spec import Backend, OpSpec, spread
 
@@ -28,6 +29,10 @@ class HostMemory:
 
     def empty(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         return np.empty(shape, dtype=dtype)
+
+    def tensor_core(self) -> int:
+        # The emulator runs both instructions; a CPU backend takes the one sm_89 and newer run.
+        return MMA_E4M3
 
 
 def check_host_arrays(backend: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:

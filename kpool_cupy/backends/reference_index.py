@@ -19,6 +19,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from ..kernel.pages import FP8_PAGES
 from ..kernel.requests import token_visibility
 from ..ops.framework.spec import Launch
 from .reference_kernels import expand_pool_ids, kernel_scalars
@@ -67,8 +68,10 @@ def score_rows(o: dict, kpool: int, block_size: int, pages: int, max_pools: int,
         scales = np.zeros(count, np.float64)
         for p in np.flatnonzero(present):
             page_view = cache[int(page[p])].reshape(-1)  # block_size rows of values, then the scales
-            keys[p] = e4m3_values(page_view[int(entry[p]) * head_dim : (int(entry[p]) + 1) * head_dim])
-            scale_bytes = page_view[block_size * head_dim + 4 * int(entry[p]) :][:4]
+            first = FP8_PAGES.value_offset(head_dim, int(entry[p]))
+            keys[p] = e4m3_values(page_view[first : first + head_dim])
+            at = FP8_PAGES.scale_offset(block_size, head_dim, int(entry[p]))
+            scale_bytes = page_view[at : at + FP8_PAGES.scale_bytes]
             scales[p] = scale_bytes.view(np.float32)[0]
         queries = e4m3_values(q[rows])  # [tokens, heads, D]
         dots = np.einsum("thd,pd->thp", queries, keys)

@@ -24,6 +24,7 @@ import numpy as np
 from ..dtypes import INT32_MAX, signed_index
 from ..kernel.codes import Fp8Target
 from ..kernel.geometry import APE_SLICES, CHANNELS_PER_THREAD, chunk_members
+from ..kernel.pages import FP8_PAGES
 from ..kernel.requests import find_request, request_rows
 from ..ops.framework.spec import Launch, is_pair
 from .reference_epilogue import epilogue, rotate
@@ -306,13 +307,15 @@ def write_fp8(launch: Launch, pooled: np.ndarray, rows: np.ndarray, requests: np
         slot = np.where((entry >= 0) & (entry < pages), entry * size + numbers % size, -1)
     keep = (slot >= 0) & (slot // size < pages)
     cache = o["cache"]
-    head_dim = cache.shape[2] - 4
+    layout = FP8_PAGES
+    head_dim = layout.head_dim(cache.shape[2])
     # The cache as [pages, page bytes] over its own memory (pages may lie further apart than their bytes).
-    page_bytes = np.lib.stride_tricks.as_strided(cache, (pages, size * (head_dim + 4)), (cache.strides[0], 1))
+    page_bytes = np.lib.stride_tricks.as_strided(cache, (pages, size * cache.shape[2]), (cache.strides[0], 1))
     page, entry_in_page = (slot[keep] // size)[:, None], (slot[keep] % size)[:, None]
-    page_bytes[page, entry_in_page * head_dim + np.arange(head_dim)] = values[keep]
-    scale_bytes = scales[keep].astype(np.float32).view(np.uint8).reshape(-1, 4)
-    page_bytes[page, size * head_dim + 4 * entry_in_page + np.arange(4)] = scale_bytes
+    page_bytes[page, layout.value_offset(head_dim, entry_in_page) + np.arange(head_dim)] = values[keep]
+    scale_bytes = scales[keep].astype(np.float32).view(np.uint8).reshape(-1, layout.scale_bytes)
+    scale_at = layout.scale_offset(size, head_dim, entry_in_page) + np.arange(layout.scale_bytes)
+    page_bytes[page, scale_at] = scale_bytes
 
 
 def hadamard_quant_fp8(launch: Launch, accumulate: type[np.floating]) -> None:

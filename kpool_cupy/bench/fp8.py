@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import element_dtype
+from ..kernel.pages import FP8_PAGES
 from ..pool_offsets import pool_row_offsets
 from .inputs import make_input_sets
 from .lifecycle import composite_refusal, device_rotation
@@ -55,7 +56,7 @@ def query_batches(quick: bool = False) -> tuple[int, ...]:
 
 def fp8_row_bytes(head_dim: int) -> int:
     """One FP8 row in the cache: head_dim e4m3fn bytes and one float32 scale."""
-    return head_dim + 4
+    return FP8_PAGES.entry_bytes(head_dim)
 
 
 def compress_fp8_bytes(shape: BenchShape) -> int:

@@ -345,6 +345,14 @@ MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
 MMA_E4M3 = 1  # e4m3 mma.sync m16n8k32: sm_89 and newer
 
 
+def tensor_core_for(capability: int) -> int | None:
+    """The scorer's tensor-core instruction on a GPU of compute ``capability`` (90 for sm_90): e4m3 from sm_89,
+    f16 on sm_80 to sm_88, None below (no FP8 scorer)."""
+    if capability >= 89:
+        return MMA_E4M3
+    return MMA_F16 if capability >= 80 else None
+
+
 def scoring_inputs(page_size: str) -> tuple[Param, ...]:
     """What the scorer and the fused select read, in their order: queries, weights, the pooled FP8 cache and its
     pages (the page size named ``page_size``: the fused select's own ``block_size`` is the token table's), the

@@ -113,3 +113,13 @@ SELECT_THREADS = 256  # kp::kSelectThreads in kernels/kpool_select.cuh
 def select_geometry(tokens: int) -> LaunchGeometry:
     """The selection's grid: one block of SELECT_THREADS a token."""
     return LaunchGeometry(grid=tokens, block=SELECT_THREADS, items=tokens)
+
+
+# A batch large enough that every block of a launch is full: what the developer tools size a launch by
+# (``OpSpec.large_launch``: the blocks one SM holds).
+LARGE_BATCH = 1 << 20
+
+
+def groups_launch(head_dim: int) -> LaunchGeometry:
+    """A large launch of head_dim / 8-thread groups (``group_geometry``): most pooling and epilogue kernels."""
+    return group_geometry(head_dim, LARGE_BATCH)

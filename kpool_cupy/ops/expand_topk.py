@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dtypes import INDEX_DTYPES, signed_index
 from ..kernel.declarations import EXPAND_TOPK
-from ..kernel.geometry import flat_geometry
+from ..kernel.geometry import LARGE_BATCH, flat_geometry
 from ..pool_offsets import check_kpool
 from .families import expansion
 from .framework.checks import (
@@ -128,4 +128,5 @@ SPEC = OpSpec(
     output_shapes,
     conditional_results={"counts": "compact"},
     kernel=EXPAND_TOPK,
+    large_launch=lambda head_dim: flat_geometry(LARGE_BATCH),
 )

@@ -79,4 +79,5 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     kernel=HADAMARD_QUANT_FP8,
+    check_head_dim=check_rotation_head_dim,
 )

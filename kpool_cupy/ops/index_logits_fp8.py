@@ -17,9 +17,10 @@ from .families.scoring import (
     SCORING_PARAMETERS,
     aligned16,
     check_rows_of,
+    check_scorer_head_dim,
     check_scoring_inputs,
     check_table_covers,
-    tensor_core_kind,
+    scoring_launch,
 )
 from .framework.checks import (
     as_size,
@@ -129,7 +130,7 @@ def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate:
     if a["out"] is None:
         a["out"] = backend.empty(*output_shapes(call, max_pools)["out"])
     if call.num_tokens and max_pools:
-        backend.launch(index_logits_launch(call, a, max_pools, tensor_core_kind(backend)))
+        backend.launch(index_logits_launch(call, a, max_pools, backend.tensor_core()))
     return a["out"]
 
 
@@ -161,4 +162,6 @@ SPEC = OpSpec(
     output_shapes,
     dynamic_sizes={"max_pools": most_pools},
     kernel=INDEX_LOGITS_FP8,
+    large_launch=scoring_launch,
+    check_head_dim=check_scorer_head_dim,
 )

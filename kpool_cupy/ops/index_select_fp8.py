@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernel import codes
 from ..kernel.declarations import INDEX_SELECT_FP8
-from ..kernel.geometry import SELECT_THREADS, LaunchGeometry
+from ..kernel.geometry import LARGE_BATCH, SELECT_THREADS, LaunchGeometry, select_geometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .families import expansion
@@ -19,9 +19,9 @@ from .families.scoring import (
     MAX_POOLS,
     SCORING_PARAMETERS,
     aligned16,
+    check_scorer_head_dim,
     check_scoring_inputs,
     check_table_covers,
-    tensor_core_kind,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
 from .framework.checks import check_integer, check_rows_and_cache, dtype_fail, fail, require_array
@@ -167,7 +167,7 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
         operands = {n: a[n] for n in ("q", "weights", "cache", "cache_block_table", "input_row_offsets")}
         operands |= {"cache_lengths": a["cache_lengths"], "block_table": a["block_table"]}
         operands |= {"positions": positions, "counts": counts, "workspace": space}
-        backend.launch(index_select_launch(call, operands, tensor_core_kind(backend), splits))
+        backend.launch(index_select_launch(call, operands, backend.tensor_core(), splits))
 
     return expansion.expand_into(backend, call, call.num_tokens, launch)
 
@@ -197,6 +197,8 @@ SPEC = OpSpec(
     output_shapes,
     conditional_results={"counts": "compact"},
     kernel=INDEX_SELECT_FP8,
+    large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
+    check_head_dim=check_scorer_head_dim,
 )
 
 __all__ = ["MAX_POOL_TOPK", "SPEC", "index_select_workspace_bytes"]

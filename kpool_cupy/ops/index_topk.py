@@ -10,7 +10,7 @@ import numpy as np
 from ..dtypes import FLOAT32
 from ..kernel import codes
 from ..kernel.declarations import INDEX_TOPK
-from ..kernel.geometry import select_geometry
+from ..kernel.geometry import LARGE_BATCH, select_geometry
 from ..pool_offsets import check_kpool
 from .families import expansion
 from .families.scoring import MAX_POOLS, check_rows_of
@@ -102,4 +102,5 @@ SPEC = OpSpec(
     output_shapes,
     conditional_results={"counts": "compact"},
     kernel=INDEX_TOPK,
+    large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
 )

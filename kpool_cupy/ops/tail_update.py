@@ -10,7 +10,7 @@ import numpy as np
 from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name, signed_index
 from ..kernel import codes
 from ..kernel.declarations import TAIL_UPDATE, TAIL_UPDATE_FP8
-from ..kernel.geometry import decode_geometry
+from ..kernel.geometry import LARGE_BATCH, decode_geometry
 from .families.destinations import Destination, into_pooled_rows, launch_template, returned
 from .families.fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .families.fp8_target import check_rotation_head_dim
@@ -209,6 +209,7 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     kernel=TAIL_UPDATE,
+    large_launch=lambda head_dim: decode_geometry(head_dim, LARGE_BATCH),
 )
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..kernel.pages import FP8_PAGES
+
 BLOCK = 4  # entries a page
 TABLE_POOLS = 4096  # pool ids below this go through a block table; a table row spans id // BLOCK pages
 
@@ -48,7 +50,7 @@ def places(pools: list[list[int]], rng: np.random.Generator, slot_per: str | Non
 
 
 def empty_cache(where: Places, head_dim: int) -> np.ndarray:
-    return np.zeros((where.pages, BLOCK, head_dim + 4), np.uint8)
+    return np.zeros((where.pages, BLOCK, FP8_PAGES.entry_bytes(head_dim)), np.uint8)
 
 
 def filled_cache(where: Places, values: np.ndarray, scales: np.ndarray) -> np.ndarray:
@@ -58,8 +60,7 @@ def filled_cache(where: Places, values: np.ndarray, scales: np.ndarray) -> np.nd
     flat = cache.reshape(where.pages, -1)
     for row, slot in enumerate(s for per_request in where.slots for s in per_request):
         page, entry = divmod(slot, BLOCK)
-        flat[page, entry * head_dim : (entry + 1) * head_dim] = values[row]
-        flat[page, BLOCK * head_dim + 4 * entry : BLOCK * head_dim + 4 * entry + 4] = scales[row : row + 1].view(
-            np.uint8
-        )
+        first, scale = FP8_PAGES.value_offset(head_dim, entry), FP8_PAGES.scale_offset(BLOCK, head_dim, entry)
+        flat[page, first : first + head_dim] = values[row]
+        flat[page, scale : scale + FP8_PAGES.scale_bytes] = scales[row : row + 1].view(np.uint8)
     return cache

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from .. import reference
+from ..ops.families.scoring import CACHE_LAYOUT
 from . import op_check_parts as parts
 from .accuracy import compare
 from .cases import SENTINEL, Case
@@ -217,13 +218,12 @@ def scoring_arrays(case: Case, kpool: int, rng: np.random.Generator) -> tuple[np
     starts = np.concatenate([[0], np.cumsum(columns)])
     for b, (start, count) in enumerate(zip(starts[:-1], columns, strict=True)):
         table[b, :count] = order[start : start + count]
-    paged = np.zeros((pages, block_size, head_dim + 4), np.uint8)
+    paged = np.zeros((pages, block_size, CACHE_LAYOUT.entry_bytes(head_dim)), np.uint8)
     flat = paged.reshape(pages, -1)
-    values = rng.integers(0, 256, (pages, block_size * head_dim), dtype=np.uint8)
-    flat[:, : block_size * head_dim] = np.where((values & 0x7F) == 0x7F, values ^ 1, values)
-    flat[:, block_size * head_dim :] = (
-        np.exp2(rng.integers(-8, 4, (pages, block_size))).astype(np.float32).view(np.uint8)
-    )
+    scales_at = CACHE_LAYOUT.scale_offset(block_size, head_dim, 0)  # values first, then the scales
+    values = rng.integers(0, 256, (pages, scales_at), dtype=np.uint8)
+    flat[:, :scales_at] = np.where((values & 0x7F) == 0x7F, values ^ 1, values)
+    flat[:, scales_at:] = np.exp2(rng.integers(-8, 4, (pages, block_size))).astype(np.float32).view(np.uint8)
     tokens = int(lengths.sum())
     q = rng.integers(0, 256, (tokens, INDEX_HEADS, head_dim), dtype=np.uint8)
     q = np.where((q & 0x7F) == 0x7F, q ^ 1, q)
@@ -301,4 +301,4 @@ def _device_accumulation_bits() -> int:
     from ..backends.cupy import CupyBackend
 
     device = cupy.cuda.Device()
-    return gpu_accumulation_bits(int(device.compute_capability), CupyBackend(cupy, device.id).index_mma())
+    return gpu_accumulation_bits(int(device.compute_capability), CupyBackend(cupy, device.id).tensor_core())

@@ -6,25 +6,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..kernel.geometry import (
-    LaunchGeometry,
-    decode_geometry,
-    flat_geometry,
-    group_geometry,
-    index_block_pools,
-    index_geometry,
-)
+from ..kernel.geometry import LaunchGeometry
 from . import sass
 from .load_depth import load_depth
 from .sass import SassSummary, sm_arch
-from .variants import op_variant
+from .variants import OP_SPECS, op_variant
 
 # Per SM (CUDA C++ Programming Guide, compute capabilities table): resident threads and blocks. Every one of
 # these has 65,536 32-bit registers, allocated to a warp in units of 256 (8 a thread).
 _SM_LIMITS = {"80": (2048, 32), "86": (1536, 16), "87": (2048, 32), "89": (1536, 24), "90": (2048, 32)}
 REGISTERS_PER_SM = 65536
-# The batch the report sizes a launch for: enough pools or requests that a block is full.
-_MANY = 1 << 20
 
 
 def blocks_per_sm(registers: int, block_threads: int, arch: str = "sm_90") -> int | None:
@@ -40,15 +31,8 @@ def blocks_per_sm(registers: int, block_threads: int, arch: str = "sm_90") -> in
 
 
 def launch_geometry(op: str, head_dim: int) -> LaunchGeometry:
-    """The blocks ``op`` launches for a large batch: the decode step's (``decode_geometry``), expand's one
-    thread per element, the others' groups of head_dim / 8 threads (``group_geometry``)."""
-    if op.startswith("tail_update"):
-        return decode_geometry(head_dim, _MANY)
-    if op == "expand_topk":
-        return flat_geometry(_MANY)
-    if op == "index_logits_fp8":
-        return index_geometry(_MANY, _MANY, 1, index_block_pools(head_dim, f16_path=False))
-    return group_geometry(head_dim, _MANY)
+    """The blocks ``op`` launches for a large batch: its spec's ``large_launch``."""
+    return OP_SPECS[op].large_launch(head_dim)
 
 
 @dataclass(frozen=True)

@@ -9,14 +9,13 @@ the query side take no kpool (expand's is the pool width it expands).
 from __future__ import annotations
 
 from ..dtypes import element_dtype
-from ..kernel.declarations import MMA_E4M3, MMA_F16, Kernel
+from ..kernel.declarations import MMA_F16, Kernel, tensor_core_for
 from ..kernel.nvrtc import check_variant
 from ..ops import OPS
-from ..ops.families.fp8_target import check_rotation_head_dim
-from ..ops.families.scoring import HEAD_DIMS as SCORER_HEAD_DIMS
 
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
-OP_KERNELS: dict[str, Kernel] = {spec.name.removeprefix("kpool_"): spec.kernel for spec in OPS if spec.kernel}
+OP_SPECS = {spec.name.removeprefix("kpool_"): spec for spec in OPS if spec.kernel}
+OP_KERNELS: dict[str, Kernel] = {name: spec.kernel for name, spec in OP_SPECS.items() if spec.kernel}
 _ELEMENTS = ("T", "G", "KT", "GT", "OT", "DT")
 
 
@@ -25,16 +24,16 @@ def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_9
     range. The scorer's tensor-core instruction is the one its launcher picks for that architecture."""
     if op not in OP_KERNELS:
         raise ValueError(f"Invalid op: expected one of {', '.join(OP_KERNELS)}, got {op!r}")
+    spec = OP_SPECS[op]
     kernel = OP_KERNELS[op]
     check_variant(head_dim, kpool)
-    if op.endswith("_fp8"):
-        check_rotation_head_dim("head_dim", head_dim)
+    if spec.check_head_dim is not None:
+        spec.check_head_dim("head_dim", head_dim)
     names = {t.name for t in kernel.template}
     element = element_dtype(dtype)
     template = {name: element for name in _ELEMENTS if name in names}
     template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
-    if "MMA" in names:
-        if head_dim not in SCORER_HEAD_DIMS:
-            raise ValueError(f"Invalid head_dim: expected 64, 128 or 256 for the scorer, got {head_dim}")
-        template["MMA"] = MMA_E4M3 if int(arch.removeprefix("sm_").rstrip("a")) >= 89 else MMA_F16
+    if "MMA" in names:  # the instruction the GPU backend picks on that architecture (below sm_80: the f16 one)
+        kind = tensor_core_for(int(arch.removeprefix("sm_").rstrip("a")))
+        template["MMA"] = MMA_F16 if kind is None else kind
     return kernel, kernel.instance(**template)

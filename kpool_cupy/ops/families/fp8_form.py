@@ -150,4 +150,6 @@ def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, d
         extras=spec.extras,
         dynamic_sizes=dynamic,
         kernel=kernel,
+        large_launch=spec.large_launch,
+        check_head_dim=check_rotation_head_dim,
     )

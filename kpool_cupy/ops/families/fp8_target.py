@@ -8,11 +8,8 @@ error from each, and the kernels get the same argument block
     values, values_stride, scales, target_rows, block_size,
     destinations, destination_rows, destination_columns, destination_stride
 
-The cache is the layout vLLM and SGLang share: uint8 ``[num_blocks,
-block_size, head_dim + 4]``, each page its ``block_size * head_dim`` value
-bytes (entry t at byte t * head_dim), then ``block_size`` float32 scales
-(entry t at byte block_size * head_dim + 4 * t). Flat slot s is page
-s // block_size, entry s % block_size.
+The cache's pages are ``kernel.pages.FP8_PAGES`` (the layout vLLM and
+SGLang share); ``check_cache_layout`` takes any ``PageLayout``.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ import numpy as np
 
 from ...dtypes import FLOAT32, INT32, dtype_name
 from ...kernel import codes
+from ...kernel.pages import FP8_PAGES, PageLayout
 from ..framework.checks import (
     as_size,
     check_block_table,
@@ -84,16 +82,20 @@ class Fp8Placement:
         return self.kind != ROWS
 
 
-def check_cache_layout(cache: Any, head_dim: int, writable: bool = True) -> tuple[int, int]:
+def check_cache_layout(
+    cache: Any, head_dim: int, writable: bool = True, layout: PageLayout = FP8_PAGES
+) -> tuple[int, int]:
     """The cache's pages and entries per page; ``writable`` for the ops that write it (the scorer reads it)."""
     require_array("cache", cache)
     if np.dtype(cache.dtype) != UINT8:
         raise dtype_fail("cache", "dtype uint8", dtype_name(np.dtype(cache.dtype)))
-    if cache.ndim != 3 or cache.shape[2] != head_dim + 4 or cache.shape[1] < 1:
-        raise fail("cache", f"shape [num_blocks, block_size >= 1, {head_dim + 4}] (head_dim + 4)", tuple(cache.shape))
+    entry = layout.entry_bytes(head_dim)
+    if cache.ndim != 3 or cache.shape[2] != entry or cache.shape[1] < 1:
+        rule = f"shape [num_blocks, block_size >= 1, {entry}] (head_dim + {entry - head_dim})"
+        raise fail("cache", rule, tuple(cache.shape))
     page = cache.shape[1] * cache.shape[2]
-    if cache.size and (cache.strides[2] != 1 or (cache.shape[1] > 1 and cache.strides[1] != head_dim + 4)):
-        raise fail("cache", f"contiguous pages (strides [page, {head_dim + 4}, 1])", f"strides {cache.strides}")
+    if cache.size and (cache.strides[2] != 1 or (cache.shape[1] > 1 and cache.strides[1] != entry)):
+        raise fail("cache", f"contiguous pages (strides [page, {entry}, 1])", f"strides {cache.strides}")
     if cache.shape[0] > 1 and (cache.strides[0] < page or cache.strides[0] % 4):
         raise fail("cache", f"a page stride that is a multiple of 4 and at least {page} bytes", cache.strides[0])
     if cache.size and codes.data_pointer(cache) % 4:

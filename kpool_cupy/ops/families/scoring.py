@@ -13,7 +13,8 @@ import numpy as np
 
 from ...dtypes import FLOAT32, dtype_name
 from ...kernel.codes import data_pointer
-from ...kernel.declarations import MMA_E4M3
+from ...kernel.geometry import LARGE_BATCH, LaunchGeometry, index_block_pools, index_geometry
+from ...kernel.pages import FP8_PAGES
 from ..framework.checks import (
     as_size,
     check_batch_index,
@@ -24,10 +25,12 @@ from ..framework.checks import (
     require_array,
 )
 from ..framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
-from ..framework.spec import Backend, CallArgs, Operand
-from .fp8_target import UINT8, check_cache_layout
+from ..framework.spec import CallArgs, Operand
+from .fp8_target import UINT8, check_cache_layout, check_rotation_head_dim
 
 HEAD_DIMS = (64, 128, 256)
+# The pages the scorer reads: what kp::Fp8Sink writes.
+CACHE_LAYOUT = FP8_PAGES
 
 
 MAX_HEADS = 128
@@ -63,7 +66,7 @@ def check_scoring_inputs(a: CallArgs) -> tuple[int, int, int, int, int, int]:
         raise fail(
             "weights", f"shape [{num_tokens}, {heads}] (q's tokens and heads)", f"shape {tuple(a.weights.shape)}"
         )
-    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False)
+    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False, layout=CACHE_LAYOUT)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     check_block_table(a.cache_block_table, batch, name="cache_block_table")
     return num_tokens, heads, head_dim, pages, block_size, batch
@@ -93,15 +96,22 @@ def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offset
     )
 
 
+def check_scorer_head_dim(name: str, head_dim: int) -> None:
+    """A head_dim the scorer's kernels take: the FP8 epilogue's (a power of two from 8 to 256), then 64, 128 or
+    256."""
+    check_rotation_head_dim(name, head_dim)
+    if head_dim not in HEAD_DIMS:
+        raise fail(name, "64, 128 or 256 for the scorer", head_dim)
+
+
+def scoring_launch(head_dim: int) -> LaunchGeometry:
+    """The scorer's launch over a large batch (e4m3 pool tiles), what the SASS report sizes blocks by."""
+    return index_geometry(LARGE_BATCH, LARGE_BATCH, 1, index_block_pools(head_dim, f16_path=False))
+
+
 def aligned16(array: Any, *strides: int) -> bool:
     """Whether ``array``'s data and every stride given (in bytes) are multiples of 16: the 16-byte path's rule."""
     return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)
-
-
-def tensor_core_kind(backend: Backend) -> int:
-    """The MMA template argument for the backend's device: the CPU backends take the e4m3 instruction."""
-    kind = getattr(backend, "index_mma", None)
-    return MMA_E4M3 if kind is None else int(kind())
 
 
 QUERY = Operand("q", "[num_tokens, heads, head_dim] uint8 (e4m3fn); last dim contiguous")

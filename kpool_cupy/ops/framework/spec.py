@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ...kernel.declarations import Kernel
-from ...kernel.geometry import LaunchGeometry
+from ...kernel.geometry import LaunchGeometry, groups_launch
 
 
 @dataclass(frozen=True)
@@ -199,6 +199,12 @@ class Backend(Protocol):
 
     def launch(self, launch: Launch) -> None: ...
 
+    def tensor_core(self) -> int:
+        """The tensor-core instruction the scorer's kernels are built for on this backend's device
+        (``kernel.declarations.MMA_E4M3`` or ``MMA_F16``: the ``MMA`` template argument); a ValueError naming
+        the device where it has none."""
+        ...
+
 
 @dataclass(frozen=True)
 class Gradient:
@@ -249,6 +255,11 @@ class OpSpec:
     the kernel the op launches (what ``kpool-cupy ptx --op`` compiles).
     ``gradient`` declares the op differentiable and names its backward
     (``Gradient``); None: no gradient (a frontend refuses to differentiate).
+    For the developer tools that build a variant without a call (``kpool-cupy
+    ptx``, the SASS report): ``large_launch(head_dim)``, the geometry of the
+    op's (main) kernel over a batch that fills its blocks, and
+    ``check_head_dim(name, head_dim)``, the head_dim rule of its kernel beyond
+    every kernel's (a multiple of 8 up to MAX_HEAD_DIM; None: no more).
     """
 
     name: str
@@ -263,6 +274,8 @@ class OpSpec:
     conditional_results: Mapping[str, str] = field(default_factory=dict)
     kernel: Kernel | None = None
     gradient: Gradient | None = None
+    large_launch: Callable[[int], LaunchGeometry] = groups_launch
+    check_head_dim: Callable[[str, int], None] | None = None
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:
