@@ -7,7 +7,6 @@ import inspect
 
 import numpy as np
 import pytest
-from model import BF16
 
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends import cupy as gpu_backend
@@ -17,6 +16,7 @@ from kpool_cupy.functions import call_backend, definition
 from kpool_cupy.ops import COMPRESS, OPS
 from kpool_cupy.ops.compress_backward import partials_shape
 from kpool_cupy.ops.framework.binding import bind, execute
+from kpool_cupy.ops.framework.examples import example_batch, named
 from kpool_cupy.ops.framework.spec import Operand, Option
 from kpool_cupy.ops.index_select_fp8 import index_select_workspace_bytes
 
@@ -24,71 +24,9 @@ BINDINGS = (gpu_backend.BINDING, emulate_backend.BINDING, reference_backend.BIND
 
 
 def _calls():
-    """One small valid call per op, as keyword arguments of the reference function."""
-    rng = np.random.default_rng(0)
-    k = rng.standard_normal((11, 16)).astype(BF16)
-    ape = rng.standard_normal((3, 16)).astype(np.float32)
-    offsets, cached = np.array([0, 7, 11], np.int32), np.array([2, 1], np.int32)
-    tail = np.zeros((2, 2, 3, 16), BF16)
-    slots = np.array([0, 1], np.int32)
-    step = rng.standard_normal((2, 2, 16)).astype(BF16)
-    return {
-        "kpool_compress": dict(k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached),
-        "kpool_ring_close": dict(
-            tail=tail, k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached, slot_idx=slots
-        ),
-        "kpool_seed_tail": dict(
-            tail=tail, k=k, gate=k, input_row_offsets=offsets, cache_lengths=cached, slot_idx=slots
-        ),
-        "kpool_tail_update": dict(
-            tail=tail, k=step, gate=step, ape=ape, positions=np.array([[4, 5], [0, -1]], np.int32), slot_idx=slots
-        ),
-        "kpool_expand_topk": dict(
-            pool_ids=np.array([[0, -1]] * 11, np.int32), input_row_offsets=offsets, cache_lengths=cached, kpool=3
-        ),
-        "kpool_compress_fp8": dict(k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached),
-        "kpool_ring_close_fp8": dict(
-            tail=tail, k=k, gate=k, ape=ape, input_row_offsets=offsets, cache_lengths=cached, slot_idx=slots
-        ),
-        "kpool_tail_update_fp8": dict(
-            tail=tail, k=step, gate=step, ape=ape, positions=np.array([[4, 5], [0, -1]], np.int32), slot_idx=slots
-        ),
-        "hadamard_quant_fp8": dict(x=k),
-        "kpool_index_logits_fp8": _index_call(rng),
-        "kpool_index_topk": dict(
-            logits=rng.standard_normal((11, 4)).astype(np.float32),
-            input_row_offsets=offsets,
-            cache_lengths=cached,
-            kpool=3,
-            pool_topk=2,
-        ),
-        "kpool_index_select_fp8": {**_index_call(rng), "pool_topk": 1},
-        "kpool_compress_backward": dict(
-            grad_pooled=rng.standard_normal((2, 16)).astype(BF16),
-            k=k,
-            gate=k,
-            ape=ape,
-            input_row_offsets=offsets,
-            cache_lengths=cached,
-        ),
-    }
-
-
-def _index_call(rng):
-    q = rng.integers(0, 0x7E, (5, 2, 64), dtype=np.uint8)
-    cache = np.zeros((2, 4, 68), np.uint8)
-    cache.reshape(2, -1)[:, 4 * 64 :] = np.ones((2, 4), np.float32).view(np.uint8)
-    table, offsets, cached = np.array([[1], [0]], np.int32), np.array([0, 2, 5], np.int32), np.array([3, 1], np.int32)
-    weights = np.ones((5, 2), np.float32)
-    return dict(
-        q=q,
-        weights=weights,
-        cache=cache,
-        cache_block_table=table,
-        input_row_offsets=offsets,
-        cache_lengths=cached,
-        kpool=2,
-    )
+    """One small valid call per op, as keyword arguments of the reference function: each op's own example."""
+    batch = example_batch()
+    return {spec.name: named(spec.operand_names, spec.example(batch)) for spec in OPS}
 
 
 # The sizes only the data decides, from the first output the run allocated.
@@ -123,7 +61,7 @@ def test_run_allocates_exactly_the_declared_outputs(spec):
         scratch = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
         declared += [((scratch,), np.dtype(np.uint8))] if scratch else []
     if spec.name == "kpool_compress_backward":  # d ape's block partials, working memory of the call's own
-        declared.append(partials_shape(call, 2))  # two pools in _calls
+        declared.append(partials_shape(call, arguments["grad_pooled"].shape[0]))  # a row a pool
     assert recorded.get("allocated", []) == declared
 
 

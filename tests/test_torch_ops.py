@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 import kpool_cupy.torch as kt  # noqa: E402  (after the skip)
 from kpool_cupy import reference  # noqa: E402
+from kpool_cupy.ops.framework.examples import example_batch  # noqa: E402
 from kpool_cupy.ops.framework.results import given_outputs  # noqa: E402
 from kpool_cupy.torch.schema import SPECS as OPS  # noqa: E402  (the ops torch.ops.kpool has)
 from kpool_cupy.torch.schema import overloads  # noqa: E402
@@ -48,59 +49,10 @@ def _array(value):
     return to_numpy("value", value) if isinstance(value, torch.Tensor) else value
 
 
-def index_args(rng):
-    """A small scoring call: 5 tokens of 2 requests, 2 heads, head_dim 64, a 2-page cache."""
-    q = rng.integers(0, 0x7E, (5, 2, 64), dtype=np.uint8)
-    cache = np.zeros((2, 4, 68), np.uint8)
-    cache.reshape(2, -1)[:, : 4 * 64] = rng.integers(0, 0x7E, (2, 4 * 64), dtype=np.uint8)
-    cache.reshape(2, -1)[:, 4 * 64 :] = np.full((2, 4), 0.5, np.float32).view(np.uint8)
-    weights = rng.standard_normal((5, 2)).astype(np.float32)
-    table, offsets, cached = np.array([[1], [0]], np.int32), np.array([0, 2, 5], np.int32), np.array([3, 1], np.int32)
-    return (q, weights, cache, table, offsets, cached)
-
-
 def calls(dtype=BF16, split=False):
-    """A valid call of each op (NumPy arguments): two requests on slots 2 and 0, a ring of 6 rows."""
-    rng = np.random.default_rng(0)
-    gate_dtype = F32 if split else dtype
-    k = rng.standard_normal((11, HEAD_DIM)).astype(dtype)
-    gate = (3 * rng.standard_normal((11, HEAD_DIM))).astype(gate_dtype)
-    ape = rng.standard_normal((KPOOL, HEAD_DIM)).astype(np.float32)
-    offsets, cache = np.array([0, 5, 11], np.int32), np.array([2, 7], np.int32)
-    if split:
-        tail = (
-            rng.standard_normal((3, 6, HEAD_DIM)).astype(dtype),
-            rng.standard_normal((3, 6, HEAD_DIM)).astype(gate_dtype),
-        )
-    else:
-        tail = rng.standard_normal((3, 2, 6, HEAD_DIM)).astype(dtype)
-    slots = np.array([2, 0], np.int32)
-    step_k = rng.standard_normal((2, 3, HEAD_DIM)).astype(dtype)
-    step_gate = rng.standard_normal((2, 3, HEAD_DIM)).astype(gate_dtype)
-    positions = np.array([[5, 6, 7], [9, 10, -1]], np.int32)
-    pool_ids = rng.integers(-1, 5, (11, 3)).astype(np.int32)
-    # compress's gradient, one row a pool (its own generator: the other ops' samples stay as they were).
-    grad = np.random.default_rng(1).standard_normal(
-        (reference.kpool_compress(k, gate, ape, offsets, cache).shape[0], HEAD_DIM)
-    )
-    return {
-        "kpool_compress": ((k, gate, ape, offsets, cache), {}),
-        "kpool_ring_close": ((tail, k, gate, ape, offsets, cache, slots), {}),
-        "kpool_seed_tail": ((tail, k, gate, offsets, cache, slots), {"kpool": KPOOL}),
-        "kpool_tail_update": ((tail, step_k, step_gate, ape, positions, slots), {}),
-        "kpool_expand_topk": ((pool_ids, offsets, cache), {"kpool": KPOOL, "always_select_tail": True}),
-        "kpool_compress_fp8": ((k, gate, ape, offsets, cache), {}),
-        "kpool_ring_close_fp8": ((tail, k, gate, ape, offsets, cache, slots), {}),
-        "kpool_tail_update_fp8": ((tail, step_k, step_gate, ape, positions, slots), {}),
-        "hadamard_quant_fp8": ((k,), {}),
-        "kpool_index_logits_fp8": (index_args(rng), {"kpool": 2}),
-        "kpool_index_topk": (
-            (np.round(rng.standard_normal((11, 7))).astype(np.float32), offsets, cache),  # rounded: ties
-            {"kpool": 2, "pool_topk": 3, "always_select_tail": True},
-        ),
-        "kpool_index_select_fp8": (index_args(rng), {"kpool": 2, "pool_topk": 1, "always_select_tail": True}),
-        "kpool_compress_backward": ((grad.astype(dtype), k, gate, ape, offsets, cache), {}),
-    }
+    """A valid call of each op (NumPy arguments): each op's own example (``OpSpec.example``) over one batch."""
+    batch = example_batch(dtype, split, HEAD_DIM, KPOOL)
+    return {spec.name: spec.example(batch) for spec in OPS}
 
 
 def fp8_cache():

@@ -35,6 +35,7 @@ from .framework.checks import (
     check_out,
     check_out_dtype,
 )
+from .framework.examples import Example, ExampleBatch
 from .framework.operands import OUT_DTYPE, ROTATE
 from .framework.spec import VALIDATE, Backend, CallArgs, Gradient, Launch, Operand, OpSpec, OutputShape
 
@@ -109,6 +110,11 @@ PARAMETERS = (*POOLING_INPUTS, OUT, VALIDATE, OUT_DTYPE, ROTATE)
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
+def example(b: ExampleBatch) -> Example:
+    """Two requests' tokens."""
+    return (b.k, b.gate, b.ape, b.offsets, b.lengths), {}
+
+
 SPEC = OpSpec(
     "kpool_compress",
     PARAMETERS,
@@ -122,6 +128,7 @@ SPEC = OpSpec(
     kernel=COMPRESS,
     # Named, not imported: compress_backward imports this module.
     gradient=Gradient("kpool_compress_backward", ("k", "gate", "ape"), ("grad_pooled",), refused=("rotate",)),
+    example=example,
 )
 
 

@@ -47,6 +47,7 @@ from .framework.checks import (
     fail,
     require_array,
 )
+from .framework.examples import Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
@@ -214,6 +215,11 @@ PARAMETERS = (GRAD_POOLED, *POOLING_INPUTS, GRAD_K, GRAD_GATE, GRAD_APE, VALIDAT
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
+def example(b: ExampleBatch) -> Example:
+    """compress's gradient for the two requests' tokens."""
+    return (b.grad_pooled, b.k, b.gate, b.ape, b.offsets, b.lengths), {}
+
+
 SPEC = OpSpec(
     "kpool_compress_backward",
     PARAMETERS,
@@ -224,4 +230,5 @@ SPEC = OpSpec(
     output_shapes,
     extras={"reference": (ACCUMULATE,)},
     kernel=COMPRESS_BACKWARD,
+    example=example,
 )

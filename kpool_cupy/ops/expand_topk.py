@@ -21,6 +21,7 @@ from .framework.checks import (
     fail,
     require_array,
 )
+from .framework.examples import Example, ExampleBatch
 from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
@@ -117,6 +118,11 @@ REFERENCE_DOC = "Selected pool ids to token positions (NumPy); same contract as 
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
+def example(b: ExampleBatch) -> Example:
+    """3 pool ids a token, the tail selected too."""
+    return (b.pool_ids, b.offsets, b.lengths), {"kpool": b.kpool, "always_select_tail": True}
+
+
 # One result, or (positions, counts) when compacting.
 SPEC = OpSpec(
     "kpool_expand_topk",
@@ -129,4 +135,5 @@ SPEC = OpSpec(
     conditional_results={"counts": "compact"},
     kernel=EXPAND_TOPK,
     large_launch=lambda head_dim: flat_geometry(LARGE_BATCH),
+    example=example,
 )

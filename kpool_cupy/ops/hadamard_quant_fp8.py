@@ -14,6 +14,7 @@ from ..kernel.declarations import HADAMARD_QUANT_FP8
 from ..kernel.geometry import group_geometry
 from .families.fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
 from .framework.checks import as_size, check_rows, fail
+from .framework.examples import Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 
@@ -70,6 +71,11 @@ QUERY_VALUES = dataclasses.replace(VALUES_OUT, rows_of="x")  # rows as wide as x
 PARAMETERS = (QUERY, ROUND_SCALE, QUERY_VALUES, SCALES_OUT, VALIDATE)
 
 
+def example(b: ExampleBatch) -> Example:
+    """The tokens' keys as query rows."""
+    return (b.k,), {}
+
+
 SPEC = OpSpec(
     "hadamard_quant_fp8",
     PARAMETERS,
@@ -80,4 +86,5 @@ SPEC = OpSpec(
     output_shapes,
     kernel=HADAMARD_QUANT_FP8,
     check_head_dim=check_rotation_head_dim,
+    example=example,
 )

@@ -29,6 +29,7 @@ from .framework.checks import (
     check_writable_rows,
     fail,
 )
+from .framework.examples import SCORING_KPOOL, Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, Option, OutputShape
 
 
@@ -152,6 +153,11 @@ def most_pools(call: IndexLogitsCall) -> int | None:
     return None if call.max_pools is not None else MAX_POOLS
 
 
+def example(b: ExampleBatch) -> Example:
+    """The scoring batch."""
+    return b.scoring, {"kpool": SCORING_KPOOL}
+
+
 SPEC = OpSpec(
     "kpool_index_logits_fp8",
     PARAMETERS,
@@ -164,4 +170,5 @@ SPEC = OpSpec(
     kernel=INDEX_LOGITS_FP8,
     large_launch=scoring_launch,
     check_head_dim=check_scorer_head_dim,
+    example=example,
 )

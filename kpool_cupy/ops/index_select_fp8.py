@@ -25,6 +25,7 @@ from .families.scoring import (
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
 from .framework.checks import check_integer, check_rows_and_cache, dtype_fail, fail, require_array
+from .framework.examples import SCORING_KPOOL, Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
 # Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
@@ -187,6 +188,12 @@ PARAMETERS = (
     VALIDATE,
 )
 
+
+def example(b: ExampleBatch) -> Example:
+    """The scoring batch, 1 pool a token and the tail."""
+    return b.scoring, {"kpool": SCORING_KPOOL, "pool_topk": 1, "always_select_tail": True}
+
+
 SPEC = OpSpec(
     "kpool_index_select_fp8",
     PARAMETERS,
@@ -199,6 +206,7 @@ SPEC = OpSpec(
     kernel=INDEX_SELECT_FP8,
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
     check_head_dim=check_scorer_head_dim,
+    example=example,
 )
 
 __all__ = ["MAX_POOL_TOPK", "SPEC", "index_select_workspace_bytes"]

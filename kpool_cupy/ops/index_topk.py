@@ -16,6 +16,7 @@ from .families import expansion
 from .families.scoring import MAX_POOLS, check_rows_of
 from .families.selection import MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
 from .framework.checks import as_size, check_batch_index, check_rows_and_cache, fail
+from .framework.examples import Example, ExampleBatch
 from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
@@ -92,6 +93,12 @@ PARAMETERS = (
     VALIDATE,
 )
 
+
+def example(b: ExampleBatch) -> Example:
+    """Rounded logits (ties), 3 pools a token and the tail."""
+    return (b.logits, b.offsets, b.lengths), {"kpool": 2, "pool_topk": 3, "always_select_tail": True}
+
+
 SPEC = OpSpec(
     "kpool_index_topk",
     PARAMETERS,
@@ -103,4 +110,5 @@ SPEC = OpSpec(
     conditional_results={"counts": "compact"},
     kernel=INDEX_TOPK,
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
+    example=example,
 )

@@ -22,6 +22,7 @@ from .framework.checks import (
     check_rows_and_cache,
     fail,
 )
+from .framework.examples import Example, ExampleBatch
 from .framework.operands import (
     APE,
     CACHE_LENGTHS,
@@ -131,6 +132,13 @@ DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the 
 
 
 run = into_pooled_rows(RING_CLOSE, pool_into)
+
+
+def example(b: ExampleBatch) -> Example:
+    """The two requests' rings and this call's tokens."""
+    return (b.ring, b.k, b.gate, b.ape, b.offsets, b.lengths, b.slots), {}
+
+
 SPEC = OpSpec(
     "kpool_ring_close",
     PARAMETERS,
@@ -140,6 +148,7 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     kernel=RING_CLOSE,
+    example=example,
 )
 
 

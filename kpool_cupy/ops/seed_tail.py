@@ -12,6 +12,7 @@ from ..kernel.geometry import group_geometry
 from ..pool_offsets import check_kpool
 from .families.rings import check_slot_values, check_slots, check_tail
 from .framework.checks import as_size, check_batch_index, check_keys, check_rows_and_cache
+from .framework.examples import Example, ExampleBatch
 from .framework.operands import (
     CACHE_LENGTHS,
     INPUT_ROW_OFFSETS,
@@ -72,5 +73,20 @@ Same contract as :func:`kpool_cupy.kpool_seed_tail`."""
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
+def example(b: ExampleBatch) -> Example:
+    """The two requests' tokens into their rings."""
+    return (b.ring, b.k, b.gate, b.offsets, b.lengths, b.slots), {"kpool": b.kpool}
+
+
 # No results and no outputs: it writes only the ring.
-SPEC = OpSpec("kpool_seed_tail", PARAMETERS, (), check_seed_tail_args, run, DOCS, lambda call: {}, kernel=SEED_TAIL)
+SPEC = OpSpec(
+    "kpool_seed_tail",
+    PARAMETERS,
+    (),
+    check_seed_tail_args,
+    run,
+    DOCS,
+    lambda call: {},
+    kernel=SEED_TAIL,
+    example=example,
+)

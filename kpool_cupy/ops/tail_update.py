@@ -28,6 +28,7 @@ from .framework.checks import (
     fail,
     require_array,
 )
+from .framework.examples import Example, ExampleBatch
 from .framework.operands import APE, OUT_DTYPE, RING, RING_GATE, ROTATE, SLOT_IDX, ring, ring_template, ring_vector
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape, is_pair
 
@@ -200,6 +201,13 @@ DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the 
 
 
 run = into_pooled_rows(TAIL_UPDATE, pool_into)
+
+
+def example(b: ExampleBatch) -> Example:
+    """A decode step of 3 tokens a request, the second padded."""
+    return (b.ring, b.step_k, b.step_gate, b.ape, b.positions, b.slots), {}
+
+
 SPEC = OpSpec(
     "kpool_tail_update",
     PARAMETERS,
@@ -210,6 +218,7 @@ SPEC = OpSpec(
     output_shapes,
     kernel=TAIL_UPDATE,
     large_launch=lambda head_dim: decode_geometry(head_dim, LARGE_BATCH),
+    example=example,
 )
 
 

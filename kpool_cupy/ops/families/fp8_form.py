@@ -152,4 +152,5 @@ def fp8_form(name: str, plain: PlainOp, kernel: Kernel, slots: Operand | None, d
         kernel=kernel,
         large_launch=spec.large_launch,
         check_head_dim=check_rotation_head_dim,
+        example=spec.example,
     )

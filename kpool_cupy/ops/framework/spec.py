@@ -260,6 +260,9 @@ class OpSpec:
     op's (main) kernel over a batch that fills its blocks, and
     ``check_head_dim(name, head_dim)``, the head_dim rule of its kernel beyond
     every kernel's (a multiple of 8 up to MAX_HEAD_DIM; None: no more).
+    ``example(batch)``: a small valid call, (args, kwargs), from the arrays of
+    an ``ops.framework.examples.ExampleBatch``; what the op tests and the
+    torch samples run.
     """
 
     name: str
@@ -276,6 +279,7 @@ class OpSpec:
     gradient: Gradient | None = None
     large_launch: Callable[[int], LaunchGeometry] = groups_launch
     check_head_dim: Callable[[str, int], None] | None = None
+    example: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:
