@@ -14,10 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from model import BF16, F32
-from test_fp8_compress import _scatter
 
 from kpool_cupy import emulate, reference
-from kpool_cupy.backends import reference_epilogue as epilogue
 
 HEAD_DIM, KPOOL, BLOCK_SIZE = 64, 4, 4
 
@@ -113,44 +111,3 @@ def _ring_call(rng, gate_dtype=BF16):
     tail = rng.standard_normal((6, 2, KPOOL, HEAD_DIM)).astype(BF16)
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     return tail, k, gate, ape, offsets, np.array(cached, np.int32), np.array([4, 0, 2, 5], np.int32)
-
-
-@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
-def test_ring_close_rows_and_slots_are_the_epilogue_of_ring_close(module):
-    args = _ring_call(np.random.default_rng(4))
-    pooled, closed = module.kpool_ring_close(*args, out_dtype="float32")
-    values, scales, closed_fp8 = module.kpool_ring_close_fp8(*args)
-    assert np.array_equal(closed, closed_fp8) and (closed >= 0).sum() == 3  # request 1 closes nothing
-    want_values, want_scales = epilogue.epilogue(pooled, True)
-    shut = closed >= 0
-    assert np.array_equal(values[shut], want_values[shut]) and scales[shut].tobytes() == want_scales[shut].tobytes()
-    assert not values[~shut].any() and not scales[~shut].any()  # rows of requests that close nothing: left zero
-    # Into a cache through slots, -1 skipping one request: its entry stays as it was.
-    cache = np.random.default_rng(1).integers(0, 256, (3, BLOCK_SIZE, HEAD_DIM + 4), dtype=np.uint8)
-    written = cache.copy()
-    slots = np.array([7, 0, -1, 2], np.int64)
-    got = module.kpool_ring_close_fp8(*args, cache=written, slots=slots)
-    assert np.array_equal(got, closed)
-    # The whole cache: each closing request's entry at its slot, every other byte as it was.
-    assert np.array_equal(written, _scatter(values, scales, cache, np.where(shut, slots, -1)))
-
-
-@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
-def test_tail_update_rows_are_the_epilogue_of_tail_update(module):
-    rng = np.random.default_rng(6)
-    tail = rng.standard_normal((3, 2, KPOOL + 2, HEAD_DIM)).astype(BF16)
-    k = rng.standard_normal((3, 6, HEAD_DIM)).astype(BF16)
-    gate = (3 * rng.standard_normal((3, 6, HEAD_DIM))).astype(BF16)
-    ape = rng.standard_normal((KPOOL, HEAD_DIM)).astype(np.float32)
-    positions = np.array([[2, 3, 4, 5, 6, 7], [8, 9, 10, -1, -1, -1], [0, 1, 2, 3, 4, 5]], np.int32)
-    slots = np.array([2, 0, 1], np.int32)
-    plain_tail = tail.copy()
-    pooled, closed = module.kpool_tail_update(plain_tail, k, gate, ape, positions, slots, out_dtype="float32")
-    values, scales, closed_fp8 = module.kpool_tail_update_fp8(tail, k, gate, ape, positions, slots)
-    assert np.array_equal(tail, plain_tail)  # the same ring writes
-    assert np.array_equal(closed, closed_fp8) and (closed >= 0).sum() == 3  # pools 0, 1 of request 0; 0 of 2
-    want_values, want_scales = epilogue.epilogue(pooled.reshape(-1, HEAD_DIM), True)
-    shut = (closed >= 0).reshape(-1)
-    assert np.array_equal(values.reshape(-1, HEAD_DIM)[shut], want_values[shut])
-    assert scales.reshape(-1)[shut].tobytes() == want_scales[shut].tobytes()
-    assert not values.reshape(-1, HEAD_DIM)[~shut].any()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from model import BF16, F16, F32, make_batch, standard_lengths
-from test_fp8_compress import _scatter, _table_slots
+from test_compress_fp8 import _scatter, _table_slots
 
 from kpool_cupy import reference
 from kpool_cupy.backends import reference_epilogue as epilogue

@@ -60,19 +60,6 @@ def test_expand_kpool_is_bounded_like_every_other_kpool(backend):
         BACKENDS[backend].kpool_expand_topk(ids, np.array([0, 4], np.int32), np.array([0], np.int32), kpool=2**31)
 
 
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_ring_close_names_the_request_in_the_callers_array(backend):
-    # Finding 5: the index counted only the requests that close a pool.
-    k = _rows(8)
-    tail = np.zeros((2, 2, 4, 16), BF16)
-    ape = np.zeros((4, 16), np.float32)
-    lengths = np.array([4, 2**40 + 1], np.int64)  # request 0 closes nothing, request 1's pool id is too big
-    with pytest.raises(ValueError, match=r"^Invalid cache_lengths: .* got 1099511627777 at index 1$"):
-        BACKENDS[backend].kpool_ring_close(
-            tail, k, k, ape, np.array([0, 4, 8], np.int32), lengths, np.array([0, 1], np.int32)
-        )
-
-
 @pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")  # made on purpose here
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize("kind", ["masked", "matrix"])

@@ -420,7 +420,7 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
                 spec = next(s for s in OPS if s.name == name)
                 host = copy.deepcopy(args)
                 # The scorer's sums run in the tensor cores' order: its bits are the emulated kernel's, which
-                # meet the float64 reference within a bound (tests/test_index_logits.py), not bit for bit.
+                # meet the float64 reference within a bound (tests/test_index_logits_fp8.py), not bit for bit.
                 # compress's backward: its float32 gradients (ape's, a float32 gate's) differ from the
                 # NumPy reference's by an ulp here; the CUDA path's bits are the emulated kernel's.
                 emulated = ("kpool_index_logits_fp8", "kpool_index_select_fp8", "kpool_compress_backward")
