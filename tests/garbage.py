@@ -735,3 +735,28 @@ def backward_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
                 given = np.full((like.shape[0], like.shape[1] + pad), np.nan, like.dtype)
                 case[name] = given[:, : like.shape[1]]
         yield "kpool_compress_backward", case
+
+
+# Every garbage family, with the op a case that names none calls: what run_garbage.py and run_memcheck.py
+# feed their sanitizers, and how tests/test_adding_an_op.py sees that every op gets garbage.
+GARBAGE_FAMILIES = (
+    (garbage_cases, "kpool_compress"),
+    (ring_garbage_cases, None),
+    (expand_garbage_cases, "kpool_expand_topk"),
+    (fp8_garbage_cases, None),
+    (fp8_ring_garbage_cases, None),
+    (index_garbage_cases, None),
+    (topk_garbage_cases, None),
+    (select_garbage_cases, None),
+    (backward_garbage_cases, None),
+)
+
+
+def garbage_ops(seed: int = 0, count: int = 24) -> set[str]:
+    """The public names of the ops the families' first ``count`` cases call."""
+    called = set()
+    for family, op in GARBAGE_FAMILIES:
+        for item in family(seed, count):
+            name = op if isinstance(item, dict) else item[0]
+            called.add(name if name.startswith(("kpool_", "hadamard")) else f"kpool_{name}")
+    return called

@@ -14,7 +14,7 @@ import numpy as np
 from ...dtypes import FLOAT32, dtype_name
 from ...kernel.codes import data_pointer
 from ...kernel.geometry import LARGE_BATCH, LaunchGeometry, index_block_pools, index_geometry
-from ...kernel.pages import FP8_PAGES
+from ...kernel.pages import FP8_PAGES, PageLayout
 from ..framework.checks import (
     as_size,
     check_batch_index,
@@ -52,10 +52,13 @@ def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule:
         raise fail(name, "non-negative strides in whole elements", f"strides {array.strides}")
 
 
-def check_scoring_inputs(a: CallArgs) -> tuple[int, int, int, int, int, int]:
+def check_scoring_inputs(
+    a: CallArgs, layout: PageLayout = CACHE_LAYOUT, query: tuple[np.dtype, str] = (UINT8, "e4m3fn bytes")
+) -> tuple[int, int, int, int, int, int]:
     """q, weights, the cache, its table, offsets and lengths, as every scoring op takes them: (num_tokens, heads,
-    head_dim, pages, block_size, batch)."""
-    check_rows_of("q", a.q, UINT8, 3, "[num_tokens, heads, head_dim] (e4m3fn bytes)")
+    head_dim, pages, block_size, batch). ``layout``: the cache's pages; ``query``: q's dtype and what it holds
+    (another key format is another layout and query, not another check)."""
+    check_rows_of("q", a.q, query[0], 3, f"[num_tokens, heads, head_dim] ({query[1]})")
     num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
     if head_dim not in HEAD_DIMS:
         raise fail("q", f"head_dim (last dim) one of {', '.join(map(str, HEAD_DIMS))}", head_dim)
@@ -66,7 +69,7 @@ def check_scoring_inputs(a: CallArgs) -> tuple[int, int, int, int, int, int]:
         raise fail(
             "weights", f"shape [{num_tokens}, {heads}] (q's tokens and heads)", f"shape {tuple(a.weights.shape)}"
         )
-    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False, layout=CACHE_LAYOUT)
+    pages, block_size = check_cache_layout(a.cache, head_dim, writable=False, layout=layout)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     check_block_table(a.cache_block_table, batch, name="cache_block_table")
     return num_tokens, heads, head_dim, pages, block_size, batch
