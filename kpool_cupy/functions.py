@@ -13,7 +13,7 @@ keywords (``backend_options``: ``stream=`` on the GPU, ``accumulate=`` on
 the reference where the op has it). Calling a def here directly raises:
 it belongs to no backend.
 
-``@defines(SPEC)`` ties a def to its op's description; binding checks that
+``@defines(ops.SPEC)`` ties a def to its op's description; binding checks that
 the def's parameters are the spec's, in order, with the same defaults, and
 ``tests/test_public_functions.py`` that each def hands every argument on
 under its own name.
@@ -28,22 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from . import ops
 from .arrays import Array, Result
-from .ops import (
-    COMPRESS,
-    COMPRESS_BACKWARD,
-    COMPRESS_FP8,
-    EXPAND_TOPK,
-    HADAMARD_QUANT_FP8,
-    INDEX_LOGITS_FP8,
-    INDEX_SELECT_FP8,
-    INDEX_TOPK,
-    RING_CLOSE,
-    RING_CLOSE_FP8,
-    SEED_TAIL,
-    TAIL_UPDATE,
-    TAIL_UPDATE_FP8,
-)
 from .ops.framework.binding import BackendOptions
 from .ops.framework.spec import OpSpec
 
@@ -94,7 +80,7 @@ def call_backend(arrays: tuple[Any, ...], options: dict[str, Any], backend_optio
     )
 
 
-@defines(COMPRESS)
+@defines(ops.COMPRESS)
 def kpool_compress(
     k: Array,
     gate: Array,
@@ -170,7 +156,7 @@ def kpool_compress(
     )
 
 
-@defines(RING_CLOSE)
+@defines(ops.RING_CLOSE)
 def kpool_ring_close(
     tail: Array | tuple[Array, Array],
     k: Array,
@@ -217,7 +203,7 @@ def kpool_ring_close(
     )
 
 
-@defines(SEED_TAIL)
+@defines(ops.SEED_TAIL)
 def kpool_seed_tail(
     tail: Array | tuple[Array, Array],
     k: Array,
@@ -253,7 +239,7 @@ def kpool_seed_tail(
     )
 
 
-@defines(TAIL_UPDATE)
+@defines(ops.TAIL_UPDATE)
 def kpool_tail_update(
     tail: Array | tuple[Array, Array],
     k: Array,
@@ -317,7 +303,7 @@ def kpool_tail_update(
     )
 
 
-@defines(EXPAND_TOPK)
+@defines(ops.EXPAND_TOPK)
 def kpool_expand_topk(
     pool_ids: Array,
     input_row_offsets: Array,
@@ -364,7 +350,7 @@ def kpool_expand_topk(
     )
 
 
-@defines(COMPRESS_FP8)
+@defines(ops.COMPRESS_FP8)
 def kpool_compress_fp8(
     k: Array,
     gate: Array,
@@ -440,7 +426,7 @@ def kpool_compress_fp8(
     )
 
 
-@defines(RING_CLOSE_FP8)
+@defines(ops.RING_CLOSE_FP8)
 def kpool_ring_close_fp8(
     tail: Array | tuple[Array, Array],
     k: Array,
@@ -512,7 +498,7 @@ def kpool_ring_close_fp8(
     )
 
 
-@defines(TAIL_UPDATE_FP8)
+@defines(ops.TAIL_UPDATE_FP8)
 def kpool_tail_update_fp8(
     tail: Array | tuple[Array, Array],
     k: Array,
@@ -575,7 +561,7 @@ def kpool_tail_update_fp8(
     )
 
 
-@defines(HADAMARD_QUANT_FP8)
+@defines(ops.HADAMARD_QUANT_FP8)
 def hadamard_quant_fp8(
     x: Array,
     *,
@@ -620,7 +606,7 @@ def hadamard_quant_fp8(
     return call_backend((x, out, out_scale), {"round_scale": round_scale, "validate": validate}, backend_options)
 
 
-@defines(INDEX_LOGITS_FP8)
+@defines(ops.INDEX_LOGITS_FP8)
 def kpool_index_logits_fp8(
     q: Array,
     weights: Array,
@@ -701,7 +687,7 @@ def kpool_index_logits_fp8(
     )
 
 
-@defines(INDEX_TOPK)
+@defines(ops.INDEX_TOPK)
 def kpool_index_topk(
     logits: Array,
     input_row_offsets: Array,
@@ -779,7 +765,7 @@ def kpool_index_topk(
     )
 
 
-@defines(INDEX_SELECT_FP8)
+@defines(ops.INDEX_SELECT_FP8)
 def kpool_index_select_fp8(
     q: Array,
     weights: Array,
@@ -856,7 +842,7 @@ def kpool_index_select_fp8(
     )
 
 
-@defines(COMPRESS_BACKWARD)
+@defines(ops.COMPRESS_BACKWARD)
 def kpool_compress_backward(
     grad_pooled: Array,
     k: Array,

@@ -33,8 +33,12 @@ def _imports(path: Path) -> set[str]:
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
                 target = node.module or ""
-            found.add(target)
-            found.update(f"{target}.{alias.name}" for alias in node.names if _exists(f"{target}.{alias.name}"))
+            # "from package import submodule" imports the submodule; the package is imported before any of
+            # its modules whatever they import, so it is an edge only when a name comes from it.
+            submodules = {f"{target}.{alias.name}" for alias in node.names if _exists(f"{target}.{alias.name}")}
+            found.update(submodules)
+            if len(submodules) < len(node.names):
+                found.add(target)
     # A package's own "from . import child" names the package itself: not an edge.
     return {m for m in found if m.split(".")[0] == "kpool_cupy" and _exists(m) and m != name}
 
