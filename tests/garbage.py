@@ -737,8 +737,8 @@ def backward_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
         yield "kpool_compress_backward", case
 
 
-# Every garbage family, with the op a case that names none calls: what run_garbage.py and run_memcheck.py
-# feed their sanitizers, and how tests/test_adding_an_op.py sees that every op gets garbage.
+# Every garbage family, with the op a case that names none calls: how tests/test_adding_an_op.py sees that
+# every op gets garbage. run_garbage.py and run_memcheck.py run the same families, each with its own count.
 GARBAGE_FAMILIES = (
     (garbage_cases, "kpool_compress"),
     (ring_garbage_cases, None),

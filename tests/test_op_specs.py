@@ -29,12 +29,17 @@ def _calls():
     return {spec.name: named(spec.operand_names, spec.example(batch)) for spec in OPS}
 
 
-# The sizes only the data decides, from the first output the run allocated.
-DYNAMIC = {
-    "kpool_compress": lambda shape: {"total_pools": shape[0]},
-    "kpool_compress_fp8": lambda shape: {"total_pools": shape[0]},
-    "kpool_index_logits_fp8": lambda shape: {"max_pools": shape[1]},
-}
+def _dynamic_sizes(spec, call, allocated: tuple[int, ...]) -> dict[str, int]:
+    """The sizes only the data decides (``spec.dynamic_sizes``), read back from the first output the run
+    allocated: the value among its dims for which the spec's ``outputs`` gives that shape."""
+    sizes = {}
+    for name in spec.dynamic_sizes:
+        fits = [
+            n for n in set(allocated) if tuple(next(iter(spec.outputs(call, **{name: n}).values()))[0]) == allocated
+        ]
+        assert len(fits) == 1, (spec.name, name, allocated, fits)
+        sizes[name] = fits[0]
+    return sizes
 
 
 @pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
@@ -55,7 +60,7 @@ def test_run_allocates_exactly_the_declared_outputs(spec):
     options = {o.name: arguments.get(o.name, o.default) for o in spec.options}
     execute(spec, Recording(), arrays, options)
     call = spec.describe(arrays, options)  # the checks alone give the record the shapes come from
-    sizes = DYNAMIC[spec.name](recorded["allocated"][0][0]) if spec.dynamic_sizes else {}
+    sizes = _dynamic_sizes(spec, call, recorded["allocated"][0][0]) if spec.dynamic_sizes else {}
     declared = [(tuple(s), np.dtype(d)) for s, d in spec.outputs(call, **sizes).values()]
     if any(o.scratch for o in spec.operands):  # the fused select's scratch, made when the caller gives none
         scratch = index_select_workspace_bytes(call.num_tokens, call.pool_topk)

@@ -42,12 +42,13 @@ def _each_public_function():
         module = importlib.import_module(module_name)
         for name in module.__all__:
             value = getattr(module, name)
-            if inspect.isfunction(value):
+            if callable(value) and not inspect.isclass(value):  # a partial or a callable object fails below
                 yield pytest.param(value, name, id=f"{module_name}.{name}")
 
 
 @pytest.mark.parametrize(("function", "name"), _public_functions())
 def test_every_public_function_is_a_def_of_its_name_in_a_py_file_of_the_package(function, name):
+    assert inspect.isfunction(function), type(function)
     source = Path(inspect.getsourcefile(function)).resolve()
     assert source.suffix == ".py" and PACKAGE in source.parents, source
     (node,) = ast.parse(inspect.getsource(function)).body
@@ -57,7 +58,9 @@ def test_every_public_function_is_a_def_of_its_name_in_a_py_file_of_the_package(
 def test_every_op_has_one_def_and_the_public_modules_bind_them_all():
     assert list(functions.DEFINITIONS) == [spec.name for spec in OPS]
     assert sorted(functions.__all__) == sorted(functions.DEFINITIONS)
-    for module_name in MODULES[:3]:
+    for module_name in MODULES:
+        if module_name.endswith(".torch") and importlib.util.find_spec("torch") is None:
+            continue
         module = importlib.import_module(module_name)
         for name in functions.DEFINITIONS:
             bound = getattr(module, name)
@@ -198,3 +201,22 @@ def test_a_type_checker_reads_the_defs(tmp_path):
     flagged = sorted({int(line.split(":")[1]) for line in errors if line.startswith(str(user))})
     marked = [number for number, line in enumerate(USER_CODE.splitlines(), 1) if "# error" in line]
     assert len(marked) == 6 and flagged == marked, done.stdout + done.stderr
+
+
+def test_a_backend_keyword_without_a_default_is_required_as_a_plain_function_would_require_it():
+    # No backend has one today; the caller must still refuse a call without it, not pass the sentinel on.
+    import dataclasses
+
+    from kpool_cupy.ops.framework.spec import REQUIRED, Option
+
+    seen = []
+    binding = dataclasses.replace(_recording_binding("reference"), options=(Option("device_index", "int", REQUIRED),))
+    bound = bind(functions.DEFINITIONS["hadamard_quant_fp8"], binding)
+    with pytest.raises(
+        TypeError, match=r"hadamard_quant_fp8\(\) missing 1 required keyword-only argument: 'device_index'"
+    ):
+        bound("<x>")
+    with pytest.raises(_Recorded) as recorded:
+        bound("<x>", device_index=3)
+    seen.append(recorded.value.args[2])
+    assert seen == [{"device_index": 3}]

@@ -76,7 +76,8 @@ def test_the_selection_reads_logits_16_bytes_at_a_time_and_spills_nothing_in_its
 
 @pytest.mark.usefixtures("sass_tools")
 def test_the_fused_kernel_scores_on_tensor_cores_without_spills():
-    # head_dim 128 on sm_90: one inlined score_token, 4 key tiles x 4 steps x 2 HMMAs (tests/test_index_sass.py).
+    # head_dim 128 on sm_90: one inlined score_token, 4 key tiles x 4 steps x 2 HMMAs
+    # (tests/test_index_logits_fp8_sass.py).
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch="sm_90")
     assert machine.spill_stores == machine.spill_loads == 0
     assert tensor_core_count(machine.sass) == 4 * 4 * 2

@@ -156,9 +156,9 @@ def cache_views(xp: Any, cache: Any) -> tuple[Any, Any]:
     as_strided = xp.lib.stride_tricks.as_strided
     page = block_size * width
     values = as_strided(cache, (pages, block_size, head_dim), (page, head_dim, 1))
-    # The scales start block_size * head_dim bytes into each page; a float32 view of the flat cache from there.
-    flat = cache.reshape(-1)[block_size * head_dim :].view(xp.float32)
-    scales = as_strided(flat, (pages, block_size), (page, 4))
+    # The scales start at entry 0's scale offset in each page; a float32 view of the flat cache from there.
+    flat = cache.reshape(-1)[FP8_PAGES.scale_offset(block_size, head_dim, 0) :].view(xp.float32)
+    scales = as_strided(flat, (pages, block_size), (page, FP8_PAGES.scale_bytes))
     return values, scales
 
 
@@ -237,7 +237,7 @@ def bench_compress_fp8(shape: BenchShape, target: str, samples: int) -> dict[str
     sets = make_input_sets(shape, count)
     places = paged_destinations(shape, count, size, np.random.default_rng(1))
     pages = places.pages
-    cache = cupy.zeros((count * pages, size, head_dim + 4), dtype=cupy.uint8)
+    cache = cupy.zeros((count * pages, size, FP8_PAGES.entry_bytes(head_dim)), dtype=cupy.uint8)
     views = cache_views(cupy, cache)
     tables = cupy.asarray(places.tables)
     slots = cupy.asarray(places.slots)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ..kernel.pages import FP8_PAGES
 from .fp8 import CACHE_BLOCK_SIZE, fp8_row_bytes
 from .lifecycle import composite_refusal, device_rotation
 from .stats import ratios_to
@@ -100,13 +101,14 @@ def _input_sets(shape: IndexShape, count: int) -> tuple[list[dict[str, Any]], An
     requests, next_n, heads = shape.requests, shape.next_n, shape.heads
     pages = requests * shape.columns
     rng = cupy.random.default_rng(5)
-    raw = rng.integers(0, 256, (count, pages, CACHE_BLOCK_SIZE * (HEAD_DIM + 4)), dtype=cupy.int32)
+    entry, split = FP8_PAGES.entry_bytes(HEAD_DIM), FP8_PAGES.scale_offset(CACHE_BLOCK_SIZE, HEAD_DIM, 0)
+    raw = rng.integers(0, 256, (count, pages, CACHE_BLOCK_SIZE * entry), dtype=cupy.int32)
     raw = raw.astype(cupy.uint8)
     raw = cupy.where((raw & 0x7F) == 0x7F, raw ^ 1, raw)  # no NaN bytes
     powers = np.random.default_rng(7).integers(-8, 4, (count, pages, CACHE_BLOCK_SIZE))
     scales = cupy.asarray(np.exp2(powers).astype(np.float32))  # ue8m0 scales, as the writers make them
-    raw[:, :, CACHE_BLOCK_SIZE * HEAD_DIM :] = scales.view(cupy.uint8).reshape(count, pages, -1)
-    cache = raw.reshape(count, pages, CACHE_BLOCK_SIZE, HEAD_DIM + 4)
+    raw[:, :, split:] = scales.view(cupy.uint8).reshape(count, pages, -1)
+    cache = raw.reshape(count, pages, CACHE_BLOCK_SIZE, entry)
     order = np.random.default_rng(6).permutation(pages).astype(np.int32)
     table = cupy.asarray(order.reshape(requests, shape.columns))
     q = rng.integers(0, 256, (count, shape.tokens, heads, HEAD_DIM), dtype=cupy.int32).astype(cupy.uint8)
@@ -133,7 +135,7 @@ def _composite(shape: IndexShape, sets: list[dict[str, Any]], out: Any) -> Any:
     def run(i: int) -> Any:
         s = sets[i]
         pages = s["cache"][s["cache_block_table"]].reshape(requests, shape.columns, -1)  # [B, cols, page bytes]
-        split = CACHE_BLOCK_SIZE * HEAD_DIM
+        split = FP8_PAGES.scale_offset(CACHE_BLOCK_SIZE, HEAD_DIM, 0)  # a page's values, then its scales
         keys = values[pages[:, :, :split].reshape(requests, -1, HEAD_DIM)[:, :pools]]
         scales = pages[:, :, split:].copy().view(cupy.float32).reshape(requests, -1)[:, :pools]
         keys *= scales[:, :, None]
@@ -160,7 +162,7 @@ def bench_index_logits(shape: IndexShape, samples: int) -> dict[str, Any]:
     import kpool_cupy
 
     nbytes = index_bytes(shape)
-    page_bytes = CACHE_BLOCK_SIZE * (HEAD_DIM + 4)
+    page_bytes = CACHE_BLOCK_SIZE * FP8_PAGES.entry_bytes(HEAD_DIM)
     allocated = shape.requests * shape.columns * page_bytes + shape.tokens * (shape.heads * (HEAD_DIM + 4))
     allocated += shape.tokens * shape.pools * 4
     rotated = device_rotation(nbytes, allocated)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from ..kernel.pages import FP8_PAGES
 from .fp8 import CACHE_BLOCK_SIZE
 from .index import HEAD_DIM, KPOOL, IndexShape, _input_sets, index_bytes, index_flops
 from .lifecycle import device_rotation
@@ -90,7 +91,7 @@ def bench_select(shape: IndexShape, samples: int, pool_topk: int = POOL_TOPK) ->
     import kpool_cupy
 
     nbytes = select_bytes(shape, pool_topk)
-    page_bytes = CACHE_BLOCK_SIZE * (HEAD_DIM + 4)
+    page_bytes = CACHE_BLOCK_SIZE * FP8_PAGES.entry_bytes(HEAD_DIM)
     allocated = shape.requests * shape.columns * page_bytes + shape.tokens * shape.heads * (HEAD_DIM + 4)
     allocated += shape.tokens * shape.pools * 4  # each set's logits, for the two-step and torch
     rotated = device_rotation(nbytes, allocated)

@@ -126,7 +126,7 @@ SPEC = OpSpec(
     extras={"reference": (ACCUMULATE,)},
     dynamic_sizes={"total_pools": most_pools},
     kernel=COMPRESS,
-    # Named, not imported: compress_backward imports this module.
+    # Named, not imported: a leaf op never imports another (the torch registry finds it by name).
     gradient=Gradient("kpool_compress_backward", ("k", "gate", "ape"), ("grad_pooled",), refused=("rotate",)),
     example=example,
 )

@@ -58,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from ..ops.families.scoring import CACHE_LAYOUT
+
 FP8_MMA_ACCUMULATION_BITS = 13  # assumed for native FP8 tensor cores; see the module docstring
 HMMA_ACCUMULATION_BITS = 23  # f16 tensor cores with float32 accumulation: truncation, a unit a product a step
 # Whether an mma step's products sum in f16 HMMAs rather than FP8 tensor cores, by compute capability (major *
@@ -81,9 +83,10 @@ def _magnitudes(q: np.ndarray, cache: np.ndarray, head_dim: int) -> tuple[np.nda
     cache_abs = np.array(cache, copy=True)
     pages, block_size = cache.shape[0], cache.shape[1]
     flat = cache_abs.reshape(pages, -1)
-    flat[:, : block_size * head_dim] &= np.uint8(0x7F)
-    scales = flat[:, block_size * head_dim :].copy().view(np.float32)
-    flat[:, block_size * head_dim :] = np.abs(scales).view(np.uint8)
+    split = CACHE_LAYOUT.scale_offset(block_size, head_dim, 0)  # a page's values, then its scales
+    flat[:, :split] &= np.uint8(0x7F)
+    scales = flat[:, split:].copy().view(np.float32)
+    flat[:, split:] = np.abs(scales).view(np.uint8)
     return q_abs, cache_abs
 
 
@@ -135,13 +138,14 @@ def _subnormal_scales(q_abs, weights_abs, cache_abs, head_dim, seen, call, table
 
     pages, block_size = cache_abs.shape[0], cache_abs.shape[1]
     flat = cache_abs.reshape(pages, -1)
-    scales = flat[:, block_size * head_dim :].copy().view(np.float32)
+    split = CACHE_LAYOUT.scale_offset(block_size, head_dim, 0)
+    scales = flat[:, split:].copy().view(np.float32)
     subnormal = (scales > 0) & (scales < np.float32(2.0**-126))
     if not subnormal.any():
         return np.zeros(seen.shape)
     marked = np.array(cache_abs, copy=True)
     marked_scales = np.where(subnormal, np.float32(2.0**-126), np.float32(0))
-    marked.reshape(pages, -1)[:, block_size * head_dim :] = marked_scales.view(np.uint8)
+    marked.reshape(pages, -1)[:, split:] = marked_scales.view(np.uint8)
     lost = reference.kpool_index_logits_fp8(q_abs, weights_abs, marked, table, offsets, lengths, **call)
     return np.where(seen & np.isfinite(lost), lost.astype(np.float64), 0.0) * (1 + 2.0**-20)
 

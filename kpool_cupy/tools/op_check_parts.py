@@ -24,6 +24,7 @@ class Backend:
     ops: Any
     put: Callable[[np.ndarray], Any]
     get: Callable[[Any], np.ndarray]
+    on_gpu: bool = False  # the GPU path: the scorer's bound takes the device's accumulation
 
 
 @dataclass

@@ -238,7 +238,7 @@ def check_index_logits_fp8(backend: Backend, case: Case, kpool: int, rng: np.ran
     tokens = arrays[0].shape[0]
     got = backend.get(backend.ops.kpool_index_logits_fp8(*(backend.put(a) for a in arrays), kpool=kpool))
     want = reference.kpool_index_logits_fp8(*arrays, kpool=kpool)
-    bits = _device_accumulation_bits() if getattr(backend.ops, "__name__", "") == "kpool_cupy" else 24
+    bits = _device_accumulation_bits() if backend.on_gpu else 24
     bound = index_logits_bound(*arrays, kpool=kpool, max_pools=want.shape[1], accumulation_bits=bits)
     accuracy = index_logits_agree(got, want, bound) if got.shape == want.shape else {"ok": False}
     return Verdict(tokens, 0 if got.shape == want.shape else max(got.size, 1), accuracy)

@@ -62,7 +62,7 @@ def backend_for(name: str) -> Backend:
         column //= array.itemsize
         return cupy.asarray(base)[row : row + array.shape[0], column : column + array.shape[1]]
 
-    return Backend(kpool_cupy, device, cupy.asnumpy)
+    return Backend(kpool_cupy, device, cupy.asnumpy, on_gpu=True)
 
 
 @dataclass

@@ -168,13 +168,17 @@ def backend_caller(spec: OpSpec, binding: Binding) -> Callable[[tuple[Any, ...],
     """What a bound copy calls: ``binding.call`` with the binding's keywords at their defaults unless given,
     and a TypeError, as from a plain function, for any keyword the binding does not take."""
     accepted = {o.name: o.default for o in [*spec.extras.get(binding.name, ()), *binding.options]}
+    required = {name for name, default in accepted.items() if default is REQUIRED}
     call = binding.call
 
     def call_backend(arrays: tuple[Any, ...], options: dict[str, Any], given: dict[str, Any]) -> Any:
-        if given.keys() <= accepted.keys():
+        if given.keys() <= accepted.keys() and required <= given.keys():
             return call(spec, arrays, options, accepted | given)
-        unknown = sorted(given.keys() - accepted.keys())[0]
-        raise TypeError(f"{spec.name}() got an unexpected keyword argument '{unknown}'")
+        unknown = sorted(given.keys() - accepted.keys())
+        if unknown:
+            raise TypeError(f"{spec.name}() got an unexpected keyword argument '{unknown[0]}'")
+        missing = sorted(required - given.keys())
+        raise TypeError(f"{spec.name}() missing 1 required keyword-only argument: '{missing[0]}'")
 
     return call_backend
 
