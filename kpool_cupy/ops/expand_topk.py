@@ -123,16 +123,14 @@ def example(b: ExampleBatch) -> Example:
     return (b.pool_ids, b.offsets, b.lengths), {"kpool": b.kpool, "always_select_tail": True}
 
 
-# One result, or (positions, counts) when compacting.
 SPEC = OpSpec(
     "kpool_expand_topk",
     PARAMETERS,
-    ("positions",),
-    check_expand_topk_args,
-    run,
-    DOCS,
-    output_shapes,
-    conditional_results={"counts": "compact"},
+    check_args=check_expand_topk_args,
+    run=run,
+    docs=DOCS,
+    outputs=output_shapes,
+    **expansion.RETURNS,
     kernel=EXPAND_TOPK,
     large_launch=lambda head_dim: flat_geometry(LARGE_BATCH),
     example=example,

@@ -60,6 +60,9 @@ COMPACT = Option("compact", "bool", False)
 
 # How a selected pool becomes positions: the tail, the KV cache's pages, compaction (the selecting ops take them
 # after their own options).
+# What an op that expands returns: positions, and counts after them with compact (torch's schemas return
+# both always).
+RETURNS: dict[str, Any] = {"results": ("positions",), "conditional_results": {"counts": "compact"}}
 OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)
 
 
