@@ -170,3 +170,11 @@ def test_caches_at_each_index_limit_pool_like_their_residue(backend, index_dtype
     want_pooled, _ = module.kpool_ring_close(ring, k, gate, ape, offsets, small, np.array([0, 1], np.int32))
     assert closed.tolist() == [int(c) // kpool for c in big.tolist()]  # the ids themselves, not the residue's
     assert pooled.tobytes() == want_pooled.tobytes()
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_the_host_array_hint_names_the_op_called(backend):
+    # Issue 36's hostile round: every op's host-array error sent the caller to kpool_cupy.kpool_compress.
+    offsets, lengths = np.array([0, 2], np.int32), np.array([0], np.int32)
+    with pytest.raises(TypeError, match=r"^Invalid logits: .*\(device arrays go to kpool_cupy\.kpool_index_topk\)$"):
+        BACKENDS[backend].kpool_index_topk([[0.0, 1.0]] * 2, offsets, lengths, kpool=2, pool_topk=1)

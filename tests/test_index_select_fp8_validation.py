@@ -37,6 +37,13 @@ def _dirty(a):
     a["workspace"][0] = 1
 
 
+def _read_only_workspace(a):
+    # Found by a hostile round (issue 36): the emulator wrote into an immutable buffer.
+    workspace = a["workspace"].copy()
+    workspace.flags.writeable = False
+    a["workspace"] = workspace
+
+
 MUTATIONS = {
     "select-q-dtype": lambda a: a.update(q=a["q"].astype(np.float32)),
     "select-weights-shape": lambda a: a.update(weights=a["weights"][:, :1]),
@@ -59,6 +66,7 @@ MUTATIONS = {
         cache_lengths=np.array([3, 2**34], np.int64), input_row_offsets=np.array([0, 2, 5], np.int64)
     ),
     "select-workspace-dirty": _dirty,
+    "select-workspace-read-only": _read_only_workspace,
     "select-offsets-end": lambda a: a.update(input_row_offsets=np.array([0, 2, 4], np.int32)),
 }
 
@@ -93,6 +101,8 @@ def test_gpu_bad_call_names_the_argument(row: Row):
 
     import kpool_cupy
 
+    if row.id == "select-workspace-read-only":
+        pytest.skip("CuPy has no read-only arrays")
     args = good()
     MUTATIONS[row.id](args)
     device = {n: cupy.asarray(v) if isinstance(v, np.ndarray) else v for n, v in args.items()}

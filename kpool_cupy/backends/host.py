@@ -35,15 +35,16 @@ class HostMemory:
         return MMA_E4M3
 
 
-def check_host_arrays(backend: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:
-    """The CPU backends take plain NumPy arrays; name the first argument that is not one."""
+def check_host_arrays(backend: str, op: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:
+    """The CPU backends take plain NumPy arrays; name the first argument that is not one, and where a device
+    array goes instead (the op's GPU function)."""
     for name, array in zip(names, arrays, strict=True):
         if isinstance(array, np.ndarray):
             check_array_kind(name, array)  # a masked array or a matrix is refused here
         elif array is not None:
             raise TypeError(
                 f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type(array).__module__}."
-                f"{type(array).__name__} (device arrays go to kpool_cupy.kpool_compress)"
+                f"{type(array).__name__} (device arrays go to kpool_cupy.{op})"
             )
 
 
@@ -53,7 +54,7 @@ def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Bin
     def call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
         chosen = backend(extras)  # checks the backend's own options first
         placed = spread(spec.operands, arrays)  # a split ring's two arrays are checked one by one
-        check_host_arrays(name, placed.names, placed.arrays)
+        check_host_arrays(name, spec.name, placed.names, placed.arrays)
         return execute(spec, chosen, arrays, options)
 
     return Binding(name, f"kpool_cupy.{name}", array="np.ndarray", result="np.ndarray", options=(), call=call)

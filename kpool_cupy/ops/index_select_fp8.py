@@ -24,7 +24,7 @@ from .families.scoring import (
     check_table_covers,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import check_integer, check_rows_and_cache, dtype_fail, fail, require_array
+from .framework.checks import check_integer, check_rows_and_cache, check_writable, dtype_fail, fail, require_array
 from .framework.examples import SCORING_KPOOL, Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
@@ -98,6 +98,7 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
             raise fail(
                 "workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16"
             )
+        check_writable("workspace", a.workspace)  # the kernel writes its counters and lists
     return IndexSelectCall(**expanded, num_tokens=num_tokens, heads=heads, head_dim=head_dim, batch=batch,
                            pages=pages, cache_block_size=cache_block_size)  # fmt: skip
 
