@@ -9,6 +9,7 @@ does an op missing from any place.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import pkgutil
 import re
@@ -39,7 +40,8 @@ def _checklist() -> dict[str, str]:
     return dict(re.findall(r"^\d+\. \*\*([a-z ]+)\*\* `([^`]+)`", section, flags=re.M))
 
 
-def _leaf_specs() -> list[OpSpec]:
+@functools.cache
+def _leaf_specs() -> tuple[OpSpec, ...]:
     """Every spec a leaf op module defines (``SPEC``, ``FP8_SPEC``), whether the op list has it or not."""
     found = []
     for info in pkgutil.iter_modules(kpool_cupy.ops.__path__):
@@ -47,7 +49,7 @@ def _leaf_specs() -> list[OpSpec]:
             continue
         module = importlib.import_module(f"kpool_cupy.ops.{info.name}")
         found += [value for name, value in vars(module).items() if name.endswith("SPEC") and isinstance(value, OpSpec)]
-    return found
+    return tuple(found)
 
 
 def _short(spec: OpSpec) -> str:
@@ -65,13 +67,13 @@ def _op(spec: OpSpec) -> bool:
     return defined and spec.kernel is not None and spec.example is not None
 
 
-_GARBAGE: set[str] = set()
+@functools.cache
+def _garbage_ops() -> frozenset[str]:
+    return frozenset(garbage_ops())
 
 
 def _garbage(spec: OpSpec) -> bool:
-    if not _GARBAGE:
-        _GARBAGE.update(garbage_ops())
-    return spec.name in _GARBAGE
+    return spec.name in _garbage_ops()
 
 
 def _mentions(path: str):
@@ -81,7 +83,8 @@ def _mentions(path: str):
 _OP_NAME = re.compile(r"\b(kpool_(?!cupy\b)[a-z_0-9]+|hadamard_quant_fp8)\b")
 
 
-def _validated() -> set[str]:
+@functools.cache
+def _validated() -> frozenset[str]:
     """The ops docs/validation.md has rows for: those its tables' ``function`` column names, and a one-op
     section's op (the first op its text names)."""
     text = (ROOT / "docs" / "validation.md").read_text()
@@ -93,7 +96,7 @@ def _validated() -> set[str]:
         else:
             body = text[text.index(section) :]
             names.add(_OP_NAME.search(body[: body.index("\n|")]).group(1))
-    return {"hadamard_quant_fp8" if n == "hadamard_quant" else n for n in names}
+    return frozenset("hadamard_quant_fp8" if n == "hadamard_quant" else n for n in names)
 
 
 def _own_tests(spec: OpSpec) -> list[Path]:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
-from validation_tables import Row, table
+from validation_tables import Row, refused, table
 
 from kpool_cupy import emulate, reference
 
@@ -93,7 +91,7 @@ def test_the_good_call_passes(module):
 def test_bad_call_names_the_argument(module, row: Row):
     args = good()
     MUTATIONS[row.id](args)
-    with pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+"):
+    with refused(row):
         module.kpool_index_logits_fp8(**args)
 
 
@@ -109,5 +107,5 @@ def test_gpu_bad_call_names_the_argument(row: Row):
     args = good()
     MUTATIONS[row.id](args)
     device = {n: cupy.asarray(v) if isinstance(v, np.ndarray) else v for n, v in args.items()}
-    with pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+"):
+    with refused(row):
         kpool_cupy.kpool_index_logits_fp8(**device)

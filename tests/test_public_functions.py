@@ -31,19 +31,21 @@ PACKAGE = Path(kpool_cupy.__file__).resolve().parent
 MODULES = ("kpool_cupy", "kpool_cupy.emulate", "kpool_cupy.reference", "kpool_cupy.torch")
 
 
-def _public_functions():
-    return list(_each_public_function())
-
-
-def _each_public_function():
+def _public_modules():
+    """The public modules, kpool_cupy.torch where torch is installed."""
     for module_name in MODULES:
-        if module_name.endswith(".torch") and importlib.util.find_spec("torch") is None:
-            continue
-        module = importlib.import_module(module_name)
-        for name in module.__all__:
-            value = getattr(module, name)
-            if callable(value) and not inspect.isclass(value):  # a partial or a callable object fails below
-                yield pytest.param(value, name, id=f"{module_name}.{name}")
+        if not module_name.endswith(".torch") or importlib.util.find_spec("torch") is not None:
+            yield importlib.import_module(module_name)
+
+
+def _public_functions():
+    return [
+        pytest.param(getattr(module, name), name, id=f"{module.__name__}.{name}")
+        for module in _public_modules()
+        for name in module.__all__
+        # a partial or a callable object is kept, and fails below
+        if callable(getattr(module, name)) and not inspect.isclass(getattr(module, name))
+    ]
 
 
 @pytest.mark.parametrize(("function", "name"), _public_functions())
@@ -58,10 +60,7 @@ def test_every_public_function_is_a_def_of_its_name_in_a_py_file_of_the_package(
 def test_every_op_has_one_def_and_the_public_modules_bind_them_all():
     assert list(functions.DEFINITIONS) == [spec.name for spec in OPS]
     assert sorted(functions.__all__) == sorted(functions.DEFINITIONS)
-    for module_name in MODULES:
-        if module_name.endswith(".torch") and importlib.util.find_spec("torch") is None:
-            continue
-        module = importlib.import_module(module_name)
+    for module in _public_modules():
         for name in functions.DEFINITIONS:
             bound = getattr(module, name)
             assert bound is not functions.DEFINITIONS[name] and bound.__code__ is functions.DEFINITIONS[name].__code__

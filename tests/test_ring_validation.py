@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 from model import BF16
-from validation_tables import Row, table
+from validation_tables import Row, refused, table
 
 from kpool_cupy import emulate, reference
 
@@ -185,7 +183,7 @@ def test_good_calls_pass(module):
 def test_bad_call_names_the_argument(module, row: Row):
     args = good(row.function)
     MUTATIONS[row.id](args)
-    with pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+"):
+    with refused(row):
         _call(module, row.function, args)
 
 
@@ -213,5 +211,5 @@ def test_gpu_bad_call_names_the_argument(row: Row):
         return cupy.asarray(value) if isinstance(value, np.ndarray) else value
 
     device = {name: on_device(v) for name, v in args.items()}
-    with pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+"):
+    with refused(row):
         _call(kpool_cupy, function, device)

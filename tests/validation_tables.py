@@ -10,6 +10,7 @@ ValueError or TypeError stops the walk with the line that broke it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,3 +83,10 @@ def read_tables(text: str) -> dict[str, list[Row]]:
 def table(section: str) -> list[Row]:
     """The rows of the table under the heading ``section`` of docs/validation.md ([] if there is none)."""
     return read_tables(DOC.read_text()).get(section, [])
+
+
+def refused(row: Row):
+    """What a row's bad call must raise: its error, naming its argument in the package's one message form."""
+    import pytest
+
+    return pytest.raises(row.error, match=rf"^Invalid {re.escape(row.argument)}: expected .+, got .+")
