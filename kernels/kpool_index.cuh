@@ -113,13 +113,98 @@ __device__ __forceinline__ void load_row_part(const unsigned char* row, int t, B
     }
 }
 
+// Where a warp's keys come from, in two steps of loads that do not wait on
+// each other's data until the second begins: the page of each of this
+// lane's pools (pool first_pool + 8 n + g of key tile n) read from the
+// request's table row, then the key rows and scales from those pages. A
+// scorer that loads one tile ahead asks for the next tile's pages while the
+// rows of this one are on their way.
+template <int NT>
+struct KeyPages {
+    int page[NT];             // the table's entry; -1 where the pool is at or past reach or its column past the table
+    unsigned int entry[NT];   // the pool's row in its page
+};
+
+// The pages of this lane's pools. Pools below reach (at most 2^31 - 1,
+// every pool id an int32) need 32 bits: one 32-bit division for the lane's
+// first pool, then steps of 8 rows. block_size32: the page size, clamped to
+// 2^31 (a larger one puts every pool below reach in column 0, as the clamped
+// one does).
+template <int NT>
+__device__ __forceinline__ void find_key_pages(long long first_pool, long long reach, const int* table_row,
+                                               long long table_columns, unsigned int block_size32, int g,
+                                               KeyPages<NT>& at) {
+    const long long first = first_pool + g;
+    unsigned int column = 0u, entry = 0u;
+    if (first < reach) {
+        column = static_cast<unsigned int>(first) / block_size32;
+        entry = static_cast<unsigned int>(first) - column * block_size32;
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        at.page[n] = -1;
+        at.entry[n] = entry;
+        if (first + 8 * n < reach && column < table_columns) at.page[n] = table_row[column];
+        entry += 8u;  // the next tile's pool; a page of fewer than 8 rows is passed over whole
+        while (entry >= block_size32) {
+            entry -= block_size32;
+            ++column;
+        }
+    }
+}
+
+// This lane's part of key g of each tile (kp::load_row_part) and its scale,
+// from the pages find_key_pages found; zero where the page is missing or
+// outside the cache (have[n] false).
+template <int HEAD_DIM, int NT, bool VECTOR_CACHE>
+__device__ __forceinline__ void load_key_rows(const KeyPages<NT>& at, const unsigned char* cache,
+                                              long long page_stride, long long pages, long long block_size, int t,
+                                              Bytes8 (&keys)[NT][HEAD_DIM / 32], float (&scale)[NT],
+                                              bool (&have)[NT]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+        const long long page = at.page[n];
+        have[n] = page >= 0 && page < pages;
+        scale[n] = 0.0f;
+        if (have[n]) {
+            const unsigned char* base = cache + page * page_stride;
+            load_row_part<HEAD_DIM, VECTOR_CACHE, true>(base + static_cast<long long>(at.entry[n]) * HEAD_DIM, t,
+                                                        keys[n]);
+            scale[n] = reinterpret_cast<const float*>(base + block_size * HEAD_DIM)[at.entry[n]];
+        } else {
+#pragma unroll
+            for (int s = 0; s < HEAD_DIM / 32; ++s) keys[n][s] = Bytes8{0u, 0u};
+        }
+    }
+}
+
+// scales[n][e] and present[n][e]: the scale and presence of key 8 n + 2 t + e,
+// from the lanes that read it, as score_token and the writes want them.
+// Every lane of the warp calls it together (shuffles).
+template <int NT>
+__device__ __forceinline__ void share_key_scales(const float (&scale)[NT], const bool (&have)[NT], int t,
+                                                 float (&scales)[NT][2], bool (&present)[NT][2]) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            scales[n][e] = __shfl_sync(kIndexWarpLanes, scale[n], 4 * (2 * t + e));
+            present[n][e] = __shfl_sync(kIndexWarpLanes, static_cast<int>(have[n]), 4 * (2 * t + e));
+        }
+}
+
+// The page size as find_key_pages divides by it: clamped to [1, 2^31] (the
+// checks refuse an empty page; a kernel called without them must not divide
+// by zero).
+__device__ __forceinline__ unsigned int block_size32(long long block_size) {
+    return block_size < 1 ? 1u : (block_size < 2147483648LL ? static_cast<unsigned int>(block_size) : 2147483648u);
+}
+
 // A warp's keys for pools first_pool + 8 n + g (n < NT) of `request`, lane
-// (g, t) reading its part of key g of each tile (kp::load_row_part); zero
-// where the pool is at or past `reach`, its column past the table, or its
-// page missing or outside the cache. scales[n][e] and present[n][e]: the
-// scale and presence of key 8 n + 2 t + e, from the lanes that read it, as
-// score_token and the writes want them. Every lane of the warp calls it
-// together (shuffles).
+// (g, t) reading its part of key g of each tile: zero where the pool is at or
+// past `reach`, its column past the table, or its page missing or outside the
+// cache; scales and presence as share_key_scales gives them. The three steps
+// above, one after the other. Every lane of the warp calls it together.
 template <int HEAD_DIM, int NT, bool VECTOR_CACHE>
 __device__ __forceinline__ void load_key_tiles(long long first_pool, long long reach, long long request,
                                                const unsigned char* cache, long long page_stride, long long pages,
@@ -127,34 +212,13 @@ __device__ __forceinline__ void load_key_tiles(long long first_pool, long long r
                                                long long table_columns, long long table_stride, int g, int t,
                                                Bytes8 (&keys)[NT][HEAD_DIM / 32], float (&scales)[NT][2],
                                                bool (&present)[NT][2]) {
-    constexpr int kSteps = HEAD_DIM / 32;
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-        const long long pool = first_pool + 8 * n + g;
-        const unsigned char* row = nullptr;
-        float scale = 0.0f;
-        if (pool < reach && pool / block_size < table_columns) {
-            const long long page = cache_block_table[request * table_stride + pool / block_size];
-            if (page >= 0 && page < pages) {
-                const unsigned char* base = cache + page * page_stride;
-                const long long entry = pool % block_size;
-                row = base + entry * HEAD_DIM;
-                scale = reinterpret_cast<const float*>(base + block_size * HEAD_DIM)[entry];
-            }
-        }
-        if (row != nullptr) {
-            load_row_part<HEAD_DIM, VECTOR_CACHE, true>(row, t, keys[n]);
-        } else {
-#pragma unroll
-            for (int s = 0; s < kSteps; ++s) keys[n][s] = Bytes8{0u, 0u};
-        }
-        // Key 8 n + 2 t + e's scale and presence, from the lanes that read it.
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-            scales[n][e] = __shfl_sync(kIndexWarpLanes, scale, 4 * (2 * t + e));
-            present[n][e] = __shfl_sync(kIndexWarpLanes, static_cast<int>(row != nullptr), 4 * (2 * t + e));
-        }
-    }
+    KeyPages<NT> at;
+    find_key_pages<NT>(first_pool, reach, cache_block_table + request * table_stride, table_columns,
+                       block_size32(block_size), g, at);
+    float scale[NT];
+    bool have[NT];
+    load_key_rows<HEAD_DIM, NT, VECTOR_CACHE>(at, cache, page_stride, pages, block_size, t, keys, scale, have);
+    share_key_scales<NT>(scale, have, t, scales, present);
 }
 
 // One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,

@@ -9,14 +9,16 @@
 // each weighted after its relu. Causality is at pool level: a token sees the
 // pools whose members all sit at or before its own position.
 //
-// One block per tile of tokens_per_block consecutive tokens and tile of
-// 32 NT pools; each of its 4 warps scores 8 NT pools for every token of the
-// tile (kp::score_token). A warp reads its keys (16-byte loads from the
-// cache pages) once for each request its tile's tokens belong to and keeps
-// them in registers for all of that request's tokens and heads there; the
-// query rows come straight from global memory, once per warp. Blocks of
-// one pool tile follow each other in the grid, so the token tiles of one
-// request meet its keys in L2.
+// One block per tile of tokens_per_block consecutive tokens and range of
+// pools_per_block pools (the token tiles fastest in the grid, so the tiles
+// of one range meet its keys in L2). A block first finds each of its
+// tokens' request and the pools it sees (one lane a token), and stages its
+// tokens' query rows and weights in shared memory, once. Then each of its 4
+// warps walks its key tiles of 8 NT pools through the range, scoring every
+// token of the tile against each (kp::score_token): a warp reads the keys of
+// a request once for all of that request's tokens in the tile, and loads
+// the keys of its next tile and the pages of the one after while it scores
+// this one. Pool arithmetic inside the walk is 32-bit (pool ids are int32).
 //
 // Every index may be garbage when the caller skipped validation: a token
 // outside its request's rows sees nothing, a pool whose page is missing or
@@ -28,6 +30,21 @@ constexpr int kIndexWarps = 4;
 constexpr int kIndexThreads = 32 * kIndexWarps;
 constexpr int kIndexVectorCache = 1;  // cache pages 16-byte aligned
 constexpr int kIndexVectorQ = 2;      // query rows 16-byte aligned
+constexpr int kIndexTileTokens = 16;  // the most tokens a block's tile holds
+constexpr int kIndexMaxHeads = 128;   // ops.families.scoring.MAX_HEADS
+// Shared memory for the tile's query rows: each row HEAD_DIM bytes and 16 of
+// padding (the lanes of a 16-byte shared load then hit distinct banks); one
+// token of 128 heads at head_dim 256 fits. ops/index_logits_fp8.py sizes
+// tiles to it.
+constexpr int kIndexStageBytes = 36864;
+constexpr int kIndexStageWeights = kIndexStageBytes / (64 + 16);  // the most (token, head) rows the stage holds
+
+// Key tiles of 8 a warp: the keys stay at 32 registers; the f16 path at head_dim 128 takes 2 (with 4, ptxas
+// for sm_80 spills: its conversions keep more alive).
+template <int HEAD_DIM, int MMA>
+__host__ __device__ constexpr int index_key_tiles() {
+    return HEAD_DIM > 128 || (MMA == kMmaF16 && HEAD_DIM == 128) ? 2 : 4;
+}
 }  // namespace kp
 
 // HEAD_DIM: 64, 128 or 256. MMA: kp::kMmaE4m3 or kp::kMmaF16. VECTOR:
@@ -42,71 +59,168 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
                            long long table_stride, const IO* __restrict__ input_row_offsets,
                            const IC* __restrict__ cache_lengths, long long batch, long long num_tokens, long long kpool,
                            float* __restrict__ out, long long out_stride, long long max_pools,
-                           long long tokens_per_block, long long token_tiles) {
+                           long long tokens_per_block, long long token_tiles, long long pools_per_block) {
     KP_THREADS_COOPERATE(true);
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
-    // Key tiles of 8 a warp: the keys stay at 32 registers; the f16 path at head_dim 128 takes 2 (with 4, ptxas
-    // for sm_80 spills: its conversions keep more alive).
-    constexpr int NT = HEAD_DIM > 128 || (MMA == kp::kMmaF16 && HEAD_DIM == 128) ? 2 : 4;
+    constexpr int NT = kp::index_key_tiles<HEAD_DIM, MMA>();
     constexpr int kSteps = HEAD_DIM / 32;
+    constexpr int kTilePools = 8 * NT;               // a warp's key tiles
+    constexpr int kPitch = HEAD_DIM + 16;            // a staged query row
+    constexpr int kPieces = HEAD_DIM / 16;           // 16-byte pieces of a query row
     constexpr bool kVectorCache = (VECTOR & kp::kIndexVectorCache) != 0;
     constexpr bool kVectorQ = (VECTOR & kp::kIndexVectorQ) != 0;
-    const int lane = static_cast<int>(threadIdx.x % 32), g = lane / 4, t = lane % 4;
-    const long long tile = blockIdx.x % token_tiles, pool_tile = blockIdx.x / token_tiles;
-    const long long first_pool = pool_tile * (kp::kIndexWarps * NT * 8) + (threadIdx.x / 32) * (NT * 8);
-    // The grid covers max_pools in whole blocks: a warp past it writes nothing.
-    if (first_pool >= max_pools) return;
+    __shared__ uint4 q_words[kp::kIndexStageBytes / 16];  // 16-byte aligned
+    unsigned char* const q_stage = reinterpret_cast<unsigned char*>(q_words);
+    __shared__ float w_stage[kp::kIndexStageWeights];
+    __shared__ long long token_request[kp::kIndexTileTokens];  // -1: the token sees nothing
+    __shared__ long long token_visible[kp::kIndexTileTokens];  // pools it sees, at most max_pools
+    __shared__ long long token_reach[kp::kIndexTileTokens];    // pools its request's tokens in the tile see
+
+    // The launcher's tiling (ops/index_logits_fp8.py): a tile the stage cannot hold writes nothing.
+    if (tokens_per_block < 1 || tokens_per_block > kp::kIndexTileTokens || heads < 1 ||
+        heads > kp::kIndexMaxHeads || tokens_per_block * heads * kPitch > kp::kIndexStageBytes ||
+        pools_per_block < 1 || token_tiles < 1 || token_tiles > 2147483647LL)
+        return;
+    // 32-bit from here to the walk's end where a value allows: the grid, the tile and the stage are below 2^31.
+    const unsigned int block = blockIdx.x, tiles = static_cast<unsigned int>(token_tiles);
+    const long long tile = block % tiles, range = block / tiles;
+    const long long range_lo = range * pools_per_block;
+    if (range_lo >= max_pools) return;  // the grid covers max_pools in whole ranges
+    const long long range_hi = range_lo + pools_per_block < max_pools ? range_lo + pools_per_block : max_pools;
     const long long token_begin = tile * tokens_per_block;
-    const long long token_end =
-        token_begin + tokens_per_block < num_tokens ? token_begin + tokens_per_block : num_tokens;
+    const int tokens = static_cast<int>(
+        token_begin + tokens_per_block < num_tokens ? tokens_per_block : num_tokens - token_begin);
+    if (tokens <= 0) return;
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    const int g = lane / 4, t = lane % 4;
     const float minus_infinity = kp_bits_to_float(0xff800000u);
 
-    kp::Bytes8 keys[NT][kSteps];
-    float scales[NT][2] = {};
-    bool present[NT][2] = {};
-    long long keys_of = -1;  // the request whose keys the registers hold
-    for (long long token = token_begin; token < token_end; ++token) {
-        // Everything up to the scores is the same in every lane of the warp.
-        // With no request (batch 0) no token is known and nothing of the offsets is read.
-        const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
-        long long row_begin = 0, row_end = 0, cached = 0;
-        const bool known =
-            batch > 0 &&
-            kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) &&
-            token >= row_begin && token < row_end;
-        const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
-        if (known && request != keys_of) {
-            // Keys up to what the request's last token in this tile sees.
-            const long long last = (row_end < token_end ? row_end : token_end) - 1;
-            long long reach = kp::pools_visible(cached, last - row_begin, kpool);
-            reach = reach < max_pools ? reach : max_pools;
-            kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, reach, request, cache, page_stride, pages,
-                                                          block_size, cache_block_table, table_columns,
-                                                          table_stride, g, t, keys, scales, present);
-            keys_of = request;
+    // Warp 0 finds each token's request and visible pools, one lane a token, while the other warps stage the
+    // tile's query rows and weights in shared memory, once for every warp and key tile of the range. With no
+    // request (batch 0) no token is known and nothing of the offsets is read.
+    const int head_count = static_cast<int>(heads), rows = tokens * head_count;
+    if (warp == 0) {
+        if (lane < tokens) {
+            const long long token = token_begin + lane;
+            const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
+            long long row_begin = 0, row_end = 0, cached = 0;
+            const bool known = batch > 0 &&
+                               kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin,
+                                                &row_end, &cached) &&
+                               token >= row_begin && token < row_end;
+            const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
+            token_request[lane] = known ? request : -1;
+            token_visible[lane] = visible < max_pools ? visible : max_pools;
         }
-        float sums[NT][2];
-        const bool scores = known && first_pool < visible;
-        if (scores)
-            kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q + token * q_token_stride, q_head_stride, heads,
-                                                         weights + token * weights_stride, keys, scales, lane, sums);
-        // Lane (g, t) writes keys 2 t and 2 t + 1 of tile g.
-        if (g < NT) {
-            float value[2] = {0.0f, 0.0f};
-            bool have[2] = {false, false};
+    } else {
+        constexpr int kStagers = kp::kIndexThreads - 32;
+        const int stager = static_cast<int>(threadIdx.x) - 32;
+        for (int i = stager; i < rows * kPieces; i += kStagers) {
+            const int row = i / kPieces, piece = i % kPieces;
+            const unsigned int token = static_cast<unsigned int>(row) / head_count;
+            const unsigned int head = static_cast<unsigned int>(row) - token * head_count;
+            const unsigned char* from = q + (token_begin + token) * q_token_stride + head * q_head_stride + 16 * piece;
+            uint4 v;
+            if constexpr (kVectorQ) {
+                v = kp_load16(from);
+            } else {
+                unsigned int w[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
-                if (n == g)
+                for (int b = 0; b < 16; ++b) w[b / 4] |= static_cast<unsigned int>(from[b]) << (8 * (b % 4));
+                v.x = w[0];
+                v.y = w[1];
+                v.z = w[2];
+                v.w = w[3];
+            }
+            *reinterpret_cast<uint4*>(q_stage + row * kPitch + 16 * piece) = v;
+        }
+        for (int i = stager; i < rows; i += kStagers) {
+            const unsigned int token = static_cast<unsigned int>(i) / head_count;
+            w_stage[i] = weights[(token_begin + token) * weights_stride + (i - token * head_count)];
+        }
+    }
+    __syncthreads();
+    if (static_cast<int>(threadIdx.x) < tokens) {
+        // The keys a warp loads for a request reach the pools its last token in the tile sees.
+        long long reach = 0;
+        for (int j = 0; j < tokens; ++j)
+            if (token_request[j] == token_request[threadIdx.x] && token_visible[j] > reach) reach = token_visible[j];
+        token_reach[threadIdx.x] = reach;
+    }
+    __syncthreads();
+
+    // The warp's key tiles: first_pool, first_pool + kStride, ... below range_hi. The request of the tile's
+    // first token leads: its keys are loaded a tile ahead, the pages two.
+    constexpr int kStride = kp::kIndexWarps * kTilePools;
+    const long long lead = token_request[0];
+    const long long lead_reach = lead >= 0 ? token_reach[0] : 0;
+    const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
+    const unsigned int page_size = kp::block_size32(block_size);
+    kp::KeyPages<NT> next_pages;
+    kp::Bytes8 keys[NT][kSteps], next_keys[NT][kSteps] = {};
+    float scale[NT], next_scale[NT] = {};
+    bool have[NT], next_have[NT] = {};
+    long long first_pool = range_lo + warp * kTilePools;
+    if (lead >= 0 && first_pool < range_hi) {
+        kp::find_key_pages<NT>(first_pool, lead_reach, lead_table, table_columns, page_size, g, next_pages);
+        kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, block_size, t,
+                                                      next_keys, next_scale, next_have);
+        kp::find_key_pages<NT>(first_pool + kStride, lead_reach, lead_table, table_columns, page_size, g,
+                               next_pages);
+    }
+    for (; first_pool < range_hi; first_pool += kStride) {
+        // This tile's lead keys, loaded a tile ago; the next tile's asked for now.
+        long long keys_of = lead;
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        value[e] = scores ? sums[n][e] : 0.0f;
-                        have[e] = present[n][e];
-                    }
+        for (int n = 0; n < NT; ++n) {
 #pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const long long pool = first_pool + 8 * g + 2 * t + e;
-                if (pool < max_pools)
-                    out[token * out_stride + pool] = scores && have[e] && pool < visible ? value[e] : minus_infinity;
+            for (int s = 0; s < kSteps; ++s) keys[n][s] = next_keys[n][s];
+            scale[n] = next_scale[n];
+            have[n] = next_have[n];
+        }
+        if (lead >= 0 && first_pool + kStride < range_hi) {
+            kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, block_size, t,
+                                                          next_keys, next_scale, next_have);
+            kp::find_key_pages<NT>(first_pool + 2 * kStride, lead_reach, lead_table, table_columns, page_size, g,
+                                   next_pages);
+        }
+        float scales[NT][2];
+        bool present[NT][2];
+        kp::share_key_scales<NT>(scale, have, t, scales, present);
+        for (int j = 0; j < tokens; ++j) {
+            const long long request = token_request[j], visible = token_visible[j];
+            const bool scores = request >= 0 && first_pool < visible;
+            if (scores && request != keys_of) {
+                // A token of another request than the lead's (a tile across requests): its keys now.
+                kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, token_reach[j], request, cache,
+                                                              page_stride, pages, block_size, cache_block_table,
+                                                              table_columns, table_stride, g, t, keys, scales,
+                                                              present);
+                keys_of = request;
+            }
+            float sums[NT][2];
+            if (scores)
+                kp::score_token<HEAD_DIM, MMA, NT, true>(q_stage + j * head_count * kPitch, kPitch, heads,
+                                                         w_stage + j * head_count, keys, scales, lane, sums);
+            // Lane (g, t) writes keys 2 t and 2 t + 1 of tile g.
+            if (g < NT) {
+                float value[2] = {0.0f, 0.0f};
+                bool there[2] = {false, false};
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    if (n == g)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) {
+                            value[e] = scores ? sums[n][e] : 0.0f;
+                            there[e] = present[n][e];
+                        }
+                float* row = out + (token_begin + j) * out_stride;
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const long long pool = first_pool + 8 * g + 2 * t + e;
+                    if (pool < range_hi)
+                        row[pool] = scores && there[e] && pool < visible ? value[e] : minus_infinity;
+                }
             }
         }
     }

@@ -70,7 +70,7 @@ from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E4
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
-from kpool_cupy.kernel.geometry import chunk_members  # noqa: E402
+from kpool_cupy.kernel.geometry import chunk_members, index_block_pools  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
     COMPRESS_BACKWARD,
@@ -297,7 +297,9 @@ def index_cases(heads: int = 64) -> list[Case]:
         out = device_like((shape.tokens, shape.pools), np.float32)
         arrays = (q, weights, cache, table, offsets, lengths)
         launch = launched(INDEX_LOGITS_FP8, *arrays, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
-        repeats = launch.values["tokens_per_block"] * -(-heads // 16)
+        # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time.
+        steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, f16_path=False)
+        repeats = launch.values["tokens_per_block"] * -(-heads // 16) * steps
         cases.append(Case("index_logits_fp8", shape.name, index_bytes(shape), launch, repeats=repeats))
     return cases
 
@@ -454,8 +456,9 @@ def predict(
         if chunk < case.kpool:
             per_thread += max(0, (case.kpool - chunk) // chunk - 1) * v.loop_body
     if case.repeats:
-        # The scorer's warp runs its token loop's body once per token and its head loop's once per head tile;
-        # the longest loop (the token loop, with the head loop inside once) counted that often: an upper bound.
+        # The scorer's warp runs its walk's body once per step, its token loop's once per token and its head
+        # loop's once per head tile; the longest loop (with the others inside once) counted that often: an upper
+        # bound.
         per_thread += (case.repeats - 1) * v.loop_body
     warps = geometry.grid * -(-geometry.block // 32)
     bounds = {

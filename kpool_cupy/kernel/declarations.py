@@ -378,7 +378,7 @@ INDEX_LOGITS_FP8 = Kernel(
         *scoring_inputs("block_size"),
         *longs("batch", "num_tokens", "kpool"),
         Param("out", "float*"),
-        *longs("out_stride", "max_pools", "tokens_per_block", "token_tiles"),
+        *longs("out_stride", "max_pools", "tokens_per_block", "token_tiles", "pools_per_block"),
     ),
     aligned=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q,
 )

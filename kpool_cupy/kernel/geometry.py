@@ -85,19 +85,34 @@ def ape_sum_geometry(elements: int) -> LaunchGeometry:
 
 
 INDEX_THREADS = 128  # kp::kIndexThreads: 4 warps
+INDEX_TILE_TOKENS = 16  # kp::kIndexTileTokens: the most tokens a block's tile holds
+INDEX_STAGE_BYTES = 36864  # kp::kIndexStageBytes: shared memory for a tile's query rows
+# Blocks the scorer's grid aims at: enough for several waves of an H200's 132 SMs at 2 blocks each, few enough that
+# a block walks several key tiles (its staged queries and its load-ahead pay). A choice, not yet tuned on a GPU.
+INDEX_TARGET_BLOCKS = 2048
 
 
 def index_block_pools(head_dim: int, f16_path: bool) -> int:
-    """Pools a block of the scorer covers: 4 warps x 8 x NT, NT as kernels/kpool_index_logits.cu sets it."""
+    """Pools a block of the scorer covers per step of its walk: 4 warps x 8 x NT, NT as kernels/kpool_index_logits.cu
+    sets it."""
     key_tiles = 2 if head_dim > 128 or (f16_path and head_dim == 128) else 4
     return 4 * 8 * key_tiles
 
 
-def index_geometry(tokens: int, max_pools: int, tokens_per_block: int, block_pools: int) -> LaunchGeometry:
-    """The scorer's grid: token tiles (fastest) x pool tiles, 4 warps a block; ``items`` is the token tiles."""
+def index_stage_tokens(heads: int, head_dim: int) -> int:
+    """The most tokens whose query rows (head_dim bytes and 16 of padding each) the scorer's stage holds."""
+    return min(INDEX_TILE_TOKENS, INDEX_STAGE_BYTES // (heads * (head_dim + 16)))
+
+
+def index_geometry(tokens: int, max_pools: int, tokens_per_block: int, block_pools: int) -> tuple[LaunchGeometry, int]:
+    """The scorer's grid, token tiles (fastest) x pool ranges, 4 warps a block (``items``: the token tiles), and
+    the pools of a range: whole steps of ``block_pools``, as many as bring the grid near INDEX_TARGET_BLOCKS."""
     token_tiles = -(-tokens // tokens_per_block)
-    pool_tiles = -(-max_pools // block_pools)
-    return LaunchGeometry(grid=token_tiles * pool_tiles, block=INDEX_THREADS, items=token_tiles)
+    steps = -(-max_pools // block_pools)
+    ranges = min(steps, max(1, -(-INDEX_TARGET_BLOCKS // token_tiles)))
+    per_range = -(-steps // ranges)
+    ranges = -(-steps // per_range)
+    return LaunchGeometry(grid=token_tiles * ranges, block=INDEX_THREADS, items=token_tiles), per_range * block_pools
 
 
 def chunk_members(kpool: int, member_bytes: int) -> int:

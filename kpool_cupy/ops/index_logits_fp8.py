@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dtypes import FLOAT32
 from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_F16
-from ..kernel.geometry import index_block_pools, index_geometry
+from ..kernel.geometry import index_block_pools, index_geometry, index_stage_tokens
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .families.scoring import (
@@ -73,23 +73,25 @@ def output_shapes(call: IndexLogitsCall, max_pools: int | None) -> dict[str, Out
     return {"out": ((call.num_tokens, call.max_pools if max_pools is None else max_pools), FLOAT32)}
 
 
-def tokens_per_block(heads: int, tokens: int, batch: int) -> int:
-    """Tokens a block scores with one read of its keys: about 16 head tiles a warp, and no more than the batch's
-    tokens a request on average (decode: next_n), so a decode tile holds one request's tokens and its warps do
-    not fetch one request's keys after another's. Both from shapes alone: no host read."""
+def tokens_per_block(heads: int, head_dim: int, tokens: int, batch: int) -> int:
+    """Tokens a block scores with one read of its keys: about 16 head tiles a warp, no more than the batch's tokens
+    a request on average (decode: next_n), so a decode tile holds one request's tokens and its warps do not fetch
+    one request's keys after another's, and no more than the kernel's shared stage holds. From shapes alone: no
+    host read."""
     by_heads = max(1, min(16, 64 // -(-heads // 16) // 4))
     per_request = max(1, round(tokens / batch)) if batch else 1
-    return min(by_heads, per_request)
+    return min(by_heads, per_request, index_stage_tokens(heads, head_dim))
 
 
 def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_pools: int, mma: int) -> Launch:
     """The launch of ``kpool_index_logits_fp8``."""
     o = operands
     q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
-    per_block = tokens_per_block(call.heads, call.num_tokens, call.batch)
-    geometry = index_geometry(call.num_tokens, max_pools, per_block, index_block_pools(call.head_dim, mma == MMA_F16))
+    per_block = tokens_per_block(call.heads, call.head_dim, call.num_tokens, call.batch)
+    block_pools = index_block_pools(call.head_dim, mma == MMA_F16)
+    geometry, pools_per_block = index_geometry(call.num_tokens, max_pools, per_block, block_pools)
     if geometry.grid > MAX_POOLS:
-        raise fail("max_pools", "few enough pools for one launch (token tiles x pool tiles < 2^31)", max_pools)
+        raise fail("max_pools", "few enough pools for one launch (token tiles x pool ranges < 2^31)", max_pools)
     values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
     values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
     values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages, "block_size": call.block_size}
@@ -97,7 +99,7 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
     values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool}
     values |= {"out": out, "out_stride": out.strides[0] // 4, "max_pools": max_pools}
-    values |= {"tokens_per_block": per_block, "token_tiles": geometry.items}
+    values |= {"tokens_per_block": per_block, "token_tiles": geometry.items, "pools_per_block": pools_per_block}
     vector = 0
     if aligned16(cache, cache.strides[0]):
         vector |= INDEX_VECTOR_CACHE

@@ -109,7 +109,7 @@ def check_scorer_head_dim(name: str, head_dim: int) -> None:
 
 def scoring_launch(head_dim: int) -> LaunchGeometry:
     """The scorer's launch over a large batch (e4m3 pool tiles), what the SASS report sizes blocks by."""
-    return index_geometry(LARGE_BATCH, LARGE_BATCH, 1, index_block_pools(head_dim, f16_path=False))
+    return index_geometry(LARGE_BATCH, LARGE_BATCH, 1, index_block_pools(head_dim, f16_path=False))[0]
 
 
 def aligned16(array: Any, *strides: int) -> bool:
