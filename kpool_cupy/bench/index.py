@@ -1,6 +1,7 @@
-"""Benchmarks of the FP8 scorer, kpool_index_logits_fp8, against a CuPy composite (GPU only, but for the sizes).
+"""Benchmarks of the FP8 scorer, kpool_index_logits_fp8, against a CuPy and a torch composite (GPU only, but for
+the sizes).
 
-The composite does what an engine without the kernel does, in float32 CuPy array operations::
+The CuPy composite does what an engine without the kernel does, in float32 CuPy array operations::
 
     keys    = e4m3(cache[block_table]) * scales            # [B, pools, D], every page of every request
     queries = e4m3(q)                                      # [B, next_n, H, D]
@@ -10,8 +11,13 @@ Every record credits both with the bytes the kernel must move at least: each
 request's visible pooled keys read once (head_dim e4m3 bytes and a float32
 scale each), the queries and weights read once, the logits written once; and
 with the FLOPs of the dot products, 2 * tokens * heads * pools * head_dim.
-The composite's result on the first input set is compared with the
-kernel's (``max_abs_diff_vs_kpool_cupy``; the two add in different orders).
+The torch composite (``bench/index_torch.py``, when torch has CUDA) does the
+same in bf16, as engines do on sm_80 and sm_120. Each composite's result on
+the first input set is compared with the kernel's
+(``max_abs_diff_vs_kpool_cupy``; the two add in different orders; the torch
+one's also against its bound, ``worst_fraction_of_bf16_bound``). Every
+timed entry, the copy's too, gives its bandwidth as a fraction of the copy
+in the same run and of a fixed ``FIXED_ROOF_GBPS`` (``fraction_of_fixed_roof``).
 """
 
 from __future__ import annotations
@@ -24,8 +30,9 @@ import numpy as np
 
 from ..kernel.pages import FP8_PAGES
 from .fp8 import CACHE_BLOCK_SIZE, fp8_row_bytes
+from .index_torch import torch_index_composite, torch_index_logits, worst_fraction_of_bound
 from .lifecycle import composite_refusal, device_rotation
-from .stats import ratios_to
+from .stats import bandwidth_gbps, fraction_of, ratios_to
 from .timing import copy_roof, timed_entry
 
 HEAD_DIM = 128  # the engines'
@@ -33,6 +40,11 @@ KPOOL = 4
 # The composite holds float32 keys [B, pools, D] and scores [B, next_n, H, pools]; past this it is skipped
 # (a prefill chunk of 8192 tokens at 128K would need 68 GB of scores).
 COMPOSITE_BYTES = 24 * 2**30
+# A fixed yardstick, not a measurement: a nominal figure for the H200's HBM3e (issue 33's; 0.81 of the 4.8 TB/s on
+# the spec sheet). Records of every run and shape are held against this one number,
+# while the same-run copy (fraction_of_copy) varies with the shape (2026-12-04: 4.19 TB/s at decode-64x1 128K,
+# 2.77 at decode-512x1 128K), so a fraction of copy above 1 is expected at the largest shapes: not clamped.
+FIXED_ROOF_GBPS = 3900.0
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,17 @@ def index_flops(shape: IndexShape) -> int:
     return 2 * shape.tokens * shape.heads * shape.pools * HEAD_DIM
 
 
+def fraction_of_fixed_roof(nbytes: int, milliseconds: float) -> float:
+    """``nbytes`` moved in ``milliseconds`` as a fraction of ``FIXED_ROOF_GBPS`` (above 1: faster than it)."""
+    return fraction_of(bandwidth_gbps(nbytes, milliseconds), FIXED_ROOF_GBPS)
+
+
+def visible_pools(shape: IndexShape) -> np.ndarray:
+    """bool ``[next_n, pools]``: the pools each of a request's tokens sees, the same for every request."""
+    seen_by = (shape.context - shape.next_n + np.arange(shape.next_n) + 1) // KPOOL
+    return np.arange(shape.pools)[None, :] < seen_by[:, None]
+
+
 def _input_sets(shape: IndexShape, count: int) -> tuple[list[dict[str, Any]], Any, Any]:
     """``count`` input sets (views of one array per operand; the block table and offsets shared), the logits
     outputs, and each set's page order (request b's pages in table order)."""
@@ -128,9 +151,7 @@ def _composite(shape: IndexShape, sets: list[dict[str, Any]], out: Any) -> Any:
 
     values = cupy.asarray(np.arange(256, dtype=np.uint8).view(_e4m3()).astype(np.float32))
     requests, next_n, heads, pools = shape.requests, shape.next_n, shape.heads, shape.pools
-    seen = cupy.asarray(
-        np.arange(pools)[None, :] < (shape.context - next_n + np.arange(next_n)[:, None] + 1) // KPOOL
-    )  # [next_n, pools]: the same for every request
+    seen = cupy.asarray(visible_pools(shape))
 
     def run(i: int) -> Any:
         s = sets[i]
@@ -191,11 +212,14 @@ def bench_index_logits(shape: IndexShape, samples: int) -> dict[str, Any]:
         entry["max_abs_diff_vs_kpool_cupy"] = difference
         entry["same_minus_inf_as_kpool_cupy"] = same_minus_inf
         implementations["cupy-composite"] = entry
+    implementations["torch-composite"] = _torch_entry(shape, sets, want, count, samples, nbytes, copy["gbps"])
     ratios_to(implementations)
     flops = index_flops(shape)
+    copy["fraction_of_fixed_roof"] = fraction_of_fixed_roof(copy["bytes_moved"], copy["median_ms"])
     for entry in implementations.values():
         if "median_ms" in entry:
             entry["tflops"] = flops / (entry["median_ms"] * 1e9) if entry["median_ms"] > 0 else 0.0
+            entry["fraction_of_fixed_roof"] = fraction_of_fixed_roof(nbytes, entry["median_ms"])
     return {
         "name": f"index {shape.name}",
         "kind": shape.kind,
@@ -208,11 +232,48 @@ def bench_index_logits(shape: IndexShape, samples: int) -> dict[str, Any]:
         "block_size": CACHE_BLOCK_SIZE,
         "bytes": nbytes,
         "flops": flops,
+        "fixed_roof_gbps": FIXED_ROOF_GBPS,
         "input_sets": count,
         "rotation": rotated,
         "copy": copy,
         "implementations": implementations,
     }
+
+
+def _torch_entry(
+    shape: IndexShape, sets: list[dict[str, Any]], want: Any, count: int, samples: int, nbytes: int, copy_gbps: float
+) -> dict[str, Any]:
+    """The torch composite's entry: timed by events (torch operations), set 0 compared with ``want``; or why
+    it was skipped."""
+    import cupy
+
+    # Gathered pages and bf16 keys (twice: before and after the scales), then bf16 scores and float32 products.
+    held = shape.requests * shape.pools * (HEAD_DIM + 4 + 4 * HEAD_DIM) + 6 * shape.tokens * shape.heads * shape.pools
+    if held > COMPOSITE_BYTES:
+        return {"skipped": f"it would hold {held / 2**30:.0f} GiB"}
+    composite, reason = torch_index_composite(sets, visible_pools(shape))
+    if composite is None:
+        return {"skipped": reason}
+    import torch
+
+    cupy.get_default_memory_pool().free_all_blocks()  # the CuPy composite's float32, before torch allocates
+    got = cupy.asarray(composite(0))  # zero copy through __cuda_array_interface__
+    s = sets[0]
+    names = ("cache", "cache_block_table", "q")
+    magnitude = torch_index_logits(
+        *(torch.as_tensor(s[n], device="cuda") for n in names),
+        torch.as_tensor(s["weights"], device="cuda").abs(),
+        torch.as_tensor(visible_pools(shape), device="cuda"),
+    )
+    torch.cuda.synchronize()  # torch's stream wrote got and magnitude; CuPy reads them below
+    finite = cupy.isfinite(want)
+    entry = timed_entry(composite, count, samples, nbytes, copy_gbps, "torch operations")
+    entry["max_abs_diff_vs_kpool_cupy"] = float(cupy.abs(cupy.where(finite, got - want, 0)).max()) if want.size else 0.0
+    entry["same_minus_inf_as_kpool_cupy"] = bool(cupy.array_equal(cupy.isneginf(got), cupy.isneginf(want)))
+    entry["worst_fraction_of_bf16_bound"] = worst_fraction_of_bound(cupy, got, want, cupy.asarray(magnitude))
+    del composite, got, magnitude
+    torch.cuda.empty_cache()  # torch's cached blocks, back for the next record's CuPy allocations
+    return entry
 
 
 def run_index(quick: bool, samples: int) -> Iterator[dict[str, Any]]:

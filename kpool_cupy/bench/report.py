@@ -45,7 +45,8 @@ def _compared_call(
 
 def table(results: dict[str, Any]) -> list[str]:
     """Per shape: the rotation, the copy roof, and per implementation its timing method, median time,
-    bandwidth, fraction of the copy and time over kpool-cupy's; then the host cost."""
+    bandwidth, fraction of the copy and time over kpool-cupy's (and, where the record names a fixed roof, the
+    fraction of it, for the copy too); then the host cost."""
     lines = [
         f"{'shape':<{NAME}}{'implementation':<20}{'timing':<8}{'median us':>11}{'GB/s':>9}{'of copy':>9}{'x kpool':>9}"
     ]
@@ -58,9 +59,11 @@ def table(results: dict[str, Any]) -> list[str]:
         )
     for shape in records(results):
         copy = shape["copy"]
+        roof = f" of {shape['fixed_roof_gbps'] / 1000:.1f} TB/s" if "fixed_roof_gbps" in shape else ""
         lines.append(
             f"{shape['name']:<{NAME}}{'(d2d copy)':<20}{_SHORT.get(copy.get('timing'), '?'):<8}"
             f"{copy['median_ms'] * 1e3:>11.2f}{copy['gbps']:>9.0f}"
+            + (f"{'':>18}  {copy['fraction_of_fixed_roof']:.2f}{roof}" if "fraction_of_fixed_roof" in copy else "")
         )
         rotated = shape.get("rotation")
         if rotated:
@@ -90,6 +93,11 @@ def table(results: dict[str, Any]) -> list[str]:
                 ratio_text += f"  {entry['time_over_empty_kernel']:.1f} x empty"
             if "tflops" in entry:
                 ratio_text += f"  {entry['tflops']:.1f} TFLOP/s"
+            if "fraction_of_fixed_roof" in entry:
+                ratio_text += f"  {entry['fraction_of_fixed_roof']:.2f}{roof}"
+            if "worst_fraction_of_bf16_bound" in entry:
+                worst = entry["worst_fraction_of_bf16_bound"]
+                ratio_text += "  within bf16 bound" if worst <= 1 else f"  {worst:.2f} x bf16 bound"
             if "same_bytes_as_kpool_cupy" in entry:
                 differing = entry.get("differing_bytes_vs_kpool_cupy")
                 ratio_text += "  same bytes" if entry["same_bytes_as_kpool_cupy"] else f"  {differing} bytes DIFFER"
