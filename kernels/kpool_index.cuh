@@ -221,6 +221,113 @@ __device__ __forceinline__ void load_key_tiles(long long first_pool, long long r
     share_key_scales<NT>(scale, have, t, scales, present);
 }
 
+// kp::find_request's binary search and kp::request_rows, with the offsets
+// and lengths of the search's first kTreeLevels steps read by a whole block
+// at once into shared memory, so a batch of up to 2^kTreeLevels requests
+// costs one round trip to global memory where the search took one per step.
+// The tree holds, for each node of the search (heap order: node 1 the first
+// step, node 2 n + 1 the step after going right from node n, 2 n after
+// going left), the offset and length at that step's mid. Which index a node
+// reads does not depend on the data, so every node is read together; the
+// walk then takes exactly the search's steps, so garbage offsets (unsorted,
+// out of range) land where kp::find_request lands. A batch larger than the
+// tree reads its deeper steps from global memory, one step at a time.
+constexpr int kTreeLevels = 9;
+constexpr int kTreeNodes = 1 << kTreeLevels;  // nodes 1 .. kTreeNodes - 1; node 0: offsets[0], lengths[0]
+
+struct RequestTree {
+    long long offset[kTreeNodes];
+    long long length[kTreeNodes];
+    long long end;  // offsets[batch]
+};
+
+// Node `node`'s step: its mid, false where no search reaches it (the
+// interval above it holds one request or none).
+__device__ __forceinline__ bool tree_mid(int node, long long batch, long long* mid) {
+    int depth = 0;
+    while ((node >> (depth + 1)) != 0) ++depth;
+    long long lo = 0, hi = batch - 1;
+    for (int bit = depth - 1; bit >= 0; --bit) {
+        if (lo >= hi) return false;
+        const long long m = lo + (hi - lo + 1) / 2;
+        if ((node >> bit) & 1)
+            lo = m;
+        else
+            hi = m - 1;
+    }
+    *mid = lo + (hi - lo + 1) / 2;
+    return lo < hi;
+}
+
+// What one thread of THREADS reads for the tree: its nodes' offsets and
+// lengths into registers (every load issued before any is used), stored by
+// store_request_tree. Nothing is read with no request (batch 0).
+template <int THREADS>
+struct TreePart {
+    static constexpr int kNodes = kTreeNodes / THREADS;
+    long long offset[kNodes], length[kNodes], end;
+    bool read[kNodes];
+};
+
+template <int THREADS, typename IO, typename IC>
+__device__ __forceinline__ void load_request_tree(const IO* offsets, const IC* lengths, long long batch, int thread,
+                                                  TreePart<THREADS>& part) {
+    static_assert(kTreeNodes % THREADS == 0, "whole nodes a thread");
+#pragma unroll
+    for (int k = 0; k < TreePart<THREADS>::kNodes; ++k) {
+        const int node = thread + k * THREADS;
+        long long at = 0;
+        part.read[k] = batch > 0 && (node == 0 || tree_mid(node, batch, &at));
+        part.offset[k] = part.read[k] ? load_index(offsets, at) : 0;
+        part.length[k] = part.read[k] ? load_index(lengths, at) : 0;
+    }
+    part.end = batch > 0 && thread == 0 ? load_index(offsets, batch) : 0;
+}
+
+template <int THREADS>
+__device__ __forceinline__ void store_request_tree(const TreePart<THREADS>& part, int thread, RequestTree& tree) {
+#pragma unroll
+    for (int k = 0; k < TreePart<THREADS>::kNodes; ++k) {
+        tree.offset[thread + k * THREADS] = part.offset[k];
+        tree.length[thread + k * THREADS] = part.length[k];
+    }
+    if (thread == 0) tree.end = part.end;
+}
+
+// kp::find_request then kp::request_rows for `item`, the tree's steps from
+// shared memory: the same request, rows and length, the same verdict.
+// batch > 0.
+template <typename IO, typename IC>
+__device__ __forceinline__ bool tree_request_rows(const RequestTree& tree, const IO* offsets, const IC* lengths,
+                                                  long long batch, long long total_tokens, long long item,
+                                                  long long* request, long long* row_begin, long long* row_end,
+                                                  long long* cached) {
+    long long lo = 0, hi = batch - 1;
+    long long at_lo = tree.offset[0], length_lo = tree.length[0];  // offsets[lo], lengths[lo]
+    long long above = tree.end;                                     // offsets[hi + 1]
+    int node = 1;
+    while (lo < hi) {
+        const long long mid = lo + (hi - lo + 1) / 2;
+        const bool held = node < kTreeNodes;
+        const long long value = held ? tree.offset[node] : load_index(offsets, mid);
+        if (value <= item) {
+            lo = mid;
+            at_lo = value;
+            length_lo = held ? tree.length[node] : load_index(lengths, mid);
+            node = held ? 2 * node + 1 : node;  // past the tree it stays past
+        } else {
+            hi = mid - 1;
+            above = value;
+            node = held ? 2 * node : node;
+        }
+    }
+    *request = lo;
+    *row_begin = at_lo;
+    *row_end = above;
+    *cached = length_lo;
+    return at_lo >= 0 && above <= total_tokens && at_lo <= above && length_lo >= 0;
+}
+
 // One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,
 // e < 2) of the warp's key tiles in sums[n][e], the same in every lane of a
 // column (the butterfly leaves each lane the whole sum). keys: this lane's

@@ -11,9 +11,12 @@
 //
 // One block per tile of tokens_per_block consecutive tokens and range of
 // pools_per_block pools (the token tiles fastest in the grid, so the tiles
-// of one range meet its keys in L2). A block first finds each of its
-// tokens' request and the pools it sees (one lane a token), and stages its
-// tokens' query rows and weights in shared memory, once. Then each of its 4
+// of one range meet its keys in L2). A block first reads its tokens' query
+// rows and weights and the first nine steps of their request search
+// (kp::RequestTree) into shared memory, all in one round trip, then finds
+// each token's request and the pools it sees there (one lane a token;
+// batches past 512 requests take their last steps from global memory).
+// Then each of its 4
 // warps walks its key tiles of 8 NT pools through the range, scoring every
 // token of the tile against each (kp::score_token): a warp reads the keys of
 // a request once for all of that request's tokens in the tile, and loads
@@ -67,11 +70,13 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
     constexpr int kTilePools = 8 * NT;               // a warp's key tiles
     constexpr int kPitch = HEAD_DIM + 16;            // a staged query row
     constexpr int kPieces = HEAD_DIM / 16;           // 16-byte pieces of a query row
+    constexpr int kStageRound = 8;                   // pieces a thread loads before it stores them
     constexpr bool kVectorCache = (VECTOR & kp::kIndexVectorCache) != 0;
     constexpr bool kVectorQ = (VECTOR & kp::kIndexVectorQ) != 0;
     __shared__ uint4 q_words[kp::kIndexStageBytes / 16];  // 16-byte aligned
     unsigned char* const q_stage = reinterpret_cast<unsigned char*>(q_words);
     __shared__ float w_stage[kp::kIndexStageWeights];
+    __shared__ kp::RequestTree tree;
     __shared__ long long token_request[kp::kIndexTileTokens];  // -1: the token sees nothing
     __shared__ long long token_visible[kp::kIndexTileTokens];  // pools it sees, at most max_pools
     __shared__ long long token_reach[kp::kIndexTileTokens];    // pools its request's tokens in the tile see
@@ -95,49 +100,67 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
     const int g = lane / 4, t = lane % 4;
     const float minus_infinity = kp_bits_to_float(0xff800000u);
 
-    // Warp 0 finds each token's request and visible pools, one lane a token, while the other warps stage the
-    // tile's query rows and weights in shared memory, once for every warp and key tile of the range. With no
-    // request (batch 0) no token is known and nothing of the offsets is read.
-    const int head_count = static_cast<int>(heads), rows = tokens * head_count;
-    if (warp == 0) {
-        if (lane < tokens) {
-            const long long token = token_begin + lane;
-            const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
-            long long row_begin = 0, row_end = 0, cached = 0;
-            const bool known = batch > 0 &&
-                               kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin,
-                                                &row_end, &cached) &&
-                               token >= row_begin && token < row_end;
-            const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
-            token_request[lane] = known ? request : -1;
-            token_visible[lane] = visible < max_pools ? visible : max_pools;
-        }
-    } else {
-        constexpr int kStagers = kp::kIndexThreads - 32;
-        const int stager = static_cast<int>(threadIdx.x) - 32;
-        for (int i = stager; i < rows * kPieces; i += kStagers) {
+    // The tile's query rows, weights and the first steps of its tokens' request search, read by the whole block
+    // into shared memory once for every warp and key tile of the range: every load of a round issued before any
+    // is used, so a decode tile's are one round trip.
+    const int thread = static_cast<int>(threadIdx.x);
+    const int head_count = static_cast<int>(heads), rows = tokens * head_count, pieces = rows * kPieces;
+    kp::TreePart<kp::kIndexThreads> tree_part;
+    kp::load_request_tree<kp::kIndexThreads>(input_row_offsets, cache_lengths, batch, thread, tree_part);
+    float w[kp::kIndexStageWeights / kp::kIndexThreads + 1];
+#pragma unroll
+    for (int k = 0; k < kp::kIndexStageWeights / kp::kIndexThreads + 1; ++k) {
+        const int i = thread + k * kp::kIndexThreads;
+        const unsigned int token = static_cast<unsigned int>(i) / head_count;
+        w[k] = i < rows ? weights[(token_begin + token) * weights_stride + (i - token * head_count)] : 0.0f;
+    }
+    for (int first = 0; first < pieces; first += kp::kIndexThreads * kStageRound) {
+        uint4 v[kStageRound];
+#pragma unroll
+        for (int k = 0; k < kStageRound; ++k) {
+            const int i = first + k * kp::kIndexThreads + thread;
             const int row = i / kPieces, piece = i % kPieces;
             const unsigned int token = static_cast<unsigned int>(row) / head_count;
             const unsigned int head = static_cast<unsigned int>(row) - token * head_count;
             const unsigned char* from = q + (token_begin + token) * q_token_stride + head * q_head_stride + 16 * piece;
-            uint4 v;
+            v[k].x = v[k].y = v[k].z = v[k].w = 0u;
+            if (i >= pieces) continue;
             if constexpr (kVectorQ) {
-                v = kp_load16(from);
+                v[k] = kp_load16(from);
             } else {
-                unsigned int w[4] = {0u, 0u, 0u, 0u};
+                unsigned int word[4] = {0u, 0u, 0u, 0u};
 #pragma unroll
-                for (int b = 0; b < 16; ++b) w[b / 4] |= static_cast<unsigned int>(from[b]) << (8 * (b % 4));
-                v.x = w[0];
-                v.y = w[1];
-                v.z = w[2];
-                v.w = w[3];
+                for (int b = 0; b < 16; ++b) word[b / 4] |= static_cast<unsigned int>(from[b]) << (8 * (b % 4));
+                v[k].x = word[0];
+                v[k].y = word[1];
+                v[k].z = word[2];
+                v[k].w = word[3];
             }
-            *reinterpret_cast<uint4*>(q_stage + row * kPitch + 16 * piece) = v;
         }
-        for (int i = stager; i < rows; i += kStagers) {
-            const unsigned int token = static_cast<unsigned int>(i) / head_count;
-            w_stage[i] = weights[(token_begin + token) * weights_stride + (i - token * head_count)];
+#pragma unroll
+        for (int k = 0; k < kStageRound; ++k) {
+            const int i = first + k * kp::kIndexThreads + thread;
+            if (i < pieces) *reinterpret_cast<uint4*>(q_stage + (i / kPieces) * kPitch + 16 * (i % kPieces)) = v[k];
         }
+    }
+#pragma unroll
+    for (int k = 0; k < kp::kIndexStageWeights / kp::kIndexThreads + 1; ++k) {
+        const int i = thread + k * kp::kIndexThreads;
+        if (i < rows) w_stage[i] = w[k];
+    }
+    kp::store_request_tree<kp::kIndexThreads>(tree_part, thread, tree);
+    __syncthreads();
+    // Each token's request and visible pools, one lane a token. With no request (batch 0) no token is known.
+    if (thread < tokens) {
+        const long long token = token_begin + thread;
+        long long request = 0, row_begin = 0, row_end = 0, cached = 0;
+        const bool known = batch > 0 &&
+                           kp::tree_request_rows(tree, input_row_offsets, cache_lengths, batch, num_tokens, token,
+                                                 &request, &row_begin, &row_end, &cached) &&
+                           token >= row_begin && token < row_end;
+        const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
+        token_request[thread] = known ? request : -1;
+        token_visible[thread] = visible < max_pools ? visible : max_pools;
     }
     __syncthreads();
     if (static_cast<int>(threadIdx.x) < tokens) {
