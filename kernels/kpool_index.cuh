@@ -145,10 +145,10 @@ __device__ __forceinline__ void find_key_pages(long long first_pool, long long r
         at.page[n] = -1;
         at.entry[n] = entry;
         if (first + 8 * n < reach && column < table_columns) at.page[n] = table_row[column];
-        entry += 8u;  // the next tile's pool; a page of fewer than 8 rows is passed over whole
-        while (entry >= block_size32) {
-            entry -= block_size32;
-            ++column;
+        entry += 8u;  // the next tile's pool
+        if (entry >= block_size32) {
+            column += entry / block_size32;
+            entry %= block_size32;
         }
     }
 }
