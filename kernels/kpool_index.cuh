@@ -260,38 +260,47 @@ __device__ __forceinline__ bool tree_mid(int node, long long batch, long long* m
 }
 
 // What one thread of THREADS reads for the tree: its nodes' offsets and
-// lengths into registers (every load issued before any is used), stored by
-// store_request_tree. Nothing is read with no request (batch 0).
-template <int THREADS>
+// lengths as the arrays hold them, stored (widened, as load_index widens)
+// by store_request_tree. Every index is worked out before the first load
+// and nothing is widened before the last: a load issues without waiting
+// for another's data. Nothing is read with no request (batch 0).
+template <int THREADS, typename IO, typename IC>
 struct TreePart {
     static constexpr int kNodes = kTreeNodes / THREADS;
-    long long offset[kNodes], length[kNodes], end;
-    bool read[kNodes];
+    IO offset[kNodes], end;
+    IC length[kNodes];
 };
 
 template <int THREADS, typename IO, typename IC>
 __device__ __forceinline__ void load_request_tree(const IO* offsets, const IC* lengths, long long batch, int thread,
-                                                  TreePart<THREADS>& part) {
+                                                  TreePart<THREADS, IO, IC>& part) {
     static_assert(kTreeNodes % THREADS == 0, "whole nodes a thread");
+    constexpr int kNodes = TreePart<THREADS, IO, IC>::kNodes;
+    long long at[kNodes];
+    bool read[kNodes];
 #pragma unroll
-    for (int k = 0; k < TreePart<THREADS>::kNodes; ++k) {
+    for (int k = 0; k < kNodes; ++k) {
         const int node = thread + k * THREADS;
-        long long at = 0;
-        part.read[k] = batch > 0 && (node == 0 || tree_mid(node, batch, &at));
-        part.offset[k] = part.read[k] ? load_index(offsets, at) : 0;
-        part.length[k] = part.read[k] ? load_index(lengths, at) : 0;
+        at[k] = 0;
+        read[k] = batch > 0 && (node == 0 || tree_mid(node, batch, &at[k]));
     }
-    part.end = batch > 0 && thread == 0 ? load_index(offsets, batch) : 0;
+#pragma unroll
+    for (int k = 0; k < kNodes; ++k) {
+        part.offset[k] = read[k] ? offsets[at[k]] : IO(0);
+        part.length[k] = read[k] ? lengths[at[k]] : IC(0);
+    }
+    part.end = batch > 0 && thread == 0 ? offsets[batch] : IO(0);
 }
 
-template <int THREADS>
-__device__ __forceinline__ void store_request_tree(const TreePart<THREADS>& part, int thread, RequestTree& tree) {
+template <int THREADS, typename IO, typename IC>
+__device__ __forceinline__ void store_request_tree(const TreePart<THREADS, IO, IC>& part, int thread,
+                                                   RequestTree& tree) {
 #pragma unroll
-    for (int k = 0; k < TreePart<THREADS>::kNodes; ++k) {
-        tree.offset[thread + k * THREADS] = part.offset[k];
-        tree.length[thread + k * THREADS] = part.length[k];
+    for (int k = 0; k < TreePart<THREADS, IO, IC>::kNodes; ++k) {
+        tree.offset[thread + k * THREADS] = static_cast<long long>(part.offset[k]);
+        tree.length[thread + k * THREADS] = static_cast<long long>(part.length[k]);
     }
-    if (thread == 0) tree.end = part.end;
+    if (thread == 0) tree.end = static_cast<long long>(part.end);
 }
 
 // kp::find_request then kp::request_rows for `item`, the tree's steps from
@@ -309,11 +318,13 @@ __device__ __forceinline__ bool tree_request_rows(const RequestTree& tree, const
     while (lo < hi) {
         const long long mid = lo + (hi - lo + 1) / 2;
         const bool held = node < kTreeNodes;
+        // Past the tree both are read at once: a step is one round trip.
         const long long value = held ? tree.offset[node] : load_index(offsets, mid);
+        const long long length = held ? tree.length[node] : load_index(lengths, mid);
         if (value <= item) {
             lo = mid;
             at_lo = value;
-            length_lo = held ? tree.length[node] : load_index(lengths, mid);
+            length_lo = length;
             node = held ? 2 * node + 1 : node;  // past the tree it stays past
         } else {
             hi = mid - 1;

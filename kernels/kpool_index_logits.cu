@@ -105,8 +105,8 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
     // is used, so a decode tile's are one round trip.
     const int thread = static_cast<int>(threadIdx.x);
     const int head_count = static_cast<int>(heads), rows = tokens * head_count, pieces = rows * kPieces;
-    kp::TreePart<kp::kIndexThreads> tree_part;
-    kp::load_request_tree<kp::kIndexThreads>(input_row_offsets, cache_lengths, batch, thread, tree_part);
+    kp::TreePart<kp::kIndexThreads, IO, IC> tree_part;
+    kp::load_request_tree<kp::kIndexThreads, IO, IC>(input_row_offsets, cache_lengths, batch, thread, tree_part);
     float w[kp::kIndexStageWeights / kp::kIndexThreads + 1];
 #pragma unroll
     for (int k = 0; k < kp::kIndexStageWeights / kp::kIndexThreads + 1; ++k) {
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
         const int i = thread + k * kp::kIndexThreads;
         if (i < rows) w_stage[i] = w[k];
     }
-    kp::store_request_tree<kp::kIndexThreads>(tree_part, thread, tree);
+    kp::store_request_tree<kp::kIndexThreads, IO, IC>(tree_part, thread, tree);
     __syncthreads();
     // Each token's request and visible pools, one lane a token. With no request (batch 0) no token is known.
     if (thread < tokens) {
