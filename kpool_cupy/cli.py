@@ -257,7 +257,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
             ("static instructions", machine.instructions),
             ("exps (MUFU.EX2)", machine.exps),
             (f"blocks per SM ({report.block_threads}-thread blocks)", report.blocks_per_sm or "unknown arch"),
-            ("dependent global loads (longest path)", report.load_depth),
+            ("load round trips (in order, longest path)", report.load_depth),
         ]
         if report.tensor_core:
             rows.append(("tensor-core instructions (HMMA, QMMA)", report.tensor_core))

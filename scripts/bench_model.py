@@ -15,7 +15,7 @@ come four bounds, and the prediction is the slowest of them plus a launch:
               bytes in flight = resident blocks * threads a block * bytes a thread has outstanding
               resident blocks = min(grid, SMs * blocks_per_sm)
     issue     warps * instructions a thread / (132 SMs * 4 schedulers * 1.98 GHz)
-    latency   load_depth * DRAM latency      (dependent global loads wait one after another)
+    latency   load_depth * DRAM latency      (round trips a warp waits through one after another, in order)
     predicted launch + max(memory, issue, latency)
 
 A thread's outstanding bytes are the widest set of global loads at one
@@ -161,7 +161,8 @@ class Case:
     launch: Launch
     kpool: int = 0  # the pool width a streamed pool's loop runs over (compress family), 0 for none
     member_bytes: int = 0
-    repeats: int = 0  # times a thread runs its longest loop (the scorer: tokens x head tiles), 0: once at most
+    repeats: int = 0  # times a thread runs its longest loop (the scorer: its walk's steps), 0: once at most
+    mma_repeats: int = 0  # times it runs the innermost loop around its first mma (the scorer: every head tile)
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -299,8 +300,9 @@ def index_cases(heads: int = 64) -> list[Case]:
         launch = launched(INDEX_LOGITS_FP8, *arrays, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
         # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time.
         steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, f16_path=False)
-        repeats = launch.values["tokens_per_block"] * -(-heads // 16) * steps
-        cases.append(Case("index_logits_fp8", shape.name, index_bytes(shape), launch, repeats=repeats))
+        head_tiles = launch.values["tokens_per_block"] * -(-heads // 16) * steps
+        case = Case("index_logits_fp8", shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles)
+        cases.append(case)
     return cases
 
 
@@ -375,16 +377,33 @@ def cases() -> list[Case]:
     ]
 
 
-def loop_body(sass: str) -> int:
-    """Instructions in the member loop of a streamed pool: from a backward branch's target to the branch."""
+def _loops(sass: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """The instructions' addresses, and each loop's span: a backward branch's target to the branch."""
     addresses = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]{4,})\*/", sass, re.MULTILINE)]
     labels = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"^(\.L\w+):\s*\n\s*/\*([0-9a-f]+)\*/", sass, re.M)}
-    longest = 0
+    spans = []
     for match in re.finditer(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BRA\s+`\((\.L\w+)\)", sass, re.MULTILINE):
         at, target = int(match.group(1), 16), labels.get(match.group(2))
         if target is not None and target < at:
-            longest = max(longest, sum(target <= a <= at for a in addresses))
-    return longest
+            spans.append((target, at))
+    return addresses, spans
+
+
+def loop_body(sass: str) -> int:
+    """Instructions in the longest loop (a streamed pool's member loop, the scorer's walk)."""
+    addresses, spans = _loops(sass)
+    return max((sum(start <= a <= end for a in addresses) for start, end in spans), default=0)
+
+
+def mma_loop_body(sass: str) -> int:
+    """Instructions in the innermost loop around the first tensor-core instruction (0: none in a loop)."""
+    addresses, spans = _loops(sass)
+    found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
+    if found is None:
+        return 0
+    first = int(found.group(1), 16)
+    around = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
+    return min(around, default=0)
 
 
 _LOAD_BYTES = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
@@ -411,6 +430,7 @@ class Variant:
     registers: int
     depth: int
     outstanding: int
+    mma_loop_body: int = 0
 
 
 @functools.cache
@@ -418,7 +438,12 @@ def variant(source: str, instance: str) -> Variant:
     summary = summarize_sass(source, instance)
     sass = summary.sass
     return Variant(
-        summary.instructions, loop_body(sass), summary.registers, load_depth(sass).depth, outstanding_bytes(sass)
+        summary.instructions,
+        loop_body(sass),
+        summary.registers,
+        load_depth(sass).depth,
+        outstanding_bytes(sass),
+        mma_loop_body(sass),
     )
 
 
@@ -456,10 +481,12 @@ def predict(
         if chunk < case.kpool:
             per_thread += max(0, (case.kpool - chunk) // chunk - 1) * v.loop_body
     if case.repeats:
-        # The scorer's warp runs its walk's body once per step, its token loop's once per token and its head
-        # loop's once per head tile; the longest loop (with the others inside once) counted that often: an upper
-        # bound.
+        # The longest loop (the scorer's walk, with its token and head loops inside once) once per repeat.
         per_thread += (case.repeats - 1) * v.loop_body
+    if case.mma_repeats:
+        # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
+        # above, every path of each loop's body counted as often as the loop runs, an upper bound.
+        per_thread += (case.mma_repeats - 1) * v.mma_loop_body
     warps = geometry.grid * -(-geometry.block // 32)
     bounds = {
         "memory": case.nbytes / reachable * 1e6,

@@ -11,6 +11,7 @@ from model import BF16
 from kpool_cupy import reference
 from kpool_cupy.backends.reference import ReferenceBackend
 from kpool_cupy.tools import sass
+from kpool_cupy.tools.load_depth import load_depth
 from kpool_cupy.tools.sass_report import blocks_per_sm, launch_geometry, op_sass
 
 
@@ -45,8 +46,13 @@ def test_the_fp8_epilogue_is_lean(report, op, most):
 
 
 @pytest.mark.parametrize("op", ["tail_update", "tail_update_fp8"])
-def test_the_decode_step_waits_on_two_loads(report, op):
-    assert report(op).load_depth <= 2, report(op).load_depth
+def test_the_decode_step_waits_on_two_dependent_loads(report, op):
+    # Dependence alone (issue 21): 2. The report counts in-order issue, one more: ptxas uses the slot before the
+    # token loop issues the positions and rows (tests/test_load_depth.decode_step_depths; the report's FP8
+    # variant writes rows, so no cache slot or block-table entry adds a fourth).
+    r = report(op)
+    assert load_depth(r.machine.sass, in_order=False).depth <= 2, r.kernel
+    assert r.load_depth <= 3, (r.kernel, r.load_depth)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,9 @@ from __future__ import annotations
 import pytest
 
 from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.sources import kernel_source
 from kpool_cupy.tools import sass
+from kpool_cupy.tools.load_depth import depth_before_first, load_depth
 from kpool_cupy.tools.sass_report import tensor_core_count
 
 ARCHES = {"sm_80": (MMA_F16, 2), "sm_89": (MMA_E4M3, 1), "sm_90": (MMA_E4M3, 2)}  # (path, instructions a step)
@@ -90,3 +92,43 @@ def test_pages_and_queries_without_16_byte_alignment_take_no_16_byte_loads():
     assert machine.vector_loads == 0 and machine.spill_stores == 0
     assert tensor_core_count(machine.sass) == 32
     assert "LDG.E.U8" in machine.sass  # the stage reads unaligned query rows byte by byte
+
+
+# The two paths an engine's decode step does not take, cut out of the kernel text to read the depth of the path it
+# does take: a search step past the tree's 512 requests, and the keys of a token of another request than its
+# tile's first (a tile across requests; a decode tile of next_n tokens holds one request's).
+_PAST_THE_TREE = (
+    "const long long value = held ? tree.offset[node] : load_index(offsets, mid);",
+    "const long long length = held ? tree.length[node] : load_index(lengths, mid);",
+)
+_ANOTHER_REQUEST = "if (scores && request != keys_of) {"
+
+
+def _engine_path_sass() -> str:
+    code = kernel_source(INDEX_LOGITS_FP8.source)
+    for statement in _PAST_THE_TREE:
+        assert code.count(statement) == 1, statement  # the kernel changed: update the cut
+        code = code.replace(statement, statement.split(" : ")[0] + " : 0;")
+    assert code.count(_ANOTHER_REQUEST) == 1
+    code = code.replace(_ANOTHER_REQUEST, "if (false) {")
+    name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_E4M3, VECTOR=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q)
+    return sass.summarize_code_sass(code, name, arch="sm_90").sass
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_block_reads_its_queries_weights_and_request_tree_in_one_round_trip():
+    text = scorer_sass(128, "sm_90").sass
+    instructions, _ = sass.parse_instructions(text)
+    first_barrier = min(i.address for i in instructions if i.opcode[0] == "BAR")
+    depths = load_depth(text).loads
+    before = [depth for address, depth in depths.items() if address < first_barrier]
+    assert len(before) >= 8 and max(before) == 1, sorted(before)  # tree nodes, weights, 16-byte query pieces
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_first_mma_waits_through_three_round_trips_on_the_decode_path():
+    # In-order issue (tools/load_depth.py): the tree with the queries, the pages, the key rows. Each path cut out
+    # adds to it: a search step past 512 requests one round trip, a tile across requests two (its token's pages
+    # and rows, after the lead's).
+    assert depth_before_first(_engine_path_sass()) == 3
+    assert depth_before_first(scorer_sass(128, "sm_90").sass) == 6

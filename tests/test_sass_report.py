@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from kpool_cupy.cli import main
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.sass import SassSummary, find_tool, parse_sass
+from kpool_cupy.tools.sass_report import tensor_core_count
 
 # nvdisasm -c's layout, cut down. In program order: a branch before the first
 # load (not in the softmax span), the first load (scalar, an index read), a
@@ -95,6 +96,31 @@ def test_without_an_exp_every_load_comes_before_it_and_no_branch_is_in_the_softm
     assert parse_sass(no_exp) == dataclasses.replace(
         SNIPPET_COUNTS, vector_loads_before_first_exp=3, branches_in_softmax=0, exps=0
     )
+
+
+# wgmma (sm_90a) beside mma.sync: the shape's lower-case x is part of the opcode.
+TENSOR_CORE_LINES = """\
+        /*0100*/                   HMMA.16816.F32.BF16 R12, R4, R8, R12 ;
+        /*0110*/                   QMMA.16832.F32.E4M3.E4M3 R88, R88.ROW, R44.COL, RZ ;
+        /*0120*/                   HGMMA.64x16x16.F32.BF16 R24, R32, gdesc[UR8].tnspB, RZ, UP0, gsb0 ;
+        /*0130*/               @P0 QGMMA.64x16x32.F32.E4M3.E4M3 R24, gdesc[UR4], RZ, !UPT, gsb0 ;
+        /*0140*/                   IMMA.16832.S8.S8 R4, R8, R12, R4 ;
+        /*0150*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+"""
+
+
+def test_a_wgmma_opcode_parses_whole():
+    code, _ = sass.parse_instructions(TENSOR_CORE_LINES)
+    assert code[3].opcode == ("QGMMA", "64x16x32", "F32", "E4M3", "E4M3"), code[3]
+    assert code[3].guard == "P0" and code[3].operands.strip() == "R24, gdesc[UR4], RZ, !UPT, gsb0"
+    assert code[2].opcode == ("HGMMA", "64x16x16", "F32", "BF16"), code[2]
+    assert code[5].opcode == ("WARPGROUP", "DEPBAR", "LE") and code[5].operands.strip() == "gsb0, 0x0"
+
+
+def test_the_tensor_core_count_takes_warp_and_warpgroup_mmas():
+    # HMMA and QMMA (mma.sync) as before, HGMMA and QGMMA (wgmma) too; IMMA (integers) is no op's.
+    assert tensor_core_count(TENSOR_CORE_LINES) == 4
+    assert tensor_core_count(SNIPPET) == 0
 
 
 def _tools_or_skip() -> None:
@@ -185,8 +211,9 @@ def test_ptx_sass_prints_each_count_on_its_line(fake_summary):
         "exps (MUFU.EX2)": "40",
         # 61 registers (64 allocated) x 8 warps of a 256-thread block: 4 blocks fill the 65,536 registers.
         "blocks per SM (256-thread blocks)": "4",
-        # The snippet's scalar load feeds no other load's address: each load is at depth 1.
-        "dependent global loads (longest path)": "1",
+        # The snippet's scalar load feeds no other load's address, but the 16-byte load after the first exp
+        # (0x00a0) issues after that MUFU.EX2 read the load at 0x0040: in order, a second round trip.
+        "load round trips (in order, longest path)": "2",
     }, result.output
 
 

@@ -26,8 +26,10 @@ TIMEOUT_S = 120
 
 # One instruction as nvdisasm prints it, predicate optional, encoding (-hex) optional:
 #         /*0040*/              @!P0 LDG.E.128 R4, desc[UR4][R2.64] ;        /* 0x0000000402047981 */
+# A modifier may hold lower-case letters (a wgmma's shape: QGMMA.64x16x32.F32.E4M3.E4M3); the opcode ends at
+# the space before the operands.
 _INSTRUCTION = re.compile(
-    r"^\s*/\*([0-9a-fA-F]+)\*/\s+(@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)([^;]*);?"
+    r"^\s*/\*([0-9a-fA-F]+)\*/\s+(@!?U?P(?:T|\d+)\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)([^;]*);?"
     r"\s*(?:/\*[^*]*\*/)?\s*$"
 )
 # A label: a branch target (.L_x_2) or a subroutine ($__internal_0_$__cuda_sm20_div_s64).

@@ -3,12 +3,11 @@ at the op's launch shape, and the dependent global-load depth (``tools.load_dept
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..kernel.geometry import LaunchGeometry
 from . import sass
-from .load_depth import load_depth
+from .load_depth import TENSOR_CORE, load_depth
 from .sass import SassSummary, sm_arch
 from .variants import OP_SPECS, op_variant
 
@@ -42,7 +41,7 @@ class OpSass:
     block_threads: int
     blocks_per_sm: int | None
     load_depth: int
-    tensor_core: int  # static mma instructions (HMMA, QMMA)
+    tensor_core: int  # static tensor-core instructions (HMMA, QMMA, HGMMA, QGMMA)
 
 
 def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> OpSass:
@@ -55,6 +54,7 @@ def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90")
 
 
 def tensor_core_count(text: str) -> int:
-    """Static warp-level matrix instructions in SASS text: HMMA (f16, and e4m3 mma.sync on sm_90, which ptxas
-    lowers to two f16 HMMAs) and QMMA (e4m3 on sm_89 and sm_120)."""
-    return len(re.findall(r"\b[HQ]MMA\.", text))
+    """Static tensor-core instructions in SASS text (``load_depth.TENSOR_CORE``): a warp's HMMA (f16, and e4m3
+    mma.sync on sm_90, which ptxas lowers to two f16 HMMAs) and QMMA (e4m3 on sm_89 and sm_120), a warpgroup's
+    HGMMA and QGMMA (wgmma on sm_90a)."""
+    return sum(i.opcode[0] in TENSOR_CORE for i in sass.parse_instructions(text)[0])
