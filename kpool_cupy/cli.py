@@ -259,8 +259,11 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
             (f"blocks per SM ({report.block_threads}-thread blocks)", report.blocks_per_sm or "unknown arch"),
             ("load round trips (in order, longest path)", report.load_depth),
         ]
+        if report.shared_bytes:
+            rows.append(("static shared memory a block", f"{report.shared_bytes} bytes"))
         if report.tensor_core:
-            rows.append(("tensor-core instructions (HMMA, QMMA)", report.tensor_core))
+            counts = ", ".join(f"{count} {opcode}" for opcode, count in sorted(report.tensor_core.items()))
+            rows.append(("tensor-core instructions", counts))
         for label, value in rows:
             click.echo(f"{label:<42}{value}")
         if out_file:

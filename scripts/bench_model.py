@@ -431,6 +431,7 @@ class Variant:
     depth: int
     outstanding: int
     mma_loop_body: int = 0
+    shared_bytes: int = 0
 
 
 @functools.cache
@@ -444,6 +445,7 @@ def variant(source: str, instance: str) -> Variant:
         load_depth(sass).depth,
         outstanding_bytes(sass),
         mma_loop_body(sass),
+        summary.shared_bytes,
     )
 
 
@@ -469,7 +471,7 @@ def predict(
 ) -> Prediction:
     """The four bounds of the module docstring for one launch."""
     geometry = case.launch.geometry
-    per_sm = blocks_per_sm(v.registers, geometry.block) or 1
+    per_sm = blocks_per_sm(v.registers, geometry.block, shared_bytes=v.shared_bytes) or 1
     resident = min(geometry.grid, SMS * per_sm)
     in_flight = resident * geometry.block * v.outstanding
     reachable = min(bandwidth, in_flight / latency) if in_flight else bandwidth

@@ -62,12 +62,17 @@ def test_no_spills(report, op):
     assert report(op).machine.spill_stores == report(op).machine.spill_loads == 0
 
 
-def test_blocks_per_sm_follows_registers_threads_and_the_block_limit():
+def test_blocks_per_sm_follows_registers_threads_shared_memory_and_the_block_limit():
     assert blocks_per_sm(80, 256) == 3 and blocks_per_sm(83, 256) == 2  # 88 allocated: 2 blocks
     assert blocks_per_sm(32, 256) == 8  # the thread limit (2048) before the registers (65536 / 8192 = 8)
     assert blocks_per_sm(16, 32) == 32  # the block limit
     assert blocks_per_sm(80, 256, "sm_89") == 3 and blocks_per_sm(32, 256, "sm_89") == 6  # 1536 threads
-    assert blocks_per_sm(80, 256, "sm_100") is None
+    # The scorer's 47,288 bytes of shared memory and 1 KiB reserved a block: 228 KiB hold 4 on sm_90, 100 KiB 2.
+    assert blocks_per_sm(32, 128, "sm_90", shared_bytes=47288) == 4
+    assert blocks_per_sm(32, 128, "sm_89", shared_bytes=47288) == 2
+    assert blocks_per_sm(32, 128, "sm_120", shared_bytes=47288) == 2
+    assert blocks_per_sm(80, 256, "sm_90a") == blocks_per_sm(80, 256, "sm_90")  # an "a" target is its base's
+    assert blocks_per_sm(80, 256, "sm_75") is None
 
 
 def _launched_blocks(monkeypatch, call) -> set[int]:

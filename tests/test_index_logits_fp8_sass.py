@@ -11,7 +11,9 @@ shared stage, not from global memory.
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from kpool_cupy.cli import main
 from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
 from kpool_cupy.kernel.sources import kernel_source
 from kpool_cupy.tools import sass
@@ -132,3 +134,33 @@ def test_the_first_mma_waits_through_three_round_trips_on_the_decode_path():
     # and rows, after the lead's).
     assert depth_before_first(_engine_path_sass()) == 3
     assert depth_before_first(scorer_sass(128, "sm_90").sass) == 6
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize(
+    ("arch", "instructions", "registers_at_most", "blocks"),
+    [
+        ("sm_80", "16 HMMA", 200, 3),  # the f16 path: 2 key tiles x 4 steps x 2 m16n8k16
+        ("sm_89", "16 QMMA", 200, 2),  # native e4m3 mma.sync: 4 key tiles x 4 steps
+        ("sm_90", "32 HMMA", 240, 2),  # e4m3 mma.sync lowered to two f16 HMMAs a step (wgmma is not built yet)
+        ("sm_90a", "32 HMMA", 240, 2),  # the same kernel: nothing uses sm_90a's wgmma yet
+        ("sm_120", "16 QMMA", 200, 2),
+    ],
+)
+def test_ptx_sass_reports_the_scorers_instructions_registers_and_blocks_at_the_engine_shape(
+    arch, instructions, registers_at_most, blocks
+):
+    # The counts `kpool-cupy ptx --sass` prints for head_dim 128, what the engines run, and no spills. Blocks an
+    # SM: on sm_80 the registers and the 164 KiB of shared memory both allow 3; the registers bind sm_90 (its
+    # 228 KiB would hold 4 of the 47 KB stages); the stage binds sm_89 and sm_120 (100 KiB).
+    result = CliRunner().invoke(
+        main, ["ptx", "--sass", "--op", "index_logits_fp8", "--head-dim", "128", "--arch", arch]
+    )
+    assert result.exit_code == 0, result.output
+    lines = {line[:42].strip(): line[42:].strip() for line in result.output.splitlines()[1:]}
+    assert lines["tensor-core instructions"] == instructions
+    assert int(lines["registers"]) <= registers_at_most
+    assert lines["spill stores/loads"] == "0 / 0 bytes"
+    assert lines["blocks per SM (128-thread blocks)"] == str(blocks)
+    assert lines["static shared memory a block"] == "47288 bytes"

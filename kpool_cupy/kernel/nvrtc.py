@@ -117,6 +117,7 @@ class PtxasReport:
     spill_stores: int
     spill_loads: int
     stack_bytes: int
+    shared_bytes: int = 0  # static shared memory a block (ptxas prints none for a kernel without)
 
 
 def ptxas_report(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> PtxasReport:
@@ -138,7 +139,8 @@ def code_ptxas_report(code: str, name: str, arch: str = "sm_90") -> PtxasReport:
 
 
 def parse_ptxas_log(log: str) -> PtxasReport:
-    """Registers, spills and stack frame from what ``ptxas -v`` prints (inside NVRTC or on its own)."""
+    """Registers, spills, stack frame and static shared memory from what ``ptxas -v`` prints (inside NVRTC or on
+    its own)."""
     numbers = {}
     for key, pattern in (
         ("registers", r"Used (\d+) registers"),
@@ -150,4 +152,5 @@ def parse_ptxas_log(log: str) -> PtxasReport:
         if found is None:
             raise RuntimeError(f"ptxas report without {key!r}:\n{log}")
         numbers[key] = int(found.group(1))
-    return PtxasReport(**numbers)
+    shared = re.search(r"(\d+) bytes smem", log)
+    return PtxasReport(**numbers, shared_bytes=int(shared.group(1)) if shared else 0)

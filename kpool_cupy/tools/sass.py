@@ -59,6 +59,7 @@ class SassSummary(SassCounts):
     spill_stores: int
     spill_loads: int
     sass: str
+    shared_bytes: int = 0  # static shared memory a block
 
 
 @dataclass(frozen=True)
@@ -230,7 +231,7 @@ def _summarize_ptx(ptx: str, name: str, sm: str) -> SassSummary:
         sass = _run([nvdisasm, "-c", str(cubin)], name).stdout
     report = parse_ptxas_log(assembled.stdout + assembled.stderr)
     registers = {"registers": report.registers, "spill_stores": report.spill_stores, "spill_loads": report.spill_loads}
-    return SassSummary(**registers, **asdict(parse_sass(sass)), sass=sass)
+    return SassSummary(**registers, **asdict(parse_sass(sass)), sass=sass, shared_bytes=report.shared_bytes)
 
 
 def summarize_compress_sass(head_dim: int, kpool: int, dtype: str = "bfloat16", *, arch: str = "sm_90") -> SassSummary:

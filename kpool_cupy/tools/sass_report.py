@@ -11,22 +11,33 @@ from .load_depth import TENSOR_CORE, load_depth
 from .sass import SassSummary, sm_arch
 from .variants import OP_SPECS, op_variant
 
-# Per SM (CUDA C++ Programming Guide, compute capabilities table): resident threads and blocks. Every one of
-# these has 65,536 32-bit registers, allocated to a warp in units of 256 (8 a thread).
-_SM_LIMITS = {"80": (2048, 32), "86": (1536, 16), "87": (2048, 32), "89": (1536, 24), "90": (2048, 32)}
+# Per SM (CUDA C++ Programming Guide, the compute capabilities' table): resident threads and blocks, and the shared
+# memory blocks can have (KiB). Every one has 65,536 32-bit registers, allocated to a warp in units of 256 (8 a
+# thread), and keeps 1 KiB of shared memory a block for the system. An "a" target (sm_90a, sm_100a) is its base's.
+_SM_LIMITS = {
+    "80": (2048, 32, 164),
+    "86": (1536, 16, 100),
+    "87": (2048, 32, 164),
+    "89": (1536, 24, 100),
+    "90": (2048, 32, 228),
+    "100": (2048, 32, 228),
+    "120": (1536, 32, 100),
+}
 REGISTERS_PER_SM = 65536
+SHARED_RESERVED_A_BLOCK = 1024
 
 
-def blocks_per_sm(registers: int, block_threads: int, arch: str = "sm_90") -> int | None:
-    """Blocks of ``block_threads`` threads using ``registers`` each that one SM holds at once (no shared memory
-    in these kernels), None for an architecture not in the table."""
-    limits = _SM_LIMITS.get(sm_arch(arch).removeprefix("sm_"))
+def blocks_per_sm(registers: int, block_threads: int, arch: str = "sm_90", shared_bytes: int = 0) -> int | None:
+    """Blocks of ``block_threads`` threads using ``registers`` each and ``shared_bytes`` of static shared memory
+    that one SM holds at once, None for an architecture not in the table."""
+    limits = _SM_LIMITS.get(sm_arch(arch).removeprefix("sm_").removesuffix("a"))
     if limits is None:
         return None
-    threads, blocks = limits
+    threads, blocks, shared_kib = limits
     warps = -(-block_threads // 32)
     per_warp = -(-max(registers, 1) // 8) * 8 * 32
-    return min(blocks, threads // (warps * 32), REGISTERS_PER_SM // (warps * per_warp))
+    by_shared = shared_kib * 1024 // (shared_bytes + SHARED_RESERVED_A_BLOCK) if shared_bytes else blocks
+    return min(blocks, threads // (warps * 32), REGISTERS_PER_SM // (warps * per_warp), by_shared)
 
 
 def launch_geometry(op: str, head_dim: int) -> LaunchGeometry:
@@ -41,7 +52,8 @@ class OpSass:
     block_threads: int
     blocks_per_sm: int | None
     load_depth: int
-    tensor_core: int  # static tensor-core instructions (HMMA, QMMA, HGMMA, QGMMA)
+    tensor_core: dict[str, int]  # static tensor-core instructions by opcode (HMMA, QMMA, HGMMA, QGMMA)
+    shared_bytes: int  # static shared memory a block
 
 
 def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> OpSass:
@@ -49,8 +61,18 @@ def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90")
     kernel, name = op_variant(op, head_dim, kpool, dtype, sm_arch(arch))
     machine = sass.summarize_sass(kernel.source, name, arch=sm_arch(arch))
     block = launch_geometry(op, head_dim).block
-    occupancy = blocks_per_sm(machine.registers, block, arch)
-    return OpSass(name, machine, block, occupancy, load_depth(machine.sass).depth, tensor_core_count(machine.sass))
+    occupancy = blocks_per_sm(machine.registers, block, arch, machine.shared_bytes)
+    depth = load_depth(machine.sass).depth
+    return OpSass(name, machine, block, occupancy, depth, tensor_core_opcodes(machine.sass), machine.shared_bytes)
+
+
+def tensor_core_opcodes(text: str) -> dict[str, int]:
+    """Static tensor-core instructions in SASS text by opcode (HMMA, QMMA, HGMMA, QGMMA), those present only."""
+    counts: dict[str, int] = {}
+    for instruction in sass.parse_instructions(text)[0]:
+        if instruction.opcode[0] in TENSOR_CORE:
+            counts[instruction.opcode[0]] = counts.get(instruction.opcode[0], 0) + 1
+    return counts
 
 
 def tensor_core_count(text: str) -> int:
