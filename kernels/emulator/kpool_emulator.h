@@ -5,7 +5,8 @@
 // without it, and NVRTC never sees it.
 //
 // kpool_builtins.h defines the CUDA built-ins with the same meaning,
-// kpool_fibers.h the threads that cooperate, and this header the launch:
+// kpool_fibers.h the threads that cooperate, kpool_mma.h and kpool_wgmma.h
+// the warp's and the warpgroup's matrix instructions, and this header the launch:
 // kp_emulate_launch runs a grid one thread after another, which is faithful
 // for a kernel whose threads never wait for each other. A kernel whose
 // threads cooperate (warp shuffles, __syncwarp, __syncthreads, static
@@ -22,6 +23,7 @@
 #include "kpool_builtins.h"
 #include "kpool_fibers.h"
 #include "kpool_mma.h"
+#include "kpool_wgmma.h"
 
 // Runs kernel over grid x block, thread by thread. args follows the CUDA
 // driver's convention: args[i] points at the value of parameter i. The

@@ -16,7 +16,8 @@
 // lane's predicate. A warp-wide instruction (mma.sync: kpool_mma.h) is a
 // shuffle that must find all 32 lanes at the same call, none of them gone;
 // then the instruction is computed once from every lane's operands. A
-// barrier completes when every thread of
+// warpgroup-wide one (wgmma: kpool_wgmma.h) is the same over the 128
+// threads of a warpgroup. A barrier completes when every thread of
 // the block waits at the same __syncthreads. Anything else is a deadlock
 // on the emulator and undefined on a GPU, and the emulator aborts naming
 // the threads and where each waits.
@@ -125,12 +126,18 @@ struct KpContext {
 
 enum class KpWait : unsigned char { running, shuffle, barrier, exited };
 // PTX's shfl.sync modes, plus __syncwarp (a shuffle that moves nothing),
-// __any_sync (vote.sync.any) and a warp-wide instruction (kp_warp_collective).
-enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any, collective };
+// __any_sync (vote.sync.any), a warp-wide instruction (kp_warp_collective)
+// and a warpgroup-wide one (kp_warpgroup_collective).
+enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any, collective, warpgroup };
 
 // A warp-wide instruction, computed once its 32 lanes have arrived: lanes[i]
-// is what lane i passed (its operands and where its results go).
+// is what lane i passed (its operands and where its results go). A
+// warpgroup-wide one gets its 128 threads' pointers the same way.
 using KpWarpCompute = void (*)(void* const* lanes);
+
+// The threads of a warpgroup (wgmma's unit): 128 consecutive threads of the
+// block, starting at a multiple of 128.
+constexpr unsigned int kp_warpgroup_threads = 128;
 
 struct KpFiber {
     KpContext context;
@@ -227,6 +234,9 @@ using KpThreadRunner = void (*)(void* const* args);
 inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args, dim3 grid, dim3 block);
 inline thread_local void (*kp_fibers_wanted)(KpThreadRunner, void* const*, dim3, dim3) = nullptr;
 inline thread_local bool kp_launch_cooperated = false;    // how the last launch on this host thread ran
+// Counts the blocks this host thread has started as fibers, so state kept per
+// block (kpool_wgmma.h's) can tell a new block from the one it belongs to.
+inline thread_local unsigned long long kp_block_serial = 0;
 
 [[noreturn]] inline void kp_fail(const char* format, ...) {
     std::va_list list;
@@ -333,7 +343,8 @@ inline unsigned int kp_shuffle_source(KpShuffleMode mode, unsigned int lane, int
         case KpShuffleMode::idx: j = low | (b & ~segmask); inside = j <= high; break;
         case KpShuffleMode::sync:
         case KpShuffleMode::any:
-        case KpShuffleMode::collective: break;
+        case KpShuffleMode::collective:
+        case KpShuffleMode::warpgroup: break;
     }
     return static_cast<unsigned int>(inside ? j : self);
 }
@@ -430,6 +441,57 @@ inline void kp_warp_collective(const char* what, KpWarpCompute compute, void* la
                static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(lane_data)), 0, 32, file, line);
 }
 
+// A warpgroup-wide instruction (wgmma's .sync.aligned: every thread of the
+// warpgroup executes it): each thread passes `thread_data`; once all 128 of
+// its warpgroup wait at the same call, `compute` runs once over their 128
+// pointers (thread rank % 128 at index rank % 128), and every thread goes on.
+inline void kp_warpgroup_collective(const char* what, KpWarpCompute compute, void* thread_data, const char* file,
+                                    int line) {
+    KpFiber* f = kp_fiber_current;
+    if (f == nullptr)
+        kp_fail("%s:%d: %s in a kernel that does not open with KP_THREADS_COOPERATE(true); the emulator runs such "
+                "kernels one thread after another, where no thread can wait for another",
+                file, line, what);
+    const unsigned int base = f->rank - f->rank % kp_warpgroup_threads;
+    if (base + kp_warpgroup_threads > kp_block_run->count)
+        kp_fail("%s:%d: %s needs the 128 threads of warpgroup %u (threads %u-%u), but the block has %u threads", file,
+                line, what, base / kp_warpgroup_threads, base, base + kp_warpgroup_threads - 1, kp_block_run->count);
+    f->wait = KpWait::shuffle;
+    f->mode = KpShuffleMode::warpgroup;
+    f->what = what;
+    f->mask = 0xffffffffu;
+    f->value = static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(thread_data));
+    f->compute = compute;
+    f->file = file;
+    f->line = line;
+    kp_leave(*f, false);
+}
+
+// Releases warpgroup f's collective if its 128 threads have all arrived;
+// false if some have not (yet).
+inline bool kp_release_warpgroup(KpBlockRun& run, const KpFiber& f) {
+    KpFiber* group = run.fibers + (f.rank - f.rank % kp_warpgroup_threads);
+    for (unsigned int t = 0; t < kp_warpgroup_threads; ++t) {
+        const KpFiber& other = group[t];
+        if (other.wait == KpWait::exited) continue;
+        if (other.wait != KpWait::shuffle || other.mode != f.mode || other.line != f.line ||
+            std::strcmp(other.file, f.file) != 0)
+            return false;
+    }
+    void* threads[kp_warpgroup_threads];
+    for (unsigned int t = 0; t < kp_warpgroup_threads; ++t) {
+        if (group[t].wait != KpWait::shuffle)
+            kp_fail("%s:%d: %s: thread %u of warpgroup %u has left the kernel; the instruction needs all 128 threads "
+                    "(undefined in CUDA)",
+                    f.file, f.line, f.what, group[t].rank, f.rank / kp_warpgroup_threads);
+        threads[t] = reinterpret_cast<void*>(static_cast<std::uintptr_t>(group[t].value));
+    }
+    const KpWarpCompute compute = f.compute;
+    compute(threads);
+    for (unsigned int t = 0; t < kp_warpgroup_threads; ++t) group[t].wait = KpWait::running;
+    return true;
+}
+
 // Integer atomics: a fiber runs until it waits at a shuffle or a barrier,
 // so a read-modify-write between two of those is atomic. Which thread comes
 // first follows the schedule (rank order, or reversed with
@@ -481,6 +543,10 @@ inline bool kp_release(KpBlockRun& run) {
         KpFiber& f = run.fibers[i];
         if (f.wait == KpWait::barrier) ++at_barrier;
         if (f.wait != KpWait::shuffle) continue;
+        if (f.mode == KpShuffleMode::warpgroup) {
+            released = kp_release_warpgroup(run, f) || released;
+            continue;
+        }
         KpFiber* warp = run.fibers + (f.rank - f.rank % 32);
         bool complete = true;
         unsigned long long any = 0;
@@ -611,6 +677,7 @@ inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args,
         for (unsigned int by = 0; by < grid.y; ++by)
             for (unsigned int bx = 0; bx < grid.x; ++bx) {
                 blockIdx = dim3{bx, by, bz};
+                ++kp_block_serial;
                 for (unsigned int rank = 0; rank < count; ++rank) {
                     KpFiber& f = run.fibers[rank];
                     f = KpFiber{};
