@@ -349,16 +349,24 @@ inline unsigned int kp_shuffle_source(KpShuffleMode mode, unsigned int lane, int
     return static_cast<unsigned int>(inside ? j : self);
 }
 
+// The fiber of the calling thread, for an instruction that waits for other
+// threads (`what`, at file:line); refused in a kernel run one thread after
+// another.
+inline KpFiber* kp_cooperating_fiber(const char* what, const char* file, int line) {
+    KpFiber* f = kp_fiber_current;
+    if (f == nullptr)
+        kp_fail("%s:%d: %s in a kernel that does not open with KP_THREADS_COOPERATE(true); the emulator runs such "
+                "kernels one thread after another, where no thread can wait for another",
+                file, line, what);
+    return f;
+}
+
 // Deposits this lane's value, waits until every lane of `mask` has, and
 // returns what the lane reads.
 inline unsigned long long kp_shuffle(KpShuffleMode mode, const char* what, unsigned int mask,
                                      unsigned long long value, int operand, int width, const char* file,
                                      int line) {
-    KpFiber* f = kp_fiber_current;
-    if (f == nullptr)
-        kp_fail("%s:%d: %s in a kernel that does not open with KP_THREADS_COOPERATE(true); the emulator runs "
-                "such kernels one thread after another, where no thread can wait for another",
-                file, line, what);
+    KpFiber* f = kp_cooperating_fiber(what, file, line);
     const unsigned int lane = f->rank % 32, warp_base = f->rank - lane;
     const unsigned int lanes = kp_block_run->count - warp_base < 32 ? kp_block_run->count - warp_base : 32;
     const unsigned int present = lanes == 32 ? ~0u : (1u << lanes) - 1;
@@ -447,11 +455,7 @@ inline void kp_warp_collective(const char* what, KpWarpCompute compute, void* la
 // pointers (thread rank % 128 at index rank % 128), and every thread goes on.
 inline void kp_warpgroup_collective(const char* what, KpWarpCompute compute, void* thread_data, const char* file,
                                     int line) {
-    KpFiber* f = kp_fiber_current;
-    if (f == nullptr)
-        kp_fail("%s:%d: %s in a kernel that does not open with KP_THREADS_COOPERATE(true); the emulator runs such "
-                "kernels one thread after another, where no thread can wait for another",
-                file, line, what);
+    KpFiber* f = kp_cooperating_fiber(what, file, line);
     const unsigned int base = f->rank - f->rank % kp_warpgroup_threads;
     if (base + kp_warpgroup_threads > kp_block_run->count)
         kp_fail("%s:%d: %s needs the 128 threads of warpgroup %u (threads %u-%u), but the block has %u threads", file,
@@ -520,11 +524,7 @@ inline unsigned int atomicInc(unsigned int* address, unsigned int limit) {
 inline void __threadfence() {}
 
 inline void __syncthreads(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    KpFiber* f = kp_fiber_current;
-    if (f == nullptr)
-        kp_fail("%s:%d: __syncthreads in a kernel that does not open with KP_THREADS_COOPERATE(true); the emulator "
-                "runs such kernels one thread after another, where no thread can wait for another",
-                file, line);
+    KpFiber* f = kp_cooperating_fiber("__syncthreads", file, line);
     f->wait = KpWait::barrier;
     f->what = "__syncthreads";
     f->file = file;
