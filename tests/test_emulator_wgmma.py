@@ -391,6 +391,8 @@ def test_gpu_wgmma_matches_the_emulator_layouts(tmp_path):
 
     from kpool_cupy.kernel.nvrtc import compile_code
 
+    if cupy.__version__.endswith("numpy-double"):
+        pytest.skip("loads an sm_90a cubin: tests/cupy_double runs kernels from their source on the emulator")
     if cupy.cuda.Device().compute_capability != "90":
         pytest.skip("needs compute capability 9.0 (sm_90a)")
     cubin, _ = compile_code(_code(), SOURCE, "wgmma_product", ["--gpu-architecture=sm_90a"], "cubin")
