@@ -81,6 +81,15 @@ __device__ __forceinline__ void mma_step(float (&c)[4], Bytes8 x, Bytes8 y, Byte
     }
 }
 
+// Key tiles of 8 pools a warp holds at once, as the scorer and the fused
+// select both take them (a pool's place 8 n + g in its tile must agree): the
+// keys stay at 32 registers; the f16 path at head_dim 128 takes 2 (with 4,
+// ptxas for sm_80 spills: its conversions keep more alive).
+template <int HEAD_DIM, int MMA>
+__host__ __device__ constexpr int index_key_tiles() {
+    return HEAD_DIM > 128 || (MMA == kMmaF16 && HEAD_DIM == 128) ? 2 : 4;
+}
+
 // relu that keeps NaN.
 __device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
 

@@ -16,12 +16,11 @@
 // (kp::RequestTree) into shared memory, all in one round trip, then finds
 // each token's request and the pools it sees there (one lane a token;
 // batches past 512 requests take their last steps from global memory).
-// Then each of its 4
-// warps walks its key tiles of 8 NT pools through the range, scoring every
-// token of the tile against each (kp::score_token): a warp reads the keys of
-// a request once for all of that request's tokens in the tile, and loads
-// the keys of its next tile and the pages of the one after while it scores
-// this one. Pool arithmetic inside the walk is 32-bit (pool ids are int32).
+// Then each of its 4 warps walks its key tiles of 8 NT pools through the
+// range, scoring every token of the tile against each (kp::score_token): a
+// warp reads the keys of a request once for all of that request's tokens in
+// the tile, and loads the keys of its next tile and the pages of the one
+// after while it scores this one. Pool arithmetic inside the walk is 32-bit (pool ids are int32).
 //
 // Every index may be garbage when the caller skipped validation: a token
 // outside its request's rows sees nothing, a pool whose page is missing or
@@ -41,13 +40,6 @@ constexpr int kIndexMaxHeads = 128;   // ops.families.scoring.MAX_HEADS
 // tiles to it.
 constexpr int kIndexStageBytes = 36864;
 constexpr int kIndexStageWeights = kIndexStageBytes / (64 + 16);  // the most (token, head) rows the stage holds
-
-// Key tiles of 8 a warp: the keys stay at 32 registers; the f16 path at head_dim 128 takes 2 (with 4, ptxas
-// for sm_80 spills: its conversions keep more alive).
-template <int HEAD_DIM, int MMA>
-__host__ __device__ constexpr int index_key_tiles() {
-    return HEAD_DIM > 128 || (MMA == kMmaF16 && HEAD_DIM == 128) ? 2 : 4;
-}
 }  // namespace kp
 
 // HEAD_DIM: 64, 128 or 256. MMA: kp::kMmaE4m3 or kp::kMmaF16. VECTOR:
@@ -163,12 +155,12 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
         token_visible[thread] = visible < max_pools ? visible : max_pools;
     }
     __syncthreads();
-    if (static_cast<int>(threadIdx.x) < tokens) {
+    if (thread < tokens) {
         // The keys a warp loads for a request reach the pools its last token in the tile sees.
         long long reach = 0;
         for (int j = 0; j < tokens; ++j)
-            if (token_request[j] == token_request[threadIdx.x] && token_visible[j] > reach) reach = token_visible[j];
-        token_reach[threadIdx.x] = reach;
+            if (token_request[j] == token_request[thread] && token_visible[j] > reach) reach = token_visible[j];
+        token_reach[thread] = reach;
     }
     __syncthreads();
 

@@ -33,20 +33,10 @@ def scorer_sass(head_dim: int, arch: str, vector: int = INDEX_VECTOR_CACHE | IND
     return sass.summarize_sass(INDEX_LOGITS_FP8.source, name, arch=arch)
 
 
-def _loops(instructions, labels) -> list[tuple[int, int]]:
-    """Each backward branch's span, target to branch: a loop's body."""
-    loops = []
-    for instruction in instructions:
-        target = sass.branch_target(instruction, labels) if instruction.opcode[0] == "BRA" else None
-        if target is not None and target < instruction.address:
-            loops.append((target, instruction.address))
-    return loops
-
-
 def mma_inside_a_loop(text: str) -> bool:
     """Every mma instruction lies between a backward branch and its target: the head-tile loop's body."""
     instructions, labels = sass.parse_instructions(text)
-    loops = _loops(instructions, labels)
+    loops = sass.loop_spans(instructions, labels)
     mmas = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA")]
     return bool(mmas) and all(any(start <= a <= end for start, end in loops) for a in mmas)
 
@@ -54,7 +44,7 @@ def mma_inside_a_loop(text: str) -> bool:
 def divisions_in_loops(text: str) -> int:
     """Calls of the 64-bit division and remainder subroutines inside any loop."""
     instructions, labels = sass.parse_instructions(text)
-    loops = _loops(instructions, labels)
+    loops = sass.loop_spans(instructions, labels)
     calls = [
         i.address for i in instructions if i.opcode[0] == "CALL" and ("_div_" in i.operands or "_rem_" in i.operands)
     ]

@@ -36,21 +36,10 @@ def _shared_bytes(source: str, name: str, arch: str) -> int:
     return int(found.group(1)) if found else 0
 
 
-def _loops(text: str) -> list[tuple[int, int]]:
-    """Each backward branch's [target, branch] address range: the loops' bodies."""
-    instructions, labels = sass.parse_instructions(text)
-    ranges = []
-    for instruction in instructions:
-        target = sass.branch_target(instruction, labels) if instruction.opcode[0] == "BRA" else None
-        if target is not None and target < instruction.address:
-            ranges.append((target, instruction.address))
-    return ranges
-
-
 def local_accesses_in_loops(text: str) -> list[int]:
     """Addresses of local-memory loads and stores (spills) inside a loop: a spill there costs every chunk."""
-    instructions, _ = sass.parse_instructions(text)
-    loops = _loops(text)
+    instructions, labels = sass.parse_instructions(text)
+    loops = sass.loop_spans(instructions, labels)
     local = [i.address for i in instructions if i.opcode[0] in ("LDL", "STL")]
     return [a for a in local if any(start <= a <= end for start, end in loops)]
 

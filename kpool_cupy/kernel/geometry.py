@@ -93,8 +93,8 @@ INDEX_TARGET_BLOCKS = 2048
 
 
 def index_block_pools(head_dim: int, f16_path: bool) -> int:
-    """Pools a block of the scorer covers per step of its walk: 4 warps x 8 x NT, NT as kernels/kpool_index_logits.cu
-    sets it."""
+    """Pools a block of the scorer covers per step of its walk: 4 warps x 8 x NT, NT as kp::index_key_tiles
+    (kernels/kpool_index.cuh) sets it."""
     key_tiles = 2 if head_dim > 128 or (f16_path and head_dim == 128) else 4
     return 4 * 8 * key_tiles
 

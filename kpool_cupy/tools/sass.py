@@ -124,6 +124,16 @@ def parse_instructions(text: str) -> tuple[list[Instruction], dict[str, int]]:
     return [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)], labels
 
 
+def loop_spans(instructions: list[Instruction], labels: dict[str, int]) -> list[tuple[int, int]]:
+    """Each backward branch's [target, branch] address range: the loops' bodies."""
+    spans = []
+    for instruction in instructions:
+        target = branch_target(instruction, labels) if instruction.opcode[0] == "BRA" else None
+        if target is not None and target < instruction.address:
+            spans.append((target, instruction.address))
+    return spans
+
+
 def parse_sass(text: str) -> SassCounts:
     """Static counts of nvdisasm's SASS ``text``, one kernel's worth.
 
