@@ -39,6 +39,9 @@ constexpr unsigned int kIndexWarpLanes = 0xffffffffu;
 // newer) or, on sm_80, f16 mma.sync m16n8k16 after an exact conversion.
 constexpr int kMmaF16 = 0;
 constexpr int kMmaE4m3 = 1;
+// Or, in an sm_90a build, a warpgroup's e4m3 wgmma (kpool_index_wgmma.cuh),
+// whose sums run in their own order.
+constexpr int kMmaWgmma = 2;
 
 // Two e4m3fn bytes (the low 16 bits) as two f16 halves, each exactly the
 // e4m3 value times 2^-8: the 7 magnitude bits shifted into the f16's
@@ -78,6 +81,20 @@ __device__ __forceinline__ void mma_step(float (&c)[4], Bytes8 x, Bytes8 y, Byte
             const unsigned int b[2] = {e4m3x2_as_f16x2(zs[w]), e4m3x2_as_f16x2(zs[w] >> 16)};
             kp_mma_f16_m16n8k16(c, a, b, c);
         }
+    }
+}
+
+// 16 bytes of a row: one 16-byte load where VECTOR says they are 16-byte
+// aligned, else byte loads (a query row may sit anywhere).
+template <bool VECTOR>
+__device__ __forceinline__ uint4 load_piece16(const unsigned char* from) {
+    if constexpr (VECTOR) {
+        return kp_load16(from);
+    } else {
+        unsigned int word[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+        for (int b = 0; b < 16; ++b) word[b / 4] |= static_cast<unsigned int>(from[b]) << (8 * (b % 4));
+        return uint4{word[0], word[1], word[2], word[3]};
     }
 }
 
@@ -134,12 +151,13 @@ struct KeyPages {
     unsigned int entry[NT];   // the pool's row in its page
 };
 
-// The pages of this lane's pools. Pools below reach (at most 2^31 - 1,
-// every pool id an int32) need 32 bits: one 32-bit division for the lane's
-// first pool, then steps of 8 rows. block_size32: the page size, clamped to
-// 2^31 (a larger one puts every pool below reach in column 0, as the clamped
-// one does).
-template <int NT>
+// The pages of this lane's pools: first_pool + g + STEP n (n < NT; the
+// mma.sync scorer's lane g takes key g of each 8-pool tile). Pools below
+// reach (at most 2^31 - 1, every pool id an int32) need 32 bits: one 32-bit
+// division for the lane's first pool, then steps of STEP rows. block_size32:
+// the page size, clamped to 2^31 (a larger one puts every pool below reach
+// in column 0, as the clamped one does).
+template <int NT, int STEP = 8>
 __device__ __forceinline__ void find_key_pages(long long first_pool, long long reach, const int* table_row,
                                                long long table_columns, unsigned int block_size32, int g,
                                                KeyPages<NT>& at) {
@@ -153,8 +171,8 @@ __device__ __forceinline__ void find_key_pages(long long first_pool, long long r
     for (int n = 0; n < NT; ++n) {
         at.page[n] = -1;
         at.entry[n] = entry;
-        if (first + 8 * n < reach && column < table_columns) at.page[n] = table_row[column];
-        entry += 8u;  // the next tile's pool
+        if (first + STEP * n < reach && column < table_columns) at.page[n] = table_row[column];
+        entry += static_cast<unsigned int>(STEP);  // the next pool of the lane
         if (entry >= block_size32) {
             column += entry / block_size32;
             entry %= block_size32;
@@ -346,6 +364,39 @@ __device__ __forceinline__ bool tree_request_rows(const RequestTree& tree, const
     *row_end = above;
     *cached = length_lo;
     return at_lo >= 0 && above <= total_tokens && at_lo <= above && length_lo >= 0;
+}
+
+// Each token of a block's tile: its request (-1: it sees nothing), the
+// pools it sees (at most max_pools) and its reach, the most pools any token
+// of its request in the tile sees (the keys a block loads for a request
+// reach that far). One thread a token finds its request (tree_request_rows);
+// the whole block calls it once the tree is in shared memory, and meets at
+// two barriers. With no request (batch 0) no token is known.
+template <typename IO, typename IC>
+__device__ __forceinline__ void find_tile_tokens(const RequestTree& tree, const IO* offsets, const IC* lengths,
+                                                 long long batch, long long num_tokens, long long kpool,
+                                                 long long max_pools, long long token_begin, int tokens, int thread,
+                                                 long long* token_request, long long* token_visible,
+                                                 long long* token_reach) {
+    if (thread < tokens) {
+        const long long token = token_begin + thread;
+        long long request = 0, row_begin = 0, row_end = 0, cached = 0;
+        const bool known = batch > 0 &&
+                           tree_request_rows(tree, offsets, lengths, batch, num_tokens, token, &request, &row_begin,
+                                             &row_end, &cached) &&
+                           token >= row_begin && token < row_end;
+        const long long visible = known ? pools_visible(cached, token - row_begin, kpool) : 0;
+        token_request[thread] = known ? request : -1;
+        token_visible[thread] = visible < max_pools ? visible : max_pools;
+    }
+    __syncthreads();
+    if (thread < tokens) {
+        long long reach = 0;
+        for (int j = 0; j < tokens; ++j)
+            if (token_request[j] == token_request[thread] && token_visible[j] > reach) reach = token_visible[j];
+        token_reach[thread] = reach;
+    }
+    __syncthreads();
 }
 
 // One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,

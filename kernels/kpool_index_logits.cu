@@ -26,6 +26,7 @@
 // outside its request's rows sees nothing, a pool whose page is missing or
 // out of range scores -inf, and nothing outside the arrays is read.
 #include "kpool_index.cuh"
+#include "kpool_index_wgmma.cuh"
 
 namespace kp {
 constexpr int kIndexWarps = 4;
@@ -40,23 +41,30 @@ constexpr int kIndexMaxHeads = 128;   // ops.families.scoring.MAX_HEADS
 // tiles to it.
 constexpr int kIndexStageBytes = 36864;
 constexpr int kIndexStageWeights = kIndexStageBytes / (64 + 16);  // the most (token, head) rows the stage holds
+// The sm_90a path's stage for the tile's query rows: M-tiles of 64 rows, 4 at
+// head_dim 128, so a token of 128 heads fits at head_dim 256.
+constexpr int kWgmmaStageBytes = 32768;
 }  // namespace kp
 
-// HEAD_DIM: 64, 128 or 256. MMA: kp::kMmaE4m3 or kp::kMmaF16. VECTOR:
-// kIndexVectorCache | kIndexVectorQ. IO, IC: the index types of
-// input_row_offsets and cache_lengths.
+// The kernel's parameters, which both paths' bodies take.
+#define KP_INDEX_LOGITS_PARAMS                                                                                    \
+    const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride, long long heads,      \
+        const float* __restrict__ weights, long long weights_stride, const unsigned char* __restrict__ cache,     \
+        long long page_stride, long long pages, long long block_size, const int* __restrict__ cache_block_table, \
+        long long table_columns, long long table_stride, const IO* __restrict__ input_row_offsets,               \
+        const IC* __restrict__ cache_lengths, long long batch, long long num_tokens, long long kpool,             \
+        float* __restrict__ out, long long out_stride, long long max_pools, long long tokens_per_block,          \
+        long long token_tiles, long long pools_per_block
+#define KP_INDEX_LOGITS_ARGS                                                                                      \
+    q, q_token_stride, q_head_stride, heads, weights, weights_stride, cache, page_stride, pages, block_size,      \
+        cache_block_table, table_columns, table_stride, input_row_offsets, cache_lengths, batch, num_tokens,      \
+        kpool, out, out_stride, max_pools, tokens_per_block, token_tiles, pools_per_block
+
+namespace kp {
+
+// The mma.sync path (MMA kp::kMmaE4m3 or kp::kMmaF16): each warp scores its key tiles with kp::score_token.
 template <int HEAD_DIM, int MMA, int VECTOR, typename IO, typename IC>
-__global__ void __launch_bounds__(kp::kIndexThreads, 2)
-    kpool_index_logits_fp8(const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride,
-                           long long heads, const float* __restrict__ weights, long long weights_stride,
-                           const unsigned char* __restrict__ cache, long long page_stride, long long pages,
-                           long long block_size, const int* __restrict__ cache_block_table, long long table_columns,
-                           long long table_stride, const IO* __restrict__ input_row_offsets,
-                           const IC* __restrict__ cache_lengths, long long batch, long long num_tokens, long long kpool,
-                           float* __restrict__ out, long long out_stride, long long max_pools,
-                           long long tokens_per_block, long long token_tiles, long long pools_per_block) {
-    KP_THREADS_COOPERATE(true);
-    static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
+__device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
     constexpr int NT = kp::index_key_tiles<HEAD_DIM, MMA>();
     constexpr int kSteps = HEAD_DIM / 32;
     constexpr int kTilePools = 8 * NT;               // a warp's key tiles
@@ -117,17 +125,7 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
             const unsigned char* from = q + (token_begin + token) * q_token_stride + head * q_head_stride + 16 * piece;
             v[k].x = v[k].y = v[k].z = v[k].w = 0u;
             if (i >= pieces) continue;
-            if constexpr (kVectorQ) {
-                v[k] = kp_load16(from);
-            } else {
-                unsigned int word[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-                for (int b = 0; b < 16; ++b) word[b / 4] |= static_cast<unsigned int>(from[b]) << (8 * (b % 4));
-                v[k].x = word[0];
-                v[k].y = word[1];
-                v[k].z = word[2];
-                v[k].w = word[3];
-            }
+            v[k] = kp::load_piece16<kVectorQ>(from);
         }
 #pragma unroll
         for (int k = 0; k < kStageRound; ++k) {
@@ -142,27 +140,8 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
     }
     kp::store_request_tree<kp::kIndexThreads, IO, IC>(tree_part, thread, tree);
     __syncthreads();
-    // Each token's request and visible pools, one lane a token. With no request (batch 0) no token is known.
-    if (thread < tokens) {
-        const long long token = token_begin + thread;
-        long long request = 0, row_begin = 0, row_end = 0, cached = 0;
-        const bool known = batch > 0 &&
-                           kp::tree_request_rows(tree, input_row_offsets, cache_lengths, batch, num_tokens, token,
-                                                 &request, &row_begin, &row_end, &cached) &&
-                           token >= row_begin && token < row_end;
-        const long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
-        token_request[thread] = known ? request : -1;
-        token_visible[thread] = visible < max_pools ? visible : max_pools;
-    }
-    __syncthreads();
-    if (thread < tokens) {
-        // The keys a warp loads for a request reach the pools its last token in the tile sees.
-        long long reach = 0;
-        for (int j = 0; j < tokens; ++j)
-            if (token_request[j] == token_request[thread] && token_visible[j] > reach) reach = token_visible[j];
-        token_reach[thread] = reach;
-    }
-    __syncthreads();
+    kp::find_tile_tokens<IO, IC>(tree, input_row_offsets, cache_lengths, batch, num_tokens, kpool, max_pools,
+                                 token_begin, tokens, thread, token_request, token_visible, token_reach);
 
     // The warp's key tiles: first_pool, first_pool + kStride, ... below range_hi. The request of the tile's
     // first token leads: its keys are loaded a tile ahead, the pages two.
@@ -239,4 +218,171 @@ __global__ void __launch_bounds__(kp::kIndexThreads, 2)
             }
         }
     }
+}
+
+
+// The sm_90a path (MMA kp::kMmaWgmma): the block is one warpgroup, and each
+// key tile of N pools (kp::wgmma_keys) is staged in shared memory once and
+// scored against every token of the tile by kp::wgmma_head_sums, each token's
+// heads on the M side. The tile's query rows sit in kWgmmaStageBytes, each
+// token's heads padded with zero rows to whole M-tiles of 64; the request
+// tree's space holds the key tile once the tokens are found. The lead
+// request's keys are loaded a tile ahead (into registers, while the tensor
+// cores work) and their pages two; a token of another request loads its
+// keys on the spot, as on the mma.sync path.
+template <int HEAD_DIM, int VECTOR, typename IO, typename IC>
+__device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
+    constexpr int N = wgmma_keys<HEAD_DIM>();
+    constexpr int kPieces = HEAD_DIM / 16;  // 16-byte pieces of a row
+    constexpr int kStageTiles = kWgmmaStageBytes / (kWgmmaRows * HEAD_DIM);
+    constexpr int kStageRows = kStageTiles * kWgmmaRows;
+    constexpr int kStageRound = 8;  // pieces a thread loads before it stores them
+    constexpr bool kVectorCache = (VECTOR & kIndexVectorCache) != 0;
+    constexpr bool kVectorQ = (VECTOR & kIndexVectorQ) != 0;
+    static_assert(kWgmmaThreads == kIndexThreads, "the block is one warpgroup");
+    __shared__ uint4 q_words[kWgmmaStageBytes / 16];
+    unsigned char* const q_stage = reinterpret_cast<unsigned char*>(q_words);
+    __shared__ float w_stage[kStageRows];
+    __shared__ union {
+        RequestTree tree;                    // until the tokens are found
+        uint4 keys[kWgmmaKeyBytes / 16];     // then the key tile
+    } space;
+    unsigned char* const key_tile = reinterpret_cast<unsigned char*>(space.keys);
+    __shared__ float key_scale[N];
+    __shared__ int key_present[N];
+    __shared__ float partial[4 * N];
+    __shared__ long long token_request[kIndexTileTokens];  // -1: the token sees nothing
+    __shared__ long long token_visible[kIndexTileTokens];  // pools it sees, at most max_pools
+    __shared__ long long token_reach[kIndexTileTokens];    // pools its request's tokens in the tile see
+
+    // The launcher's tiling (ops/index_logits_fp8.py): a tile the stage cannot hold writes nothing.
+    if (heads < 1 || heads > kIndexMaxHeads || tokens_per_block < 1 || tokens_per_block > kIndexTileTokens ||
+        tokens_per_block * ((heads + kWgmmaRows - 1) / kWgmmaRows) > kStageTiles || pools_per_block < 1 ||
+        token_tiles < 1 || token_tiles > 2147483647LL)
+        return;
+    const unsigned int block = blockIdx.x, tiles = static_cast<unsigned int>(token_tiles);
+    const long long tile = block % tiles, range = block / tiles;
+    const long long range_lo = range * pools_per_block;
+    if (range_lo >= max_pools) return;  // the grid covers max_pools in whole ranges
+    const long long range_hi = range_lo + pools_per_block < max_pools ? range_lo + pools_per_block : max_pools;
+    const long long token_begin = tile * tokens_per_block;
+    const int tokens = static_cast<int>(
+        token_begin + tokens_per_block < num_tokens ? tokens_per_block : num_tokens - token_begin);
+    if (tokens <= 0) return;
+    const int thread = static_cast<int>(threadIdx.x);
+    const int head_count = static_cast<int>(heads);
+    const int token_tiles_m = (head_count + kWgmmaRows - 1) / kWgmmaRows;  // M-tiles a token
+    const int token_rows = token_tiles_m * kWgmmaRows, rows = tokens * token_rows, pieces = rows * kPieces;
+    const float minus_infinity = kp_bits_to_float(0xff800000u);
+
+    // The prologue, one round trip: the tree, the weights and the query rows (piece i of the stage at byte 16 i).
+    TreePart<kIndexThreads, IO, IC> tree_part;
+    load_request_tree<kIndexThreads, IO, IC>(input_row_offsets, cache_lengths, batch, thread, tree_part);
+    constexpr int kWeightRounds = (kStageRows + kIndexThreads - 1) / kIndexThreads;
+    float w[kWeightRounds];
+#pragma unroll
+    for (int k = 0; k < kWeightRounds; ++k) {
+        const int i = thread + k * kIndexThreads;
+        const unsigned int token = static_cast<unsigned int>(i) / token_rows;
+        const int head = i - static_cast<int>(token) * token_rows;
+        w[k] = i < rows && head < head_count ? weights[(token_begin + token) * weights_stride + head] : 0.0f;
+    }
+    for (int first = 0; first < pieces; first += kIndexThreads * kStageRound) {
+        uint4 v[kStageRound];
+#pragma unroll
+        for (int k = 0; k < kStageRound; ++k) {
+            const int i = first + k * kIndexThreads + thread;
+            const unsigned int row = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(i));
+            const unsigned int token = row / token_rows, head = row - token * token_rows;
+            v[k] = uint4{0u, 0u, 0u, 0u};
+            if (i < pieces && head < static_cast<unsigned int>(head_count))
+                v[k] = load_piece16<kVectorQ>(q + (token_begin + token) * q_token_stride + head * q_head_stride +
+                                              16 * wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(i)));
+        }
+#pragma unroll
+        for (int k = 0; k < kStageRound; ++k) {
+            const int i = first + k * kIndexThreads + thread;
+            if (i < pieces) q_words[i] = v[k];
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < kWeightRounds; ++k) {
+        const int i = thread + k * kIndexThreads;
+        if (i < rows) w_stage[i] = w[k];
+    }
+    store_request_tree<kIndexThreads, IO, IC>(tree_part, thread, space.tree);
+    __syncthreads();
+    find_tile_tokens<IO, IC>(space.tree, input_row_offsets, cache_lengths, batch, num_tokens, kpool, max_pools,
+                             token_begin, tokens, thread, token_request, token_visible, token_reach);
+
+    // The block's key tiles: range_lo, range_lo + N, ... below range_hi.
+    const long long lead = token_request[0];
+    const long long lead_reach = lead >= 0 ? token_reach[0] : 0;
+    const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
+    const unsigned int page_size = block_size32(block_size);
+    WgmmaKeyPart<HEAD_DIM> next;  // the next tile's lead keys, and the pages of the one after
+    long long first_pool = range_lo;
+    if (lead >= 0) {
+        wgmma_find_key_pages<HEAD_DIM>(first_pool, lead_reach, lead_table, table_columns, page_size, thread, next);
+        wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, next);
+        wgmma_find_key_pages<HEAD_DIM>(first_pool + N, lead_reach, lead_table, table_columns, page_size, thread,
+                                       next);
+    }
+    for (; first_pool < range_hi; first_pool += N) {
+        // Every thread is past the last tile's reads (the barrier closing its last token).
+        long long keys_of = -1;
+        if (lead >= 0) {
+            wgmma_store_key_part<HEAD_DIM>(next, thread, key_tile, key_scale, key_present);
+            keys_of = lead;
+        }
+        kp_fence_proxy_async();
+        __syncthreads();
+        if (lead >= 0 && first_pool + N < range_hi) {
+            wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, next);
+            wgmma_find_key_pages<HEAD_DIM>(first_pool + 2 * N, lead_reach, lead_table, table_columns, page_size,
+                                           thread, next);
+        }
+        for (int j = 0; j < tokens; ++j) {
+            const long long request = token_request[j], visible = token_visible[j];
+            const bool scores = request >= 0 && first_pool < visible;
+            if (scores && request != keys_of) {
+                // A token of another request than the tile's keys: its keys now.
+                WgmmaKeyPart<HEAD_DIM> other;
+                wgmma_find_key_pages<HEAD_DIM>(first_pool, token_reach[j], cache_block_table + request * table_stride,
+                                               table_columns, page_size, thread, other);
+                wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, other);
+                wgmma_store_key_part<HEAD_DIM>(other, thread, key_tile, key_scale, key_present);
+                kp_fence_proxy_async();
+                __syncthreads();
+                keys_of = request;
+            }
+            if (scores)
+                wgmma_head_sums<HEAD_DIM>(q_stage + j * token_rows * HEAD_DIM, token_tiles_m, head_count,
+                                          w_stage + j * token_rows, key_tile, key_scale, thread, partial);
+            __syncthreads();
+            if (thread < N) {
+                const long long pool = first_pool + thread;
+                if (pool < range_hi)
+                    out[(token_begin + j) * out_stride + pool] = scores && key_present[thread] != 0 && pool < visible
+                                                                     ? wgmma_logit<HEAD_DIM>(partial, thread)
+                                                                     : minus_infinity;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+}  // namespace kp
+
+// HEAD_DIM: 64, 128 or 256. MMA: kp::kMmaE4m3, kp::kMmaF16 or (an sm_90a
+// build) kp::kMmaWgmma. VECTOR: kIndexVectorCache | kIndexVectorQ. IO, IC:
+// the index types of input_row_offsets and cache_lengths.
+template <int HEAD_DIM, int MMA, int VECTOR, typename IO, typename IC>
+__global__ void __launch_bounds__(kp::kIndexThreads, 2) kpool_index_logits_fp8(KP_INDEX_LOGITS_PARAMS) {
+    KP_THREADS_COOPERATE(true);
+    static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
+    if constexpr (MMA == kp::kMmaWgmma)
+        kp::index_logits_wgmma<HEAD_DIM, VECTOR, IO, IC>(KP_INDEX_LOGITS_ARGS);
+    else
+        kp::index_logits_mma<HEAD_DIM, MMA, VECTOR, IO, IC>(KP_INDEX_LOGITS_ARGS);
 }

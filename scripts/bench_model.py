@@ -70,6 +70,7 @@ from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E4
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
+from kpool_cupy.kernel.declarations import MMA_E4M3  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members, index_block_pools  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
@@ -299,7 +300,7 @@ def index_cases(heads: int = 64) -> list[Case]:
         arrays = (q, weights, cache, table, offsets, lengths)
         launch = launched(INDEX_LOGITS_FP8, *arrays, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
         # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time.
-        steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, f16_path=False)
+        steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, MMA_E4M3)
         head_tiles = launch.values["tokens_per_block"] * -(-heads // 16) * steps
         case = Case("index_logits_fp8", shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles)
         cases.append(case)

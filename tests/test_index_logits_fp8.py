@@ -11,7 +11,7 @@ from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.emulator.launch import recording
 from kpool_cupy.functions import definition
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC
 from kpool_cupy.tools.index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
@@ -48,10 +48,11 @@ def test_emulated_logits_meet_the_float64_model_within_the_bound(head_dim, heads
     _check(case, got, want)
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16])
-def test_both_tensor_core_paths_meet_the_bound(mma):
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_WGMMA])
+def test_every_tensor_core_path_meets_the_bound(mma):
     # The f16 path (sm_80) converts each e4m3 byte to f16 times 2^-8 and undoes the scale after the sum:
-    # exact, so it meets the same bound as the e4m3 instruction.
+    # exact, so it meets the same bound as the e4m3 instruction. The wgmma path (sm_90a) sums in its own order,
+    # which the bound (any order of the float32 sums) covers.
     rng = np.random.default_rng(7 + mma)
     # A cache of 235 pools: more than one block's pools on either path (64 or 128), so the launch's pool
     # tiles must match the kernel's.
@@ -131,6 +132,23 @@ def test_a_misplaced_lane_in_the_emulated_mma_breaks_the_bound(monkeypatch, head
         monkeypatch.delenv(emulate.FLAGS_VARIABLE)
         verdict = index_logits_agree(got, want, bound)
         assert not verdict["ok"] and verdict["worst_error_over_bound"] > (1 if bits == 13 else 100), verdict
+
+
+@pytest.mark.parametrize(("heads", "bits"), [(4, 13), (16, 13), (16, 24), (64, 24), (128, 24)])
+def test_a_misplaced_lane_in_the_emulated_wgmma_breaks_the_bound(monkeypatch, heads, bits):
+    # The emulated wgmma puts its accumulator fragments together by the PTX ISA's layout; built so that thread 5
+    # of each warpgroup takes the rows of thread 1 (KP_WGMMA_MISPLACED_LANE), the sm_90a path's scores must leave
+    # the bound: by 100x and more at 24 bits (seen: 910 at 128 heads, 1.9e3 at 64, 1e4 at 16), and at 13 bits (the
+    # GPU's) by more than 1 where few heads let one wrong product show (seen: 12x at 4 heads, 2.9x at 16).
+    rng = np.random.default_rng(heads + 1)
+    case = index_case(rng, heads=heads, kpool=2, counts=(4, 3), cache_lengths=(30, 9))
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
+    bound = index_logits_bound(*case.args, kpool=case.kpool, max_pools=want.shape[1], accumulation_bits=bits)
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_WGMMA_MISPLACED_LANE=5")
+    got = _emulate_with(MMA_WGMMA, case)
+    monkeypatch.delenv(emulate.FLAGS_VARIABLE)
+    verdict = index_logits_agree(got, want, bound)
+    assert not verdict["ok"] and verdict["worst_error_over_bound"] > (1 if bits == 13 else 100), verdict
 
 
 def test_the_gpu_bound_takes_its_bits_from_the_instruction():

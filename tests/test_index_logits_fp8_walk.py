@@ -18,7 +18,7 @@ from kpool_cupy.backends.host import host_binding
 from kpool_cupy.emulator.launch import recording
 from kpool_cupy.functions import definition
 from kpool_cupy.kernel import geometry
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC, tokens_per_block
 
@@ -43,10 +43,8 @@ def _walks(monkeypatch, case, mma: int, target: int, **options):
         got = _scorer(mma)(*case.args, kpool=case.kpool, **options)
     (launch,) = [entry for entry in launches if entry.kernel_name.startswith("kpool_index_logits_fp8<")]
     tokens, heads, head_dim = case.q.shape
-    per_tile = tokens_per_block(heads, head_dim, tokens, len(case.cache_lengths))
-    grid, per_block = geometry.index_geometry(
-        tokens, got.shape[1], per_tile, geometry.index_block_pools(head_dim, mma == MMA_F16)
-    )
+    per_tile = tokens_per_block(heads, head_dim, tokens, len(case.cache_lengths), mma)
+    grid, per_block = geometry.index_geometry(tokens, got.shape[1], per_tile, geometry.index_block_pools(head_dim, mma))
     assert launch.grid == grid.grid
     return got, per_block
 
@@ -66,13 +64,13 @@ def _case(head_dim: int, seed: int):
     )
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16])
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_WGMMA])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_one_block_walking_the_whole_row_gives_the_bits_of_one_step_a_block(monkeypatch, head_dim, mma):
     case = _case(head_dim, head_dim + mma)
     one_step, per_block = _walks(monkeypatch, case, mma, target=1 << 20)
     walked, walk = _walks(monkeypatch, case, mma, target=1)
-    block_pools = geometry.index_block_pools(head_dim, mma == MMA_F16)
+    block_pools = geometry.index_block_pools(head_dim, mma)
     assert per_block == block_pools and walk >= 3 * block_pools, (per_block, walk)  # the walk is what is tested
     np.testing.assert_array_equal(_bits(walked), _bits(one_step))
     want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
@@ -109,7 +107,7 @@ def test_the_walk_agrees_with_emulate_without_a_target(monkeypatch):
     [(1, 32768, 1), (64, 32768, 1), (128, 32768, 2), (512, 32768, 1), (1024, 32768, 2), (2048, 2560, 4), (3, 5, 1)],
 )
 def test_the_grid_covers_every_pool_once_in_whole_steps(tokens, max_pools, per_tile):
-    block_pools = geometry.index_block_pools(128, f16_path=False)
+    block_pools = geometry.index_block_pools(128, MMA_E4M3)
     grid, per_block = geometry.index_geometry(tokens, max_pools, per_tile, block_pools)
     tiles = grid.items
     ranges = grid.grid // tiles
@@ -123,6 +121,10 @@ def test_the_grid_covers_every_pool_once_in_whole_steps(tokens, max_pools, per_t
 @pytest.mark.parametrize(("heads", "head_dim"), [(1, 64), (64, 128), (128, 256), (128, 64), (20, 256)])
 def test_a_tile_fits_the_kernels_stage(heads, head_dim):
     for tokens, batch in [(1, 1), (2048, 1), (64, 32), (7, 0)]:
-        per_tile = tokens_per_block(heads, head_dim, tokens, batch)
+        per_tile = tokens_per_block(heads, head_dim, tokens, batch, MMA_E4M3)
         assert 1 <= per_tile <= geometry.INDEX_TILE_TOKENS
         assert per_tile * heads * (head_dim + 16) <= geometry.INDEX_STAGE_BYTES
+        # The wgmma path: each token's heads in whole M-tiles of 64 rows.
+        per_tile = tokens_per_block(heads, head_dim, tokens, batch, MMA_WGMMA)
+        assert 1 <= per_tile <= geometry.INDEX_TILE_TOKENS
+        assert per_tile * -(-heads // 64) * 64 * head_dim <= geometry.WGMMA_STAGE_BYTES

@@ -343,14 +343,24 @@ INDEX_VECTOR_Q = 2
 # Its MMA template argument: the tensor-core instruction (kernels/kpool_index.cuh).
 MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
 MMA_E4M3 = 1  # e4m3 mma.sync m16n8k32: sm_89 and newer
+MMA_WGMMA = 2  # e4m3 wgmma.mma_async m64nNk32 by a warpgroup: sm_90a builds only (Hopper's arch-specific ISA)
 
 
-def tensor_core_for(capability: int) -> int | None:
-    """The scorer's tensor-core instruction on a GPU of compute ``capability`` (90 for sm_90): e4m3 from sm_89,
-    f16 on sm_80 to sm_88, None below (no FP8 scorer)."""
+def tensor_core_for(capability: int, sm90a: bool = False) -> int | None:
+    """The scorer's tensor-core instruction on a GPU of compute ``capability`` (90 for sm_90): wgmma on 9.0 with
+    ``sm90a`` (the arch-specific build), else e4m3 mma.sync from sm_89, f16 on sm_80 to sm_88, None below (no FP8
+    scorer)."""
+    if capability == 90 and sm90a:
+        return MMA_WGMMA
     if capability >= 89:
         return MMA_E4M3
     return MMA_F16 if capability >= 80 else None
+
+
+def builds_for_sm90a(template: Mapping[str, Any]) -> bool:
+    """Whether a kernel instance with these template arguments must be compiled for sm_90a (it issues wgmma),
+    not for the device's plain compute capability."""
+    return template.get("MMA") == MMA_WGMMA
 
 
 def scoring_inputs(page_size: str) -> tuple[Param, ...]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .declarations import MMA_F16, MMA_WGMMA
+
 CHANNELS_PER_THREAD = 8  # kp::kChannelsPerThread in kernels/kpool_common.cuh
 # A group of head_dim / 8 threads serves one pool; at 4096 that is one
 # 512-thread block, which leaves each thread the 128 registers the kernels use
@@ -92,15 +94,28 @@ INDEX_STAGE_BYTES = 36864  # kp::kIndexStageBytes: shared memory for a tile's qu
 INDEX_TARGET_BLOCKS = 2048
 
 
-def index_block_pools(head_dim: int, f16_path: bool) -> int:
-    """Pools a block of the scorer covers per step of its walk: 4 warps x 8 x NT, NT as kp::index_key_tiles
-    (kernels/kpool_index.cuh) sets it."""
-    key_tiles = 2 if head_dim > 128 or (f16_path and head_dim == 128) else 4
+# The sm_90a path (kernels/kpool_index_wgmma.cuh, kp::kMmaWgmma): a key tile of 8 KB of rows a wgmma chain, and a
+# stage of M-tiles of 64 query rows (kp::kWgmmaStageBytes).
+WGMMA_KEY_BYTES = 8192
+WGMMA_ROWS = 64
+WGMMA_STAGE_BYTES = 32768
+
+
+def index_block_pools(head_dim: int, mma: int) -> int:
+    """Pools a block of the scorer covers per step of its walk: on the mma.sync paths (``mma`` MMA_E4M3 or
+    MMA_F16 of kernel.declarations) 4 warps x 8 x NT, NT as kp::index_key_tiles (kernels/kpool_index.cuh) sets it;
+    on the wgmma path one key tile, kp::wgmma_keys."""
+    if mma == MMA_WGMMA:
+        return WGMMA_KEY_BYTES // head_dim
+    key_tiles = 2 if head_dim > 128 or (mma == MMA_F16 and head_dim == 128) else 4
     return 4 * 8 * key_tiles
 
 
-def index_stage_tokens(heads: int, head_dim: int) -> int:
-    """The most tokens whose query rows (head_dim bytes and 16 of padding each) the scorer's stage holds."""
+def index_stage_tokens(heads: int, head_dim: int, mma: int) -> int:
+    """The most tokens whose query rows the scorer's stage holds: head_dim bytes and 16 of padding each on the
+    mma.sync paths; on the wgmma path each token's heads padded to whole M-tiles of 64 rows."""
+    if mma == MMA_WGMMA:
+        return min(INDEX_TILE_TOKENS, WGMMA_STAGE_BYTES // (-(-heads // WGMMA_ROWS) * WGMMA_ROWS * head_dim))
     return min(INDEX_TILE_TOKENS, INDEX_STAGE_BYTES // (heads * (head_dim + 16)))
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import FLOAT32
-from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_F16
+from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q
 from ..kernel.geometry import index_block_pools, index_geometry, index_stage_tokens
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
@@ -73,22 +73,22 @@ def output_shapes(call: IndexLogitsCall, max_pools: int | None) -> dict[str, Out
     return {"out": ((call.num_tokens, call.max_pools if max_pools is None else max_pools), FLOAT32)}
 
 
-def tokens_per_block(heads: int, head_dim: int, tokens: int, batch: int) -> int:
+def tokens_per_block(heads: int, head_dim: int, tokens: int, batch: int, mma: int) -> int:
     """Tokens a block scores with one read of its keys: about 16 head tiles a warp, no more than the batch's tokens
     a request on average (decode: next_n), so a decode tile holds one request's tokens and its warps do not fetch
-    one request's keys after another's, and no more than the kernel's shared stage holds. From shapes alone: no
-    host read."""
+    one request's keys after another's, and no more than the kernel's shared stage holds (``mma``: the path). From
+    shapes alone: no host read."""
     by_heads = max(1, min(16, 64 // -(-heads // 16) // 4))
     per_request = max(1, round(tokens / batch)) if batch else 1
-    return min(by_heads, per_request, index_stage_tokens(heads, head_dim))
+    return min(by_heads, per_request, index_stage_tokens(heads, head_dim, mma))
 
 
 def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_pools: int, mma: int) -> Launch:
     """The launch of ``kpool_index_logits_fp8``."""
     o = operands
     q, weights, cache, table, out = (o[n] for n in ("q", "weights", "cache", "cache_block_table", "out"))
-    per_block = tokens_per_block(call.heads, call.head_dim, call.num_tokens, call.batch)
-    block_pools = index_block_pools(call.head_dim, mma == MMA_F16)
+    per_block = tokens_per_block(call.heads, call.head_dim, call.num_tokens, call.batch, mma)
+    block_pools = index_block_pools(call.head_dim, mma)
     geometry, pools_per_block = index_geometry(call.num_tokens, max_pools, per_block, block_pools)
     if geometry.grid > MAX_POOLS:
         raise fail("max_pools", "few enough pools for one launch (token tiles x pool ranges < 2^31)", max_pools)

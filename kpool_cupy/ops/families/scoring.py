@@ -13,6 +13,7 @@ import numpy as np
 
 from ...dtypes import FLOAT32, dtype_name
 from ...kernel.codes import data_pointer
+from ...kernel.declarations import MMA_E4M3
 from ...kernel.geometry import LARGE_BATCH, LaunchGeometry, index_block_pools, index_geometry
 from ...kernel.pages import FP8_PAGES, PageLayout
 from ..framework.checks import (
@@ -109,7 +110,7 @@ def check_scorer_head_dim(name: str, head_dim: int) -> None:
 
 def scoring_launch(head_dim: int) -> LaunchGeometry:
     """The scorer's launch over a large batch (e4m3 pool tiles), what the SASS report sizes blocks by."""
-    return index_geometry(LARGE_BATCH, LARGE_BATCH, 1, index_block_pools(head_dim, f16_path=False))[0]
+    return index_geometry(LARGE_BATCH, LARGE_BATCH, 1, index_block_pools(head_dim, MMA_E4M3))[0]
 
 
 def aligned16(array: Any, *strides: int) -> bool:
