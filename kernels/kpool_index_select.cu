@@ -76,6 +76,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                            long long splits) {
     KP_THREADS_COOPERATE(true);
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
+    static_assert(MMA == kp::kMmaE4m3 || MMA == kp::kMmaF16, "no wgmma path yet: it must sum as the scorer's does");
     constexpr int NT = kp::index_key_tiles<HEAD_DIM, MMA>();  // the scorer's
     constexpr int kCalls = kp::kSelectChunk / kp::kSelectWarps / (8 * NT);  // a warp's score_token calls a chunk
     constexpr bool kVectorCache = (VECTOR & 1) != 0;

@@ -28,3 +28,13 @@ def sass_tools() -> None:
         sass.find_tool("nvdisasm")
     except RuntimeError as error:
         pytest.skip(str(error))
+
+
+@pytest.fixture(params=["e4m3", "wgmma"])
+def emulated_scorer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs a test of the scorer's kernels on the emulated mma.sync path (sm_89 and newer) and again on the wgmma
+    path of an sm_90a build (KPOOL_CUPY_EMULATE_MMA)."""
+    from kpool_cupy.backends.host import EMULATE_MMA_VARIABLE
+
+    monkeypatch.setenv(EMULATE_MMA_VARIABLE, request.param)
+    return str(request.param)

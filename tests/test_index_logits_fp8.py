@@ -37,6 +37,7 @@ def _emulate_with(mma: int, case, **options):
     return call(*case.args, kpool=case.kpool, **options)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("heads", [1, 16, 20])
 def test_emulated_logits_meet_the_float64_model_within_the_bound(head_dim, heads):
@@ -61,6 +62,7 @@ def test_every_tensor_core_path_meets_the_bound(mma):
     _check(case, _emulate_with(mma, case), want)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("next_n", [1, 2, 3, 4])
 def test_decode_steps_with_next_n_tokens_a_request(next_n):
     # input_row_offsets = [0, n, 2n, ...]: a request's next_n rows see one more position each.
@@ -72,6 +74,7 @@ def test_decode_steps_with_next_n_tokens_a_request(next_n):
     _check(case, got, want)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("kpool", [1, 2, 5, 8])
 def test_every_phase_of_kpool_sees_exactly_its_complete_pools(kpool):
     # Cached lengths at every phase mod kpool: a pool counts from the token at its last member on; the rest of
@@ -86,6 +89,7 @@ def test_every_phase_of_kpool_sees_exactly_its_complete_pools(kpool):
     assert np.array_equal(np.isneginf(got), columns[None, :] >= visible[:, None])
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 def test_nan_bytes_give_nan_logits_and_negative_scores_give_zero():
     # relu keeps NaN on every backend: 0x7f in one query head poisons that token's visible logits; 0xff in one
     # key poisons that pool for every token that sees it. A token whose dots are all negative scores 0 exactly
@@ -102,6 +106,7 @@ def test_nan_bytes_give_nan_logits_and_negative_scores_give_zero():
         assert np.isnan(got[3:, 1]).all() and not np.isnan(got[3:, 0]).any()
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 def test_all_negative_dots_score_zero():
     rng = np.random.default_rng(4)
     case = index_case(rng, heads=2, kpool=1, block_size=2, counts=(1,), cache_lengths=(3,))

@@ -11,6 +11,8 @@ from index_cases import index_case
 from kpool_cupy import emulate, reference
 from kpool_cupy.tools.index_accuracy import index_logits_agree, index_logits_bound
 
+pytestmark = pytest.mark.usefixtures("emulated_scorer_path")  # both paths find requests alike
+
 
 def _agree(case, **options):
     got = emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool, **options)

@@ -77,8 +77,9 @@ def test_one_block_walking_the_whole_row_gives_the_bits_of_one_step_a_block(monk
     np.testing.assert_array_equal(np.isneginf(walked), np.isneginf(want))
 
 
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_WGMMA])
 @pytest.mark.parametrize("target", [1, 2, 5])
-def test_missing_pages_and_unaligned_queries_along_the_walk(monkeypatch, target):
+def test_missing_pages_and_unaligned_queries_along_the_walk(monkeypatch, target, mma):
     case = _case(128, 11 + target)
     case.cache_block_table[0, 3] = -1  # a hole inside request 0's prefix
     case.cache_block_table[2, 5] = case.cache.shape[0] + 7  # a page past the cache
@@ -86,8 +87,8 @@ def test_missing_pages_and_unaligned_queries_along_the_walk(monkeypatch, target)
     raw[1:] = case.q.reshape(-1)
     case.q = raw[1:].reshape(case.q.shape)  # one byte off: the stage reads byte by byte
     unchecked = {"validate": False, "max_pools": int(case.visible().max())}  # the table is refused otherwise
-    one_step, _ = _walks(monkeypatch, case, MMA_E4M3, target=1 << 20, **unchecked)
-    walked, _ = _walks(monkeypatch, case, MMA_E4M3, target=target, **unchecked)
+    one_step, _ = _walks(monkeypatch, case, mma, target=1 << 20, **unchecked)
+    walked, _ = _walks(monkeypatch, case, mma, target=target, **unchecked)
     np.testing.assert_array_equal(_bits(walked), _bits(one_step))
     hole = np.arange(3 * 8, 4 * 8)  # block_size 8: the pools of column 3
     assert np.isneginf(walked[0:3, hole]).all()

@@ -2,15 +2,33 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..arrays import check_array_kind
-from ..kernel.declarations import MMA_E4M3
+from ..kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from ..ops.framework.binding import Binding, execute
 from ..ops.framework.spec import Backend, OpSpec, spread
+
+# Which GPU path the emulator runs for the scorer and the fused select: the e4m3 mma.sync of sm_89 and newer
+# (default), the f16 one of sm_80, or the wgmma of an sm_90a build. The reference backend computes its model either
+# way.
+EMULATE_MMA_VARIABLE = "KPOOL_CUPY_EMULATE_MMA"
+EMULATED_PATHS = {"e4m3": MMA_E4M3, "f16": MMA_F16, "wgmma": MMA_WGMMA}
+
+
+def emulated_tensor_core() -> int:
+    """The ``MMA`` template argument ``KPOOL_CUPY_EMULATE_MMA`` names (e4m3 when unset or empty); a ValueError
+    naming the variable for another value."""
+    value = os.environ.get(EMULATE_MMA_VARIABLE, "") or "e4m3"
+    if value not in EMULATED_PATHS:
+        raise ValueError(
+            f"Invalid {EMULATE_MMA_VARIABLE}: expected one of {', '.join(EMULATED_PATHS)} (or unset), got {value!r}"
+        )
+    return EMULATED_PATHS[value]
 
 
 class HostMemory:
@@ -31,8 +49,9 @@ class HostMemory:
         return np.empty(shape, dtype=dtype)
 
     def tensor_core(self) -> int:
-        # The emulator runs both instructions; a CPU backend takes the one sm_89 and newer run.
-        return MMA_E4M3
+        # The emulator runs every path's instruction; a CPU backend takes the one sm_89 and newer run unless
+        # KPOOL_CUPY_EMULATE_MMA names another.
+        return emulated_tensor_core()
 
 
 def check_host_arrays(backend: str, op: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:
