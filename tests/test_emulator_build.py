@@ -216,6 +216,60 @@ def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path)
     assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
 
 
+# The scorer's sm_90a path (KPOOL_CUPY_EMULATE_MMA=wgmma) on inputs that reach its walk, its stores to the key
+# tile and its reloads for another request: near-valid batches with pages missing, past the cache and negative,
+# lengths far past the table, tiles across requests, unaligned queries, and the garbage family.
+_SANITIZED_WGMMA_RUN = textwrap.dedent(
+    """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    from garbage import index_garbage_cases
+    from index_cases import index_case
+    from kpool_cupy import emulate
+    from kpool_cupy.emulator.launch import recording
+
+    os.environ["KPOOL_CUPY_EMULATE_MMA"] = "wgmma"
+    rng = np.random.default_rng(5)
+    calls = 0
+    for head_dim in (64, 128, 256):
+        for heads in (3, 64, 100):
+            case = index_case(rng, head_dim=head_dim, heads=heads, kpool=2, block_size=8, counts=(2, 1, 3),
+                              cache_lengths=(300, 7, 150))
+            table = case.cache_block_table
+            table[0, 2], table[0, 5], table[2, 1] = -1, case.cache.shape[0] + 3, -7
+            lengths = case.cache_lengths.copy()
+            lengths[1] = 10 ** 6  # far past its table row
+            case.cache_lengths = lengths
+            raw = np.zeros(case.q.size + 1, np.uint8)
+            raw[1:] = case.q.reshape(-1)
+            case.q = raw[1:].reshape(case.q.shape)
+            with recording() as launches:
+                emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool, max_pools=400, validate=False)
+            calls += len(launches)
+    for function, case in index_garbage_cases(3, 20):
+        with recording() as launches:
+            getattr(emulate, function)(**case, validate=False)
+        calls += len(launches)
+    print("wgmma launches:", calls)
+    """
+)
+
+
+@pytest.mark.slow
+def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays(tmp_path):
+    libasan = _libasan()
+    if libasan is None:
+        pytest.skip("the host compiler has no AddressSanitizer runtime")
+    done = _run_sanitized(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
+    assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
+    assert done.returncode == 0, done.stderr[-4000:]
+    # 9 near-valid calls and the garbage calls that reach the kernel (a max_pools of 0 or no token launches none).
+    assert int(done.stdout.split("wgmma launches:")[1]) >= 9 + 5, done.stdout
+    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
+    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
+
+
 _OUT_OF_BOUNDS = textwrap.dedent(
     """
     import numpy as np
