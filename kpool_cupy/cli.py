@@ -206,7 +206,7 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         sm_arch(value)
     except ValueError as error:
-        raise click.BadParameter(f"expected 'sm_NN' or 'compute_NN', got {value!r}") from error
+        raise click.BadParameter(f"expected 'sm_NN', 'sm_NNa' or 'compute_NN', got {value!r}") from error
     return value
 
 
@@ -215,7 +215,12 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
 @click.option(
-    "--arch", default="sm_90", show_default=True, callback=_arch, help="sm_NN: ptxas reports registers for this GPU."
+    "--arch",
+    default="sm_90",
+    show_default=True,
+    callback=_arch,
+    help="sm_NN: ptxas reports registers for this GPU; sm_90a: Hopper's arch-specific build, where the scorer "
+    "takes wgmma.",
 )
 @click.option(
     "--sass",

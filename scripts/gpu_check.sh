@@ -25,7 +25,16 @@
 # (scripts/gpu_variants.json, recorded on the CuPy double by
 # scripts/gpu_variants.py), in parallel processes, into CuPy's on-disk kernel
 # cache; no later step waits for NVRTC on its own kernels (CuPy's own array
-# kernels, a few dozen small ones, still compile where first used).
+# kernels, a few dozen small ones, still compile where first used). The GPU
+# run adds the sm_90a builds (wgmma) of the scorer and the fused select at
+# head_dim 128, into the GPU path's cubin cache.
+#
+# The check step ends, in the GPU run, with scripts/gpu_index_check.py: the
+# scorer and the selection against the reference on each tensor-core path of
+# the device (on an H200: the sm_90a build chosen through
+# KPOOL_CUPY_SM90_BUILD=sm_90a, plain sm_90, forced f16). The wgmma GPU test
+# (tests/test_emulator_wgmma.py) runs in the pytest-gpu step, with every other
+# gpu-marked test.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -66,11 +75,11 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
-    [precompile]=24      # 363 variants over 16 processes (9 s and 8 s on the H200 for 248; estimated from NVRTC here)
+    [precompile]=24      # 363 variants over 16 processes (9 s and 8 s on the H200 for 248, 11 s for 363; estimated from NVRTC here), and 19 sm_90a builds (9.0 s of NVRTC 12.9 serial on 2 cores)
     [pytest-gpu]=40      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed; the backward's added since)
-    [check]=25           # kpool-cupy check: compress and its backward on three and two dtypes, every other op on bfloat16 (16 runs; 11: 15 s, 12 s)
-    [memcheck]=15        # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s)
-    [bench]=187          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s)
+    [check]=50           # kpool-cupy check: compress and its backward on three and two dtypes, every other op on bfloat16 (16 runs: 18 s; 11: 15 s, 12 s); then scripts/gpu_index_check.py on three paths, not yet run on a GPU (estimated 25 s: its float64 references took 10 s on the 2-core CPU machine, a dozen NVRTC compiles, CuPy's start)
+    [memcheck]=8         # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s, 3 s)
+    [bench]=169          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s); cut at 187 s in the last run (2026-12-04-h200-backward), so a run keeps what it measured before the cut
     [bench-compile]=50   # the quick sweep's three shapes with torch.compile, from a cold start (41 s and 24 s on the H200)
 )
 kill_after=2
@@ -79,6 +88,7 @@ if (( smoke )); then
     # One sample, and no round repeated to 32 calls: the double runs every
     # call on the CPU emulator. The kernels launched are the same.
     bench_args=(--quick --samples 1)
+    precompile_sm90a=()  # the double cannot load a cubin: it runs every kernel from its source
     compile_samples=1
     min_calls=1
     # The smoke run goes through the CuPy double on the CPU, where a step's
@@ -87,6 +97,7 @@ if (( smoke )); then
     limit_scale=10
 else
     bench_args=(--samples 10 --skip torch-compile)  # a sample replays a whole round: up to tens of thousands of calls
+    precompile_sm90a=(--sm90a)  # for the index check's sm_90a path
     compile_samples=10
     min_calls=32  # calls per captured round at least: the graph's own launch is spread over 32 or more
     limit_scale=1
@@ -113,6 +124,7 @@ summary() {  # the whole summary.txt, from what is done so far
     echo "== check"
     grep '^{"backend"' "$logs/check.log" 2>/dev/null | sed -E \
         's/^.*"op": "([^"]*)".*"dtype": "([^"]*)", "head_dim": ([0-9]+), "kpool": ([0-9]+), "seed": [0-9]+, "ok": ([a-z]+).*$/\1 \2, head_dim \3, kpool \4: ok \5/'
+    grep -E '^index check:' "$logs/check.log" 2>/dev/null  # scripts/gpu_index_check.py's verdict, with every failed row
     echo "== memcheck"
     grep -E "ERROR SUMMARY|garbage calls per op|strided|check cases|never called" "$logs/memcheck.log" 2>/dev/null
     echo "== bench"
@@ -152,7 +164,7 @@ PY
 cat "$logs/environment.log"
 
 # Every kernel variant the steps below launch, compiled once into CuPy's disk cache.
-run precompile "$py" scripts/gpu_precompile.py
+run precompile "$py" scripts/gpu_precompile.py ${precompile_sm90a[@]+"${precompile_sm90a[@]}"}
 
 run pytest-gpu "$py" -m pytest -m gpu -p no:cacheprovider -q -rs tests --ignore=tests/test_compress_properties.py  # no hypothesis there
 # All skipped means no device was usable: that is a failure here, not a pass.
@@ -161,7 +173,9 @@ if [[ ${status[pytest-gpu]} == 0 ]] && ! grep -q " passed" "$logs/pytest-gpu.log
     pack
 fi
 
-# stdout of each check is its JSON report, one line, in the log with what CuPy says.
+# stdout of each check is its JSON report, one line, in the log with what CuPy says. Then, in the GPU run, the
+# index check: one JSON line a case and path, and its verdict. The smoke run leaves it out: the double cannot load
+# the sm_90a cubin, and the check's long contexts would take the emulator many minutes.
 run check bash -c '
     passed=0 runs=0
     for run in "compress bfloat16" "compress float16" "compress float32" "ring_close bfloat16" \
@@ -173,9 +187,17 @@ run check bash -c '
         runs=$((runs + 1))
         "$1" -m kpool_cupy check --backend cupy --op "$op" --dtype "$dtype" --json && passed=$((passed + 1))
     done
-    echo "checks passed: $passed of $runs"
-    [[ $passed == "$runs" ]]
-' check "$py"
+    if [[ $2 == 0 ]]; then
+        "$1" scripts/gpu_index_check.py --no-timing
+        index=$?
+        verdict="index check exit $index"
+    else
+        index=0
+        verdict="index check not run on the double"
+    fi
+    echo "checks passed: $passed of $runs; $verdict"
+    [[ $passed == "$runs" && $index == 0 ]]
+' check "$py" "$smoke"
 
 if command -v compute-sanitizer > /dev/null; then
     # CuPy's pool off, strided views made on the device, garbage offsets for

@@ -1,15 +1,22 @@
 """Compile every kernel variant the GPU run launches, in parallel processes: scripts/gpu_check.sh's first step.
 
-    python scripts/gpu_precompile.py [--jobs N] [--manifest scripts/gpu_variants.json]
+    python scripts/gpu_precompile.py [--jobs N] [--manifest scripts/gpu_variants.json] [--sm90a]
 
 Each variant of the manifest (scripts/gpu_variants.py writes it) is compiled
 and loaded the way the GPU path does it (``kernel_function``: the same
 source text, NVRTC options and name expression, so the same key in CuPy's
 on-disk kernel cache); the later steps, in processes of their own, then find
-every variant in that cache instead of waiting for NVRTC. The longest
-compiles (as measured when the manifest was written) go first, so the
-processes finish together. Prints one line per failure and a summary; exits
-1 when a variant failed to compile.
+every variant in that cache instead of waiting for NVRTC. A variant that
+issues wgmma (``builds_for_sm90a``: the scorer's and the fused select's MMA
+argument) is an sm_90a cubin instead, built into the GPU path's own cubin
+cache (``kernel.nvrtc.kernel_cubin``) and not loaded, so any machine with
+NVRTC can build it. ``--sm90a`` adds the sm_90a build of every head_dim-128
+scorer and fused-select variant of the manifest (``sm90a_targets``): what
+the engine's shapes launch with KPOOL_CUPY_SM90_BUILD=sm_90a, as
+scripts/gpu_index_check.py's sm_90a path does. The longest compiles (as
+measured when the manifest was written; an sm_90a build as its sm_90 twin)
+go first, so the processes finish together. Prints one line per failure and
+a summary; exits 1 when a variant failed to compile.
 """
 
 from __future__ import annotations
@@ -26,13 +33,67 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MANIFEST = ROOT / "scripts" / "gpu_variants.json"
 INLINE = "inline"  # the source of the benchmark's empty kernel, whose text is kpool_cupy.bench.empty's
+ENGINE_HEAD_DIM = 128  # the indexer's head_dim in the engines this package serves: its sm_90a builds are precompiled
+
+
+def template_arguments(instance: str) -> tuple[str, list[str]]:
+    """``name<a, b, c>`` as ("name", ["a", "b", "c"]), in the spelling ``Kernel.instance`` writes (C types hold
+    spaces, never commas)."""
+    name, _, rest = instance.partition("<")
+    return name, rest.removesuffix(">").split(", ") if rest else []
+
+
+def declared_template(source: str, instance: str) -> dict[str, str]:
+    """The template arguments of ``instance`` by parameter name, as spelled (``{"HEAD_DIM": "128", "MMA": "1",
+    ...}``); empty for a kernel of ``source`` that is not declared (the inline empty kernel)."""
+    from kpool_cupy.kernel import declarations
+
+    name, arguments = template_arguments(instance)
+    for kernel in vars(declarations).values():
+        if isinstance(kernel, declarations.Kernel) and kernel.name == name and kernel.source == source:
+            return dict(zip([t.name for t in kernel.template], arguments, strict=True))
+    return {}
+
+
+def builds_sm90a(source: str, instance: str) -> bool:
+    """Whether ``instance`` issues wgmma: an sm_90a build, not the device's plain one."""
+    from kpool_cupy.kernel.declarations import builds_for_sm90a
+
+    template = declared_template(source, instance)
+    return "MMA" in template and builds_for_sm90a({"MMA": int(template["MMA"])})
+
+
+def sm90a_targets(variants: list[dict]) -> list[dict]:
+    """The sm_90a build (MMA_WGMMA) of every scorer and fused-select variant of ``variants`` at the engine's
+    head_dim that takes e4m3 mma.sync (MMA_E4M3), with its twin's NVRTC time; those already listed left out."""
+    from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_SELECT_FP8, MMA_E4M3, MMA_WGMMA
+
+    listed = {(v["source"], v["instance"]) for v in variants}
+    targets: dict[tuple[str, str], dict] = {}
+    for variant in variants:
+        template = declared_template(variant["source"], variant["instance"])
+        name, arguments = template_arguments(variant["instance"])
+        if name not in (INDEX_LOGITS_FP8.name, INDEX_SELECT_FP8.name):
+            continue
+        if template["HEAD_DIM"] != str(ENGINE_HEAD_DIM) or template["MMA"] != str(MMA_E4M3):
+            continue
+        arguments[list(template).index("MMA")] = str(MMA_WGMMA)
+        twin = (variant["source"], f"{name}<{', '.join(arguments)}>")
+        if twin not in listed:
+            targets[twin] = {"source": twin[0], "instance": twin[1], "nvrtc_s": variant.get("nvrtc_s")}
+    return list(targets.values())
 
 
 def compile_variant(source: str, instance: str) -> tuple[str, float, str | None]:
-    """Compile and load one variant on device 0: (instance, seconds, None), or the error's first line."""
+    """Compile and load one variant on device 0, or build an sm_90a one into the cubin cache (nothing loaded):
+    (instance, seconds, None), or the error's first line."""
     began = time.perf_counter()
     try:
-        if source == INLINE:
+        if builds_sm90a(source, instance):
+            from kpool_cupy.kernel.nvrtc import kernel_cubin
+
+            kernel_cubin(source, instance, "sm_90a")
+        elif source == INLINE:
             from kpool_cupy.bench.empty import EMPTY_NAME, empty_kernel
 
             if instance != EMPTY_NAME:
@@ -49,8 +110,12 @@ def compile_variant(source: str, instance: str) -> tuple[str, float, str | None]
 
 
 def load_manifest(path: Path) -> list[dict]:
-    """The manifest's variants, the longest NVRTC compile first (unmeasured ones last)."""
-    variants = json.loads(path.read_text())["variants"]
+    """The manifest's variants."""
+    return json.loads(path.read_text())["variants"]
+
+
+def longest_first(variants: list[dict]) -> list[dict]:
+    """``variants``, the longest NVRTC compile first (unmeasured ones last)."""
     return sorted(variants, key=lambda v: -(v.get("nvrtc_s") or 0.0))
 
 
@@ -58,30 +123,38 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compiling processes")
     parser.add_argument("--manifest", type=Path, default=MANIFEST)
+    parser.add_argument(
+        "--sm90a", action="store_true", help="also the sm_90a builds of the scorer and the fused select (wgmma)"
+    )
     options = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     variants = load_manifest(options.manifest)
+    extra = sm90a_targets(variants) if options.sm90a else []
     began = time.perf_counter()
-    failed = 0
+    failed: set[str] = set()
     slowest = 0.0
     # spawn: no worker inherits a CUDA context (none is made here, but a fork after one would be unusable).
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=max(options.jobs, 1), mp_context=context) as pool:
-        futures = [pool.submit(compile_variant, v["source"], v["instance"]) for v in variants]
+        futures = [pool.submit(compile_variant, v["source"], v["instance"]) for v in longest_first(variants + extra)]
         for future in futures:
             instance, seconds, error = future.result()
             slowest = max(slowest, seconds)
             if error is not None:
-                failed += 1
+                failed.add(instance)
                 print(f"FAILED {instance}: {error}", flush=True)
     elapsed = time.perf_counter() - began
     measured = sum(v.get("nvrtc_s") or 0.0 for v in variants)
+    done = sum(v["instance"] not in failed for v in variants)
     print(
-        f"precompiled {len(variants) - failed} of {len(variants)} kernel variants in {elapsed:.1f} s with "
+        f"precompiled {done} of {len(variants)} kernel variants in {elapsed:.1f} s with "
         f"{options.jobs} processes (slowest {slowest:.1f} s; NVRTC alone, measured when the manifest was "
         f"written: {measured:.1f} s serial)",
         flush=True,
     )
+    if options.sm90a:
+        done = sum(v["instance"] not in failed for v in extra)
+        print(f"precompiled {done} of {len(extra)} sm_90a builds of the scorer and the fused select", flush=True)
     return 1 if failed else 0
 
 

@@ -161,6 +161,7 @@ def test_the_gpu_bound_takes_its_bits_from_the_instruction():
     # native FP8 tensor cores narrower.
     assert gpu_accumulation_bits(80, MMA_F16) == gpu_accumulation_bits(90, MMA_E4M3) == 23
     assert gpu_accumulation_bits(89, MMA_E4M3) == gpu_accumulation_bits(120, MMA_E4M3) == 13
+    assert gpu_accumulation_bits(90, MMA_WGMMA) == 13  # sm_90a: QGMMA, native FP8 (sm_90's HMMA rule is mma.sync's)
 
 
 def test_a_subnormal_scale_reads_as_zero_within_the_bound():

@@ -5,37 +5,78 @@ CuPy is imported on first use, so ``import kpool_cupy`` works without it.
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any
 
 import numpy as np
 
 from ..arrays import CupyArray, DeviceArray
-from ..kernel.declarations import tensor_core_for
+from ..kernel.declarations import builds_for_sm90a, tensor_core_for
+from ..kernel.nvrtc import kernel_cubin
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
 from ..ops.framework.binding import Binding, execute
 from ..ops.framework.spec import Launch, OpSpec, Option, gather, spread
 from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
 
+# Which build of the scorer and the fused select a GPU of compute capability 9.0 runs: "sm_90a" (Hopper's wgmma,
+# MMA_WGMMA) or "sm_90" (e4m3 mma.sync, MMA_E4M3). Other devices do not read it.
+SM90_BUILD_VARIABLE = "KPOOL_CUPY_SM90_BUILD"
+SM90_BUILDS = ("sm_90a", "sm_90")
+# sm_90 while the wgmma kernel has run on the emulator only: the sm_90a build stays opt-in until an H200 run
+# passes scripts/gpu_index_check.py on it; then this line becomes "sm_90a".
+DEFAULT_SM90_BUILD = "sm_90"
+
 _kernel_lock = threading.Lock()
-_kernels: dict[tuple[str, str, int], Any] = {}
+_kernels: dict[tuple[str, str, int, bool], Any] = {}
 
 
-def kernel_function(source: str, name: str, device_id: int) -> Any:
+def sm90_build() -> str:
+    """``KPOOL_CUPY_SM90_BUILD``: "sm_90a" or "sm_90"; ``DEFAULT_SM90_BUILD`` when unset or empty."""
+    value = os.environ.get(SM90_BUILD_VARIABLE, "")
+    if not value:
+        return DEFAULT_SM90_BUILD
+    if value not in SM90_BUILDS:
+        expected = " or ".join(repr(build) for build in SM90_BUILDS)
+        raise ValueError(
+            f"Invalid {SM90_BUILD_VARIABLE}: expected {expected} (unset: {DEFAULT_SM90_BUILD!r}), got {value!r}"
+        )
+    return value
+
+
+def kernel_function(source: str, name: str, device_id: int, sm90a: bool = False) -> Any:
     """The loaded kernel ``name`` of kernels/``source`` on ``device_id``, compiled once per process.
 
-    The lock makes concurrent first calls compile and load once; across
-    processes CuPy's disk cache (keyed by the full source text) does the rest.
+    The lock makes concurrent first calls compile and load once. A plain
+    build is CuPy's RawModule of the source text; across processes CuPy's disk
+    cache (keyed by the full text) does the rest. With ``sm90a`` (the kernel
+    issues wgmma) NVRTC builds an sm_90a cubin, which RawModule(code=) cannot
+    ask for (it appends the device's own -arch): ``kernel.nvrtc.kernel_cubin``
+    caches it on disk under ``$XDG_CACHE_HOME/kpool-cupy/cubin`` (``~/.cache``
+    without XDG_CACHE_HOME), and RawModule(path=) loads it, the kernel found by
+    NVRTC's lowered name. Only a GPU of compute capability 9.0 runs it: another
+    device is a ValueError before anything is compiled.
     """
     cupy = import_cupy()
+    key = (source, name, device_id, sm90a)
     with _kernel_lock:
-        function = _kernels.get((source, name, device_id))
+        function = _kernels.get(key)
         if function is None:
             with cupy.cuda.Device(device_id):
-                module = cupy.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS, name_expressions=(name,))
-                function = module.get_function(name)
-            _kernels[(source, name, device_id)] = function
+                if sm90a:
+                    capability = str(cupy.cuda.Device(device_id).compute_capability)
+                    if capability != "90":
+                        raise ValueError(
+                            f"Invalid device: expected compute capability 9.0 for the sm_90a build of {name}, got "
+                            f"sm_{capability} (device {device_id})"
+                        )
+                    cubin = kernel_cubin(source, name, "sm_90a")
+                    function = cupy.RawModule(path=str(cubin.path)).get_function(cubin.lowered_name)
+                else:
+                    module = cupy.RawModule(code=kernel_source(source), options=NVRTC_OPTIONS, name_expressions=(name,))
+                    function = module.get_function(name)
+            _kernels[key] = function
         return function
 
 
@@ -72,9 +113,11 @@ class CupyBackend:
         return self.cupy.empty(shape, dtype=dtype)
 
     def tensor_core(self) -> int:
-        """The scorer's tensor-core instruction for this device: e4m3 from sm_89, f16 on sm_80 to sm_88."""
+        """The scorer's tensor-core instruction for this device: on compute capability 9.0 wgmma (the sm_90a
+        build) or e4m3 mma.sync as ``KPOOL_CUPY_SM90_BUILD`` says (``sm90_build``), e4m3 on sm_89 and from
+        sm_100, f16 on sm_80 to sm_88."""
         capability = int(self.cupy.cuda.Device(self.device_id).compute_capability)
-        kind = tensor_core_for(capability)
+        kind = tensor_core_for(capability, sm90a=capability == 90 and sm90_build() == "sm_90a")
         if kind is not None:
             return kind
         raise ValueError(
@@ -83,7 +126,8 @@ class CupyBackend:
         )
 
     def launch(self, launch: Launch) -> None:
-        kernel = kernel_function(launch.kernel.source, launch.instance, self.device_id)
+        sm90a = builds_for_sm90a(launch.template)
+        kernel = kernel_function(launch.kernel.source, launch.instance, self.device_id, sm90a=sm90a)
         kernel((launch.geometry.grid,), (launch.geometry.block,), launch.arguments)
         self.launched.append((launch, kernel))
 

@@ -1,9 +1,21 @@
-"""Compile-only access to NVRTC, for reading the kernel's memory path off its PTX without a GPU."""
+"""Compile-only access to NVRTC: PTX and ptxas's report for the tools without a GPU, and the cubins of the sm_90a
+build, cached on disk (``kernel_cubin``).
+
+The GPU path hands most kernels to CuPy's RawModule, whose own disk cache
+keeps the binary. RawModule compiles for the device's plain architecture
+(sm_90 on a Hopper GPU) and takes no second one, so a kernel that issues
+wgmma (Hopper's arch-specific ISA) is compiled here for sm_90a and cached
+under ``cubin_cache_dir()``.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..dtypes import element_dtype
@@ -51,6 +63,13 @@ def compile_kernel(source: str, name: str, options: list[str], output: str) -> t
 
 def compile_code(code: str, label: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
     """Compile kernel ``name`` of the text ``code`` (``label`` names it in NVRTC's messages)."""
+    binary, log, _ = compile_lowered(code, label, name, options, output)
+    return binary, log
+
+
+def compile_lowered(code: str, label: str, name: str, options: list[str], output: str) -> tuple[bytes, str, str]:
+    """`compile_code`, and the symbol NVRTC gave the name expression ``name`` (its lowered, mangled name: what a
+    module loaded from the binary knows the kernel by)."""
     nvrtc = _nvrtc()
     program = nvrtc.createProgram(code, label, [], [])
     try:
@@ -60,9 +79,76 @@ def compile_code(code: str, label: str, name: str, options: list[str], output: s
         except nvrtc.NVRTCError as error:
             raise RuntimeError(f"NVRTC failed to compile {name}:\n{nvrtc.getProgramLog(program)}") from error
         binary = nvrtc.getPTX(program) if output == "ptx" else nvrtc.getCUBIN(program)
-        return binary, nvrtc.getProgramLog(program)
+        return binary, nvrtc.getProgramLog(program), nvrtc.getLoweredName(program, name)
     finally:
         nvrtc.destroyProgram(program)
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """NVRTC's (major, minor): part of a cached cubin's key, since another NVRTC may build other code."""
+    return tuple(_nvrtc().getVersion())
+
+
+def cubin_cache_dir() -> Path:
+    """Where ``kernel_cubin`` keeps the cubins it built: ``$XDG_CACHE_HOME`` (or ``~/.cache``), then
+    ``kpool-cupy/cubin``, beside the emulator's ``kpool-cupy/emulate``. Deleting it costs a recompile only."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kpool-cupy" / "cubin"
+
+
+@dataclass(frozen=True)
+class CachedCubin:
+    """A cubin in the cache and the symbol its kernel has there."""
+
+    path: Path
+    lowered_name: str
+
+
+def kernel_cubin(source: str, name: str, arch: str) -> CachedCubin:
+    """The cubin of kernel ``name`` of kernels/``source`` for ``arch`` ('sm_90a'), built once per machine."""
+    return cached_cubin(kernel_source(source), source, name, arch)
+
+
+def cached_cubin(code: str, label: str, name: str, arch: str) -> CachedCubin:
+    """The cubin NVRTC builds of kernel ``name`` of the text ``code`` for the real architecture ``arch``, with the
+    package's NVRTC options and what CuPy adds (``compile_code``), and its lowered name; built once, then read
+    from ``cubin_cache_dir()``.
+
+    The key hashes the text, ``label``, ``name``, the options and NVRTC's
+    version: an edited header changes the text (``kernel_source`` inlines
+    it), so a stale cubin is never found. The lowered name is kept beside the
+    cubin (``<key>.name``), since a cache hit has no NVRTC program to ask.
+    Each file is written to a private temporary file in the folder and
+    renamed into place, the name before the cubin, so another process finds
+    either nothing or both whole; processes that build one key at once write
+    the same bytes.
+    """
+    options = [f"--gpu-architecture=sm_{arch_number(arch)}"]
+    version = ".".join(map(str, nvrtc_version()))
+    parts = [code, label, name, *NVRTC_OPTIONS, *CUPY_ADDS, *options, f"nvrtc {version}"]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()[:32]
+    folder = cubin_cache_dir()
+    cubin, lowered = folder / f"{key}.cubin", folder / f"{key}.name"
+    if cubin.is_file() and lowered.is_file():  # the name is renamed into place first
+        return CachedCubin(cubin, lowered.read_text())
+    binary, _, lowered_name = compile_lowered(code, label, name, options, "cubin")
+    folder.mkdir(parents=True, exist_ok=True)
+    _write_atomically(lowered, lowered_name.encode())
+    _write_atomically(cubin, binary)
+    return CachedCubin(cubin, lowered_name)
+
+
+def _write_atomically(target: Path, data: bytes) -> None:
+    """``data`` at ``target`` through a private file in the same folder and one rename: readers see the old file
+    or the whole new one."""
+    handle, private = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+        os.replace(private, target)
+    except BaseException:
+        Path(private).unlink(missing_ok=True)
+        raise
 
 
 def compress_instance(head_dim: int, kpool: int, dtype: str) -> str:

@@ -39,10 +39,12 @@ from ``gpu_accumulation_bits``:
   where ptxas lowers ``mma.sync`` e4m3 to two f16 ``HMMA.16816`` (the SASS
   tests pin it). The H200 run met even the CPU bound (worst 0.057 of it,
   docs/gpu-runs/2026-12-04-h200/index-check.log).
-- 13 where the tensor cores take e4m3 natively (sm_89, sm_100 and newer):
-  they accumulate FP8 products narrower than float32 (about 14 significant
-  bits on Hopper's wgmma by public measurements; undocumented); 13 is a
-  margin under that. No GPU of these has run it yet.
+- 13 where the tensor cores take e4m3 natively (sm_89, sm_100 and newer,
+  and the sm_90a build's wgmma, ``QGMMA`` in the SASS): they accumulate FP8
+  products narrower than float32. NVIDIA documents no width; the public
+  figure is about 14 bits on Hopper's FP8 wgmma (DeepSeek-V3 technical
+  report, section 3.3.2, measured on an H800), and 13 is one bit of margin
+  under it. No GPU of these has run it yet.
 
 A bound is only as useful as what it can catch: with a lane of the mma's
 fragments misplaced (the emulator's ``-DKP_MMA_MISPLACED_LANE``), scores
@@ -60,7 +62,7 @@ import numpy as np
 
 from ..ops.families.scoring import CACHE_LAYOUT
 
-FP8_MMA_ACCUMULATION_BITS = 13  # assumed for native FP8 tensor cores; see the module docstring
+FP8_MMA_ACCUMULATION_BITS = 13  # assumed for native FP8 tensor cores, wgmma included; see the module docstring
 HMMA_ACCUMULATION_BITS = 23  # f16 tensor cores with float32 accumulation: truncation, a unit a product a step
 # Whether an mma step's products sum in f16 HMMAs rather than FP8 tensor cores, by compute capability (major *
 # 10 + minor) for the e4m3 path: sm_90 lowers it to HMMA.16816.
@@ -69,9 +71,11 @@ E4M3_AS_HMMA = frozenset({90})
 
 def gpu_accumulation_bits(compute_capability: int, mma: int) -> int:
     """``accumulation_bits`` for a GPU of ``compute_capability`` (90 for sm_90) running the scorer's ``mma``
-    path (``kernel.declarations.MMA_E4M3`` or ``MMA_F16``)."""
-    from ..kernel.declarations import MMA_F16
+    path (``kernel.declarations.MMA_E4M3``, ``MMA_F16`` or ``MMA_WGMMA``)."""
+    from ..kernel.declarations import MMA_F16, MMA_WGMMA
 
+    if mma == MMA_WGMMA:  # sm_90a: QGMMA, Hopper's native FP8 tensor cores (sm_90's e4m3 mma.sync is HMMA)
+        return FP8_MMA_ACCUMULATION_BITS
     if mma == MMA_F16 or compute_capability in E4M3_AS_HMMA:
         return HMMA_ACCUMULATION_BITS
     return FP8_MMA_ACCUMULATION_BITS

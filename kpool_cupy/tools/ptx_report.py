@@ -66,7 +66,7 @@ class PtxSummary(PtxAccesses):
 
 def summarize(head_dim: int, kpool: int, dtype: str, arch: str, op: str = "compress") -> PtxSummary:
     """`kpool-cupy ptx` for ``op``'s variant (``tools.variants``): what NVRTC's PTX and ptxas say."""
-    kernel, name = op_variant(op, head_dim, kpool, dtype)
+    kernel, name = op_variant(op, head_dim, kpool, dtype, arch)
     ptx = kernel_ptx(kernel.source, name, arch)
     report = kernel_ptxas_report(kernel.source, name, arch)
     return PtxSummary(

@@ -8,9 +8,11 @@ the query side take no kpool (expand's is the pool width it expands).
 
 from __future__ import annotations
 
+import string
+
 from ..dtypes import element_dtype
 from ..kernel.declarations import MMA_F16, Kernel, tensor_core_for
-from ..kernel.nvrtc import check_variant
+from ..kernel.nvrtc import arch_number, check_variant
 from ..ops import OPS
 
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
@@ -20,8 +22,9 @@ _ELEMENTS = ("T", "G", "KT", "GT", "OT", "DT")
 
 
 def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> tuple[Kernel, str]:
-    """``op``'s kernel and the instance the tools compile for ``arch``; a ValueError naming the argument out of
-    range. The scorer's tensor-core instruction is the one its launcher picks for that architecture."""
+    """``op``'s kernel and the instance the tools compile for ``arch`` ('sm_NN', 'sm_NNa' or 'compute_NN'); a
+    ValueError naming the argument out of range. The scorer's tensor-core instruction is the one its launcher picks
+    for that architecture: wgmma for sm_90a (the arch-specific build), e4m3 mma.sync for sm_90."""
     if op not in OP_KERNELS:
         raise ValueError(f"Invalid op: expected one of {', '.join(OP_KERNELS)}, got {op!r}")
     spec = OP_SPECS[op]
@@ -34,6 +37,7 @@ def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_9
     template = {name: element for name in _ELEMENTS if name in names}
     template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
     if "MMA" in names:  # the instruction the GPU backend picks on that architecture (below sm_80: the f16 one)
-        kind = tensor_core_for(int(arch.removeprefix("sm_").rstrip("a")))
+        number = arch_number(arch)  # "90a" for sm_90a and compute_90a
+        kind = tensor_core_for(int(number.rstrip(string.ascii_lowercase)), sm90a=number.endswith("a"))
         template["MMA"] = MMA_F16 if kind is None else kind
     return kernel, kernel.instance(**template)
