@@ -14,13 +14,21 @@ import pytest
 from click.testing import CliRunner
 
 from kpool_cupy.cli import main
-from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.declarations import (
+    INDEX_LOGITS_FP8,
+    INDEX_VECTOR_CACHE,
+    INDEX_VECTOR_Q,
+    MMA_E4M3,
+    MMA_F16,
+    MMA_WGMMA,
+)
 from kpool_cupy.kernel.sources import kernel_source
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.load_depth import depth_before_first, load_depth
-from kpool_cupy.tools.sass_report import tensor_core_count
+from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
 
 ARCHES = {"sm_80": (MMA_F16, 2), "sm_89": (MMA_E4M3, 1), "sm_90": (MMA_E4M3, 2)}  # (path, instructions a step)
+ARCH_PATHS = {**{arch: mma for arch, (mma, _) in ARCHES.items()}, "sm_90a": MMA_WGMMA}
 
 
 def key_tiles(head_dim: int, mma: int) -> int:
@@ -28,7 +36,7 @@ def key_tiles(head_dim: int, mma: int) -> int:
 
 
 def scorer_sass(head_dim: int, arch: str, vector: int = INDEX_VECTOR_CACHE | INDEX_VECTOR_Q) -> sass.SassSummary:
-    mma = ARCHES[arch][0]
+    mma = ARCH_PATHS[arch]
     name = INDEX_LOGITS_FP8.instance(HEAD_DIM=head_dim, MMA=mma, VECTOR=vector)
     return sass.summarize_sass(INDEX_LOGITS_FP8.source, name, arch=arch)
 
@@ -37,7 +45,7 @@ def mma_inside_a_loop(text: str) -> bool:
     """Every mma instruction lies between a backward branch and its target: the head-tile loop's body."""
     instructions, labels = sass.parse_instructions(text)
     loops = sass.loop_spans(instructions, labels)
-    mmas = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA")]
+    mmas = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA", "QGMMA")]
     return bool(mmas) and all(any(start <= a <= end for start, end in loops) for a in mmas)
 
 
@@ -96,15 +104,15 @@ _PAST_THE_TREE = (
 _ANOTHER_REQUEST = "if (scores && request != keys_of) {"
 
 
-def _engine_path_sass() -> str:
+def _engine_path_sass(mma: int = MMA_E4M3, arch: str = "sm_90") -> str:
     code = kernel_source(INDEX_LOGITS_FP8.source)
     for statement in _PAST_THE_TREE:
         assert code.count(statement) == 1, statement  # the kernel changed: update the cut
         code = code.replace(statement, statement.split(" : ")[0] + " : 0;")
     assert code.count(_ANOTHER_REQUEST) == 2  # one in each path's body
     code = code.replace(_ANOTHER_REQUEST, "if (false) {")
-    name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_E4M3, VECTOR=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q)
-    return sass.summarize_code_sass(code, name, arch="sm_90").sass
+    name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=mma, VECTOR=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q)
+    return sass.summarize_code_sass(code, name, arch=arch).sass
 
 
 @pytest.mark.usefixtures("sass_tools")
@@ -126,24 +134,44 @@ def test_the_first_mma_waits_through_three_round_trips_on_the_decode_path():
     assert depth_before_first(scorer_sass(128, "sm_90").sass) == 6
 
 
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_the_sm90a_build_scores_with_one_qgmma_chain_a_tile(head_dim):
+    # head_dim / 32 QGMMA (m64nNk32, one k-step each) in the token loop, no spills, no 64-bit division in a loop;
+    # the query stage in whole M-tiles (32 KB) and one 8 KB key tile fit under 48 KB of static shared memory.
+    machine = scorer_sass(head_dim, "sm_90a")
+    assert tensor_core_opcodes(machine.sass) == {"QGMMA": head_dim // 32}
+    assert machine.spill_stores == machine.spill_loads == 0
+    assert mma_inside_a_loop(machine.sass)
+    assert divisions_in_loops(machine.sass) == 0
+    assert 32768 + 8192 < machine.shared_bytes <= 48 * 1024
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_first_qgmma_waits_through_three_round_trips_on_the_decode_path():
+    # The same three as the mma.sync path's: the tree with the queries and weights, the pages, the key rows.
+    assert depth_before_first(_engine_path_sass(MMA_WGMMA, "sm_90a")) == 3
+
+
 @pytest.mark.slow
 @pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize(
-    ("arch", "instructions", "registers_at_most", "blocks"),
+    ("arch", "instructions", "registers_at_most", "blocks", "shared"),
     [
-        ("sm_80", "16 HMMA", 200, 3),  # the f16 path: 2 key tiles x 4 steps x 2 m16n8k16
-        ("sm_89", "16 QMMA", 200, 2),  # native e4m3 mma.sync: 4 key tiles x 4 steps
-        ("sm_90", "32 HMMA", 240, 2),  # e4m3 mma.sync lowered to two f16 HMMAs a step (wgmma is not built yet)
-        ("sm_90a", "32 HMMA", 240, 2),  # the same kernel: nothing uses sm_90a's wgmma yet
-        ("sm_120", "16 QMMA", 200, 2),
+        ("sm_80", "16 HMMA", 200, 3, 47288),  # the f16 path: 2 key tiles x 4 steps x 2 m16n8k16
+        ("sm_89", "16 QMMA", 200, 2, 47288),  # native e4m3 mma.sync: 4 key tiles x 4 steps
+        ("sm_90", "32 HMMA", 240, 2, 47288),  # e4m3 mma.sync lowered to two f16 HMMAs a step
+        ("sm_90a", "4 QGMMA", 170, 3, 43920),  # wgmma m64n64k32: one chain of 4 k-steps, its 32 KB query stage
+        ("sm_120", "16 QMMA", 200, 2, 47288),
     ],
 )
 def test_ptx_sass_reports_the_scorers_instructions_registers_and_blocks_at_the_engine_shape(
-    arch, instructions, registers_at_most, blocks
+    arch, instructions, registers_at_most, blocks, shared
 ):
     # The counts `kpool-cupy ptx --sass` prints for head_dim 128, what the engines run, and no spills. Blocks an
     # SM: on sm_80 the registers and the 164 KiB of shared memory both allow 3; the registers bind sm_90 (its
-    # 228 KiB would hold 4 of the 47 KB stages); the stage binds sm_89 and sm_120 (100 KiB).
+    # 228 KiB would hold 4 of the 47 KB stages) and sm_90a (139 registers: 3; its 44 KB would allow 5); the
+    # stage binds sm_89 and sm_120 (100 KiB).
     result = CliRunner().invoke(
         main, ["ptx", "--sass", "--op", "index_logits_fp8", "--head-dim", "128", "--arch", arch]
     )
@@ -153,4 +181,4 @@ def test_ptx_sass_reports_the_scorers_instructions_registers_and_blocks_at_the_e
     assert int(lines["registers"]) <= registers_at_most
     assert lines["spill stores/loads"] == "0 / 0 bytes"
     assert lines["blocks per SM (128-thread blocks)"] == str(blocks)
-    assert lines["static shared memory a block"] == "47288 bytes"
+    assert lines["static shared memory a block"] == f"{shared} bytes"
