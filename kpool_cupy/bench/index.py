@@ -22,7 +22,9 @@ in the same run and of a fixed ``FIXED_ROOF_GBPS`` (``fraction_of_fixed_roof``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +35,7 @@ from .fp8 import CACHE_BLOCK_SIZE, fp8_row_bytes
 from .index_torch import torch_index_composite, torch_index_logits, worst_fraction_of_bound
 from .lifecycle import composite_refusal, device_rotation
 from .stats import bandwidth_gbps, fraction_of, ratios_to
-from .timing import copy_roof, timed_entry
+from .timing import copy_roof, describe, timed_entry
 
 HEAD_DIM = 128  # the engines'
 KPOOL = 4
@@ -199,6 +201,9 @@ def bench_index_logits(shape: IndexShape, samples: int) -> dict[str, Any]:
     want = cupy.array(ours(0), copy=True)
     copy = copy_roof(nbytes, count, samples)
     implementations = {"kpool-cupy": timed_entry(ours, count, samples, nbytes, copy["gbps"])}
+    implementations["kpool-cupy"]["build"] = default_build()
+    if hopper():
+        implementations["kpool-cupy-sm90a"] = _sm90a_entry(ours, want, count, samples, nbytes, copy["gbps"])
     held = 4 * shape.requests * shape.pools * (HEAD_DIM + shape.next_n * shape.heads)
     if held > COMPOSITE_BYTES:
         implementations["cupy-composite"] = {"skipped": f"it would hold {held / 2**30:.0f} GiB of float32"}
@@ -238,6 +243,60 @@ def bench_index_logits(shape: IndexShape, samples: int) -> dict[str, Any]:
         "copy": copy,
         "implementations": implementations,
     }
+
+
+def hopper() -> bool:
+    """Whether the current device has compute capability 9.0, where the scorer has two builds."""
+    import cupy
+
+    return str(cupy.cuda.Device().compute_capability) == "90"
+
+
+def default_build() -> str:
+    """The build ``kpool-cupy`` ran: the device's own, or on compute capability 9.0 KPOOL_CUPY_SM90_BUILD's."""
+    from ..backends.cupy import sm90_build
+
+    return sm90_build() if hopper() else "device"
+
+
+@contextmanager
+def sm90_build_of(build: str) -> Iterator[None]:
+    """Calls inside take ``build`` ("sm_90a" or "sm_90") on compute capability 9.0; plans (which replay the kernel
+    their first call chose) are dropped on entry and exit."""
+    from ..backends import cupy_plans
+    from ..backends.cupy import SM90_BUILD_VARIABLE
+
+    saved = os.environ.get(SM90_BUILD_VARIABLE)
+    os.environ[SM90_BUILD_VARIABLE] = build
+    cupy_plans.forget_all()
+    try:
+        yield
+    finally:
+        cupy_plans.forget_all()
+        if saved is None:
+            os.environ.pop(SM90_BUILD_VARIABLE, None)
+        else:
+            os.environ[SM90_BUILD_VARIABLE] = saved
+
+
+def _sm90a_entry(
+    ours: Callable[[int], Any], want: Any, count: int, samples: int, nbytes: int, copy_gbps: float
+) -> dict[str, Any]:
+    """The sm_90a build (wgmma) on the same sets: timed, and set 0 compared with ``want`` (the default build's;
+    the two sum in different orders)."""
+    import cupy
+
+    try:
+        with sm90_build_of("sm_90a"):
+            got = cupy.array(ours(0), copy=True)
+            entry = timed_entry(ours, count, samples, nbytes, copy_gbps)
+    except Exception as error:  # a build that does not load is recorded; the sweep goes on
+        return {"failed": describe(error)}
+    finite = cupy.isfinite(want)
+    entry["build"] = "sm_90a"
+    entry["max_abs_diff_vs_kpool_cupy"] = float(cupy.abs(cupy.where(finite, got - want, 0)).max()) if want.size else 0.0
+    entry["same_minus_inf_as_kpool_cupy"] = bool(cupy.array_equal(cupy.isneginf(got), cupy.isneginf(want)))
+    return entry
 
 
 def _torch_entry(
