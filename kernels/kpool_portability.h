@@ -3,11 +3,12 @@
 // compiler for the CPU emulator.
 //
 // Under NVRTC (__CUDACC__) this header names the bit casts, the 16-byte and
-// 8-byte accesses, the softmax's approximate exp2 and reciprocal and the
-// correctly rounded divisions; everything else is NVRTC's own. A host build
-// gets the same names, and the CUDA built-ins, from the emulator's headers
-// in kernels/emulator/ (kpool_emulator.h: the launch; kpool_builtins.h: the
-// built-ins; kpool_fibers.h: threads that cooperate), which
+// 8-byte accesses, the softmax's approximate exp2 and reciprocal, the
+// correctly rounded divisions and the block's dynamic shared memory;
+// everything else is NVRTC's own. A host build gets the same names, and the
+// CUDA built-ins, from the emulator's headers in kernels/emulator/
+// (kpool_emulator.h: the launch; kpool_builtins.h: the built-ins;
+// kpool_fibers.h: threads that cooperate, and shared memory), which
 // kpool_cupy/emulator/toolchain.py puts before the kernel text. NVRTC's
 // text holds none of them.
 #ifndef KPOOL_PORTABILITY_H
@@ -97,6 +98,12 @@ static __device__ __forceinline__ void kp_mma_f16_m16n8k16(float (&d)[4], const 
 #define KP_THREADS_COOPERATE(when) \
     do {                           \
     } while (0)
+// KP_DYNAMIC_SHARED(name); declares the block's dynamic shared memory (the
+// launch's shared_mem bytes) as unsigned char name[], 1024-byte aligned:
+// wgmma's 128-byte swizzle reads address bits 7-9, so a tile there starts on
+// a 1024-byte boundary. Every declaration names the same bytes. Above 48 KB
+// the launch needs the function's opt-in (backends/cupy_launch.py).
+#define KP_DYNAMIC_SHARED(name) extern __shared__ __align__(1024) unsigned char name[]
 
 #else  // host compiler: the emulator defines all of the above
 

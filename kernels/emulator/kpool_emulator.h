@@ -5,8 +5,9 @@
 // without it, and NVRTC never sees it.
 //
 // kpool_builtins.h defines the CUDA built-ins with the same meaning,
-// kpool_fibers.h the threads that cooperate, kpool_mma.h and kpool_wgmma.h
-// the warp's and the warpgroup's matrix instructions, and this header the launch:
+// kpool_fibers.h the threads that cooperate and the block's dynamic shared
+// memory, kpool_mma.h and kpool_wgmma.h the warp's and the warpgroup's
+// matrix instructions, and this header the launch:
 // kp_emulate_launch runs a grid one thread after another, which is faithful
 // for a kernel whose threads never wait for each other. A kernel whose
 // threads cooperate (warp shuffles, __syncwarp, __syncthreads, static
@@ -51,6 +52,7 @@ void kp_emulate_grid(void (*kernel)(Params...), dim3 grid, dim3 block, void** ar
         for (unsigned int by = 0; by < grid.y; ++by)
             for (unsigned int bx = 0; bx < grid.x; ++bx) {
                 blockIdx = dim3{bx, by, bz};
+                kp_dynamic_shared_block_start();
                 for (unsigned int tz = 0; tz < block.z; ++tz)
                     for (unsigned int ty = 0; ty < block.y; ++ty)
                         for (unsigned int tx = 0; tx < block.x; ++tx) {
@@ -93,10 +95,14 @@ struct KpFlushSubnormals {
 #error "kpool emulator: no flush-to-zero control known for this CPU; the emulator would not predict the GPU"
 #endif
 
-// Runs the launch and returns how many 16-byte accesses it made.
+// Runs the launch, each block with shared_bytes of dynamic shared memory
+// (KP_DYNAMIC_SHARED: kpool_fibers.h), and returns how many 16-byte accesses
+// it made.
 template <typename... Params>
-unsigned long long kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args) {
+unsigned long long kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 block, void** args,
+                                     std::size_t shared_bytes = 0) {
     const KpFlushSubnormals flush;
+    const KpDynamicSharedLaunch dynamic_shared(shared_bytes);
     kp_vector_accesses = 0;
     kp_emulate_grid(kernel, grid, block, args, std::index_sequence_for<Params...>{});
     return kp_vector_accesses;

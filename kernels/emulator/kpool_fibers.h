@@ -1,6 +1,7 @@
 // Threads that cooperate, on the host: fibers, warp shuffles, __syncwarp,
-// __syncthreads, static __shared__ arrays and KP_THREADS_COOPERATE. Host
-// builds only; kpool_emulator.h includes it.
+// __syncthreads, static __shared__ arrays, the block's dynamic shared memory
+// (KP_DYNAMIC_SHARED) and KP_THREADS_COOPERATE. Host builds only;
+// kpool_emulator.h includes it.
 //
 // A kernel whose threads cooperate opens with KP_THREADS_COOPERATE(true);
 // every other kernel runs kp_emulate_grid's plain loop (kpool_emulator.h),
@@ -30,9 +31,19 @@
 //
 // __shared__ is static thread_local: one array per instantiation and host
 // thread, which every fiber of the running block sees, and which the next
-// block finds as this one left it (a GPU's is undefined there too). Only
-// static __shared__ arrays exist; there is no dynamic shared memory.
+// block finds as this one left it (a GPU's is undefined there too).
 // AddressSanitizer gives thread-local arrays no redzones.
+//
+// KP_DYNAMIC_SHARED(name) (kpool_portability.h spells it for NVRTC) gives
+// name as an unsigned char* to the launch's dynamic shared memory: one heap
+// buffer of exactly the launch's bytes (kp_emulate_launch's shared_bytes),
+// 1024-byte aligned, the same for every thread of the block, wherever it is
+// declared. Each block finds it filled with kp_dynamic_shared_poison, not
+// as the block before left it: a GPU leaves it undefined, and poison makes
+// a read before a write show. AddressSanitizer sees a read or write past
+// its end. A launch of 0 bytes points it at a page nobody may touch, so a
+// thread that touches it faults in any build (an illegal address on a GPU);
+// declaring it there and not touching it is fine, as on a GPU.
 #ifndef KPOOL_FIBERS_H
 #define KPOOL_FIBERS_H
 
@@ -51,6 +62,7 @@
 #include "kpool_builtins.h"
 
 #define __shared__ static thread_local
+#define KP_DYNAMIC_SHARED(name) unsigned char* const name = kp_dynamic_shared()
 #define KP_THREADS_COOPERATE(when)                                       \
     do {                                                                 \
         if constexpr (static_cast<bool>(when)) {                         \
@@ -247,6 +259,63 @@ inline thread_local unsigned long long kp_block_serial = 0;
     va_end(list);
     std::fflush(stderr);
     std::abort();
+}
+
+// Every byte of a block's dynamic shared memory at the block's start: NaN
+// in float32, bf16, fp16 and e4m3fn, -1 as a signed integer and the largest
+// value as an unsigned one.
+constexpr unsigned char kp_dynamic_shared_poison = 0xff;
+// The alignment KP_DYNAMIC_SHARED declares: wgmma's 128-byte swizzle XORs
+// address bits 4-6 with bits 7-9, so its tiles start on 1024 bytes.
+constexpr std::size_t kp_dynamic_shared_align = 1024;
+
+// The running launch's dynamic shared memory. Internal linkage, like
+// kp_fiber_pool: each kernel library its own.
+struct KpDynamicShared {
+    unsigned char* data = nullptr;  // exactly `bytes` bytes; null when the launch has none
+    std::size_t bytes = 0;
+};
+static thread_local KpDynamicShared kp_dynamic_shared_memory;
+
+// Where KP_DYNAMIC_SHARED points in a launch of 0 bytes: a page without
+// access (page-aligned, so 1024-aligned too), mapped once per library the
+// first time such a launch declares it, and kept.
+static inline unsigned char* kp_no_dynamic_shared() {
+    static unsigned char* const page = [] {
+        const std::size_t size = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+        void* map = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (map == MAP_FAILED) kp_fail("cannot map the page that stands for no dynamic shared memory");
+        return static_cast<unsigned char*>(map);
+    }();
+    return page;
+}
+
+static inline unsigned char* kp_dynamic_shared() {
+    return kp_dynamic_shared_memory.bytes > 0 ? kp_dynamic_shared_memory.data : kp_no_dynamic_shared();
+}
+
+// A launch's dynamic shared memory, allocated for the length of the launch.
+struct KpDynamicSharedLaunch {
+    explicit KpDynamicSharedLaunch(std::size_t bytes) {
+        void* data = nullptr;
+        if (bytes > 0 && posix_memalign(&data, kp_dynamic_shared_align, bytes) != 0)
+            kp_fail("cannot allocate %zu bytes of dynamic shared memory", bytes);
+        kp_dynamic_shared_memory.data = static_cast<unsigned char*>(data);
+        kp_dynamic_shared_memory.bytes = bytes;
+    }
+    ~KpDynamicSharedLaunch() {
+        std::free(kp_dynamic_shared_memory.data);
+        kp_dynamic_shared_memory = KpDynamicShared{};
+    }
+    KpDynamicSharedLaunch(const KpDynamicSharedLaunch&) = delete;
+    KpDynamicSharedLaunch& operator=(const KpDynamicSharedLaunch&) = delete;
+};
+
+// A block starts: its dynamic shared memory holds poison, whatever the
+// block before wrote.
+static inline void kp_dynamic_shared_block_start() {
+    if (kp_dynamic_shared_memory.bytes > 0)
+        std::memset(kp_dynamic_shared_memory.data, kp_dynamic_shared_poison, kp_dynamic_shared_memory.bytes);
 }
 
 inline void kp_switch(KpContext& from, KpContext& to) {
@@ -678,6 +747,7 @@ inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args,
             for (unsigned int bx = 0; bx < grid.x; ++bx) {
                 blockIdx = dim3{bx, by, bz};
                 ++kp_block_serial;
+                kp_dynamic_shared_block_start();
                 for (unsigned int rank = 0; rank < count; ++rank) {
                     KpFiber& f = run.fibers[rank];
                     f = KpFiber{};

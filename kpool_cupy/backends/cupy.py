@@ -19,6 +19,7 @@ from ..ops.framework.binding import Binding, execute
 from ..ops.framework.spec import Launch, OpSpec, Option, gather, spread
 from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
+from .cupy_launch import launch_function
 
 # Which build of the scorer and the fused select a GPU of compute capability 9.0 runs: "sm_90a" (Hopper's wgmma,
 # MMA_WGMMA) or "sm_90" (e4m3 mma.sync, MMA_E4M3). Other devices do not read it.
@@ -128,7 +129,7 @@ class CupyBackend:
     def launch(self, launch: Launch) -> None:
         sm90a = builds_for_sm90a(launch.template)
         kernel = kernel_function(launch.kernel.source, launch.instance, self.device_id, sm90a=sm90a)
-        kernel((launch.geometry.grid,), (launch.geometry.block,), launch.arguments)
+        launch_function(kernel, launch.geometry, launch.arguments)
         self.launched.append((launch, kernel))
 
 

@@ -10,7 +10,10 @@ kernel, the geometry, which argument is which operand, the constants, the
 results. A later call with the same signature passes the same checks by
 construction, so it only redoes what depends on the addresses: the overlap
 rule (a byte-range test that sends any possible overlap back to the full
-path, which decides and names the arguments) and the argument tuple.
+path, which decides and names the arguments) and the argument tuple. A
+launch with dynamic shared memory replays with the same ``shared_mem``: the
+full call launched through ``cupy_launch.launch_function``, which raised the
+function's limit where it had to, and the function keeps it.
 
 The fast path is written to make few Python calls (tests/test_host_path.py
 counts them): one function, loops, no helpers.
@@ -35,6 +38,7 @@ class LaunchPlan:
     device_id: int
     grid: tuple[int]
     block: tuple[int]
+    shared_bytes: int  # dynamic shared memory a block; the full call opted the function in (cupy_launch)
     slots: tuple[int, ...]  # per kernel argument: the operand it passes, or -1 for a constant
     constants: tuple[Any, ...]  # per kernel argument: the constant, or None where an operand goes
     results: tuple[int, ...] | None  # the operands the call returns, in order; None: it returns None
@@ -111,6 +115,7 @@ def make_plan(
         device_id=device_id,
         grid=(launch.geometry.grid,),
         block=(launch.geometry.block,),
+        shared_bytes=launch.geometry.shared_bytes,
         slots=tuple(slots),
         constants=tuple(constants),
         results=None if results is None else tuple(results),
@@ -161,7 +166,7 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any) -> Any:
         if slots[position] >= 0:
             arguments[position] = arrays[slots[position]]
     with cupy.cuda.Device(plan.device_id):
-        plan.function(plan.grid, plan.block, tuple(arguments))
+        plan.function(plan.grid, plan.block, tuple(arguments), shared_mem=plan.shared_bytes)
     if plan.results is None:
         return None
     if plan.single:

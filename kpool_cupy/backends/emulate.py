@@ -10,7 +10,8 @@ from .host import HostMemory, host_binding
 class EmulateBackend(HostMemory):
     def launch(self, launch: Launch) -> None:
         geometry = launch.geometry
-        emulator.launch(launch.kernel.source, launch.instance, geometry.grid, geometry.block, launch.arguments)
+        shared = geometry.shared_bytes  # dynamic shared memory a block
+        emulator.launch(launch.kernel.source, launch.instance, geometry.grid, geometry.block, launch.arguments, shared)
 
 
 _BACKEND = EmulateBackend()

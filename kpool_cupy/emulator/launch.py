@@ -24,6 +24,7 @@ class EmulatedLaunch:
     block: int
     vector_accesses: int  # 16-byte loads and stores the kernel made
     cooperative: bool = False  # ran as fibers (KP_THREADS_COOPERATE), not one thread after another
+    shared_bytes: int = 0  # dynamic shared memory each block had (KP_DYNAMIC_SHARED)
 
 
 _records = threading.local()
@@ -69,20 +70,43 @@ def _check_widths(library: ctypes.CDLL, kernel_name: str, values: list[ctypes._S
             )
 
 
-def launch_code(code: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None:
-    """Run ``kernel_name`` of the kernel text ``code`` over ``grid`` x ``block`` threads."""
+# The most dynamic shared memory any GPU gives a block: 227 KiB, the opt-in
+# limit of compute capability 9.0 and 10.0 (CUDA C++ Programming Guide,
+# "Technical Specifications per Compute Capability"; sm_80 has 163 KiB, sm_86,
+# sm_89 and sm_120 99 KiB). The emulator refuses more: no GPU would launch it.
+MAX_SHARED_BYTES = 227 * 1024
+
+
+def check_shared_bytes(shared_bytes: int) -> None:
+    """Refuse a dynamic shared memory size no GPU launches (negative, or above ``MAX_SHARED_BYTES``)."""
+    if not 0 <= shared_bytes <= MAX_SHARED_BYTES:
+        raise ValueError(
+            f"Invalid shared_bytes: expected 0 to {MAX_SHARED_BYTES} bytes of dynamic shared memory a block "
+            f"(227 KiB, the most a GPU gives), got {shared_bytes}"
+        )
+
+
+def launch_code(
+    code: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...], shared_bytes: int = 0
+) -> None:
+    """Run ``kernel_name`` of the kernel text ``code`` over ``grid`` x ``block`` threads, each block with
+    ``shared_bytes`` of dynamic shared memory (``KP_DYNAMIC_SHARED``)."""
+    check_shared_bytes(shared_bytes)
     library = load_code(code, kernel_name)
     values = [_c_value(a) for a in args]  # kept alive until the call returns
     _check_widths(library, kernel_name, values)
     pointers = (ctypes.c_void_p * len(values))(*[ctypes.cast(ctypes.byref(v), ctypes.c_void_p) for v in values])
-    accesses = getattr(library, ENTRY)(grid, block, pointers)
+    accesses = getattr(library, ENTRY)(grid, block, shared_bytes, pointers)
     launches = getattr(_records, "launches", None)
     if launches is not None:
         # ctypes calls on this OS thread, so the flag is this launch's.
         cooperated = bool(getattr(library, COOPERATED)())
-        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated))
+        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated, shared_bytes))
 
 
-def launch(source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...]) -> None:
-    """Run ``kernel_name`` of kernels/``source_file`` over ``grid`` x ``block`` threads with CUDA-style arguments."""
-    launch_code(kernel_source(source_file), kernel_name, grid, block, args)
+def launch(
+    source_file: str, kernel_name: str, grid: int, block: int, args: tuple[Any, ...], shared_bytes: int = 0
+) -> None:
+    """Run ``kernel_name`` of kernels/``source_file`` over ``grid`` x ``block`` threads with CUDA-style arguments,
+    each block with ``shared_bytes`` of dynamic shared memory."""
+    launch_code(kernel_source(source_file), kernel_name, grid, block, args, shared_bytes)

@@ -84,14 +84,17 @@ def _compiler_identity(path: str) -> str:
 
 def _shim(code: str, kernel_name: str) -> str:
     # The emulator's headers, the whole kernel text, and three C entry points:
-    # run the grid (returning its 16-byte access count), report the
-    # parameters' sizes, and say whether this host thread's last launch ran as
-    # fibers. The cache key hashes this text, the emulator's headers included.
+    # run the grid with a block's dynamic shared memory (returning its 16-byte
+    # access count), report the parameters' sizes, and say whether this host
+    # thread's last launch ran as fibers. The cache key hashes this text, the
+    # emulator's headers included.
     return (
         kernel_source(EMULATOR_HEADER)
         + code
-        + f'\nextern "C" unsigned long long {ENTRY}(unsigned int grid, unsigned int block, void** args) {{\n'
-        + f"    return kp_emulate_launch(&{kernel_name}, dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, args);\n}}\n"
+        + f'\nextern "C" unsigned long long {ENTRY}(unsigned int grid, unsigned int block, '
+        + "unsigned long long shared_bytes, void** args) {\n"
+        + f"    return kp_emulate_launch(&{kernel_name}, dim3{{grid, 1, 1}}, dim3{{block, 1, 1}}, args, "
+        + "shared_bytes);\n}\n"
         + f'extern "C" int {SIZES}(unsigned long long* sizes, int capacity) {{\n'
         + f"    return kp_param_sizes(&{kernel_name}, sizes, capacity);\n}}\n"
         + f'extern "C" int {COOPERATED}() {{ return kp_launch_cooperated; }}\n'
@@ -124,7 +127,8 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
         if not target.is_file():
             _build(cxx, flags, text, target)
         library = ctypes.CDLL(str(target))
-        getattr(library, ENTRY).argtypes = (ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p))
+        entry = (ctypes.c_uint, ctypes.c_uint, ctypes.c_ulonglong, ctypes.POINTER(ctypes.c_void_p))
+        getattr(library, ENTRY).argtypes = entry  # grid, block, dynamic shared bytes, the arguments
         getattr(library, ENTRY).restype = ctypes.c_ulonglong
         getattr(library, SIZES).argtypes = (ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_int)
         getattr(library, SIZES).restype = ctypes.c_int

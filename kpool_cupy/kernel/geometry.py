@@ -35,6 +35,9 @@ class LaunchGeometry:
     grid: int
     block: int
     items: int  # work items (pools, requests or elements) the grid covers, surplus ones included
+    # Dynamic shared memory a block, in bytes: CuPy's shared_mem, the emulator's buffer (KP_DYNAMIC_SHARED). Above
+    # 48 KB (less the kernel's static shared memory) the GPU launch opts the function in (backends/cupy_launch).
+    shared_bytes: int = 0
 
 
 def group_geometry(head_dim: int, groups: int) -> LaunchGeometry:
@@ -99,6 +102,17 @@ INDEX_TARGET_BLOCKS = 2048
 WGMMA_KEY_BYTES = 8192
 WGMMA_ROWS = 64
 WGMMA_STAGE_BYTES = 32768
+
+
+def index_select_shared_bytes(heads: int, head_dim: int, mma: int) -> int:
+    """The fused select's dynamic shared memory a block (kp::WgmmaSelectShared): none on the mma.sync paths; on
+    the wgmma path, for each of 2 warpgroups a key tile and its keys' scales, presence and 4 warps' partial sums,
+    then the token's weights and query rows in whole M-tiles of 64."""
+    if mma != MMA_WGMMA:
+        return 0
+    keys = WGMMA_KEY_BYTES // head_dim
+    rows = -(-heads // WGMMA_ROWS) * WGMMA_ROWS
+    return 2 * (WGMMA_KEY_BYTES + (1 + 1 + 4) * 4 * keys) + rows * (4 + head_dim)
 
 
 def index_block_pools(head_dim: int, mma: int) -> int:

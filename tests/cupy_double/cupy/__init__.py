@@ -285,27 +285,56 @@ def _record_launch(code: str, name: str) -> None:
             handle.write(f"{_source_of(code)}\t{name}\n")
 
 
+# A function's dynamic shared memory limit until it is raised (48 KB: the double knows no static shared memory),
+# and the most it can be raised to (227 KB, Hopper's opt-in limit).
+DEFAULT_DYNAMIC_SHARED_BYTES = 48 * 1024
+MAX_DYNAMIC_SHARED_BYTES = 227 * 1024
+
+
+class RawKernel:
+    """A loaded kernel: each call queues its launch on the emulator, each block with ``shared_mem`` bytes of
+    dynamic shared memory. As CUDA does, a launch of more than ``max_dynamic_shared_size_bytes`` fails, and
+    setting that attribute above the opt-in limit fails."""
+
+    def __init__(self, code: str, name: str) -> None:
+        self.code, self.name = code, name
+        self._launched = False
+        self._max_dynamic_shared = DEFAULT_DYNAMIC_SHARED_BYTES
+
+    @property
+    def max_dynamic_shared_size_bytes(self) -> int:
+        return self._max_dynamic_shared
+
+    @max_dynamic_shared_size_bytes.setter
+    def max_dynamic_shared_size_bytes(self, value: int) -> None:
+        if not 0 <= value <= MAX_DYNAMIC_SHARED_BYTES:
+            raise RuntimeError(f"CUDA_ERROR_INVALID_VALUE: max_dynamic_shared_size_bytes {value} for {self.name}")
+        self._max_dynamic_shared = int(value)
+
+    def __call__(self, grid, block, args, shared_mem=0, stream=None) -> None:
+        from kpool_cupy.emulator.launch import launch_code
+
+        if shared_mem > self._max_dynamic_shared:
+            raise RuntimeError(
+                f"CUDA_ERROR_INVALID_VALUE: {self.name} launched with {shared_mem} bytes of dynamic shared memory, "
+                f"its max_dynamic_shared_size_bytes is {self._max_dynamic_shared}"
+            )
+        if not self._launched:
+            self._launched = True
+            _record_launch(self.code, self.name)
+        code, name, arguments, shared = self.code, self.name, tuple(args), int(shared_mem)
+
+        def run() -> None:
+            launch_code(code, name, int(grid[0]), int(block[0]), arguments, shared)
+
+        cuda._enqueue(stream, run, name)
+
+
 class RawModule:
     """Compiles nothing: get_function returns a launcher of the emulated kernel built from the same text."""
 
     def __init__(self, code: str, options=(), name_expressions=()) -> None:
         self.code = code
 
-    def get_function(self, name: str):
-        code = self.code
-        first = [True]
-
-        def launch(grid, block, args, shared_mem=0, stream=None) -> None:
-            from kpool_cupy.emulator.launch import launch_code
-
-            if first[0]:
-                first[0] = False
-                _record_launch(code, name)
-            arguments = tuple(args)
-
-            def run() -> None:
-                launch_code(code, name, int(grid[0]), int(block[0]), arguments)
-
-            cuda._enqueue(stream, run, name)
-
-        return launch
+    def get_function(self, name: str) -> RawKernel:
+        return RawKernel(self.code, name)
