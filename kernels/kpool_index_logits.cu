@@ -233,10 +233,8 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
 template <int HEAD_DIM, int VECTOR, typename IO, typename IC>
 __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     constexpr int N = wgmma_keys<HEAD_DIM>();
-    constexpr int kPieces = HEAD_DIM / 16;  // 16-byte pieces of a row
     constexpr int kStageTiles = kWgmmaStageBytes / (kWgmmaRows * HEAD_DIM);
     constexpr int kStageRows = kStageTiles * kWgmmaRows;
-    constexpr int kStageRound = 8;  // pieces a thread loads before it stores them
     constexpr bool kVectorCache = (VECTOR & kIndexVectorCache) != 0;
     constexpr bool kVectorQ = (VECTOR & kIndexVectorQ) != 0;
     static_assert(kWgmmaThreads == kIndexThreads, "the block is one warpgroup");
@@ -272,7 +270,7 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     const int thread = static_cast<int>(threadIdx.x);
     const int head_count = static_cast<int>(heads);
     const int token_tiles_m = (head_count + kWgmmaRows - 1) / kWgmmaRows;  // M-tiles a token
-    const int token_rows = token_tiles_m * kWgmmaRows, rows = tokens * token_rows, pieces = rows * kPieces;
+    const int token_rows = token_tiles_m * kWgmmaRows, rows = tokens * token_rows;
     const float minus_infinity = kp_bits_to_float(0xff800000u);
 
     // The prologue, one round trip: the tree, the weights and the query rows (piece i of the stage at byte 16 i).
@@ -287,24 +285,8 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
         const int head = i - static_cast<int>(token) * token_rows;
         w[k] = i < rows && head < head_count ? weights[(token_begin + token) * weights_stride + head] : 0.0f;
     }
-    for (int first = 0; first < pieces; first += kIndexThreads * kStageRound) {
-        uint4 v[kStageRound];
-#pragma unroll
-        for (int k = 0; k < kStageRound; ++k) {
-            const int i = first + k * kIndexThreads + thread;
-            const unsigned int row = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(i));
-            const unsigned int token = row / token_rows, head = row - token * token_rows;
-            v[k] = uint4{0u, 0u, 0u, 0u};
-            if (i < pieces && head < static_cast<unsigned int>(head_count))
-                v[k] = load_piece16<kVectorQ>(q + (token_begin + token) * q_token_stride + head * q_head_stride +
-                                              16 * wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(i)));
-        }
-#pragma unroll
-        for (int k = 0; k < kStageRound; ++k) {
-            const int i = first + k * kIndexThreads + thread;
-            if (i < pieces) q_words[i] = v[k];
-        }
-    }
+    wgmma_stage_queries<HEAD_DIM, kIndexThreads, kVectorQ>(q, q_token_stride, q_head_stride, head_count, token_begin,
+                                                          tokens, token_rows, thread, q_words);
 #pragma unroll
     for (int k = 0; k < kWeightRounds; ++k) {
         const int i = thread + k * kIndexThreads;

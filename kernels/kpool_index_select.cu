@@ -22,6 +22,7 @@
 // workspace is clamped to pool_topk, and nothing outside the arrays is read
 // or written.
 #include "kpool_index.cuh"
+#include "kpool_index_wgmma.cuh"
 #include "kpool_select.cuh"
 
 namespace kp {
@@ -76,7 +77,6 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                            long long splits) {
     KP_THREADS_COOPERATE(true);
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
-    static_assert(MMA == kp::kMmaE4m3 || MMA == kp::kMmaF16, "no wgmma path yet: it must sum as the scorer's does");
     constexpr int NT = kp::index_key_tiles<HEAD_DIM, MMA>();  // the scorer's
     constexpr int kCalls = kp::kSelectChunk / kp::kSelectWarps / (8 * NT);  // a warp's score_token calls a chunk
     constexpr bool kVectorCache = (VECTOR & 1) != 0;
@@ -115,8 +115,59 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
         const unsigned char* q_token = q + token * q_token_stride;
         const float* w_token = weights + token * weights_stride;
         const float minus_infinity = kp_bits_to_float(0xff800000u);
+        if constexpr (MMA == kp::kMmaWgmma) {
+            // The token's query rows and weights, staged once for its chunks.
+            KP_DYNAMIC_SHARED(dynamic);
+            const kp::WgmmaSelectShared<HEAD_DIM> shared(dynamic, heads);
+            const int head_count = static_cast<int>(heads);
+            const int token_rows = (head_count + kp::kWgmmaRows - 1) / kp::kWgmmaRows * kp::kWgmmaRows;
+            for (int h = static_cast<int>(threadIdx.x); h < token_rows; h += kp::kSelectThreads)
+                shared.weights[h] = h < head_count ? w_token[h] : 0.0f;
+            kp::wgmma_stage_queries<HEAD_DIM, kp::kSelectThreads, kVectorQ>(
+                q, q_token_stride, q_head_stride, head_count, token, 1, token_rows, static_cast<int>(threadIdx.x),
+                reinterpret_cast<uint4*>(shared.queries));
+        }
         for (long long base = lo; base < hi; base += kp::kSelectChunk) {
-            for (int call = 0; call < kCalls; ++call) {
+            if constexpr (MMA == kp::kMmaWgmma) {
+                // Warpgroup `group` scores pools base + kHalf group + N c, c < kChains, with the scorer's routine:
+                // every thread takes every step (the barriers), a chain past hi scores nothing.
+                constexpr int N = kp::wgmma_keys<HEAD_DIM>();
+                constexpr int kHalf = kp::kSelectChunk / kp::kWgmmaSelectGroups;
+                constexpr int kChains = kHalf / N;
+                const int group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
+                const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
+                KP_DYNAMIC_SHARED(dynamic);
+                const kp::WgmmaSelectShared<HEAD_DIM> shared(dynamic, heads);
+                unsigned char* const key_tile = shared.key_tile(group);
+                float* const key_scale = shared.key_scale(group);
+                int* const key_present = shared.key_present(group);
+                float* const partial = shared.partial(group);
+                const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;
+                for (int c = 0; c < kChains; ++c) {
+                    const long long first_pool = base + kHalf * group + N * c;
+                    const bool scores = first_pool < hi;  // the same in every thread of the warpgroup
+                    if (scores) {
+                        kp::WgmmaKeyPart<HEAD_DIM> part;
+                        kp::wgmma_find_key_pages<HEAD_DIM>(first_pool, hi, cache_block_table + request * table_stride,
+                                                           table_columns, kp::block_size32(cache_block_size), member,
+                                                           part);
+                        kp::wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, cache_block_size,
+                                                                        member, part);
+                        kp::wgmma_store_key_part<HEAD_DIM>(part, member, key_tile, key_scale, key_present);
+                    }
+                    kp_fence_proxy_async();
+                    __syncthreads();
+                    if (scores)
+                        kp::wgmma_head_sums<HEAD_DIM>(shared.queries, tiles, static_cast<int>(heads), shared.weights,
+                                                      key_tile, key_scale, member, partial);
+                    __syncthreads();
+                    if (scores && member < N && first_pool + member < hi)
+                        chunk_logits[first_pool + member - base] =
+                            key_present[member] != 0 ? kp::wgmma_logit<HEAD_DIM>(partial, member) : minus_infinity;
+                    __syncthreads();  // the next chain's stores wait for these reads
+                }
+            }
+            for (int call = 0; call < (MMA == kp::kMmaWgmma ? 0 : kCalls); ++call) {
                 const long long first_pool = base + (warp * kCalls + call) * (8 * NT);
                 if (first_pool >= hi) break;  // the same in every lane of the warp
                 kp::Bytes8 keys[NT][HEAD_DIM / 32];

@@ -59,6 +59,36 @@ __device__ __forceinline__ unsigned long long wgmma_step_desc(const unsigned cha
     return kp_wgmma_desc(tile + 256 * s, 128, 8 * HEAD_DIM, kp_swizzle_none);
 }
 
+// The query rows of `tokens` tokens from token_begin into a stage of whole
+// M-tiles (piece i at byte 16 i), each token's heads padded with zero rows to
+// token_rows. THREADS threads call it together; every load of a round is
+// issued before any is stored.
+template <int HEAD_DIM, int THREADS, bool VECTOR_Q>
+__device__ __forceinline__ void wgmma_stage_queries(const unsigned char* q, long long q_token_stride,
+                                                    long long q_head_stride, int heads, long long token_begin,
+                                                    int tokens, int token_rows, int thread, uint4* stage) {
+    constexpr int kRound = 8;  // pieces a thread loads before it stores them
+    const int pieces = tokens * token_rows * (HEAD_DIM / 16);
+    for (int first = 0; first < pieces; first += THREADS * kRound) {
+        uint4 v[kRound];
+#pragma unroll
+        for (int k = 0; k < kRound; ++k) {
+            const int i = first + k * THREADS + thread;
+            const unsigned int row = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(i));
+            const unsigned int token = row / token_rows, head = row - token * token_rows;
+            v[k] = uint4{0u, 0u, 0u, 0u};
+            if (i < pieces && head < static_cast<unsigned int>(heads))
+                v[k] = load_piece16<VECTOR_Q>(q + (token_begin + token) * q_token_stride + head * q_head_stride +
+                                              16 * wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(i)));
+        }
+#pragma unroll
+        for (int k = 0; k < kRound; ++k) {
+            const int i = first + k * THREADS + thread;
+            if (i < pieces) stage[i] = v[k];
+        }
+    }
+}
+
 // What one thread stages of a key tile: pieces i = thread + 128 k (k < 4),
 // all piece `piece` of rows row0 + kRowStep k. The pages come first
 // (find_key_pages with that step), the bytes and scales from them next,
@@ -174,6 +204,36 @@ __device__ __forceinline__ float wgmma_logit(const float* partial, int column) {
     constexpr int N = wgmma_keys<HEAD_DIM>();
     return ((partial[column] + partial[N + column]) + partial[2 * N + column]) + partial[3 * N + column];
 }
+
+// The fused select's dynamic shared memory on this path, in this order:
+// for each of its two warpgroups a key tile, the keys' scales and presence
+// and the warps' partial sums, then the token's weights and its query rows,
+// each in whole M-tiles of 64 rows (ops/index_select_fp8.py sizes the
+// launch by the same sum: index_select_shared_bytes).
+constexpr int kWgmmaSelectGroups = 2;
+
+template <int HEAD_DIM>
+struct WgmmaSelectShared {
+    static constexpr int N = wgmma_keys<HEAD_DIM>();
+    static constexpr int kGroupBytes = kWgmmaKeyBytes + (1 + 1 + 4) * 4 * N;  // tile, scales, presence, partials
+    unsigned char* base;
+    float* weights;
+    unsigned char* queries;
+    __device__ __forceinline__ WgmmaSelectShared(unsigned char* dynamic, long long heads)
+        : base(dynamic),
+          weights(reinterpret_cast<float*>(dynamic + kWgmmaSelectGroups * kGroupBytes)),
+          queries(reinterpret_cast<unsigned char*>(weights + (heads + kWgmmaRows - 1) / kWgmmaRows * kWgmmaRows)) {}
+    __device__ __forceinline__ unsigned char* key_tile(int group) const { return base + group * kGroupBytes; }
+    __device__ __forceinline__ float* key_scale(int group) const {
+        return reinterpret_cast<float*>(key_tile(group) + kWgmmaKeyBytes);
+    }
+    __device__ __forceinline__ int* key_present(int group) const {
+        return reinterpret_cast<int*>(key_scale(group) + N);
+    }
+    __device__ __forceinline__ float* partial(int group) const {
+        return reinterpret_cast<float*>(key_present(group) + N);
+    }
+};
 
 }  // namespace kp
 

@@ -187,6 +187,7 @@ def test_selection_garbage_lands_in_the_same_places(chunk):
         _compare(function.removeprefix("kpool_"), case, f"seed {chunk} case {i}")
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("chunk", SWEEP_4)
 def test_fused_selection_garbage_equals_the_two_calls(chunk):
     # The scorer's garbage with selections on top: the fused call, with a zeroed workspace, equals the same

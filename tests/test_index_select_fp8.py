@@ -12,7 +12,7 @@ from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.functions import definition
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
 from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
@@ -34,6 +34,7 @@ def two_step(backend, case, **options):
     return backend.kpool_index_topk(logits, case.input_row_offsets, case.cache_lengths, kpool=case.kpool, **options)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("backend", BACKENDS, ids=["emulate", "reference"])
 @pytest.mark.parametrize(
     ("heads", "head_dim", "pool_topk"), [(1, 64, 3), (20, 128, 100), (64, 128, 512), (16, 256, 1024)]
@@ -59,10 +60,10 @@ def _emulate_with(spec, mma: int):
     return bind(definition(spec), host_binding("emulate", lambda extras: Backend()))
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16], ids=["e4m3", "f16"])
-def test_both_tensor_core_paths_give_the_scorers_bits(mma):
-    # sm_80's f16 path sums in another order than the e4m3 path: the fused call takes the scorer's path and so
-    # its bits, whichever the device has. Ties made likely: few distinct key rows.
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_WGMMA], ids=["e4m3", "f16", "wgmma"])
+def test_every_tensor_core_path_gives_the_scorers_bits(mma):
+    # sm_80's f16 path and sm_90a's wgmma path sum in other orders than the e4m3 path: the fused call takes the
+    # scorer's path and so its bits, whichever the device has. Ties made likely: few distinct key rows.
     rng = np.random.default_rng(mma)
     case = index_case(rng, heads=16, head_dim=128, kpool=1, block_size=16, counts=(2, 2), cache_lengths=(3000, 900))
     flat = case.cache.reshape(case.cache.shape[0], -1)  # 16 rows of 128 bytes, then 16 float32 scales
@@ -73,6 +74,7 @@ def test_both_tensor_core_paths_give_the_scorers_bits(mma):
     _same(_emulate_with(SELECT, mma)(*case.args, kpool=1, pool_topk=300), want)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 def test_nan_keys_and_missing_pages_select_as_the_two_calls_do():
     # NaN bytes in some keys make NaN logits (last in the order); a page past the cache scores -inf
     # (validate=False): both land where the two calls put them.
@@ -88,6 +90,7 @@ def test_nan_keys_and_missing_pages_select_as_the_two_calls_do():
         _same(backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=2400, validate=False), want)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 def test_the_workspace_does_not_grow_with_the_context_and_is_left_zeroed():
     # One decode token at a 256K-token context (65,536 pools): its logits alone (256 KiB) would not fit the
     # workspace (32 splits x 512 keys and ids, 128 KiB); the call runs in it and leaves its counters zero.
@@ -152,6 +155,7 @@ def test_workspace_sizes_and_refusals():
         kpool_cupy.index_select_workspace_bytes(1, 0)
 
 
+@pytest.mark.usefixtures("emulated_scorer_path")
 def test_the_same_under_the_reversed_thread_schedule(monkeypatch):
     rng = np.random.default_rng(6)
     case = index_case(rng, heads=8, kpool=1, block_size=16, counts=(1, 2), cache_lengths=(6000, 2000))

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..kernel import codes
 from ..kernel.declarations import INDEX_SELECT_FP8
-from ..kernel.geometry import LARGE_BATCH, SELECT_THREADS, LaunchGeometry, select_geometry
+from ..kernel.geometry import LARGE_BATCH, SELECT_THREADS, LaunchGeometry, index_select_shared_bytes, select_geometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .families import expansion
@@ -123,7 +123,8 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
     template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": select_cap(call.pool_topk)}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
-    geometry = LaunchGeometry(grid=call.num_tokens * splits, block=SELECT_THREADS, items=call.num_tokens)
+    shared = index_select_shared_bytes(call.heads, call.head_dim, mma)
+    geometry = LaunchGeometry(call.num_tokens * splits, SELECT_THREADS, call.num_tokens, shared_bytes=shared)
     return Launch(INDEX_SELECT_FP8, template, values, geometry, o)
 
 
