@@ -216,15 +216,16 @@ def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path)
     assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
 
 
-# The scorer's sm_90a path (KPOOL_CUPY_EMULATE_MMA=wgmma) on inputs that reach its walk, its stores to the key
-# tile and its reloads for another request: near-valid batches with pages missing, past the cache and negative,
-# lengths far past the table, tiles across requests, unaligned queries, and the garbage family.
+# The scorer's and the fused select's sm_90a path (KPOOL_CUPY_EMULATE_MMA=wgmma) on inputs that reach the walk,
+# the stores to the key tiles and the reloads for another request: near-valid batches with pages missing, past the
+# cache and negative, lengths far past the table, tiles across requests, unaligned queries, and both garbage
+# families. The select's dynamic shared memory is exactly the launch's bytes: a tile past it is an overflow.
 _SANITIZED_WGMMA_RUN = textwrap.dedent(
     """
     import os, sys
     sys.path.insert(0, {tests!r})
     import numpy as np
-    from garbage import index_garbage_cases
+    from garbage import index_garbage_cases, select_garbage_cases
     from index_cases import index_case
     from kpool_cupy import emulate
     from kpool_cupy.emulator.launch import recording
@@ -246,8 +247,9 @@ _SANITIZED_WGMMA_RUN = textwrap.dedent(
             case.q = raw[1:].reshape(case.q.shape)
             with recording() as launches:
                 emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool, max_pools=400, validate=False)
+                emulate.kpool_index_select_fp8(*case.args, kpool=case.kpool, pool_topk=40, validate=False)
             calls += len(launches)
-    for function, case in index_garbage_cases(3, 20):
+    for function, case in [*index_garbage_cases(3, 20), *select_garbage_cases(3, 8)]:
         with recording() as launches:
             getattr(emulate, function)(**case, validate=False)
         calls += len(launches)
@@ -264,8 +266,9 @@ def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays(tmp_path
     done = _run_sanitized(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 9 near-valid calls and the garbage calls that reach the kernel (a max_pools of 0 or no token launches none).
-    assert int(done.stdout.split("wgmma launches:")[1]) >= 9 + 5, done.stdout
+    # 9 near-valid calls of each and the garbage calls that reach a kernel (a max_pools of 0 or no token launches
+    # none).
+    assert int(done.stdout.split("wgmma launches:")[1]) >= 18 + 5, done.stdout
     built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
     assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
 

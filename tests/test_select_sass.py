@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TOPK, MMA_E4M3, MMA_F16
+from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TOPK, MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.kernel.nvrtc import kernel_ptx
 from kpool_cupy.tools import sass
-from kpool_cupy.tools.sass_report import tensor_core_count
+from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
 
 STATIC_SHARED_LIMIT = 48 * 1024
 I32 = np.dtype(np.int32)
@@ -70,6 +70,19 @@ def test_the_fused_kernel_scores_on_tensor_cores_without_spills():
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch="sm_90")
     assert machine.spill_stores == machine.spill_loads == 0
     assert tensor_core_count(machine.sass) == 4 * 4 * 2
+
+
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("cap", [512, 4096])
+def test_the_fused_kernels_sm90a_path_scores_with_the_scorers_qgmma_chain(cap):
+    # head_dim 128 on sm_90a: the scorer's chain of 4 QGMMA (m64n64k32), no spills; its tiles and the token's
+    # queries live in dynamic shared memory, so the static memory is the selection's alone, as on sm_90.
+    machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(cap, MMA_WGMMA), arch="sm_90a")
+    plain = _shared_bytes(INDEX_SELECT_FP8.source, _select(cap), "sm_90")
+    assert tensor_core_opcodes(machine.sass) == {"QGMMA": 4}
+    assert machine.spill_stores == machine.spill_loads == 0
+    assert local_accesses_in_loops(machine.sass) == []
+    assert machine.shared_bytes <= plain + 1024, (machine.shared_bytes, plain)  # the select's buffers, not tiles
 
 
 @pytest.mark.slow
