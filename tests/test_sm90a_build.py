@@ -16,12 +16,14 @@ import importlib.util
 import os
 import struct
 import subprocess
+import textwrap
 import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from double import run_on_double
 from index_cases import index_case
 
 from kpool_cupy.backends import cupy as cupy_backend
@@ -587,3 +589,42 @@ def test_the_smoke_run_on_the_double_leaves_the_sm_90a_work_out(tmp_path):
     calls = _run_gpu_check(tmp_path, "--smoke").splitlines()
     assert "scripts/gpu_precompile.py" in calls and not any("gpu_index_check" in call for call in calls), calls
     assert "index check not run on the double" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+DOUBLE_TIMEOUT_S = 120  # one small scorer's emulator build and three calls: seconds
+
+
+def test_a_plan_is_not_replayed_for_another_build():
+    # On the double (compute capability 9.0) a scoring call with its sizes given leaves a plan. Under
+    # KPOOL_CUPY_SM90_BUILD=sm_90a the same signature must take the full path, which asks for the sm_90a cubin
+    # (the double cannot build one: the call fails), not replay the plain build's plan; unset again, it replays.
+    body = """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    import cupy
+    assert cupy.__version__.endswith("numpy-double"), cupy.__file__
+    import kpool_cupy
+    from kpool_cupy.backends import cupy_plans
+    from index_cases import index_case
+
+    case = index_case(np.random.default_rng(1), heads=4, head_dim=64, kpool=2, block_size=4, counts=(2,),
+                      cache_lengths=(9,))
+    args = [cupy.asarray(a) for a in case.args]
+    out = cupy.empty((2, 5), cupy.float32)  # a call that allocates is never planned
+    call = lambda: kpool_cupy.kpool_index_logits_fp8(*args, kpool=2, max_pools=5, out=out, validate=False)
+    call()
+    assert len(cupy_plans._plans) == 1, cupy_plans._plans
+    os.environ["KPOOL_CUPY_SM90_BUILD"] = "sm_90a"
+    try:
+        call()
+        print("replayed")
+    except Exception as error:
+        print("full path:", type(error).__name__)
+    del os.environ["KPOOL_CUPY_SM90_BUILD"]
+    call()
+    assert len(cupy_plans._plans) == 1, cupy_plans._plans
+    """
+    done = run_on_double(textwrap.dedent(body).format(tests=str(Path(__file__).parent)), timeout=DOUBLE_TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "full path:" in done.stdout and "replayed" not in done.stdout, done.stdout

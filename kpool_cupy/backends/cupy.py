@@ -133,6 +133,19 @@ class CupyBackend:
         self.launched.append((launch, kernel))
 
 
+_BUILD_TAKERS: dict[str, bool] = {}
+
+
+def _takes_a_build(spec: OpSpec) -> bool:
+    """Whether ``spec``'s kernel takes the ``MMA`` template argument, which KPOOL_CUPY_SM90_BUILD can change (the
+    scorer and the fused select), so its plans are keyed by the variable too."""
+    takes = _BUILD_TAKERS.get(spec.name)
+    if takes is None:
+        takes = spec.kernel is not None and any(t.name == "MMA" for t in spec.kernel.template)
+        _BUILD_TAKERS[spec.name] = takes
+    return takes
+
+
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     """A GPU call: its signature's plan when there is one (cupy_plans), the full path otherwise."""
     cupy = import_cupy()
@@ -143,6 +156,8 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     # A foreign stream is wrapped inside the arrays' device (on_device): the
     # full path. The current stream or a CuPy stream can take the plan.
     key = plans.signature(spec, flat.arrays, options, cupy.ndarray)
+    if key is not None and _takes_a_build(spec):
+        key += (os.environ.get(SM90_BUILD_VARIABLE),)  # a plan replays the build its first call chose
     if key is not None and (stream is None or isinstance(stream, cupy.cuda.Stream)):
         if stream is None:
             result = plans.replay(key, flat.arrays, cupy)
