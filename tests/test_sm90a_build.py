@@ -351,7 +351,7 @@ def test_the_backend_builds_for_sm_90a_exactly_the_wgmma_launches(monkeypatch, m
 
     def kernel_function(source, name, device_id, sm90a=False):
         asked.append((source, name, device_id, sm90a))
-        return lambda grid, block, arguments: None
+        return lambda grid, block, arguments, shared_mem=0: None
 
     monkeypatch.setattr(cupy_backend, "kernel_function", kernel_function)
     CupyBackend(FakeCupy("90"), 0).launch(launch)
