@@ -7,7 +7,8 @@
 // kpool_builtins.h defines the CUDA built-ins with the same meaning,
 // kpool_fibers.h the threads that cooperate and the block's dynamic shared
 // memory, kpool_mma.h and kpool_wgmma.h the warp's and the warpgroup's
-// matrix instructions, and this header the launch:
+// matrix instructions, kpool_cp_async.h the asynchronous copies into shared
+// memory, and this header the launch:
 // kp_emulate_launch runs a grid one thread after another, which is faithful
 // for a kernel whose threads never wait for each other. A kernel whose
 // threads cooperate (warp shuffles, __syncwarp, __syncthreads, static
@@ -22,6 +23,7 @@
 #include <utility>
 
 #include "kpool_builtins.h"
+#include "kpool_cp_async.h"
 #include "kpool_fibers.h"
 #include "kpool_mma.h"
 #include "kpool_wgmma.h"

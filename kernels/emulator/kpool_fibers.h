@@ -355,6 +355,11 @@ inline void kp_leave(KpFiber& f, bool exiting) {
 #endif
 }
 
+// Run as each fiber leaves the kernel, when set: what a thread must not take
+// out of it (kpool_cp_async.h sets it at a cp.async: copies not completed).
+// Internal linkage, like kp_fiber_pool, and one per host thread.
+static thread_local void (*kp_fiber_exit_check)(const KpFiber& f) = nullptr;
+
 [[noreturn]] inline void kp_fiber_main() {
     KpBlockRun& run = *kp_block_run;
     KpFiber& f = *run.current;
@@ -362,6 +367,7 @@ inline void kp_leave(KpFiber& f, bool exiting) {
     __sanitizer_finish_switch_fiber(nullptr, &run.main_bottom, &run.main_size);
 #endif
     run.run_thread(run.args);
+    if (kp_fiber_exit_check != nullptr) kp_fiber_exit_check(f);
     f.wait = KpWait::exited;
     kp_leave(f, true);
     kp_fail("an exited fiber was resumed");
