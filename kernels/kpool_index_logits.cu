@@ -224,40 +224,35 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
 // The sm_90a path (MMA kp::kMmaWgmma): the block is one warpgroup, and each
 // key tile of N pools (kp::wgmma_keys) is staged in shared memory once and
 // scored against every token of the tile by kp::wgmma_head_sums, each token's
-// heads on the M side. The tile's query rows sit in kWgmmaStageBytes, each
-// token's heads padded with zero rows to whole M-tiles of 64; the request
-// tree's space holds the key tile once the tokens are found. The lead
-// request's keys are loaded a tile ahead (into registers, while the tensor
-// cores work) and their pages two; a token of another request loads its
-// keys on the spot, as on the mma.sync path.
+// heads on the M side. The lead request's key tiles stream through a ring of
+// kWgmmaStages slots in dynamic shared memory (kp::WgmmaScorerShared): each
+// thread copies its pieces of the tile kWgmmaStages - 1 ahead with cp.async
+// (a group a tile) while the tensor cores score this one, its pages found a
+// tile before that, so no load waits on the one before it. A token of
+// another request loads its keys on the spot into a spare tile, as on the
+// mma.sync path. The tile's query rows and weights sit in the same dynamic
+// memory, each token's heads padded with zero rows to whole M-tiles of 64.
 template <int HEAD_DIM, int VECTOR, typename IO, typename IC>
 __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     constexpr int N = wgmma_keys<HEAD_DIM>();
+    constexpr int kStages = kWgmmaStages;
     constexpr int kStageTiles = kWgmmaStageBytes / (kWgmmaRows * HEAD_DIM);
-    constexpr int kStageRows = kStageTiles * kWgmmaRows;
     constexpr bool kVectorCache = (VECTOR & kIndexVectorCache) != 0;
     constexpr bool kVectorQ = (VECTOR & kIndexVectorQ) != 0;
     static_assert(kWgmmaThreads == kIndexThreads, "the block is one warpgroup");
-    __shared__ uint4 q_words[kWgmmaStageBytes / 16];
-    unsigned char* const q_stage = reinterpret_cast<unsigned char*>(q_words);
-    __shared__ float w_stage[kStageRows];
-    __shared__ union {
-        RequestTree tree;                    // until the tokens are found
-        uint4 keys[kWgmmaKeyBytes / 16];     // then the key tile
-    } space;
-    unsigned char* const key_tile = reinterpret_cast<unsigned char*>(space.keys);
-    __shared__ float key_scale[N];
-    __shared__ int key_present[N];
-    __shared__ float partial[4 * N];
+    __shared__ RequestTree tree;
     __shared__ long long token_request[kIndexTileTokens];  // -1: the token sees nothing
     __shared__ long long token_visible[kIndexTileTokens];  // pools it sees, at most max_pools
     __shared__ long long token_reach[kIndexTileTokens];    // pools its request's tokens in the tile see
 
-    // The launcher's tiling (ops/index_logits_fp8.py): a tile the stage cannot hold writes nothing.
+    // The launcher's tiling (ops/index_logits_fp8.py, which sizes the dynamic memory by the same rule): a tile
+    // the stage cannot hold writes nothing.
     if (heads < 1 || heads > kIndexMaxHeads || tokens_per_block < 1 || tokens_per_block > kIndexTileTokens ||
         tokens_per_block * ((heads + kWgmmaRows - 1) / kWgmmaRows) > kStageTiles || pools_per_block < 1 ||
         token_tiles < 1 || token_tiles > 2147483647LL)
         return;
+    KP_DYNAMIC_SHARED(dynamic);
+    const WgmmaScorerShared<HEAD_DIM> shared(dynamic, heads, tokens_per_block);
     const unsigned int block = blockIdx.x, tiles = static_cast<unsigned int>(token_tiles);
     const long long tile = block % tiles, range = block / tiles;
     const long long range_lo = range * pools_per_block;
@@ -276,7 +271,7 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     // The prologue, one round trip: the tree, the weights and the query rows (piece i of the stage at byte 16 i).
     TreePart<kIndexThreads, IO, IC> tree_part;
     load_request_tree<kIndexThreads, IO, IC>(input_row_offsets, cache_lengths, batch, thread, tree_part);
-    constexpr int kWeightRounds = (kStageRows + kIndexThreads - 1) / kIndexThreads;
+    constexpr int kWeightRounds = (kStageTiles * kWgmmaRows + kIndexThreads - 1) / kIndexThreads;
     float w[kWeightRounds];
 #pragma unroll
     for (int k = 0; k < kWeightRounds; ++k) {
@@ -286,72 +281,104 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
         w[k] = i < rows && head < head_count ? weights[(token_begin + token) * weights_stride + head] : 0.0f;
     }
     wgmma_stage_queries<HEAD_DIM, kIndexThreads, kVectorQ>(q, q_token_stride, q_head_stride, head_count, token_begin,
-                                                          tokens, token_rows, thread, q_words);
+                                                          tokens, token_rows, thread,
+                                                          reinterpret_cast<uint4*>(shared.queries));
 #pragma unroll
     for (int k = 0; k < kWeightRounds; ++k) {
         const int i = thread + k * kIndexThreads;
-        if (i < rows) w_stage[i] = w[k];
+        if (i < rows) shared.weights[i] = w[k];
     }
-    store_request_tree<kIndexThreads, IO, IC>(tree_part, thread, space.tree);
+    store_request_tree<kIndexThreads, IO, IC>(tree_part, thread, tree);
     __syncthreads();
-    find_tile_tokens<IO, IC>(space.tree, input_row_offsets, cache_lengths, batch, num_tokens, kpool, max_pools,
+    find_tile_tokens<IO, IC>(tree, input_row_offsets, cache_lengths, batch, num_tokens, kpool, max_pools,
                              token_begin, tokens, thread, token_request, token_visible, token_reach);
 
-    // The block's key tiles: range_lo, range_lo + N, ... below range_hi.
+    // The block's key tiles: range_lo + N x for x = 0, 1, ... below range_hi. Every thread commits one group of
+    // copies a tile (empty where there is nothing to copy), kStages - 1 before the walk: at tile x, waiting for
+    // all but the newest kStages - 2 completes tile x's.
     const long long lead = token_request[0];
     const long long lead_reach = lead >= 0 ? token_reach[0] : 0;
     const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
     const unsigned int page_size = block_size32(block_size);
-    WgmmaKeyPart<HEAD_DIM> next;  // the next tile's lead keys, and the pages of the one after
-    long long first_pool = range_lo;
+    const int walk = static_cast<int>((range_hi - range_lo + N - 1) / N);
+    KeyPages<kWgmmaKeyPieces> next;  // the pages of the next tile to copy
+    const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+    constexpr int kRowStep = WgmmaKeyPart<HEAD_DIM>::kRowStep;
     if (lead >= 0) {
-        wgmma_find_key_pages<HEAD_DIM>(first_pool, lead_reach, lead_table, table_columns, page_size, thread, next);
-        wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, next);
-        wgmma_find_key_pages<HEAD_DIM>(first_pool + N, lead_reach, lead_table, table_columns, page_size, thread,
-                                       next);
+        KeyPages<kWgmmaKeyPieces> first[kStages - 1];
+#pragma unroll
+        for (int x = 0; x < kStages - 1; ++x)
+            find_key_pages<kWgmmaKeyPieces, kRowStep>(range_lo + N * x, lead_reach, lead_table, table_columns,
+                                                      page_size, static_cast<int>(row0), first[x]);
+        find_key_pages<kWgmmaKeyPieces, kRowStep>(range_lo + N * (kStages - 1), lead_reach, lead_table,
+                                                  table_columns, page_size, static_cast<int>(row0), next);
+#pragma unroll
+        for (int x = 0; x < kStages - 1; ++x) {
+            if (x < walk)
+                wgmma_copy_key_tile<HEAD_DIM, kVectorCache>(first[x], cache, page_stride, pages, block_size, thread,
+                                                           shared.key_tile(x), shared.key_scale(x),
+                                                           shared.key_present(x));
+            kp_cp_async_commit();
+        }
     }
-    for (; first_pool < range_hi; first_pool += N) {
-        // Every thread is past the last tile's reads (the barrier closing its last token).
-        long long keys_of = -1;
+    for (int x = 0; x < walk; ++x) {
+        const long long first_pool = range_lo + static_cast<long long>(N) * x;
+        const int slot = x % kStages;
+        long long keys_of = -1;  // whose keys the slot holds
         if (lead >= 0) {
-            wgmma_store_key_part<HEAD_DIM>(next, thread, key_tile, key_scale, key_present);
+            kp_cp_async_wait<kStages - 2>();  // this thread's copies of tile x
             keys_of = lead;
         }
         kp_fence_proxy_async();
-        __syncthreads();
-        if (lead >= 0 && first_pool + N < range_hi) {
-            wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, next);
-            wgmma_find_key_pages<HEAD_DIM>(first_pool + 2 * N, lead_reach, lead_table, table_columns, page_size,
-                                           thread, next);
+        __syncthreads();  // every thread's copies of tile x; every read of the slot refilled below done
+        if (lead >= 0) {
+            const int ahead = x + kStages - 1;
+            if (ahead < walk) {
+                wgmma_copy_key_tile<HEAD_DIM, kVectorCache>(next, cache, page_stride, pages, block_size, thread,
+                                                           shared.key_tile(ahead % kStages),
+                                                           shared.key_scale(ahead % kStages),
+                                                           shared.key_present(ahead % kStages));
+                find_key_pages<kWgmmaKeyPieces, kRowStep>(range_lo + static_cast<long long>(N) * (ahead + 1),
+                                                          lead_reach, lead_table, table_columns, page_size,
+                                                          static_cast<int>(row0), next);
+            }
+            kp_cp_async_commit();
         }
+        long long spare_of = -1;  // whose keys the spare tile holds
         for (int j = 0; j < tokens; ++j) {
             const long long request = token_request[j], visible = token_visible[j];
             const bool scores = request >= 0 && first_pool < visible;
-            if (scores && request != keys_of) {
-                // A token of another request than the tile's keys: its keys now.
+            const bool spare = request != keys_of;  // the same in every thread
+            if (scores && spare && request != spare_of) {
+                // A token of another request than the slot's keys: its keys now, into the spare tile.
                 WgmmaKeyPart<HEAD_DIM> other;
                 wgmma_find_key_pages<HEAD_DIM>(first_pool, token_reach[j], cache_block_table + request * table_stride,
                                                table_columns, page_size, thread, other);
                 wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, other);
-                wgmma_store_key_part<HEAD_DIM>(other, thread, key_tile, key_scale, key_present);
+                wgmma_store_key_part<HEAD_DIM>(other, thread, shared.key_tile(kStages), shared.key_scale(kStages),
+                                               shared.key_present(kStages));
                 kp_fence_proxy_async();
                 __syncthreads();
-                keys_of = request;
+                spare_of = request;
             }
+            const int from = spare ? kStages : slot;
             if (scores)
-                wgmma_head_sums<HEAD_DIM>(q_stage + j * token_rows * HEAD_DIM, token_tiles_m, head_count,
-                                          w_stage + j * token_rows, key_tile, key_scale, thread, partial);
+                wgmma_head_sums<HEAD_DIM>(shared.queries + j * token_rows * HEAD_DIM, token_tiles_m, head_count,
+                                          shared.weights + j * token_rows, shared.key_tile(from),
+                                          shared.key_scale(from), thread, shared.partial);
             __syncthreads();
             if (thread < N) {
                 const long long pool = first_pool + thread;
                 if (pool < range_hi)
-                    out[(token_begin + j) * out_stride + pool] = scores && key_present[thread] != 0 && pool < visible
-                                                                     ? wgmma_logit<HEAD_DIM>(partial, thread)
-                                                                     : minus_infinity;
+                    out[(token_begin + j) * out_stride + pool] =
+                        scores && shared.key_present(from)[thread] != 0 && pool < visible
+                            ? wgmma_logit<HEAD_DIM>(shared.partial, thread)
+                            : minus_infinity;
             }
             __syncthreads();
         }
     }
+    kp_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
 }
 
 }  // namespace kp

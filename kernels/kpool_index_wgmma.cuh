@@ -27,6 +27,7 @@
 #ifndef KPOOL_INDEX_WGMMA_CUH
 #define KPOOL_INDEX_WGMMA_CUH
 
+#include "kpool_cp_async.cuh"
 #include "kpool_index.cuh"
 #include "kpool_wgmma.cuh"
 
@@ -204,6 +205,72 @@ __device__ __forceinline__ float wgmma_logit(const float* partial, int column) {
     constexpr int N = wgmma_keys<HEAD_DIM>();
     return ((partial[column] + partial[N + column]) + partial[2 * N + column]) + partial[3 * N + column];
 }
+
+// Copies this thread's pieces of a key tile (the pages `at` found, as
+// wgmma_find_key_pages finds them) into `tile` with cp.async, and, from the
+// threads holding a row's piece 0, its scale into `scales` the same way and
+// its presence into `present` (an ordinary store). A missing page, or one
+// outside the cache, reads nothing and lands zeros. The caller commits the
+// group, waits for it, and makes the tile visible to the wgmma
+// (kp_fence_proxy_async, then a barrier). VECTOR_CACHE: 16-byte copies,
+// else four of 4 bytes (rows 4-byte aligned).
+template <int HEAD_DIM, bool VECTOR_CACHE>
+__device__ __forceinline__ void wgmma_copy_key_tile(const KeyPages<kWgmmaKeyPieces>& at, const unsigned char* cache,
+                                                    long long page_stride, long long pages, long long block_size,
+                                                    int thread, unsigned char* tile, float* scales, int* present) {
+    const unsigned int piece = wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(thread));
+    const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+#pragma unroll
+    for (int k = 0; k < kWgmmaKeyPieces; ++k) {
+        const long long page = at.page[k];
+        const bool have = page >= 0 && page < pages;
+        const unsigned char* base = cache + (have ? page : 0) * page_stride;
+        const unsigned char* from = have ? base + static_cast<long long>(at.entry[k]) * HEAD_DIM + 16 * piece : cache;
+        unsigned char* to = tile + 16 * (thread + kWgmmaThreads * k);
+        if constexpr (VECTOR_CACHE) {
+            kp_cp_async16(to, from, have);
+        } else {
+#pragma unroll
+            for (int b = 0; b < 16; b += 4) kp_cp_async4(to + b, have ? from + b : cache, have);
+        }
+        if (piece == 0) {
+            const unsigned int row = row0 + WgmmaKeyPart<HEAD_DIM>::kRowStep * k;
+            kp_cp_async4(scales + row, have ? base + block_size * HEAD_DIM + 4LL * at.entry[k] : cache, have);
+            present[row] = have ? 1 : 0;
+        }
+    }
+}
+
+// The scorer's dynamic shared memory on this path, in this order: a ring of
+// kWgmmaStages key tiles and a spare one (for a token of another request
+// than the tile's first), the tiles' scales and presence, the warps' partial
+// sums, then the tile's weights and query rows, each token's in whole
+// M-tiles of 64 rows (ops/index_logits_fp8.py sizes the launch by the same
+// sum: kernel.geometry.index_logits_shared_bytes).
+constexpr int kWgmmaStages = 3;
+
+template <int HEAD_DIM>
+struct WgmmaScorerShared {
+    static constexpr int N = wgmma_keys<HEAD_DIM>();
+    static constexpr int kTiles = kWgmmaStages + 1;
+    unsigned char* base;
+    float* scales;
+    int* present;
+    float* partial;
+    float* weights;
+    unsigned char* queries;
+    __device__ __forceinline__ WgmmaScorerShared(unsigned char* dynamic, long long heads, long long tokens)
+        : base(dynamic),
+          scales(reinterpret_cast<float*>(dynamic + kTiles * kWgmmaKeyBytes)),
+          present(reinterpret_cast<int*>(scales + kTiles * N)),
+          partial(reinterpret_cast<float*>(present + kTiles * N)),
+          weights(partial + 4 * N),
+          queries(reinterpret_cast<unsigned char*>(weights + tokens * ((heads + kWgmmaRows - 1) / kWgmmaRows) *
+                                                                  kWgmmaRows)) {}
+    __device__ __forceinline__ unsigned char* key_tile(int i) const { return base + i * kWgmmaKeyBytes; }
+    __device__ __forceinline__ float* key_scale(int i) const { return scales + i * N; }
+    __device__ __forceinline__ int* key_present(int i) const { return present + i * N; }
+};
 
 // The fused select's dynamic shared memory on this path, in this order:
 // for each of its two warpgroups a key tile, the keys' scales and presence

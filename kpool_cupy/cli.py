@@ -266,6 +266,8 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
         ]
         if report.shared_bytes:
             rows.append(("static shared memory a block", f"{report.shared_bytes} bytes"))
+        if report.dynamic_bytes:
+            rows.append(("dynamic shared memory a block (h64)", f"{report.dynamic_bytes} bytes"))
         if report.tensor_core:
             counts = ", ".join(f"{count} {opcode}" for opcode, count in sorted(report.tensor_core.items()))
             rows.append(("tensor-core instructions", counts))

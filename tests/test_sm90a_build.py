@@ -349,14 +349,27 @@ def test_the_backend_builds_for_sm_90a_exactly_the_wgmma_launches(monkeypatch, m
     (launch,) = launches
     asked = []
 
+    class Loaded:
+        """CuPy's RawKernel as the launch uses it: a call taking shared_mem, and its opt-in limit (48 KB at
+        first)."""
+
+        max_dynamic_shared_size_bytes = 49152
+
+        def __call__(self, grid, block, arguments, shared_mem=0):
+            shared.append(shared_mem)
+
+    shared = []
+
     def kernel_function(source, name, device_id, sm90a=False):
         asked.append((source, name, device_id, sm90a))
-        return lambda grid, block, arguments, shared_mem=0: None
+        return Loaded()
 
     monkeypatch.setattr(cupy_backend, "kernel_function", kernel_function)
     CupyBackend(FakeCupy("90"), 0).launch(launch)
     assert asked == [(INDEX_LOGITS_FP8.source, launch.instance, 0, sm90a)]
     assert launch.instance.startswith(f"kpool_index_logits_fp8<{case.q.shape[2]}, {mma}, ")
+    # The wgmma path's ring and stage are dynamic shared memory, and the GPU launch passes them.
+    assert shared == [launch.geometry.shared_bytes] and (launch.geometry.shared_bytes > 0) == sm90a
 
 
 # ---- real NVRTC: the lowered name, and wgmma only on sm_90a

@@ -104,6 +104,20 @@ WGMMA_ROWS = 64
 WGMMA_STAGE_BYTES = 32768
 
 
+WGMMA_STAGES = 3  # kp::kWgmmaStages: the key tiles in the scorer's ring
+
+
+def index_logits_shared_bytes(heads: int, head_dim: int, tokens_per_block: int, mma: int) -> int:
+    """The scorer's dynamic shared memory a block (kp::WgmmaScorerShared): none on the mma.sync paths; on the
+    wgmma path a ring of WGMMA_STAGES key tiles and a spare, their scales and presence, 4 warps' partial sums, then
+    the tile's weights and query rows in whole M-tiles of 64 a token."""
+    if mma != MMA_WGMMA:
+        return 0
+    keys = WGMMA_KEY_BYTES // head_dim
+    rows = tokens_per_block * -(-heads // WGMMA_ROWS) * WGMMA_ROWS
+    return (WGMMA_STAGES + 1) * (WGMMA_KEY_BYTES + 8 * keys) + 16 * keys + rows * (4 + head_dim)
+
+
 def index_select_shared_bytes(heads: int, head_dim: int, mma: int) -> int:
     """The fused select's dynamic shared memory a block (kp::WgmmaSelectShared): none on the mma.sync paths; on
     the wgmma path, for each of 2 warpgroups a key tile and its keys' scales, presence and 4 warps' partial sums,

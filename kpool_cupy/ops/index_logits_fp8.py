@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from ..dtypes import FLOAT32
 from ..kernel.declarations import INDEX_LOGITS_FP8, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q
-from ..kernel.geometry import index_block_pools, index_geometry, index_stage_tokens
+from ..kernel.geometry import index_block_pools, index_geometry, index_logits_shared_bytes, index_stage_tokens
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .families.scoring import (
@@ -107,7 +107,8 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
         vector |= INDEX_VECTOR_Q
     template = {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
-    return Launch(INDEX_LOGITS_FP8, template, values, geometry, o)
+    shared = index_logits_shared_bytes(call.heads, call.head_dim, per_block, mma)
+    return Launch(INDEX_LOGITS_FP8, template, values, replace(geometry, shared_bytes=shared), o)
 
 
 def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
@@ -171,6 +172,7 @@ SPEC = OpSpec(
     dynamic_sizes={"max_pools": most_pools},
     kernel=INDEX_LOGITS_FP8,
     large_launch=scoring_launch,
+    large_dynamic_shared=lambda head_dim, mma: index_logits_shared_bytes(64, head_dim, 1, mma),
     check_head_dim=check_scorer_head_dim,
     example=example,
 )

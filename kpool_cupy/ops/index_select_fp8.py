@@ -206,6 +206,7 @@ SPEC = OpSpec(
     **expansion.RETURNS,
     kernel=INDEX_SELECT_FP8,
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
+    large_dynamic_shared=lambda head_dim, mma: index_select_shared_bytes(64, head_dim, mma),
     check_head_dim=check_scorer_head_dim,
     example=example,
 )

@@ -9,7 +9,7 @@ from ..kernel.geometry import LaunchGeometry
 from . import sass
 from .load_depth import TENSOR_CORE, load_depth
 from .sass import SassSummary, sm_arch
-from .variants import OP_SPECS, op_variant
+from .variants import OP_SPECS, arch_tensor_core, op_variant
 
 # Per SM (CUDA C++ Programming Guide, the compute capabilities' table): resident threads and blocks, and the shared
 # memory blocks can have (KiB). Every one has 65,536 32-bit registers, allocated to a warp in units of 256 (8 a
@@ -54,6 +54,7 @@ class OpSass:
     load_depth: int
     tensor_core: dict[str, int]  # static tensor-core instructions by opcode (HMMA, QMMA, HGMMA, QGMMA)
     shared_bytes: int  # static shared memory a block
+    dynamic_bytes: int = 0  # dynamic shared memory a block of the engines' shape (OpSpec.large_dynamic_shared)
 
 
 def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> OpSass:
@@ -61,9 +62,11 @@ def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90")
     kernel, name = op_variant(op, head_dim, kpool, dtype, sm_arch(arch))
     machine = sass.summarize_sass(kernel.source, name, arch=sm_arch(arch))
     block = launch_geometry(op, head_dim).block
-    occupancy = blocks_per_sm(machine.registers, block, arch, machine.shared_bytes)
+    dynamic = OP_SPECS[op].large_dynamic_shared(head_dim, arch_tensor_core(arch))
+    occupancy = blocks_per_sm(machine.registers, block, arch, machine.shared_bytes + dynamic)
     depth = load_depth(machine.sass).depth
-    return OpSass(name, machine, block, occupancy, depth, tensor_core_opcodes(machine.sass), machine.shared_bytes)
+    tensor_core = tensor_core_opcodes(machine.sass)
+    return OpSass(name, machine, block, occupancy, depth, tensor_core, machine.shared_bytes, dynamic)
 
 
 def tensor_core_opcodes(text: str) -> dict[str, int]:

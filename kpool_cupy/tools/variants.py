@@ -36,8 +36,13 @@ def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_9
     element = element_dtype(dtype)
     template = {name: element for name in _ELEMENTS if name in names}
     template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
-    if "MMA" in names:  # the instruction the GPU backend picks on that architecture (below sm_80: the f16 one)
-        number = arch_number(arch)  # "90a" for sm_90a and compute_90a
-        kind = tensor_core_for(int(number.rstrip(string.ascii_lowercase)), sm90a=number.endswith("a"))
-        template["MMA"] = MMA_F16 if kind is None else kind
+    if "MMA" in names:
+        template["MMA"] = arch_tensor_core(arch)
     return kernel, kernel.instance(**template)
+
+
+def arch_tensor_core(arch: str) -> int:
+    """The scorer's instruction the GPU backend picks on ``arch`` (below sm_80: the f16 one)."""
+    number = arch_number(arch)  # "90a" for sm_90a and compute_90a
+    kind = tensor_core_for(int(number.rstrip(string.ascii_lowercase)), sm90a=number.endswith("a"))
+    return MMA_F16 if kind is None else kind

@@ -257,7 +257,10 @@ class OpSpec:
     (``Gradient``); None: no gradient (a frontend refuses to differentiate).
     For the developer tools that build a variant without a call (``kpool-cupy
     ptx``, the SASS report): ``large_launch(head_dim)``, the geometry of the
-    op's (main) kernel over a batch that fills its blocks, and
+    op's (main) kernel over a batch that fills its blocks,
+    ``large_dynamic_shared(head_dim, mma)``, the dynamic shared memory a block
+    of it takes at the engines' shape (64 heads, a token a block; ``mma``: the
+    scorer's path, ``kernel.declarations.MMA_*``), and
     ``check_head_dim(name, head_dim)``, the head_dim rule of its kernel beyond
     every kernel's (a multiple of 8 up to MAX_HEAD_DIM; None: no more).
     ``example(batch)``: a small valid call, (args, kwargs), from the arrays of
@@ -278,6 +281,7 @@ class OpSpec:
     kernel: Kernel | None = None
     gradient: Gradient | None = None
     large_launch: Callable[[int], LaunchGeometry] = groups_launch
+    large_dynamic_shared: Callable[[int, int], int] = lambda head_dim, mma: 0
     check_head_dim: Callable[[str, int], None] | None = None
     example: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
 
