@@ -134,6 +134,9 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                 constexpr int N = kp::wgmma_keys<HEAD_DIM>();
                 constexpr int kHalf = kp::kSelectChunk / kp::kWgmmaSelectGroups;
                 constexpr int kChains = kHalf / N;
+                static_assert(kp::kSelectThreads == kp::kWgmmaSelectGroups * kp::kWgmmaThreads,
+                              "a warpgroup a half chunk");
+                static_assert(kHalf % N == 0, "whole chains: a pool's column is its id modulo N, as the scorer's");
                 const int group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
                 const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
                 KP_DYNAMIC_SHARED(dynamic);

@@ -16,12 +16,14 @@ from click.testing import CliRunner
 from kpool_cupy.cli import main
 from kpool_cupy.kernel.declarations import (
     INDEX_LOGITS_FP8,
+    INDEX_SELECT_FP8,
     INDEX_VECTOR_CACHE,
     INDEX_VECTOR_Q,
     MMA_E4M3,
     MMA_F16,
     MMA_WGMMA,
 )
+from kpool_cupy.kernel.nvrtc import kernel_ptx
 from kpool_cupy.kernel.sources import kernel_source
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.load_depth import depth_before_first, load_depth
@@ -151,6 +153,24 @@ def test_the_sm90a_build_scores_with_one_qgmma_chain_a_tile(head_dim):
     assert instructions.count("LDGSTS") == 3 * (4 + 4) and "DEPBAR" in instructions
     # kp::RequestTree's 8,200 bytes, the tokens' 384 and what ptxas aligns and reserves; a tile would add 8 KB.
     assert machine.shared_bytes < 10 * 1024
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_every_tile_the_threads_wrote_is_fenced_for_the_wgmma():
+    # What the threads store or copy into shared memory (the generic proxy) reaches a wgmma (the async proxy) only
+    # after fence.proxy.async: the emulator cannot see a missing one, so the PTX is held to it. The scorer fences
+    # its ring's tile (and the staged queries, in the walk's first step) and its spare tile, the fused select each
+    # chain's tile (and its staged queries, in the first chain); each fence comes before the next wgmma chain.
+    for kernel, name, fences in (
+        (INDEX_LOGITS_FP8, INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_WGMMA, VECTOR=3), 2),
+        (INDEX_SELECT_FP8, INDEX_SELECT_FP8.instance(HEAD_DIM=128, MMA=MMA_WGMMA, VECTOR=3, CAP=512), 1),
+    ):
+        ptx = kernel_ptx(kernel.source, name, "compute_90a")
+        lines = [line.strip() for line in ptx.splitlines()]
+        fence_lines = [i for i, line in enumerate(lines) if line.startswith("fence.proxy.async.shared::cta")]
+        chains = [i for i, line in enumerate(lines) if line.startswith("wgmma.fence.sync.aligned")]
+        assert len(fence_lines) == fences, (name, fence_lines)
+        assert chains and min(fence_lines) < min(chains), name
 
 
 @pytest.mark.usefixtures("sass_tools")
