@@ -156,6 +156,20 @@ __device__ __forceinline__ void wgmma_store_key_part(const WgmmaKeyPart<HEAD_DIM
     }
 }
 
+// One step of wgmma_head_sums' sums across a column's threads: of v's
+// first 2 HALF values this thread keeps the upper half (`upper`) or the
+// lower, adds its partner's (lane xor `mask`) part of the same half, and
+// leaves them in v[0 .. HALF - 1]. Every lane of the warp calls it together.
+template <int HALF>
+__device__ __forceinline__ void keep_half(float* v, bool upper, int mask) {
+#pragma unroll
+    for (int j = 0; j < HALF; ++j) {
+        const float kept = upper ? v[HALF + j] : v[j];
+        const float sent = upper ? v[j] : v[HALF + j];
+        v[j] = kept + __shfl_xor_sync(kIndexWarpLanes, sent, mask);
+    }
+}
+
 // One token's logits against the N keys of `keys`, up to the warps'
 // partial sums: the token's query rows are `tiles` M-tiles of 64 rows at
 // q_tiles (the layout above; rows past its heads zero), w_token its heads'
@@ -191,11 +205,18 @@ __device__ __forceinline__ void wgmma_head_sums(const unsigned char* q_tiles, in
             if (h1 < heads) sums[i] += w1 * relu_keep_nan(s * d[4 * (i / 2) + 2 + i % 2]);
         }
     }
+    // The sums over a column's 8 threads (g), by halves: at each step a thread keeps half of its columns and adds
+    // its partner's part of them, partners g ^ 1, g ^ 2, g ^ 4 (lanes xor 4, 8, 16). Each sum is the butterfly's
+    // (the same pairs in the same order, each add the same both ways), with N / 4 * 7 / 8 shuffles in place of
+    // N / 4 * 3. Thread g ends with the columns of slots first .. first + N / 32 - 1.
+    keep_half<N / 8>(sums, (g & 1) != 0, 4);
+    keep_half<N / 16>(sums, (g & 2) != 0, 8);
+    keep_half<N / 32>(sums, (g & 4) != 0, 16);
+    const int first = (g & 1) * (N / 8) + (g >> 1 & 1) * (N / 16) + (g >> 2 & 1) * (N / 32);
 #pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-#pragma unroll
-        for (int mask = 4; mask < 32; mask *= 2) sums[i] += __shfl_xor_sync(kIndexWarpLanes, sums[i], mask);
-        if (g == 0) partial[warp * N + 8 * (i / 2) + 2 * t + i % 2] = sums[i];
+    for (int k = 0; k < N / 32; ++k) {
+        const int i = first + k;
+        partial[warp * N + 8 * (i / 2) + 2 * t + i % 2] = sums[k];
     }
 }
 

@@ -151,6 +151,9 @@ def test_the_sm90a_build_scores_with_one_qgmma_chain_a_tile(head_dim):
     assert mma_inside_a_loop(machine.sass)
     assert divisions_in_loops(machine.sass) == 0
     assert instructions.count("LDGSTS") == 3 * (4 + 4) and "DEPBAR" in instructions
+    # The head sum across a column's 8 threads by halves: 7/8 of a shuffle a column slot (N / 4 slots), where a
+    # butterfly a column took 3 (48 at head_dim 128).
+    assert instructions.count("SHFL") == 7 * (8192 // head_dim) // 32
     # kp::RequestTree's 8,200 bytes, the tokens' 384 and what ptxas aligns and reserves; a tile would add 8 KB.
     assert machine.shared_bytes < 10 * 1024
 
