@@ -13,7 +13,8 @@
 // run in one fixed order:
 //   - per thread, over its two rows of each M-tile (heads 64 m + 16 w + g
 //     and that + 8, thread g of warp w of the warpgroup), M-tiles ascending;
-//   - across the 8 threads of a column (g) by the butterfly xor 4, 8, 16;
+//   - across the 8 threads of a column (g) in the pairs of a butterfly xor
+//     4, 8, 16 (taken by halves: keep_half);
 //   - across the 4 warps through shared memory: ((w0 + w1) + w2) + w3.
 // That is not the mma.sync path's order (kp::score_token), so this path's
 // logits are its own bits; the two paths agree within the accuracy bound.
