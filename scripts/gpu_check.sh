@@ -48,7 +48,7 @@ fi
 out="${OUT:-$root/gpu-results}"
 mkdir -p "$out"
 logs="$(mktemp -d)"
-trap 'rm -rf "$logs"' EXIT
+trap 'rm -rf "$logs" "$logs.index-rows"' EXIT
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
 py="${PYTHON:-python3}"
 export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
@@ -188,8 +188,8 @@ run check bash -c '
         "$1" -m kpool_cupy check --backend cupy --op "$op" --dtype "$dtype" --json && passed=$((passed + 1))
     done
     if [[ $2 == 0 ]]; then
-        "$1" scripts/gpu_index_check.py --no-timing
-        index=$?
+        "$1" scripts/gpu_index_check.py --no-timing | tee "$3"
+        index=${PIPESTATUS[0]}
         verdict="index check exit $index"
     else
         index=0
@@ -197,7 +197,16 @@ run check bash -c '
     fi
     echo "checks passed: $passed of $runs; $verdict"
     [[ $passed == "$runs" && $index == 0 ]]
-' check "$py" "$smoke"
+' check "$py" "$smoke" "$logs.index-rows"
+
+# The bench times the sm_90a build (wgmma) beside the default one only where this run's index check ran to its
+# verdict and passed every sm_90a row (a row's own "ok" closes it): an untried kernel that faults would end the
+# bench's process and every record after it.
+index_rows="$logs.index-rows"  # the index check's rows, also in check.log
+if grep -q '^index check:' "$index_rows" 2> /dev/null && grep -q '"path": "sm_90a"' "$index_rows" &&
+    ! grep '"path": "sm_90a"' "$index_rows" | grep -q '"ok": false}$'; then
+    export KPOOL_CUPY_BENCH_SM90A=1
+fi
 
 if command -v compute-sanitizer > /dev/null; then
     # CuPy's pool off, strided views made on the device, garbage offsets for

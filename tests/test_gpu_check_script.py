@@ -212,3 +212,31 @@ def test_the_full_sweep_launches_only_precompiled_variants(tmp_path):
     launched = gpu_variants.sweep_launches(tmp_path, timeout=1800)
     manifest = {(v["source"], v["instance"]) for v in json.loads(gpu_variants.MANIFEST.read_text())["variants"]}
     assert launched and launched <= manifest, sorted(launched - manifest)
+
+
+@pytest.mark.parametrize(
+    ("rows", "timed"),
+    [
+        (['{"case": "a", "path": "sm_90a", "bits23": {"ok": false}, "ok": true}', "index check: all rows ok"], True),
+        (['{"case": "a", "path": "sm_90a", "ok": false}', "index check: FAILED a on sm_90a"], False),
+        (['{"case": "a", "path": "sm_90", "ok": false}', '{"case": "a", "path": "sm_90a", "ok": true}'], False),
+        (['{"case": "a", "path": "sm_90", "ok": true}', "index check: all rows ok"], False),
+        ([], False),
+    ],
+    ids=["passed", "an-sm90a-row-failed", "no-verdict", "no-sm90a-row", "not-run"],
+)
+def test_the_bench_times_the_sm90a_build_only_after_its_index_check_passed(tmp_path, rows, timed):
+    # The gate between the check step and the bench: every sm_90a row's own "ok" true (a nested bound's false
+    # does not count) and the check's verdict printed (a crash before it is not a pass).
+    text = SCRIPT.read_text()
+    start = text.index('index_rows="$logs.index-rows"')
+    gate = text[start : text.index("\nfi\n", start) + 4]
+    if rows:
+        (tmp_path / "logs.index-rows").write_text("\n".join(rows) + "\n")
+    done = subprocess.run(
+        ["bash", "-c", f'logs={tmp_path / "logs"}\n{gate}\necho "bench sm90a: ${{KPOOL_CUPY_BENCH_SM90A:-0}}"'],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.stdout.strip() == f"bench sm90a: {1 if timed else 0}", done.stdout + done.stderr
