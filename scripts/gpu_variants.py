@@ -53,12 +53,13 @@ Variant = tuple[str, str]  # (source under kernels/, or "inline"; instance)
 
 
 def read_record(path: Path) -> set[Variant]:
-    """The (source, instance) pairs a launch record holds, the package's kernels only: a gpu test's own kernel
-    (tests/kernels/, recorded as source "inline") is compiled by that test, not by the precompile."""
+    """The (source, instance) pairs a launch record holds, the package's kernels only (a ``.cu`` of kernels/, or
+    text the package builds, "inline"): a gpu test's own kernel (tests/kernels/, its text after the package's
+    headers, so recorded under the first header's name) is compiled by that test, not by the precompile."""
     if not path.is_file():
         return set()
     pairs = {tuple(line.split("\t", 1)) for line in path.read_text().splitlines() if line}
-    return {pair for pair in pairs if pair[0] != "inline"}  # type: ignore[misc]
+    return {pair for pair in pairs if not pair[0].endswith((".h", ".cuh"))}  # type: ignore[misc]
 
 
 def double_env(record: Path, **extra: str) -> dict[str, str]:

@@ -26,6 +26,7 @@ from garbage import (
 from model import TOLERANCES
 
 from kpool_cupy import emulate, reference
+from kpool_cupy.backends.host import EMULATE_MMA_VARIABLE
 from kpool_cupy.kernel.requests import request_rows
 
 CASES = 120  # per family: every variant of tests/garbage.py, in seconds
@@ -187,12 +188,16 @@ def test_selection_garbage_lands_in_the_same_places(chunk):
         _compare(function.removeprefix("kpool_"), case, f"seed {chunk} case {i}")
 
 
-@pytest.mark.usefixtures("emulated_scorer_path")
-@pytest.mark.parametrize("chunk", SWEEP_4)
-def test_fused_selection_garbage_equals_the_two_calls(chunk):
+@pytest.mark.parametrize(
+    ("path", "chunk"),
+    [("e4m3", 0), *(pytest.param("e4m3", chunk, marks=pytest.mark.slow) for chunk in range(1, 4)), ("wgmma", 0)],
+)
+def test_fused_selection_garbage_equals_the_two_calls(monkeypatch, path, chunk):
     # The scorer's garbage with selections on top: the fused call, with a zeroed workspace, equals the same
     # backend's two calls with the logits as wide as the cache table reaches (its candidates' limit without
-    # validation), bit for bit on the emulator and on the reference alike.
+    # validation), bit for bit on the emulator and on the reference alike. The sm_90a path (wgmma) takes the
+    # default tier's chunk: the sweep's others would add minutes to the full tier for the same kernels.
+    monkeypatch.setenv(EMULATE_MMA_VARIABLE, path)
     for i, (_, case) in enumerate(select_garbage_cases(seed=chunk, count=CASES // 8)):
         case.pop("workspace", None)
         label = f"seed {chunk} case {i}"
