@@ -27,11 +27,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kernel_text import kernel_code, line_of
 from test_emulator_build import _libasan, _run_sanitized
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code, recording
-from kpool_cupy.kernel.sources import kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "tests/kernels/cp_async.cu"
@@ -63,20 +63,11 @@ SCHEDULES = {"deferred": "", "reversed": "-DKP_FIBERS_REVERSED", "eager": "-DKP_
 
 
 def _code() -> str:
-    # kernels/ holds only the package's kernels, so the test prepends the headers itself.
-    return (
-        kernel_source("kpool_portability.h")
-        + kernel_source("kpool_cp_async.cuh")
-        + f'#line 1 "{SOURCE}"\n'
-        + (ROOT / SOURCE).read_text()
-    )
+    return kernel_code(SOURCE, "kpool_portability.h", "kpool_cp_async.cuh")
 
 
 def _line(text: str) -> int:
-    """The 1-based line of tests/kernels/cp_async.cu that holds `text` (stripped), once."""
-    lines = [i for i, line in enumerate((ROOT / SOURCE).read_text().splitlines(), start=1) if line.strip() == text]
-    assert len(lines) == 1, (text, lines)
-    return lines[0]
+    return line_of(SOURCE, text)
 
 
 def _inputs(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

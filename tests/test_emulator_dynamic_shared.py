@@ -24,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from double import run_on_double
+from kernel_text import kernel_code
 from test_emulator_build import _libasan
 
 from kpool_cupy import emulate
@@ -32,7 +33,6 @@ from kpool_cupy.backends import emulate as emulate_backend
 from kpool_cupy.backends.cupy_launch import DEFAULT_SHARED_BYTES, launch_function
 from kpool_cupy.emulator.launch import MAX_SHARED_BYTES, launch_code, recording
 from kpool_cupy.kernel.geometry import LaunchGeometry, group_geometry
-from kpool_cupy.kernel.sources import kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "tests/kernels/dynamic_shared.cu"
@@ -46,8 +46,7 @@ TIMEOUT_S = 60  # a guard against a hang: one subprocess here runs in 1 to 3 s (
 
 
 def _code() -> str:
-    # kernels/ holds only the package's kernels, so the test prepends the header itself.
-    return kernel_source("kpool_portability.h") + f'#line 1 "{SOURCE}"\n' + (ROOT / SOURCE).read_text()
+    return kernel_code(SOURCE, "kpool_portability.h")
 
 
 def _want(blocks: int = BLOCKS, words: int = WORDS) -> np.ndarray:

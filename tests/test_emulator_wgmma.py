@@ -24,10 +24,10 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 import pytest
+from kernel_text import kernel_code, line_of
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code, recording
-from kpool_cupy.kernel.sources import kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = "tests/kernels/wgmma.cu"
@@ -51,20 +51,11 @@ U = 2.0**-24  # float32's unit roundoff
 
 
 def _code() -> str:
-    # kernels/ holds only the package's kernels, so the test prepends the headers itself.
-    return (
-        kernel_source("kpool_portability.h")
-        + kernel_source("kpool_wgmma.cuh")
-        + f'#line 1 "{SOURCE}"\n'
-        + (ROOT / SOURCE).read_text()
-    )
+    return kernel_code(SOURCE, "kpool_portability.h", "kpool_wgmma.cuh")
 
 
 def _line(text: str) -> int:
-    """The 1-based line of tests/kernels/wgmma.cu that holds `text` (stripped), once."""
-    lines = [i for i, line in enumerate((ROOT / SOURCE).read_text().splitlines(), start=1) if line.strip() == text]
-    assert len(lines) == 1, (text, lines)
-    return lines[0]
+    return line_of(SOURCE, text)
 
 
 def _e4m3_bytes(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
