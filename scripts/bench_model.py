@@ -7,8 +7,9 @@ counts.
 A prediction, not a measurement. Each row is one launch the benchmark makes,
 found by running the op's own call flow on host arrays of the benchmark's
 shapes, dtypes and alignment with a backend that records the launch instead of
-running it (so the variant is the one launched: index types, VECTOR, TARGET).
-From that variant's sm_90 SASS (`kpool-cupy ptx --sass`) and ptxas's registers
+running it (so the variant is the one launched: index types, VECTOR, TARGET;
+the scorer's rows once more for the sm_90a build, wgmma, beside sm_90's).
+From that variant's sm_90 SASS (sm_90a for those; `kpool-cupy ptx --sass`) and ptxas's registers
 come four bounds, and the prediction is the slowest of them plus a launch:
 
     memory    bytes / min(4.8 TB/s, bytes in flight / DRAM latency)     (Little's law)
@@ -70,7 +71,7 @@ from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E4
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
-from kpool_cupy.kernel.declarations import MMA_E4M3  # noqa: E402
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_WGMMA, builds_for_sm90a  # noqa: E402
 from kpool_cupy.kernel.geometry import chunk_members, index_block_pools  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
@@ -108,33 +109,40 @@ BEGIN, END = "<!-- model table: scripts/bench_model.py -->", "<!-- end of model 
 
 
 class Recorder(HostMemory):
-    """A backend that keeps each launch an op asks for and runs none: the launched variant, without a GPU."""
+    """A backend that keeps each launch an op asks for and runs none: the launched variant, without a GPU. Its
+    device's tensor-core path is ``mma`` (the scorer's on sm_89 and newer unless told)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mma: int = MMA_E4M3) -> None:
         self.launches: list[Launch] = []
+        self.mma = mma
 
     def launch(self, launch: Launch) -> None:
         self.launches.append(launch)
 
+    def tensor_core(self) -> int:
+        return self.mma
 
-_RECORDER = Recorder()
-_RECORDING: dict[str, Any] = {}  # each op bound once onto the recorder, by the op's name
+
+_RECORDERS = {MMA_E4M3: Recorder(), MMA_WGMMA: Recorder(MMA_WGMMA)}
+_RECORDING: dict[tuple[str, int], Any] = {}  # each op bound once onto each recorder, by the op's name and path
 
 
-def launches(spec: OpSpec, *arrays: Any, **keywords: Any) -> list[Launch]:
-    """The launches ``spec``'s op makes for this call (validate=False, as the benchmark calls it), in order."""
-    recorder = _RECORDER
-    if spec.name not in _RECORDING:
-        _RECORDING[spec.name] = bind(definition(spec), host_binding("model", lambda extras: recorder), spec)
-    function = _RECORDING[spec.name]
+def launches(spec: OpSpec, *arrays: Any, mma: int = MMA_E4M3, **keywords: Any) -> list[Launch]:
+    """The launches ``spec``'s op makes for this call (validate=False, as the benchmark calls it) on a device
+    whose scorer takes ``mma``, in order."""
+    recorder = _RECORDERS[mma]
+    if (spec.name, mma) not in _RECORDING:
+        binding = host_binding("model", lambda extras: recorder)
+        _RECORDING[(spec.name, mma)] = bind(definition(spec), binding, spec)
+    function = _RECORDING[(spec.name, mma)]
     recorder.launches.clear()
     function(*arrays, validate=False, **keywords)
     return list(recorder.launches)
 
 
-def launched(spec: OpSpec, *arrays: Any, **keywords: Any) -> Launch:
+def launched(spec: OpSpec, *arrays: Any, mma: int = MMA_E4M3, **keywords: Any) -> Launch:
     """The one launch ``spec``'s op makes for this call."""
-    made = launches(spec, *arrays, **keywords)
+    made = launches(spec, *arrays, mma=mma, **keywords)
     if len(made) != 1:
         raise ValueError(f"Invalid call of {spec.name}: expected one launch, got {len(made)}")
     return made[0]
@@ -284,9 +292,10 @@ def expand_cases(kpool: int = 4) -> list[Case]:
     return cases
 
 
-def index_cases(heads: int = 64) -> list[Case]:
+def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
     """bench.index.bench_index_logits at ``heads`` heads: its cache of shuffled pages, e4m3 queries, int32 indices,
-    a logits row of every pool the request's last token sees."""
+    a logits row of every pool the request's last token sees; on the path ``mma`` (MMA_WGMMA: the sm_90a build,
+    the bench's kpool-cupy-sm90a)."""
     cases = []
     for shape in (s for s in index_shapes() if s.heads == heads):
         pages = shape.requests * shape.columns
@@ -298,11 +307,14 @@ def index_cases(heads: int = 64) -> list[Case]:
         lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
         out = device_like((shape.tokens, shape.pools), np.float32)
         arrays = (q, weights, cache, table, offsets, lengths)
-        launch = launched(INDEX_LOGITS_FP8, *arrays, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
-        # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time.
-        steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, MMA_E4M3)
-        head_tiles = launch.values["tokens_per_block"] * -(-heads // 16) * steps
-        case = Case("index_logits_fp8", shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles)
+        launch = launched(INDEX_LOGITS_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
+        # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time (16 heads
+        # on mma.sync, an M-tile of 64 on wgmma).
+        steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, mma)
+        rows = 64 if mma == MMA_WGMMA else 16
+        head_tiles = launch.values["tokens_per_block"] * -(-heads // rows) * steps
+        family = "index_logits_fp8 sm_90a" if mma == MMA_WGMMA else "index_logits_fp8"
+        case = Case(family, shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles)
         cases.append(case)
     return cases
 
@@ -373,6 +385,7 @@ def cases() -> list[Case]:
         *tail_cases(),
         *expand_cases(),
         *index_cases(),
+        *index_cases(mma=MMA_WGMMA),
         *select_cases(),
         *backward_cases(),
     ]
@@ -436,8 +449,8 @@ class Variant:
 
 
 @functools.cache
-def variant(source: str, instance: str) -> Variant:
-    summary = summarize_sass(source, instance)
+def variant(source: str, instance: str, arch: str = "sm_90") -> Variant:
+    summary = summarize_sass(source, instance, arch=arch)
     sass = summary.sass
     return Variant(
         summary.instructions,
@@ -472,7 +485,7 @@ def predict(
 ) -> Prediction:
     """The four bounds of the module docstring for one launch."""
     geometry = case.launch.geometry
-    per_sm = blocks_per_sm(v.registers, geometry.block, shared_bytes=v.shared_bytes) or 1
+    per_sm = blocks_per_sm(v.registers, geometry.block, shared_bytes=v.shared_bytes + geometry.shared_bytes) or 1
     resident = min(geometry.grid, SMS * per_sm)
     in_flight = resident * geometry.block * v.outstanding
     reachable = min(bandwidth, in_flight / latency) if in_flight else bandwidth
@@ -516,7 +529,8 @@ def template_arguments(instance: str) -> str:
 
 
 def row(case: Case) -> str:
-    v = variant(case.launch.kernel.source, case.launch.instance)
+    arch = "sm_90a" if builds_for_sm90a(case.launch.template) else "sm_90"
+    v = variant(case.launch.kernel.source, case.launch.instance, arch)
     p = predict(case, v)
     g = case.launch.geometry
     return (
