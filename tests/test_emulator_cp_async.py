@@ -21,13 +21,12 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
-from kernel_text import kernel_code, line_of
+from kernel_text import kernel_code, line_of, probe_build
 from test_emulator_build import _libasan, _run_sanitized
 
 from kpool_cupy import emulate
@@ -373,34 +372,11 @@ def _probe(arch: str) -> tuple[str, str, list[tuple[str, str, str]]]:
 
     The module holds the other kernels too (an ``extern "C"`` kernel is
     always emitted), so each text is cut to the probe's own function."""
-    from kpool_cupy.kernel.nvrtc import code_ptx
     from kpool_cupy.tools import sass
 
-    try:
-        ptx = code_ptx(_code(), "cp_async_ring_probe", arch)
-    except RuntimeError as error:
-        if arch.replace("sm_", "compute_") in str(error):
-            pytest.skip(f"this NVRTC has no {arch}: {error}")
-        raise
-    ptxas, nvdisasm = sass.find_tool("ptxas"), sass.find_tool("nvdisasm")
-    with tempfile.TemporaryDirectory(prefix="kpool-cp-async-") as folder:
-        ptx_file, cubin = Path(folder, "probe.ptx"), Path(folder, "probe.cubin")
-        ptx_file.write_text(ptx)
-        done = subprocess.run(
-            [ptxas, f"-arch={arch}", "-v", str(ptx_file), "-o", str(cubin)], capture_output=True, text=True, timeout=120
-        )
-        if done.returncode != 0 and arch in done.stderr and "not defined" in done.stderr:
-            pytest.skip(f"this ptxas has no {arch}: {done.stderr.strip()}")
-        assert done.returncode == 0, done.stderr
-        listing = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=120, check=True)
-    name = "cp_async_ring_probe"
-    (probe_ptx,) = [entry for entry in ptx.split(".entry ") if entry.startswith(name + "(")]
-    lines = (done.stdout + done.stderr).splitlines()
-    (properties,) = [i for i, line in enumerate(lines) if line.endswith(f"Function properties for {name}")]
-    report = [line for line in lines if f"'{name}'" in line] + [lines[properties + 1]]  # its stack and spills
-    (probe_sass,) = [section for section in listing.stdout.split("\n.text.") if section.startswith(name + ":")]
+    probe_ptx, report, probe_sass = probe_build(_code(), "cp_async_ring_probe", "cp_async_ring_probe", arch)
     instructions = [(i.guard, ".".join(i.opcode), i.operands.strip()) for i in sass.parse_instructions(probe_sass)[0]]
-    return probe_ptx, "\n".join(report), instructions
+    return probe_ptx, report, instructions
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])

@@ -17,14 +17,13 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
-from kernel_text import kernel_code, line_of
+from kernel_text import kernel_code, line_of, probe_build
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code, recording
@@ -321,35 +320,7 @@ def _sm90a_probe(n: int) -> tuple[str, str, str]:
 
     The module holds wgmma_product too (an ``extern "C"`` kernel is always
     emitted), so each text is cut to the probe's own function."""
-    from kpool_cupy.kernel.nvrtc import code_ptx
-    from kpool_cupy.tools import sass
-
-    try:
-        ptx = code_ptx(_code(), f"wgmma_probe<{n}>", "compute_90a")
-    except RuntimeError as error:
-        if "compute_90a" in str(error):
-            pytest.skip(f"this NVRTC has no compute_90a: {error}")
-        raise
-    ptxas, nvdisasm = sass.find_tool("ptxas"), sass.find_tool("nvdisasm")
-    with tempfile.TemporaryDirectory(prefix="kpool-wgmma-") as folder:
-        ptx_file, cubin = Path(folder, "probe.ptx"), Path(folder, "probe.cubin")
-        ptx_file.write_text(ptx)
-        done = subprocess.run(
-            [ptxas, "-arch=sm_90a", "-v", str(ptx_file), "-o", str(cubin)], capture_output=True, text=True, timeout=120
-        )
-        if done.returncode != 0 and "sm_90a" in done.stderr and "not defined" in done.stderr:
-            pytest.skip(f"this ptxas has no sm_90a: {done.stderr.strip()}")
-        assert done.returncode == 0, done.stderr
-        listing = subprocess.run([nvdisasm, "-c", str(cubin)], capture_output=True, text=True, timeout=120, check=True)
-    mangled = f"_Z11wgmma_probeILi{n}EEvPKhS1_Pf"
-    entries = ptx.split(".entry ")
-    (probe_ptx,) = [entry for entry in entries if entry.startswith(mangled)]
-    lines = (done.stdout + done.stderr).splitlines()
-    (properties,) = [i for i, line in enumerate(lines) if line.endswith(f"Function properties for {mangled}")]
-    report = [line for line in lines if mangled in line] + [lines[properties + 1]]  # its stack and spills
-    sections = listing.stdout.split("\n.text.")
-    (probe_sass,) = [section for section in sections if section.startswith(mangled + ":")]
-    return probe_ptx, "\n".join(report), probe_sass
+    return probe_build(_code(), f"wgmma_probe<{n}>", f"_Z11wgmma_probeILi{n}EEvPKhS1_Pf", "sm_90a")
 
 
 @pytest.mark.parametrize("n", [8, 16, 32, 64, 128])
