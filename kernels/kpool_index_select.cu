@@ -5,7 +5,7 @@
 // its pools a chunk of kSelectChunk at a time into shared memory, each warp
 // 8 NT pools a call with the scorer's own routines (kp::load_key_tiles,
 // kp::score_token), so each logit has the scorer's bits, and offers the
-// chunk to the streaming selection (kp::offer_chunk). With one split the
+// chunk to the streaming selection (kp::offer_tile). With one split the
 // block writes the token's expanded row; with several each writes its best
 // (at most pool_topk keys and ids, ascending id) to the workspace, and the
 // last of the token's blocks to finish (an atomicInc that wraps back to 0,
@@ -194,18 +194,15 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                 }
             }
             __syncthreads();
-            const long long first = base + static_cast<long long>(threadIdx.x) * kp::kSelectPerThread;
-            const long long left = hi - first;
-            const int mine =
-                left <= 0 ? 0 : (left < kp::kSelectPerThread ? static_cast<int>(left) : kp::kSelectPerThread);
-            unsigned int chunk_keys[kp::kSelectPerThread];
-            int ids[kp::kSelectPerThread];
+            const int count = hi - base < kp::kSelectChunk ? static_cast<int>(hi - base) : kp::kSelectChunk;
+            kp::SelectTile<1> tile;
 #pragma unroll
             for (int e = 0; e < kp::kSelectPerThread; ++e) {
-                chunk_keys[e] = e < mine ? kp::order_key(chunk_logits[first - base + e]) : 0u;
-                ids[e] = static_cast<int>(first + e);
+                const int offset = kp::tile_offset<1>(0, e);
+                tile.keys[0][e] = offset < count ? kp::order_key(chunk_logits[offset]) : 0u;
             }
-            kp::offer_chunk(buffer, state, chunk_keys, ids, mine, k);  // its barriers free chunk_logits
+            kp::offer_tile(buffer, state, tile, count, k,  // its barriers free chunk_logits
+                           [base](int, int e) { return static_cast<int>(base + kp::tile_offset<1>(0, e)); });
         }
         kp::finish_selection(buffer, state, k);
         if (splits > 1) {
@@ -232,17 +229,18 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                 int count = kp_load_cg(w.counts + from);  // garbage only after garbage: clamped
                 count = count < 0 ? 0 : (count > k ? k : count);
                 for (int chunk = 0; chunk < count; chunk += kp::kSelectChunk) {
-                    const int first_entry = chunk + static_cast<int>(threadIdx.x) * kp::kSelectPerThread;
-                    const int rest = count - first_entry;
-                    const int mine = rest <= 0 ? 0 : (rest < kp::kSelectPerThread ? rest : kp::kSelectPerThread);
-                    unsigned int list_keys[kp::kSelectPerThread];
-                    int ids[kp::kSelectPerThread];
+                    const int rest = count - chunk < kp::kSelectChunk ? count - chunk : kp::kSelectChunk;
+                    const long long entries = from * pool_topk + chunk;
+                    kp::SelectTile<1> tile;
 #pragma unroll
                     for (int e = 0; e < kp::kSelectPerThread; ++e) {
-                        list_keys[e] = e < mine ? kp_load_cg(w.keys + from * pool_topk + first_entry + e) : 0u;
-                        ids[e] = e < mine ? kp_load_cg(w.ids + from * pool_topk + first_entry + e) : -1;
+                        const int offset = kp::tile_offset<1>(0, e);
+                        tile.keys[0][e] = offset < rest ? kp_load_cg(w.keys + entries + offset) : 0u;
                     }
-                    kp::offer_chunk(buffer, merged, list_keys, ids, mine, k);
+                    kp::offer_tile(buffer, merged, tile, rest, k,
+                                   [w, entries](int, int e) {
+                                       return kp_load_cg(w.ids + entries + kp::tile_offset<1>(0, e));
+                                   });
                 }
             }
             kp::finish_selection(buffer, merged, k);

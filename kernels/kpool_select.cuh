@@ -7,14 +7,21 @@
 // 0), so the rule is: larger key first, then lower pool id.
 //
 // Streaming, one read of each logit: candidates arrive in ascending pool id,
-// a chunk of kSelectChunk at a time, and the block appends the ones that can
-// still be selected to a shared buffer, in order. When a chunk would not
-// fit, the buffer is cut back to its k best (a radix select finds the k-th
-// largest key K in four 8-bit rounds, then a stable compaction keeps every
-// key above K and the lowest-id keys equal to K), and from then on only keys
-// above K are appended: a later candidate equal to K has a higher id than
-// every kept one and loses to all k of them. The buffer stays in ascending
-// pool id, so the selection comes out sorted with no sort.
+// a tile at a time in registers (SelectTile: GROUPS groups of 4 a thread,
+// each warp's share one contiguous run), and the block appends the ones
+// that can still be selected to a shared buffer, in order: a warp ranks its
+// candidates with ballots, the block with one barrier. When a tile would not
+// fit, the buffer and the tile are cut back together to their k best (a
+// radix select finds the k-th largest key K in four 8-bit rounds, then a
+// stable compaction keeps every key above K and the lowest-id keys equal to
+// K), and from then on only keys above K are offered: one comparison a
+// candidate, and a later candidate equal to K has a higher id than every
+// kept one and loses to all k of them. The buffer stays in ascending pool
+// id, so the selection comes out sorted with no sort. The order candidates
+// arrive in changes how often a cut comes (every tile for rising logits, a
+// few times a row for random ones), never the result. A warp whose keys
+// share a digit adds them to the histogram at once, so equal, NaN or
+// slowly rising keys do not queue a whole warp on one bin.
 #ifndef KPOOL_SELECT_CUH
 #define KPOOL_SELECT_CUH
 
@@ -70,23 +77,117 @@ struct SelectBuffer {
     int ids[kSize];
     unsigned int histogram[256];
     unsigned int found[2];
+    unsigned int warp_totals[2][kSelectWarps];  // block_base's, two in turn
 };
 
-// The k-th largest key among the buffer's count (> k) keys: *greater, how
-// many keys lie above it. Four rounds of an 8-bit histogram over the keys
-// that match the digits found so far.
-template <int CAP>
-__device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count, int k,
+// A tile of candidates in registers: GROUPS groups of kSelectPerThread a
+// thread. Candidate `tile_offset<GROUPS>(j, e)` of the tile is entry e of
+// the thread's group j, so each warp holds one contiguous run of the tile,
+// in the order (group, lane, entry): a warp ranks its candidates in id order
+// with ballots, and the block with one barrier (block_base). With GROUPS 1
+// a thread holds 4 consecutive candidates, thread t from 4 t.
+template <int GROUPS>
+struct SelectTile {
+    static_assert(GROUPS * kSelectPerThread <= 32, "a bit of `enter` for each candidate of a thread");
+    unsigned int keys[GROUPS][kSelectPerThread];
+    unsigned int enter;  // bit 4 j + e: offered (in the tile, and above the threshold once cut)
+};
+
+__device__ __forceinline__ bool has_bit(unsigned int bits, int group, int entry) {
+    return ((bits >> (kSelectPerThread * group + entry)) & 1u) != 0u;
+}
+constexpr int kSelectWarpGroup = 32 * kSelectPerThread;  // a warp's candidates of one group
+
+template <int GROUPS>
+__device__ __forceinline__ int tile_offset(int group, int entry) {
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    return (warp * GROUPS + group) * kSelectWarpGroup + kSelectPerThread * lane + entry;
+}
+
+// Ranks, in the warp's order, of its candidates whose bit of `pass` is set
+// (has_bit): before[j], how many of the warp's pass before this thread's
+// group j; the warp's count is returned. Every lane of the warp calls it
+// together.
+template <int GROUPS>
+__device__ __forceinline__ unsigned int warp_ranks(unsigned int pass, unsigned int (&before)[GROUPS]) {
+    const unsigned int lower = (1u << (threadIdx.x % 32)) - 1u;  // the lanes below this one
+    unsigned int count = 0u;
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j) {
+        unsigned int mine = 0u, all = 0u;
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) {
+            const unsigned int voters = __ballot_sync(0xffffffffu, has_bit(pass, j, e));
+            mine += static_cast<unsigned int>(__popc(voters & lower));
+            all += static_cast<unsigned int>(__popc(voters));
+        }
+        before[j] = count + mine;
+        count += all;
+    }
+    return count;
+}
+
+// Each warp's count (`warp_count`, the same in its lanes) in, this warp's
+// base (the counts of the warps before it) out, and *total the block's.
+// One barrier: warp_totals stays in use until the caller's next barrier.
+__device__ __forceinline__ unsigned int block_base(unsigned int (&warp_totals)[kSelectWarps], unsigned int warp_count,
+                                                   unsigned int* total) {
+    const int warp = static_cast<int>(threadIdx.x / 32);
+    if (threadIdx.x % 32 == 0) warp_totals[warp] = warp_count;
+    __syncthreads();
+    unsigned int before = 0u, sum = 0u;
+#pragma unroll
+    for (int w = 0; w < kSelectWarps; ++w) {
+        before += w < warp ? warp_totals[w] : 0u;
+        sum += warp_totals[w];
+    }
+    *total = sum;
+    return before;
+}
+
+// One for each lane where `counts` holds, into bin `digit`. A warp whose
+// counting lanes share one digit adds once (logits that are all equal, or
+// rise slowly, would otherwise queue their whole warp on one address).
+// Every lane of the warp calls it together.
+__device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsigned int digit, bool counts) {
+    const unsigned int voters = __ballot_sync(0xffffffffu, counts);
+    if (voters == 0u) return;  // the same in every lane
+    const int leader = __ffs(static_cast<int>(voters)) - 1;
+    const unsigned int leader_digit = __shfl_sync(0xffffffffu, digit, leader);
+    if (__all_sync(0xffffffffu, !counts || digit == leader_digit)) {
+        if (static_cast<int>(threadIdx.x % 32) == leader)
+            atomicAdd(&histogram[leader_digit], static_cast<unsigned int>(__popc(voters)));
+    } else if (counts) {
+        atomicAdd(&histogram[digit], 1u);
+    }
+}
+
+// The k-th largest key among the buffer's count keys and the tile's entering
+// ones (more than k in all): *greater, how many of them lie above it. Four
+// rounds of an 8-bit histogram over the keys that match the digits found so
+// far.
+template <int CAP, int GROUPS>
+__device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count,
+                                                        const SelectTile<GROUPS>& tile, int k,
                                                         unsigned int* greater) {
     unsigned int prefix = 0u, prefix_mask = 0u;
     unsigned int wanted = static_cast<unsigned int>(k);  // the rank still to find among the matching keys
     for (int shift = 24; shift >= 0; shift -= 8) {
         buffer.histogram[threadIdx.x] = 0u;  // kSelectThreads == 256 bins
         __syncthreads();
-        for (int i = static_cast<int>(threadIdx.x); i < count; i += kSelectThreads) {
-            const unsigned int key = buffer.keys[i];
-            if ((key & prefix_mask) == prefix) atomicAdd(&buffer.histogram[(key >> shift) & 255u], 1u);
+        for (int base = 0; base < count; base += kSelectThreads) {  // the same trips in every thread
+            const int i = base + static_cast<int>(threadIdx.x);
+            const unsigned int key = i < count ? buffer.keys[i] : 0u;
+            add_to_histogram(buffer.histogram, (key >> shift) & 255u, i < count && (key & prefix_mask) == prefix);
         }
+#pragma unroll
+        for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+            for (int e = 0; e < kSelectPerThread; ++e) {
+                const unsigned int key = tile.keys[j][e];
+                add_to_histogram(buffer.histogram, (key >> shift) & 255u,
+                                 has_bit(tile.enter, j, e) && (key & prefix_mask) == prefix);
+            }
         __syncthreads();
         // Thread j looks at digit 255 - j: the keys in higher digits are the exclusive sum before it.
         const unsigned int digit = 255u - threadIdx.x;
@@ -107,51 +208,6 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
     return prefix;
 }
 
-// Cuts the buffer's count (> k) candidates back to its k best, in order:
-// every key above the k-th largest K, then as many keys equal to K as
-// there is room for, lowest ids first. Returns K.
-template <int CAP>
-__device__ __forceinline__ unsigned int cut_back(SelectBuffer<CAP>& buffer, int count, int k) {
-    unsigned int greater;
-    const unsigned int threshold = kth_largest_key(buffer, count, k, &greater);
-    const unsigned int ties = static_cast<unsigned int>(k) - greater;  // keys equal to K that stay
-    constexpr int kShare = SelectBuffer<CAP>::kPerThread;
-    const int first = static_cast<int>(threadIdx.x) * kShare;
-    unsigned int keys[kShare];
-    int ids[kShare];
-    unsigned int above = 0u, equal = 0u;
-#pragma unroll
-    for (int e = 0; e < kShare; ++e) {
-        const bool held = first + e < count;
-        keys[e] = held ? buffer.keys[first + e] : 0u;
-        ids[e] = held ? buffer.ids[first + e] : -1;
-        above += held && keys[e] > threshold;
-        equal += held && keys[e] == threshold;
-    }
-    // Both counts in one sum: each stays below 2^16 (kSize <= 5120).
-    unsigned int total;
-    const unsigned int before = block_exclusive_sum(above | (equal << 16), &total);
-    unsigned int above_before = before & 0xffffu, equal_before = before >> 16;
-#pragma unroll
-    for (int e = 0; e < kShare; ++e) {
-        if (first + e >= count) break;
-        const unsigned int kept_equal = equal_before < ties ? equal_before : ties;
-        if (keys[e] > threshold) {
-            buffer.keys[above_before + kept_equal] = keys[e];
-            buffer.ids[above_before + kept_equal] = ids[e];
-            ++above_before;
-        } else if (keys[e] == threshold) {
-            if (equal_before < ties) {
-                buffer.keys[above_before + equal_before] = keys[e];
-                buffer.ids[above_before + equal_before] = ids[e];
-            }
-            ++equal_before;
-        }
-    }
-    __syncthreads();
-    return threshold;
-}
-
 // Where a block's selection stands: count candidates in the buffer, and
 // once it has been cut back, the threshold a new key must beat. The same in
 // every thread of the block.
@@ -161,70 +217,172 @@ struct SelectState {
     unsigned int threshold = 0u;
 };
 
-// One chunk of candidates, all with higher ids than any offered before:
-// this thread's mine (<= kSelectPerThread) keys and ids, in id order across
-// the block's threads. Every thread of the block calls it together.
-template <int CAP>
-__device__ __forceinline__ void offer_chunk(SelectBuffer<CAP>& buffer, SelectState& state,
-                                            const unsigned int (&keys)[kSelectPerThread],
-                                            const int (&ids)[kSelectPerThread], int mine, int k) {
-    for (;;) {
-        unsigned int entering = 0u;
+// Writes the candidates of `part` (its bits of `enter`) that a cut at
+// `threshold` keeps, `ties` keys equal to it kept in all, into the buffer in
+// id order after the *above keys above and *equal keys equal to it already
+// placed (counts the same in every thread; both are updated). id_of(j, e):
+// the id of entry e of this thread's group j. Reads no buffer entry; one
+// barrier, and warp_totals stays in use until the caller's next one.
+template <int CAP, int GROUPS, typename IdOf>
+__device__ __forceinline__ void place_kept(SelectBuffer<CAP>& buffer, unsigned int (&warp_totals)[kSelectWarps],
+                                           const SelectTile<GROUPS>& part, unsigned int threshold, unsigned int ties,
+                                           unsigned int* above, unsigned int* equal, IdOf id_of) {
+    unsigned int is_above = 0u, is_equal = 0u;
 #pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e)
-            entering += e < mine && (!state.cut || keys[e] > state.threshold);
-        unsigned int total;
-        unsigned int at = static_cast<unsigned int>(state.count) + block_exclusive_sum(entering, &total);
-        if (state.count + static_cast<int>(total) > SelectBuffer<CAP>::kSize) {
-            // No room for the chunk: cut back to k (count > k here, since total <= kSelectChunk) and look
-            // at the chunk again under the new threshold.
-            state.threshold = cut_back(buffer, state.count, k);
-            state.cut = true;
-            state.count = k;
-            continue;
+    for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) {
+            const int bit = kSelectPerThread * j + e;
+            const unsigned int offered = (part.enter >> bit) & 1u;
+            is_above |= (offered & static_cast<unsigned int>(part.keys[j][e] > threshold)) << bit;
+            is_equal |= (offered & static_cast<unsigned int>(part.keys[j][e] == threshold)) << bit;
         }
+    unsigned int above_before[GROUPS], equal_before[GROUPS];
+    const unsigned int warp_above = warp_ranks(is_above, above_before);
+    const unsigned int warp_equal = warp_ranks(is_equal, equal_before);
+    // Both counts in one sum: each stays below 2^16 (a part holds at most 8,192 candidates).
+    unsigned int total;
+    const unsigned int base = block_base(warp_totals, warp_above | (warp_equal << 16), &total);
 #pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e)
-            if (e < mine && (!state.cut || keys[e] > state.threshold)) {
-                buffer.keys[at] = keys[e];
-                buffer.ids[at] = ids[e];
-                ++at;
+    for (int j = 0; j < GROUPS; ++j) {
+        unsigned int a = *above + (base & 0xffffu) + above_before[j];  // keys above, and equal, before this one
+        unsigned int q = *equal + (base >> 16) + equal_before[j];
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) {
+            const unsigned int kept_equal = q < ties ? q : ties;
+            if (has_bit(is_above, j, e)) {
+                buffer.keys[a + kept_equal] = part.keys[j][e];
+                buffer.ids[a + kept_equal] = id_of(j, e);
+                ++a;
+            } else if (has_bit(is_equal, j, e)) {
+                if (q < ties) {
+                    buffer.keys[a + q] = part.keys[j][e];
+                    buffer.ids[a + q] = id_of(j, e);
+                }
+                ++q;
             }
-        state.count += static_cast<int>(total);
-        __syncthreads();
-        return;
+        }
     }
+    *above += total & 0xffffu;
+    *equal += total >> 16;
 }
 
-// After the last chunk: the buffer's first min(count, k) entries are the k
+// Cuts the buffer's count candidates and the tile's entering ones (more
+// than k in all; the tile's ids all above the buffer's) back to their k
+// best, in id order, into the buffer: every key above the k-th largest K,
+// then as many keys equal to K as there is room for, lowest ids first.
+// The buffer is compacted in place a chunk at a time: an entry moves only
+// down, so a chunk's writes land on entries already read (each chunk's
+// reads come before its place_kept barrier), then the tile follows.
+template <int CAP, int GROUPS, typename IdOf>
+__device__ __forceinline__ void cut_back(SelectBuffer<CAP>& buffer, SelectState& state,
+                                         const SelectTile<GROUPS>& tile, int k, IdOf id_of) {
+    unsigned int greater;
+    const unsigned int threshold = kth_largest_key(buffer, state.count, tile, k, &greater);
+    const unsigned int ties = static_cast<unsigned int>(k) - greater;  // keys equal to K that stay
+    unsigned int above = 0u, equal = 0u;
+    int parity = 0;  // warp_totals alternate: a chunk's barrier also frees the other half
+    for (int first = 0; first < state.count; first += kSelectChunk) {
+        const int count = state.count - first < kSelectChunk ? state.count - first : kSelectChunk;
+        SelectTile<1> part;
+        int ids[kSelectPerThread];
+        part.enter = 0u;
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) {
+            const int offset = tile_offset<1>(0, e);
+            const bool held = offset < count;
+            part.keys[0][e] = held ? buffer.keys[first + offset] : 0u;
+            ids[e] = held ? buffer.ids[first + offset] : -1;
+            part.enter |= static_cast<unsigned int>(held) << e;
+        }
+        place_kept(buffer, buffer.warp_totals[parity], part, threshold, ties, &above, &equal,
+                   [&ids](int, int e) { return ids[e]; });
+        parity ^= 1;
+    }
+    place_kept(buffer, buffer.warp_totals[parity], tile, threshold, ties, &above, &equal, id_of);
+    __syncthreads();
+    state.count = k;
+    state.cut = true;
+    state.threshold = threshold;
+}
+
+// One tile of candidates, all with higher ids than any offered before: the
+// first `count` offsets of the tile hold candidates, id_of(j, e) the id of
+// entry e of this thread's group j. Those that can still be selected join the buffer in id order, or,
+// when they would not fit, the buffer and they are cut back to the k best.
+// Every thread of the block calls it together.
+template <int CAP, int GROUPS, typename IdOf>
+__device__ __forceinline__ void offer_tile(SelectBuffer<CAP>& buffer, SelectState& state, SelectTile<GROUPS>& tile,
+                                           int count, int k, IdOf id_of) {
+    tile.enter = 0u;
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) {
+            const bool offered = tile_offset<GROUPS>(j, e) < count && (!state.cut || tile.keys[j][e] > state.threshold);
+            tile.enter |= static_cast<unsigned int>(offered) << (kSelectPerThread * j + e);
+        }
+    unsigned int before[GROUPS];
+    const unsigned int warp_count = warp_ranks(tile.enter, before);
+    unsigned int total;
+    const unsigned int base = block_base(buffer.warp_totals[0], warp_count, &total);
+    if (state.count + static_cast<int>(total) > SelectBuffer<CAP>::kSize) {
+        cut_back(buffer, state, tile, k, id_of);  // count > k: the buffer had room for k
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j) {
+        unsigned int at = static_cast<unsigned int>(state.count) + base + before[j];
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e)
+            if (has_bit(tile.enter, j, e)) {
+                buffer.keys[at] = tile.keys[j][e];
+                buffer.ids[at] = id_of(j, e);
+                ++at;
+            }
+    }
+    state.count += static_cast<int>(total);
+    __syncthreads();
+}
+
+// After the last tile: the buffer's first min(count, k) entries are the k
 // best, ascending id.
 template <int CAP>
 __device__ __forceinline__ void finish_selection(SelectBuffer<CAP>& buffer, SelectState& state, int k) {
     if (state.count > k) {
-        state.threshold = cut_back(buffer, state.count, k);
-        state.cut = true;
-        state.count = k;
+        SelectTile<1> none;
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
+        none.enter = 0u;
+        cut_back(buffer, state, none, k, [](int, int) { return -1; });
     }
 }
 
-// The k best of candidates 0 .. candidates - 1, where load_keys(first,
-// keys, count) gives the keys of pools first .. first + count - 1 (count <=
-// kSelectPerThread): kSelectPerThread consecutive candidates a thread, a
-// chunk at a time. Leaves min(candidates, k) entries in the buffer.
-template <int CAP, typename LoadKeys>
-__device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long candidates, int k,
+// The k best of candidates lo .. hi - 1, a tile of GROUPS * kSelectChunk at
+// a time, where load_keys(first, keys, count) gives the keys of candidates
+// first .. first + count - 1 (count <= kSelectPerThread, first - lo a
+// multiple of 4): each thread's loads of a tile are issued together. Leaves
+// min(hi - lo, k) entries in the buffer.
+template <int CAP, int GROUPS, typename LoadKeys>
+__device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long lo, long long hi, int k,
                                                    LoadKeys load_keys) {
+    constexpr int kTile = GROUPS * kSelectChunk;
     SelectState state;
-    for (long long chunk = 0; chunk < candidates; chunk += kSelectChunk) {
-        const long long first = chunk + static_cast<long long>(threadIdx.x) * kSelectPerThread;
-        const long long left = candidates - first;
-        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread);
-        unsigned int keys[kSelectPerThread];
-        int ids[kSelectPerThread];
+    for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
+        const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;
+        SelectTile<GROUPS> tile;
 #pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e) ids[e] = static_cast<int>(first + e);
-        if (mine > 0) load_keys(first, keys, mine);
-        offer_chunk(buffer, state, keys, ids, mine, k);
+        for (int j = 0; j < GROUPS; ++j) {
+            const int offset = tile_offset<GROUPS>(j, 0);
+            const int left = count - offset;
+            const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? left : kSelectPerThread);
+#pragma unroll
+            for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = 0u;
+            if (mine > 0) load_keys(tile_first + offset, tile.keys[j], mine);
+        }
+        offer_tile(buffer, state, tile, count, k, [tile_first](int j, int e) {
+            return static_cast<int>(tile_first + tile_offset<GROUPS>(j, e));
+        });
     }
     finish_selection(buffer, state, k);
     return state;

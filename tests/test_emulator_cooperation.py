@@ -222,20 +222,27 @@ def test_a_lane_that_skips_a_shuffle_for_another_is_a_deadlock(fibers):
 def test_groups_that_leave_let_the_others_shuffle_under_the_full_mask(width):
     # Two blocks of 64; every other group (and one whole warp) leaves. A
     # shuffle that waited for the lanes that left would deadlock; one that
-    # read across segments would change the sums; __any_sync that counted a
-    # lane that left, or missed one that stayed, would change any_odd.
+    # read across segments would change the sums; a vote (__any_sync,
+    # __all_sync, __ballot_sync) that counted a lane that left, or missed one
+    # that stayed, would change any_odd, all_odd or odd_lanes.
     rng = np.random.default_rng(width)
     x = rng.integers(-8, 8, 128).astype(np.float32)
     keep = (np.arange(128 // width) % 2 == 0).astype(np.int32)
     keep[32 // width : 64 // width] = 0  # the first block's second warp: every group leaves
-    total, any_odd = np.full_like(x, -1.0), np.full(128, -1, np.int32)
-    _launch("groups_leave_full_mask", 2, 64, x, keep, total, any_odd, np.int32(width))
+    total, any_odd, all_odd = np.full_like(x, -1.0), np.full(128, -1, np.int32), np.full(128, -1, np.int32)
+    odd_lanes = np.full(128, 7, np.uint32)
+    _launch("groups_leave_full_mask", 2, 64, x, keep, total, any_odd, all_odd, odd_lanes, np.int32(width))
     stays = np.repeat(keep, width).astype(bool)
     want = _butterfly(x, width)
     assert np.array_equal(total[stays], want[stays]) and np.all(total[~stays] == -1.0)
     odd = (x.astype(np.int64) % 2 != 0) & stays
     warp_any = np.repeat(odd.reshape(-1, 32).any(axis=1), 32)
     assert np.array_equal(any_odd[stays], warp_any[stays].astype(np.int32)) and np.all(any_odd[~stays] == -1)
+    warp_all = np.repeat((odd | ~stays).reshape(-1, 32).all(axis=1), 32)
+    assert np.array_equal(all_odd[stays], warp_all[stays].astype(np.int32)) and np.all(all_odd[~stays] == -1)
+    bits = (odd.reshape(-1, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)).sum(axis=1)
+    assert np.array_equal(odd_lanes[stays], np.repeat(bits, 32)[stays].astype(np.uint32))
+    assert np.all(odd_lanes[~stays] == 7)
 
 
 def test_a_mask_naming_lanes_past_the_block_is_refused(fibers):

@@ -21,6 +21,7 @@ from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
 
 STATIC_SHARED_LIMIT = 48 * 1024
 I32 = np.dtype(np.int32)
+TOPK_GROUPS = 4  # kp::kTopkGroups
 
 
 def _shared_bytes(source: str, name: str, arch: str) -> int:
@@ -60,7 +61,13 @@ def test_the_selection_reads_logits_16_bytes_at_a_time_and_spills_nothing_in_its
     machine = sass.summarize_sass(INDEX_TOPK.source, _topk(512), arch="sm_90")
     assert machine.spill_stores <= 32 and machine.spill_loads <= 32, machine.registers
     assert local_accesses_in_loops(machine.sass) == []
-    assert machine.vector_loads == 1  # the chunk's four logits a thread (kernels/kpool_index_topk.cu)
+    # A tile's kTopkGroups groups of four logits a thread (kernels/kpool_index_topk.cu), all issued before the
+    # first vote ranks them, so a block has 16 KB in flight.
+    assert machine.vector_loads == TOPK_GROUPS
+    instructions, _ = sass.parse_instructions(machine.sass)
+    opcodes = [i.opcode for i in instructions]
+    first_vote = next(n for n, o in enumerate(opcodes) if o[0] == "VOTE")
+    assert sum(o[0] == "LDG" and "128" in o for o in opcodes[:first_vote]) == TOPK_GROUPS
 
 
 @pytest.mark.usefixtures("sass_tools")

@@ -32,6 +32,10 @@ struct alignas(16) uint4 {
 // indices of "the current CUDA thread" exactly as a kernel reads them.
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
+// The bit counts CUDA names as intrinsics (POPC, FLO on a GPU).
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+
 inline float kp_bits_to_float(unsigned int bits) {
     float value;
     std::memcpy(&value, &bits, sizeof value);

@@ -13,8 +13,9 @@
 // kernel or waits at the same shuffle (the same call, kind and mask), as
 // CUDA waits for the non-exited lanes of a mask; then each lane reads the
 // value its source lane deposited (a source that has left is undefined in
-// CUDA, and refused). __any_sync is such a shuffle that reads every waiting
-// lane's predicate. A warp-wide instruction (mma.sync: kpool_mma.h) is a
+// CUDA, and refused). __any_sync and __ballot_sync are such shuffles that
+// read every waiting lane's predicate (__all_sync is __any_sync of the
+// negation). A warp-wide instruction (mma.sync: kpool_mma.h) is a
 // shuffle that must find all 32 lanes at the same call, none of them gone;
 // then the instruction is computed once from every lane's operands. A
 // warpgroup-wide one (wgmma: kpool_wgmma.h) is the same over the 128
@@ -138,9 +139,9 @@ struct KpContext {
 
 enum class KpWait : unsigned char { running, shuffle, barrier, exited };
 // PTX's shfl.sync modes, plus __syncwarp (a shuffle that moves nothing),
-// __any_sync (vote.sync.any), a warp-wide instruction (kp_warp_collective)
+// __any_sync and __ballot_sync (vote.sync), a warp-wide instruction (kp_warp_collective)
 // and a warpgroup-wide one (kp_warpgroup_collective).
-enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any, collective, warpgroup };
+enum class KpShuffleMode : unsigned char { idx, up, down, bfly, sync, any, ballot, collective, warpgroup };
 
 // A warp-wide instruction, computed once its 32 lanes have arrived: lanes[i]
 // is what lane i passed (its operands and where its results go). A
@@ -418,6 +419,7 @@ inline unsigned int kp_shuffle_source(KpShuffleMode mode, unsigned int lane, int
         case KpShuffleMode::idx: j = low | (b & ~segmask); inside = j <= high; break;
         case KpShuffleMode::sync:
         case KpShuffleMode::any:
+        case KpShuffleMode::ballot:
         case KpShuffleMode::collective:
         case KpShuffleMode::warpgroup: break;
     }
@@ -512,6 +514,17 @@ inline void __syncwarp(unsigned int mask = 0xffffffffu, const char* file = __bui
 inline int __any_sync(unsigned int mask, int predicate, const char* file = __builtin_FILE(),
                       int line = __builtin_LINE()) {
     return static_cast<int>(kp_shuffle(KpShuffleMode::any, "__any_sync", mask, predicate != 0, 0, 32, file, line));
+}
+inline int __all_sync(unsigned int mask, int predicate, const char* file = __builtin_FILE(),
+                      int line = __builtin_LINE()) {
+    return static_cast<int>(kp_shuffle(KpShuffleMode::any, "__all_sync", mask, predicate == 0, 0, 32, file, line)) == 0;
+}
+// The mask's waiting lanes whose predicate holds, as bits (vote.sync.ballot;
+// a lane that has left the kernel contributes 0).
+inline unsigned int __ballot_sync(unsigned int mask, int predicate, const char* file = __builtin_FILE(),
+                                  int line = __builtin_LINE()) {
+    return static_cast<unsigned int>(
+        kp_shuffle(KpShuffleMode::ballot, "__ballot_sync", mask, predicate != 0, 0, 32, file, line));
 }
 
 // A warp-wide instruction (every lane of a full warp, as mma.sync.aligned
@@ -624,13 +637,14 @@ inline bool kp_release(KpBlockRun& run) {
         }
         KpFiber* warp = run.fibers + (f.rank - f.rank % 32);
         bool complete = true;
-        unsigned long long any = 0;
+        unsigned long long any = 0, ballot = 0;
         for (unsigned int lane = 0; lane < 32 && complete; ++lane) {
             if (!((f.mask >> lane) & 1u) || warp[lane].wait == KpWait::exited) continue;
             const KpFiber& other = warp[lane];
             complete = other.wait == KpWait::shuffle && other.mask == f.mask && other.mode == f.mode &&
                        other.line == f.line && std::strcmp(other.file, f.file) == 0;
             any |= other.value != 0;
+            ballot |= static_cast<unsigned long long>(other.value != 0) << lane;
         }
         if (!complete) continue;
         if (f.mode == KpShuffleMode::collective) {
@@ -649,8 +663,8 @@ inline bool kp_release(KpBlockRun& run) {
                 f.mode == KpShuffleMode::collective)
                 continue;
             KpFiber& reader = warp[lane];
-            if (f.mode == KpShuffleMode::any) {
-                reader.result = any;
+            if (f.mode == KpShuffleMode::any || f.mode == KpShuffleMode::ballot) {
+                reader.result = f.mode == KpShuffleMode::any ? any : ballot;
                 continue;
             }
             const unsigned int source = kp_shuffle_source(f.mode, lane, reader.operand, reader.width);

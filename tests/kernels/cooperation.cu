@@ -153,15 +153,20 @@ __global__ void skip_shuffle_then_wait(float* out) {
 // shuffle within their own segments under the full mask (CUDA waits for the
 // non-exited lanes a mask names): a group whose index in[g] is negative
 // leaves; the others sum their segment by butterflies. __any_sync then tells
-// every staying lane whether any staying lane of its warp has an odd value.
-__global__ void groups_leave_full_mask(const float* in, const int* keep, float* sum, int* any_odd, int width) {
+// every staying lane whether any staying lane of its warp has an odd value,
+// __all_sync whether all have, and __ballot_sync which do.
+__global__ void groups_leave_full_mask(const float* in, const int* keep, float* sum, int* any_odd, int* all_odd,
+                                       unsigned int* odd_lanes, int width) {
     KP_THREADS_COOPERATE(true);
     const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (keep[i / width] == 0) return;
     float s = in[i];
     for (int offset = 1; offset < width; offset *= 2) s += __shfl_xor_sync(0xffffffffu, s, offset, width);
     sum[i] = s;
-    any_odd[i] = __any_sync(0xffffffffu, static_cast<int>(in[i]) % 2 != 0);
+    const bool odd = static_cast<int>(in[i]) % 2 != 0;
+    any_odd[i] = __any_sync(0xffffffffu, odd);
+    all_odd[i] = __all_sync(0xffffffffu, odd);
+    odd_lanes[i] = __ballot_sync(0xffffffffu, odd);
 }
 
 // A barrier in a kernel that does not say its threads cooperate.
