@@ -25,40 +25,6 @@
 #include "kpool_index_wgmma.cuh"
 #include "kpool_select.cuh"
 
-namespace kp {
-
-// Where the workspace keeps what: a counter per token in the first
-// kSelectCounterBytes, a fixed region whatever num_tokens (pools are split
-// only for 128 tokens or fewer), so a buffer reused across batch sizes finds
-// zero counters where the last call left them; then per token and split a
-// count, pool_topk keys and pool_topk ids (ops/index_select_fp8.py's
-// index_select_workspace_bytes lays it out the same).
-constexpr long long kSelectCounterBytes = 512;
-
-struct SelectWorkspace {
-    unsigned int* counters;
-    int* counts;
-    unsigned int* keys;
-    int* ids;
-};
-
-__device__ __forceinline__ long long align16(long long bytes) { return (bytes + 15) / 16 * 16; }
-
-__device__ __forceinline__ SelectWorkspace select_workspace(unsigned char* base, long long num_tokens,
-                                                            long long splits, long long pool_topk) {
-    const long long lists = num_tokens * splits;
-    SelectWorkspace w;
-    w.counters = reinterpret_cast<unsigned int*>(base);
-    base += kSelectCounterBytes;
-    w.counts = reinterpret_cast<int*>(base);
-    base += align16(lists * 4);
-    w.keys = reinterpret_cast<unsigned int*>(base);
-    base += align16(lists * pool_topk * 4);
-    w.ids = reinterpret_cast<int*>(base);
-    return w;
-}
-
-}  // namespace kp
 
 // HEAD_DIM, MMA, VECTOR: as kpool_index_logits_fp8 (VECTOR's bits: the
 // cache pages, the query rows 16-byte aligned). CAP, IO, IC, PAGED,
@@ -83,7 +49,6 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
     constexpr bool kVectorQ = (VECTOR & 2) != 0;
     __shared__ kp::SelectBuffer<CAP> buffer;
     __shared__ float chunk_logits[kp::kSelectChunk];
-    __shared__ unsigned int last_of_token;
     const long long token = blockIdx.x / splits, split = blockIdx.x % splits;
     if (token >= num_tokens) return;
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
@@ -207,44 +172,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
         kp::finish_selection(buffer, state, k);
         if (splits > 1) {
             const kp::SelectWorkspace w = kp::select_workspace(workspace, num_tokens, splits, pool_topk);
-            const long long list = token * splits + split;
-            const int held = state.count < k ? state.count : k;
-            for (int i = static_cast<int>(threadIdx.x); i < held; i += kp::kSelectThreads) {
-                w.keys[list * pool_topk + i] = buffer.keys[i];
-                w.ids[list * pool_topk + i] = buffer.ids[i];
-            }
-            if (threadIdx.x == 0) w.counts[list] = held;
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0)
-                last_of_token = atomicInc(w.counters + token, static_cast<unsigned int>(splits - 1)) ==
-                                static_cast<unsigned int>(splits - 1);
-            __syncthreads();
-            if (!last_of_token) return;
-            __threadfence();
-            // The lists in split order are in ascending pool id: select again over them.
-            kp::SelectState merged;
-            for (long long s = 0; s < splits; ++s) {
-                const long long from = token * splits + s;
-                int count = kp_load_cg(w.counts + from);  // garbage only after garbage: clamped
-                count = count < 0 ? 0 : (count > k ? k : count);
-                for (int chunk = 0; chunk < count; chunk += kp::kSelectChunk) {
-                    const int rest = count - chunk < kp::kSelectChunk ? count - chunk : kp::kSelectChunk;
-                    const long long entries = from * pool_topk + chunk;
-                    kp::SelectTile<1> tile;
-#pragma unroll
-                    for (int e = 0; e < kp::kSelectPerThread; ++e) {
-                        const int offset = kp::tile_offset<1>(0, e);
-                        tile.keys[0][e] = offset < rest ? kp_load_cg(w.keys + entries + offset) : 0u;
-                    }
-                    kp::offer_tile(buffer, merged, tile, rest, k,
-                                   [w, entries](int, int e) {
-                                       return kp_load_cg(w.ids + entries + kp::tile_offset<1>(0, e));
-                                   });
-                }
-            }
-            kp::finish_selection(buffer, merged, k);
-            state = merged;
+            if (!kp::publish_split(buffer, state, w, token, split, splits, pool_topk)) return;
+            state = kp::merge_splits(buffer, w, token, splits, pool_topk);
         }
     }
     const long long selected = all ? visible : (state.count < k ? state.count : k);

@@ -7,7 +7,9 @@
 //                     (kpool_select.cuh's order), in ascending pool id, -1 after
 //     positions[t]  = selected(t) expanded as kpool_expand_topk expands pool ids (kpool_expand.cuh)
 //
-// One block per token. A token with at most pool_topk candidates reads no
+// One block per token and split of its candidates (splits from the host:
+// ops/families/split_selection.py; the last of a token's blocks merges,
+// kpool_select.cuh). A token with at most pool_topk candidates reads no
 // logit; any other reads each of its logits once (kp::select_best), a tile
 // of kTopkGroups 16-byte loads a thread in flight together, so the logits
 // are read from global memory once whatever the context length, with shared
@@ -35,34 +37,49 @@ __global__ void __launch_bounds__(kp::kSelectThreads, kp::kTopkBlocksPerSm)
                      const IO* __restrict__ input_row_offsets, const IC* __restrict__ cache_lengths, long long batch,
                      long long num_tokens, long long kpool, long long pool_topk, const int* __restrict__ block_table,
                      long long max_blocks, long long block_table_stride, long long block_size,
-                     int* __restrict__ positions, long long width, int* __restrict__ counts) {
+                     int* __restrict__ positions, long long width, int* __restrict__ counts,
+                     unsigned char* __restrict__ workspace, long long splits) {
     KP_THREADS_COOPERATE(true);
+    constexpr int kTile = kp::kTopkGroups * kp::kSelectChunk;
     __shared__ kp::SelectBuffer<CAP> buffer;
-    const long long token = blockIdx.x;
+    const long long token = blockIdx.x / splits, split = blockIdx.x % splits;
     if (token >= num_tokens) return;
     long long candidates =
         kp::token_pools_visible(token, input_row_offsets, cache_lengths, batch, num_tokens, kpool);
     candidates = candidates < logits_width ? candidates : logits_width;
     const bool all = candidates <= pool_topk;  // every candidate, no logit read
+    if (all && split != 0) return;             // one block writes the row
+    kp::SelectState state;
     if (!all) {
+        // This split's whole tiles of the token's candidates.
+        const long long tiles = (candidates + kTile - 1) / kTile;
+        const long long per_split = (tiles + splits - 1) / splits;
+        const long long lo = split * per_split * kTile < candidates ? split * per_split * kTile : candidates;
+        const long long hi = lo + per_split * kTile < candidates ? lo + per_split * kTile : candidates;
         const float* row = logits + token * logits_stride;
-        kp::select_best<CAP, kp::kTopkGroups>(
-            buffer, 0, candidates, static_cast<int>(pool_topk),
-            [row](long long first, unsigned int (&keys)[kp::kSelectPerThread], int count) {
+        state = kp::select_best<CAP, kp::kTopkGroups>(
+            buffer, lo, hi, static_cast<int>(pool_topk),
+            [row](long long first, float (&values)[kp::kSelectPerThread], int count) {
                 if (VECTOR && count == kp::kSelectPerThread) {
                     const uint4 v = kp_load16(row + first);
-                    keys[0] = kp::order_key(kp_bits_to_float(v.x));
-                    keys[1] = kp::order_key(kp_bits_to_float(v.y));
-                    keys[2] = kp::order_key(kp_bits_to_float(v.z));
-                    keys[3] = kp::order_key(kp_bits_to_float(v.w));
+                    values[0] = kp_bits_to_float(v.x);
+                    values[1] = kp_bits_to_float(v.y);
+                    values[2] = kp_bits_to_float(v.z);
+                    values[3] = kp_bits_to_float(v.w);
                 } else {
 #pragma unroll
-                    for (int e = 0; e < kp::kSelectPerThread; ++e)  // unrolled: keys stay in registers
-                        if (e < count) keys[e] = kp::order_key(row[first + e]);
+                    for (int e = 0; e < kp::kSelectPerThread; ++e)  // unrolled: values stay in registers
+                        values[e] = e < count ? row[first + e] : 0.0f;
                 }
             });
+        if (splits > 1) {
+            const kp::SelectWorkspace w = kp::select_workspace(workspace, num_tokens, splits, pool_topk);
+            if (!kp::publish_split(buffer, state, w, token, split, splits, pool_topk)) return;
+            state = kp::merge_splits(buffer, w, token, splits, pool_topk);
+        }
     }
-    kp::write_selection<PAGED, COMPACT>(buffer, all, all ? candidates : pool_topk, token, input_row_offsets,
-                                        cache_lengths, batch, num_tokens, kpool, pool_topk, block_table, max_blocks,
-                                        block_table_stride, block_size, positions, width, counts);
+    const long long selected = all ? candidates : (state.count < pool_topk ? state.count : pool_topk);
+    kp::write_selection<PAGED, COMPACT>(buffer, all, selected, token, input_row_offsets, cache_lengths, batch,
+                                        num_tokens, kpool, pool_topk, block_table, max_blocks, block_table_stride,
+                                        block_size, positions, width, counts);
 }

@@ -18,8 +18,9 @@
 // candidate, and a later candidate equal to K has a higher id than every
 // kept one and loses to all k of them. The buffer stays in ascending pool
 // id, so the selection comes out sorted with no sort. The order candidates
-// arrive in changes how often a cut comes (every tile for rising logits, a
-// few times a row for random ones), never the result. A warp whose keys
+// arrive in changes how often a cut comes, never the result; select_best
+// starts a long range from its last tile's k-th largest key, so logits that
+// rise with pool id do not cut back at every tile. A warp whose keys
 // share a digit adds them to the histogram at once, so equal, NaN or
 // slowly rising keys do not queue a whole warp on one bin.
 #ifndef KPOOL_SELECT_CUH
@@ -358,34 +359,182 @@ __device__ __forceinline__ void finish_selection(SelectBuffer<CAP>& buffer, Sele
     }
 }
 
+// Loads the logits of candidates first .. first + count - 1 (count <= the
+// tile) into the tile as keys: every load of the thread first, then every
+// conversion, so no load waits behind another's data.
+template <int GROUPS, typename LoadLogits>
+__device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long first, int count,
+                                          LoadLogits& load_logits) {
+    float logits[GROUPS][kSelectPerThread];
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j) {
+        const int offset = tile_offset<GROUPS>(j, 0);
+        const int left = count - offset;
+        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? left : kSelectPerThread);
+        load_logits(first + offset, logits[j], mine);
+    }
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = order_key(logits[j][e]);
+}
+
 // The k best of candidates lo .. hi - 1, a tile of GROUPS * kSelectChunk at
-// a time, where load_keys(first, keys, count) gives the keys of candidates
-// first .. first + count - 1 (count <= kSelectPerThread, first - lo a
-// multiple of 4): each thread's loads of a tile are issued together. Leaves
-// min(hi - lo, k) entries in the buffer.
-template <int CAP, int GROUPS, typename LoadKeys>
+// a time, where load_logits(first, logits, count) gives the logits of
+// candidates first .. first + count - 1 (count <= kSelectPerThread, first -
+// lo a multiple of 4; the others any value, never offered): each thread's
+// loads of a tile are issued together. Leaves min(hi - lo, k) entries in the
+// buffer.
+//
+// A range of more than one tile starts from a threshold: the k-th largest
+// key K_s of its last tile's candidates (read again at the end, from L2).
+// The range holds at least k keys at or above K_s, so its k-th largest is no
+// lower, and a key below K_s is never selected: only keys at or above it are
+// offered until the first cut-back sets the exact one. Logits that rise with
+// pool id then cut back about twice a range instead of at every tile; other
+// orders pay one radix select more.
+template <int CAP, int GROUPS, typename LoadLogits>
 __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long lo, long long hi, int k,
-                                                   LoadKeys load_keys) {
+                                                   LoadLogits load_logits) {
     constexpr int kTile = GROUPS * kSelectChunk;
     SelectState state;
+    // The kTile candidates from the last multiple of 4 past lo that leaves a whole tile (k or more).
+    const long long seed_first = lo + (hi - kTile - lo) / 4 * 4;
+    if (hi - lo > kTile && hi - seed_first >= k) {
+        const long long first = seed_first;
+        const int count = hi - first < kTile ? static_cast<int>(hi - first) : kTile;
+        SelectTile<GROUPS> tile;
+        load_tile(tile, first, count, load_logits);
+        tile.enter = 0u;
+#pragma unroll
+        for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+            for (int e = 0; e < kSelectPerThread; ++e)
+                tile.enter |= static_cast<unsigned int>(tile_offset<GROUPS>(j, e) < count) << (kSelectPerThread * j + e);
+        unsigned int greater;
+        const unsigned int seed = kth_largest_key(buffer, 0, tile, k, &greater);
+        state.cut = seed > 0u;  // a key above seed - 1: at or above the seed
+        state.threshold = seed - 1u;
+    }
     for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
         const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;
         SelectTile<GROUPS> tile;
-#pragma unroll
-        for (int j = 0; j < GROUPS; ++j) {
-            const int offset = tile_offset<GROUPS>(j, 0);
-            const int left = count - offset;
-            const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? left : kSelectPerThread);
-#pragma unroll
-            for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = 0u;
-            if (mine > 0) load_keys(tile_first + offset, tile.keys[j], mine);
-        }
+        load_tile(tile, tile_first, count, load_logits);
         offer_tile(buffer, state, tile, count, k, [tile_first](int j, int e) {
             return static_cast<int>(tile_first + tile_offset<GROUPS>(j, e));
         });
     }
     finish_selection(buffer, state, k);
     return state;
+}
+
+// A token's candidates split over several blocks: each selects its split's
+// best into a list of the workspace, and the last of the token's blocks to
+// finish selects again over the lists in split order (ascending pool id) and
+// writes the row.
+//
+// Where the workspace keeps what: a counter per token in the first
+// kSelectCounterBytes, a fixed region whatever num_tokens (candidates are
+// split only for 128 tokens or fewer), so a buffer reused across batch
+// sizes finds zero counters where the last call left them; then per token
+// and split a count, pool_topk keys and pool_topk ids
+// (ops/families/split_selection.py's workspace_bytes lays it out the same).
+constexpr long long kSelectCounterBytes = 512;
+
+struct SelectWorkspace {
+    unsigned int* counters;
+    int* counts;
+    unsigned int* keys;
+    int* ids;
+};
+
+__device__ __forceinline__ long long align16(long long bytes) { return (bytes + 15) / 16 * 16; }
+
+__device__ __forceinline__ SelectWorkspace select_workspace(unsigned char* base, long long num_tokens,
+                                                            long long splits, long long pool_topk) {
+    const long long lists = num_tokens * splits;
+    SelectWorkspace w;
+    w.counters = reinterpret_cast<unsigned int*>(base);
+    base += kSelectCounterBytes;
+    w.counts = reinterpret_cast<int*>(base);
+    base += align16(lists * 4);
+    w.keys = reinterpret_cast<unsigned int*>(base);
+    base += align16(lists * pool_topk * 4);
+    w.ids = reinterpret_cast<int*>(base);
+    return w;
+}
+
+// Writes this split's best (the buffer's first min(count, pool_topk)
+// entries) to its list; true, in every thread of the block, for the last of
+// the token's splits to finish, which then merges. The counter is an
+// atomicInc that wraps back to 0 at the last split, so the counters stay
+// zero between calls. Every thread of the block calls it together.
+template <int CAP>
+__device__ __forceinline__ bool publish_split(const SelectBuffer<CAP>& buffer, const SelectState& state,
+                                              const SelectWorkspace& w, long long token, long long split,
+                                              long long splits, long long pool_topk) {
+    __shared__ unsigned int last_of_token;
+    const long long list = token * splits + split;
+    const int k = static_cast<int>(pool_topk);
+    const int held = state.count < k ? state.count : k;
+    for (int i = static_cast<int>(threadIdx.x); i < held; i += kSelectThreads) {
+        w.keys[list * pool_topk + i] = buffer.keys[i];
+        w.ids[list * pool_topk + i] = buffer.ids[i];
+    }
+    if (threadIdx.x == 0) w.counts[list] = held;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0)
+        last_of_token = atomicInc(w.counters + token, static_cast<unsigned int>(splits - 1)) ==
+                        static_cast<unsigned int>(splits - 1);
+    __syncthreads();
+    const bool last = last_of_token != 0u;
+    __syncthreads();  // last_of_token is read before a later call writes it
+    if (last) __threadfence();
+    return last;
+}
+
+// The most splits a token's candidates take (ops/families/split_selection.py's MAX_SPLITS: the host never
+// launches more; lists past it would be left out).
+constexpr int kSelectMaxSplits = 64;
+
+// The best of the token's lists, in split order (ascending pool id, each
+// list's ids above the last's): left in the buffer as select_best leaves
+// it. The counts come first, all at once; then each chunk of a list, its
+// keys and ids loaded together. A count read back is clamped to pool_topk
+// (garbage only after garbage). Every thread of the block calls it
+// together.
+template <int CAP>
+__device__ __forceinline__ SelectState merge_splits(SelectBuffer<CAP>& buffer, const SelectWorkspace& w,
+                                                    long long token, long long splits, long long pool_topk) {
+    __shared__ int list_counts[kSelectMaxSplits];
+    const int k = static_cast<int>(pool_topk);
+    const int lists = splits < kSelectMaxSplits ? static_cast<int>(splits) : kSelectMaxSplits;
+    if (static_cast<int>(threadIdx.x) < lists) {
+        const int count = kp_load_cg(w.counts + token * splits + threadIdx.x);
+        list_counts[threadIdx.x] = count < 0 ? 0 : (count > k ? k : count);
+    }
+    __syncthreads();
+    SelectState merged;
+    for (int s = 0; s < lists; ++s) {
+        const int count = list_counts[s];
+        const long long from = token * splits + s;
+        for (int chunk = 0; chunk < count; chunk += kSelectChunk) {
+            const int rest = count - chunk < kSelectChunk ? count - chunk : kSelectChunk;
+            const long long entries = from * pool_topk + chunk;
+            SelectTile<1> tile;
+            int ids[kSelectPerThread];
+#pragma unroll
+            for (int e = 0; e < kSelectPerThread; ++e) {
+                const int offset = tile_offset<1>(0, e);
+                tile.keys[0][e] = offset < rest ? kp_load_cg(w.keys + entries + offset) : 0u;
+                ids[e] = offset < rest ? kp_load_cg(w.ids + entries + offset) : -1;
+            }
+            offer_tile(buffer, merged, tile, rest, k, [&ids](int, int e) { return ids[e]; });
+        }
+    }
+    finish_selection(buffer, merged, k);
+    return merged;
 }
 
 // Writes token `token`'s row of positions [num_tokens, width] (kpool_expand.cuh's

@@ -20,6 +20,7 @@ from .functions import DEFINITIONS as _DEFINITIONS
 from .kernel.nvrtc import compile_ptx
 from .ops.framework.binding import bind_into as _bind_into
 from .ops.index_select_fp8 import index_select_workspace_bytes
+from .ops.index_topk import index_topk_workspace_bytes
 from .pool_offsets import pool_row_offsets
 
 # Every op's def, bound to this module's backend; the names come from the defs.
@@ -43,6 +44,7 @@ __all__ = [
     "compile_ptx",
     "emulate",
     "index_select_workspace_bytes",
+    "index_topk_workspace_bytes",
     "pool_row_offsets",
     "reference",
 ]

@@ -699,6 +699,7 @@ def kpool_index_topk(
     block_table: Array | None = None,
     block_size: int | None = None,
     compact: bool = False,
+    workspace: Array | None = None,
     validate: bool = True,
     **backend_options: Unpack[BackendOptions],
 ) -> Result | tuple[Result, Result]:
@@ -716,9 +717,12 @@ def kpool_index_topk(
     ``block_size``: the token KV cache's pages) and ``compact`` are exactly
     :func:`kpool_expand_topk`'s, as if it were given the selected ids.
 
-    One launch: one block a token reads its logits row once (when it has more
-    candidates than ``pool_topk``), keeps the best in shared memory and writes
-    the expanded row.
+    One launch: each logit a token reads (when it has more candidates than
+    ``pool_topk``) is read once, and the best are kept in shared memory as
+    they stream past. Few rows (decode) split their logits over several
+    blocks of the same launch, whose best lists the last block of the row
+    selects over again; many (prefill) take a block each. Working memory
+    does not grow with the row.
 
     Parameters
     ----------
@@ -738,9 +742,19 @@ def kpool_index_topk(
         must reach every position a token could select (every visible pool's
         and its tail's), stricter than :func:`kpool_expand_topk`'s check of
         the positions it was given: the selection is not known on the host.
+    workspace
+        uint8, 1-D, at least :func:`index_topk_workspace_bytes` ``(num_tokens,
+        pools, pool_topk)`` bytes (a ValueError names it otherwise), 16-byte
+        aligned, its first 512 bytes (the counters) zero before its first
+        use: every call leaves them zero again, so one buffer serves every
+        call and a CUDA graph; the rest is scratch. None: the call allocates
+        a zeroed one when its rows are split. ``validate=True`` checks the
+        counters are zero; without it, non-zero counters give rows that may
+        be wrong or left unwritten, in this call and later ones, until they
+        are zeroed again.
     validate
-        Check offsets and lengths, the logits' width and the block table's
-        reach (one host read). Without it garbage offsets give a token no
+        Check offsets and lengths, the logits' width, the block table's
+        reach and the workspace's counters (one host read). Without it garbage offsets give a token no
         candidate, and nothing outside the arrays is read or written.
     stream
         As :func:`kpool_compress`.
@@ -752,7 +766,7 @@ def kpool_index_topk(
         or ``(positions, counts)`` with ``compact=True``.
     """
     return call_backend(
-        (logits, input_row_offsets, cache_lengths, block_table),
+        (logits, input_row_offsets, cache_lengths, block_table, workspace),
         {
             "kpool": kpool,
             "pool_topk": pool_topk,

@@ -69,6 +69,7 @@ from kpool_cupy.bench.select import KV_BLOCK_SIZE, select_bytes, select_shapes  
 from kpool_cupy.bench.select import POOL_TOPK as SELECT_TOPK  # noqa: E402
 from kpool_cupy.bench.shapes import BenchShape, minimum_bytes, sweep  # noqa: E402
 from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E402
+from kpool_cupy.bench.topk import topk_bytes, topk_shapes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_WGMMA, builds_for_sm90a  # noqa: E402
@@ -87,6 +88,7 @@ from kpool_cupy.ops import (  # noqa: E402
 )
 from kpool_cupy.ops.framework.binding import bind  # noqa: E402
 from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
+from kpool_cupy.ops.index_topk import TOPK_TILE, index_topk_workspace_bytes  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
 from kpool_cupy.tools.load_depth import load_depth  # noqa: E402
 from kpool_cupy.tools.sass import parse_instructions, summarize_sass  # noqa: E402
@@ -343,7 +345,34 @@ def select_cases() -> list[Case]:
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written
-        cases += [fused, Case("index_topk", shape.name, nbytes, launch, repeats=chunks)]
+        cases += [fused, Case("index_topk", shape.name, nbytes, launch, repeats=topk_tiles(launch, shape.pools))]
+    return cases
+
+
+def topk_tiles(launch: Launch, pools: int) -> int:
+    """The tiles a block of kpool_index_topk reads (its longest loop's trips): its split's share of a row."""
+    splits = launch.geometry.grid // launch.geometry.items
+    tiles = -(-pools // TOPK_TILE)
+    return -(-tiles // splits)
+
+
+def topk_cases() -> list[Case]:
+    """bench.topk.bench_topk: kpool_index_topk alone at the issue's records; the tile loop (load, rank, and a cut
+    back at every tile, as rising logits take) counted once a tile a block, an upper bound."""
+    cases = []
+    for shape in topk_shapes():
+        logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
+        offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
+        lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
+        paged = {}
+        if shape.paged:
+            kv = device_like((shape.requests, -(-shape.context // KV_BLOCK_SIZE)), np.int32, 0)
+            paged = {"block_table": kv, "block_size": KV_BLOCK_SIZE}
+        workspace = device_like((index_topk_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk),), np.uint8)
+        launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=shape.kpool, pool_topk=shape.pool_topk,
+                          workspace=workspace if workspace.shape[0] else None, **paged)  # fmt: skip
+        tiles = topk_tiles(launch, shape.pools)
+        cases.append(Case("index_topk", shape.name, topk_bytes(shape), launch, repeats=tiles))
     return cases
 
 
@@ -387,6 +416,7 @@ def cases() -> list[Case]:
         *index_cases(),
         *index_cases(mma=MMA_WGMMA),
         *select_cases(),
+        *topk_cases(),
         *backward_cases(),
     ]
 

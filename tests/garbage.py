@@ -625,7 +625,9 @@ def topk_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
     """``count`` garbage calls of ``kpool_index_topk``, as (function, keywords): offsets and cache lengths of any
     value, logits of any width (narrower or wider than what tokens see, rows at an odd float offset: the
     4-byte path) holding ties, NaN of both signs and infinities, pool_topk below and above the candidates, and
-    the expand modes in turn (tail, compact, garbage block tables at any block size)."""
+    the expand modes in turn (tail, compact, garbage block tables at any block size); every third call rows of
+    9,000 to 20,000 logits under contexts as long (split over blocks), every fifth a workspace of random
+    bytes."""
     rng = np.random.default_rng([seed, 23])
     for i in range(count):
         tokens, batch = int(rng.integers(0, 12)), int(rng.integers(0, 5))
@@ -656,6 +658,13 @@ def topk_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
         if i // 4 % 2:
             block_size = _block_size(rng)
             case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
+        if i % 3 == 2:  # wide rows seen by long contexts: a few tokens' rows split over blocks, the last merges
+            width = int(rng.integers(9000, 20000))
+            raw = np.round(rng.standard_normal(tokens * width + shift) * 3).astype(np.float32)
+            case["logits"] = raw[shift:].reshape(tokens, width)
+            case["cache_lengths"] = rng.integers(0, 2 * width, batch).astype(case["cache_lengths"].dtype)
+        if i % 5 == 4:  # a workspace full of random bytes: wrong rows then, but nothing outside the arrays
+            case["workspace"] = rng.integers(0, 256, 4096 * 64 + int(rng.integers(0, 64)), dtype=np.uint8)
         yield "kpool_index_topk", case
 
 

@@ -183,8 +183,11 @@ def test_fp8_garbage_writes_the_same_bytes(chunk):
 @pytest.mark.parametrize("chunk", SWEEP_4)
 def test_selection_garbage_lands_in_the_same_places(chunk):
     # Garbage offsets, lengths and block tables, logits of any width with ties, NaN and infinities: the
-    # reference selects and expands exactly what the kernel does (the results are integers: no bound).
+    # reference selects and expands exactly what the kernel does (the results are integers: no bound). A
+    # workspace of random bytes is left out: its counters leave rows wrong or unwritten (garbage only after
+    # garbage), which the sanitized runs cover.
     for i, (function, case) in enumerate(topk_garbage_cases(seed=chunk, count=CASES // 4)):
+        case.pop("workspace", None)
         _compare(function.removeprefix("kpool_"), case, f"seed {chunk} case {i}")
 
 

@@ -123,15 +123,6 @@ def test_one_workspace_serves_every_batch_size():
         assert not workspace[:512].any(), tokens
 
 
-def test_the_kernel_and_the_host_put_the_counters_in_the_same_region():
-    from pathlib import Path
-
-    from kpool_cupy.ops.index_select_fp8 import COUNTER_BYTES
-
-    text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_index_select.cu").read_text()
-    assert f"constexpr long long kSelectCounterBytes = {COUNTER_BYTES};" in text
-
-
 def test_workspace_sizes_and_refusals():
     assert kpool_cupy.index_select_workspace_bytes(256, 512) == 0  # a block a token: nothing to merge
     assert kpool_cupy.index_select_workspace_bytes(0, 512) == 0

@@ -19,8 +19,15 @@ from kpool_cupy.ops.framework.binding import bind, execute
 from kpool_cupy.ops.framework.examples import example_batch, named
 from kpool_cupy.ops.framework.spec import Operand, Option
 from kpool_cupy.ops.index_select_fp8 import index_select_workspace_bytes
+from kpool_cupy.ops.index_topk import index_topk_workspace_bytes
 
 BINDINGS = (gpu_backend.BINDING, emulate_backend.BINDING, reference_backend.BINDING)
+
+# The working memory an op with a scratch operand allocates when the caller gives none.
+SCRATCH_BYTES = {
+    "kpool_index_select_fp8": lambda call: index_select_workspace_bytes(call.num_tokens, call.pool_topk),
+    "kpool_index_topk": lambda call: index_topk_workspace_bytes(call.num_tokens, call.logits_width, call.pool_topk),
+}
 
 
 def _calls():
@@ -62,8 +69,8 @@ def test_run_allocates_exactly_the_declared_outputs(spec):
     call = spec.describe(arrays, options)  # the checks alone give the record the shapes come from
     sizes = _dynamic_sizes(spec, call, recorded["allocated"][0][0]) if spec.dynamic_sizes else {}
     declared = [(tuple(s), np.dtype(d)) for s, d in spec.outputs(call, **sizes).values()]
-    if any(o.scratch for o in spec.operands):  # the fused select's scratch, made when the caller gives none
-        scratch = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
+    if any(o.scratch for o in spec.operands):  # the selections' workspace, made when the caller gives none
+        scratch = SCRATCH_BYTES[spec.name](call)
         declared += [((scratch,), np.dtype(np.uint8))] if scratch else []
     if spec.name == "kpool_compress_backward":  # d ape's block partials, working memory of the call's own
         declared.append(partials_shape(call, arguments["grad_pooled"].shape[0]))  # a row a pool

@@ -33,6 +33,7 @@ from .timing import (
     l2_bytes,
     timed_entry,
 )
+from .topk import run_topk
 
 
 def _max_abs_diff(got: Any, want: Any) -> float:
@@ -239,7 +240,7 @@ def run_sweep(
         results["index"].append(clock.stamp(record))
         checkpoint(results)
     results["select"] = []
-    for record in run_select(quick, samples) if select else ():
+    for record in itertools.chain(run_select(quick, samples), run_topk(quick, samples)) if select else ():
         results["select"].append(clock.stamp(record))
         checkpoint(results)
     results["backward"] = []

@@ -47,17 +47,17 @@ def select_bytes(shape: IndexShape, pool_topk: int = POOL_TOPK) -> int:
     return index_bytes(shape) - shape.tokens * shape.pools * 4 + shape.tokens * pool_topk * KPOOL * 4
 
 
-def _kv_table(shape: IndexShape) -> Any:
+def kv_table(requests: int, context: int) -> Any:
     """Each request's token KV pages, in a shuffled order: enough for every position its tokens see."""
     import cupy
     import numpy as np
 
-    columns = -(-shape.context // KV_BLOCK_SIZE)
-    order = np.random.default_rng(8).permutation(shape.requests * columns).astype(np.int32)
-    return cupy.asarray(order.reshape(shape.requests, columns))
+    columns = -(-context // KV_BLOCK_SIZE)
+    order = np.random.default_rng(8).permutation(requests * columns).astype(np.int32)
+    return cupy.asarray(order.reshape(requests, columns))
 
 
-def _torch_composite(shape: IndexShape, logits: Any, kv_table: Any, pool_topk: int):
+def _torch_composite(shape: IndexShape, logits: Any, block_table: Any, pool_topk: int):
     """The same selection in torch tensor operations on the scorer's logits (on CuPy's current stream, which
     the events time), or the reason there is none."""
     try:
@@ -70,7 +70,7 @@ def _torch_composite(shape: IndexShape, logits: Any, kv_table: Any, pool_topk: i
 
     stream = torch.cuda.ExternalStream(cupy.cuda.get_current_stream().ptr)
     request = torch.arange(shape.requests, device="cuda").repeat_interleave(shape.next_n)[:, None]
-    table = torch.as_tensor(kv_table, device="cuda")
+    table = torch.as_tensor(block_table, device="cuda")
     scores = [torch.as_tensor(logits[i], device="cuda") for i in range(logits.shape[0])]
     member = torch.arange(KPOOL, device="cuda")
 
@@ -97,9 +97,9 @@ def bench_select(shape: IndexShape, samples: int, pool_topk: int = POOL_TOPK) ->
     rotated = device_rotation(nbytes, allocated)
     count = rotated["sets"]
     sets, logits, _ = _input_sets(shape, count)
-    kv_table = _kv_table(shape)
+    table = kv_table(shape.requests, shape.context)
     workspace = cupy.zeros(kpool_cupy.index_select_workspace_bytes(shape.tokens, pool_topk), cupy.uint8)
-    paged = {"block_table": kv_table, "block_size": KV_BLOCK_SIZE}
+    paged = {"block_table": table, "block_size": KV_BLOCK_SIZE}
 
     def fused(i: int) -> Any:
         return kpool_cupy.kpool_index_select_fp8(
@@ -123,7 +123,7 @@ def bench_select(shape: IndexShape, samples: int, pool_topk: int = POOL_TOPK) ->
     entry["same_as_fused"] = bool(cupy.array_equal(two_step_result, want))
     entry["working_bytes"] = shape.tokens * shape.pools * 4
     implementations["kpool-cupy-two-step"] = entry
-    composite, reason = _torch_composite(shape, logits, kv_table, pool_topk)
+    composite, reason = _torch_composite(shape, logits, table, pool_topk)
     if composite is None:
         implementations["torch-composite"] = {"skipped": reason}
     else:

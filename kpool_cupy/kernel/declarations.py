@@ -404,6 +404,8 @@ INDEX_TOPK = Kernel(
         *_BATCH,
         *longs("batch", "num_tokens", "kpool", "pool_topk"),
         *_EXPANSION,
+        Param("workspace", "unsigned char*"),
+        Param("splits", "long long"),
     ),
     aligned=1,
 )

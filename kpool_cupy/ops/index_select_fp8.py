@@ -8,13 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel import codes
 from ..kernel.declarations import INDEX_SELECT_FP8
 from ..kernel.geometry import LARGE_BATCH, SELECT_THREADS, LaunchGeometry, index_select_shared_bytes, select_geometry
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
-from .families import expansion
-from .families.fp8_target import UINT8
+from .families import expansion, split_selection
 from .families.scoring import (
     MAX_POOLS,
     SCORING_PARAMETERS,
@@ -24,29 +22,15 @@ from .families.scoring import (
     check_table_covers,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import check_integer, check_rows_and_cache, check_writable, dtype_fail, fail, require_array
+from .framework.checks import check_integer, check_rows_and_cache, fail
 from .framework.examples import SCORING_KPOOL, Example, ExampleBatch
-from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
-
-# Blocks a call aims at: tokens times splits of their pools, about two per SM of a large GPU.
-TARGET_BLOCKS = 256
-MAX_SPLITS = 64
-# The workspace's counters: one per token, for the most tokens whose pools are split (TARGET_BLOCKS // 2), in
-# a fixed region at its start (kp::kSelectCounterBytes in kernels/kpool_index_select.cu).
-COUNTER_BYTES = 4 * (TARGET_BLOCKS // 2)
-# The last block of a token selects again over splits x pool_topk candidates: at most this many.
-MAX_MERGED = 16384
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, OpSpec, OutputShape
 
 
 def select_splits(num_tokens: int, pool_topk: int) -> int:
-    """Blocks a token's visible pools are split over: enough for TARGET_BLOCKS blocks, from shapes alone."""
-    if num_tokens <= 0:
-        return 1
-    return max(1, min(MAX_SPLITS, TARGET_BLOCKS // num_tokens, MAX_MERGED // pool_topk))
-
-
-def _align16(size: int) -> int:
-    return -(-size // 16) * 16
+    """Blocks a token's visible pools are split over, from shapes alone (the context is not known on the host):
+    as many as split_selection allows."""
+    return split_selection.most_splits(num_tokens, pool_topk)
 
 
 def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
@@ -54,14 +38,11 @@ def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
     ``pool_topk`` pools each, whatever the context length: 0 when a token's pools are not split over blocks
     (more than 128 tokens), else the counters (the first ``COUNTER_BYTES``, whatever num_tokens, so one
     zeroed buffer serves every batch size) and, per token and split, pool_topk keys and ids
-    (kernels/kpool_index_select.cu's ``kp::select_workspace``)."""
+    (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
     check_pool_topk(pool_topk)
     check_integer("num_tokens", num_tokens, 0)
     splits = select_splits(int(num_tokens), int(pool_topk))
-    if splits == 1:
-        return 0
-    lists = int(num_tokens) * splits
-    return COUNTER_BYTES + _align16(4 * lists) + _align16(4 * lists * int(pool_topk)) + 4 * lists * int(pool_topk)
+    return split_selection.workspace_bytes(int(num_tokens), splits, int(pool_topk))
 
 
 @dataclass(frozen=True)
@@ -87,18 +68,7 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
     if num_tokens > MAX_TOKENS:  # pools are split over blocks for 128 tokens or fewer only
         raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
     expanded = expansion.check(a, batch, int(a.pool_topk))
-    if a.workspace is not None:  # its size in run: it depends on num_tokens, which torch.compile keeps symbolic
-        require_array("workspace", a.workspace)
-        if np.dtype(a.workspace.dtype) != UINT8:
-            raise dtype_fail("workspace", "dtype uint8", str(np.dtype(a.workspace.dtype)))
-        if a.workspace.ndim != 1 or (a.workspace.size > 1 and a.workspace.strides[0] != 1):
-            raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(a.workspace.shape)}")
-        address = codes.data_pointer(a.workspace)
-        if address % 16:  # the kernel's counters and lists are 4-byte words: a GPU faults on a misaligned one
-            raise fail(
-                "workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16"
-            )
-        check_writable("workspace", a.workspace)  # the kernel writes its counters and lists
+    split_selection.check_workspace(a.workspace)
     return IndexSelectCall(**expanded, num_tokens=num_tokens, heads=heads, head_dim=head_dim, batch=batch,
                            pages=pages, cache_block_size=cache_block_size)  # fmt: skip
 
@@ -134,19 +104,12 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     workspace = a["workspace"]
     splits = select_splits(call.num_tokens, call.pool_topk)
     needed = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
-    if workspace is not None and workspace.shape[0] < needed:
-        raise fail(
-            "workspace",
-            f"at least {needed} bytes (index_select_workspace_bytes({call.num_tokens}, {call.pool_topk}))",
-            f"{workspace.shape[0]} bytes",
-        )
+    sizing = f"index_select_workspace_bytes({call.num_tokens}, {call.pool_topk})"
+    split_selection.check_workspace_size(workspace, needed, sizing)
     if validate:
         table = a["cache_block_table"]
-        copies = [a["input_row_offsets"], a["cache_lengths"], table.reshape(-1)]
-        counters = COUNTER_BYTES if splits > 1 and workspace is not None else 0
-        if counters:
-            copies.append(workspace[:counters])
-        host = backend.host_copies(copies)
+        counters = split_selection.counters_to_check(workspace, splits)
+        host = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], table.reshape(-1), *counters])
         offsets, lengths = host[0].astype(np.int64), host[1].astype(np.int64)
         check_rows_and_cache(call.num_tokens, host[0], host[1])
         _, _, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)
@@ -157,16 +120,11 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
         scoring = SimpleNamespace(kpool=call.kpool, block_size=call.cache_block_size, pages=call.pages)
         check_table_covers(scoring, host[2].reshape(table.shape), lengths, offsets)
         check_covered(call, offsets, lengths, call.tail)
-        if counters and host[3].any():
-            raise fail(
-                "workspace",
-                f"its first {counters} bytes zero (a fresh zeroed buffer, or one a previous call left)",
-                "non-zero bytes",
-            )
+        if counters:
+            split_selection.check_counters_zero(host[3])
 
     def launch(positions: Any, counts: Any) -> None:
-        # One block a token needs no workspace: the kernel never touches it, so any array stands in.
-        space = positions if needed == 0 else workspace if workspace is not None else backend.zeros((needed,), UINT8)
+        space = split_selection.workspace_for_launch(backend, workspace, needed, positions)
         operands = {n: a[n] for n in ("q", "weights", "cache", "cache_block_table", "input_row_offsets")}
         operands |= {"cache_lengths": a["cache_lengths"], "block_table": a["block_table"]}
         operands |= {"positions": positions, "counts": counts, "workspace": space}
@@ -181,12 +139,11 @@ REFERENCE_DOC = (
 )
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
-WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True, scratch=True)
 PARAMETERS = (
     *SCORING_PARAMETERS,
     POOL_TOPK,
     *expansion.OPTIONS,
-    WORKSPACE,
+    split_selection.WORKSPACE,
     VALIDATE,
 )
 

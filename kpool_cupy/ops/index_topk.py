@@ -10,15 +10,39 @@ import numpy as np
 from ..dtypes import FLOAT32
 from ..kernel import codes
 from ..kernel.declarations import INDEX_TOPK
-from ..kernel.geometry import LARGE_BATCH, select_geometry
+from ..kernel.geometry import LARGE_BATCH, SELECT_THREADS, LaunchGeometry, select_geometry
 from ..pool_offsets import check_kpool
-from .families import expansion
+from .families import expansion, split_selection
 from .families.scoring import MAX_POOLS, check_rows_of
 from .families.selection import MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import as_size, check_batch_index, check_rows_and_cache, fail
+from .framework.checks import as_size, check_batch_index, check_integer, check_rows_and_cache, fail
 from .framework.examples import Example, ExampleBatch
 from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+
+# A split's candidates at least: whole tiles of the kernel (kp::kTopkGroups * kp::kSelectChunk), and 16 times
+# pool_topk, so the lists the last block merges hold at most a sixteenth of the row.
+TOPK_TILE = 4096
+SPLIT_PER_TOPK = 16
+
+
+def topk_splits(num_tokens: int, pools: int, pool_topk: int) -> int:
+    """Blocks each token's row of ``pools`` logits is split over, from shapes alone."""
+    per_split = max(TOPK_TILE, SPLIT_PER_TOPK * pool_topk)
+    return max(1, min(split_selection.most_splits(num_tokens, pool_topk), -(-pools // per_split)))
+
+
+def index_topk_workspace_bytes(num_tokens: int, pools: int, pool_topk: int) -> int:
+    """Bytes of ``workspace`` ``kpool_index_topk`` needs for logits of ``num_tokens`` rows of ``pools`` columns
+    selecting ``pool_topk`` each: 0 when each row is one block's (more than 128 rows, or rows of at most
+    max(4096, 16 pool_topk) logits), else the counters (the first 512 bytes, whatever num_tokens, so one zeroed
+    buffer serves every call) and, per row and split, pool_topk keys and ids (kernels/kpool_select.cuh's
+    ``kp::select_workspace``)."""
+    check_integer("num_tokens", num_tokens, 0)
+    check_integer("pools", pools, 0)
+    check_pool_topk(pool_topk)
+    splits = topk_splits(int(num_tokens), int(pools), int(pool_topk))
+    return split_selection.workspace_bytes(int(num_tokens), splits, int(pool_topk))
 
 
 @dataclass(frozen=True)
@@ -41,6 +65,7 @@ def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
         raise fail("logits", f"at most {MAX_POOLS} pools a row (pool ids are int32)", logits_width)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     expanded = expansion.check(a, batch, int(a.pool_topk))
+    split_selection.check_workspace(a.workspace)
     return IndexTopkCall(**expanded, num_tokens=num_tokens, logits_width=logits_width, batch=batch)
 
 
@@ -48,30 +73,43 @@ def output_shapes(call: IndexTopkCall) -> dict[str, OutputShape]:
     return expansion.output_shapes(call, call.num_tokens)
 
 
-def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any]) -> Launch:
-    """The launch of ``kpool_index_topk``."""
+def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any], splits: int) -> Launch:
+    """The launch of ``kpool_index_topk``: a block a row and split."""
     o = operands
     logits = o["logits"]
     values, template = expansion.launch_values(call, o)
     values |= {"logits": logits, "logits_stride": logits.strides[0] // 4, "logits_width": call.logits_width}
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
     values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool, "pool_topk": call.pool_topk}
+    values |= {"workspace": o["workspace"], "splits": splits}
     vector = int(codes.data_pointer(logits) % 16 == 0 and logits.strides[0] % 16 == 0)
     template |= {"CAP": select_cap(call.pool_topk), "VECTOR": vector, "IO": o["input_row_offsets"].dtype}
     template |= {"IC": o["cache_lengths"].dtype}
-    return Launch(INDEX_TOPK, template, values, select_geometry(call.num_tokens), o)
+    geometry = LaunchGeometry(call.num_tokens * splits, SELECT_THREADS, call.num_tokens)
+    return Launch(INDEX_TOPK, template, values, geometry, o)
 
 
 def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
-    """Validate (one host read of the offsets and lengths), allocate the outputs, launch."""
+    """Validate (one host read of the offsets, lengths and the workspace's counters), find or make the
+    workspace, allocate the outputs, launch."""
+    workspace = a["workspace"]
+    splits = topk_splits(call.num_tokens, call.logits_width, call.pool_topk)
+    needed = split_selection.workspace_bytes(call.num_tokens, splits, call.pool_topk)
+    sizing = f"index_topk_workspace_bytes({call.num_tokens}, {call.logits_width}, {call.pool_topk})"
+    split_selection.check_workspace_size(workspace, needed, sizing)
     if validate:
-        offsets, lengths = backend.host_copies([a["input_row_offsets"], a["cache_lengths"]])
+        counters = split_selection.counters_to_check(workspace, splits)
+        offsets, lengths, *rest = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], *counters])
         check_rows_and_cache(call.num_tokens, offsets, lengths)
         check_covered(call, offsets.astype(np.int64), lengths.astype(np.int64), call.tail)
+        if counters:
+            split_selection.check_counters_zero(rest[0])
 
     def launch(positions: Any, counts: Any) -> None:
         operands = {name: a[name] for name in ("logits", "input_row_offsets", "cache_lengths", "block_table")}
-        backend.launch(index_topk_launch(call, operands | {"positions": positions, "counts": counts}))
+        space = split_selection.workspace_for_launch(backend, workspace, needed, positions)
+        operands |= {"positions": positions, "counts": counts, "workspace": space}
+        backend.launch(index_topk_launch(call, operands, splits))
 
     return expansion.expand_into(backend, call, call.num_tokens, launch)
 
@@ -90,6 +128,7 @@ PARAMETERS = (
     KPOOL,
     POOL_TOPK,
     *expansion.OPTIONS,
+    split_selection.WORKSPACE,
     VALIDATE,
 )
 
@@ -111,3 +150,5 @@ SPEC = OpSpec(
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
     example=example,
 )
+
+__all__ = ["SPEC", "index_topk_workspace_bytes"]

@@ -238,6 +238,10 @@ def matmul(x, y) -> ndarray:
     return _elementwise(np.matmul, x, y)
 
 
+def sort(x, axis=-1) -> ndarray:
+    return _elementwise(lambda a: np.sort(a, axis=axis), x)
+
+
 def array_equal(x, y) -> bool:
     cuda._before_array_op()
     return bool(np.array_equal(_plain(x), _plain(y)))

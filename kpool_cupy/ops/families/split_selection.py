@@ -1,0 +1,92 @@
+"""Selection split over blocks (kernels/kpool_select.cuh's publish_split and merge_splits): the workspace.
+
+For a few tokens, a token's candidates are split over several blocks: each selects its split's best into a list
+of the workspace, and the last of the token's blocks to finish selects again over the lists. The workspace holds a
+counter per token (a fixed region at its start, whatever num_tokens, so one zeroed buffer serves every batch size;
+the kernel leaves the counters zero) and, per token and split, a count, pool_topk keys and pool_topk ids
+(``kp::select_workspace``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...kernel import codes
+from ..framework.checks import check_writable, dtype_fail, fail, require_array
+from ..framework.spec import Backend, Operand
+from .fp8_target import UINT8
+
+# Blocks a call aims at: tokens times splits of their candidates, about two per SM of a large GPU.
+TARGET_BLOCKS = 256
+MAX_SPLITS = 64
+# The counters: one per token, for the most tokens whose candidates are split (TARGET_BLOCKS // 2), in a fixed
+# region at the workspace's start (kp::kSelectCounterBytes in kernels/kpool_select.cuh).
+COUNTER_BYTES = 4 * (TARGET_BLOCKS // 2)
+# The last block of a token selects again over splits x pool_topk candidates: at most this many.
+MAX_MERGED = 16384
+
+WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True, scratch=True)
+
+
+def most_splits(num_tokens: int, pool_topk: int) -> int:
+    """The most blocks a token's candidates may be split over: TARGET_BLOCKS in all, MAX_MERGED merged."""
+    if num_tokens <= 0:
+        return 1
+    return max(1, min(MAX_SPLITS, TARGET_BLOCKS // num_tokens, MAX_MERGED // pool_topk))
+
+
+def _align16(size: int) -> int:
+    return -(-size // 16) * 16
+
+
+def workspace_bytes(num_tokens: int, splits: int, pool_topk: int) -> int:
+    """The workspace's bytes for ``splits`` lists a token: 0 for one (nothing to merge)."""
+    if splits == 1:
+        return 0
+    lists = num_tokens * splits
+    return COUNTER_BYTES + _align16(4 * lists) + _align16(4 * lists * pool_topk) + 4 * lists * pool_topk
+
+
+def check_workspace(workspace: Any) -> None:
+    """A caller's workspace, when given: a writable, contiguous, 16-byte aligned uint8 vector (its size is
+    checked when the call runs: it depends on num_tokens, which torch.compile keeps symbolic)."""
+    if workspace is None:
+        return
+    require_array("workspace", workspace)
+    if np.dtype(workspace.dtype) != UINT8:
+        raise dtype_fail("workspace", "dtype uint8", str(np.dtype(workspace.dtype)))
+    if workspace.ndim != 1 or (workspace.size > 1 and workspace.strides[0] != 1):
+        raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(workspace.shape)}")
+    address = codes.data_pointer(workspace)
+    if address % 16:  # the kernel's counters and lists are 4-byte words: a GPU faults on a misaligned one
+        raise fail("workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16")
+    check_writable("workspace", workspace)  # the kernel writes its counters and lists
+
+
+def check_workspace_size(workspace: Any, needed: int, sizing: str) -> None:
+    """At least ``needed`` bytes; ``sizing``: the call that says so, for the message."""
+    if workspace is not None and workspace.shape[0] < needed:
+        raise fail("workspace", f"at least {needed} bytes ({sizing})", f"{workspace.shape[0]} bytes")
+
+
+def counters_to_check(workspace: Any, splits: int) -> list[Any]:
+    """The part of a caller's workspace validation reads back (the counters, when the call splits)."""
+    return [workspace[:COUNTER_BYTES]] if splits > 1 and workspace is not None else []
+
+
+def check_counters_zero(counters: np.ndarray) -> None:
+    """The counters read back are zero: a fresh zeroed buffer, or one a previous call left."""
+    if counters.any():
+        raise fail(
+            "workspace",
+            f"its first {COUNTER_BYTES} bytes zero (a fresh zeroed buffer, or one a previous call left)",
+            "non-zero bytes",
+        )
+
+
+def workspace_for_launch(backend: Backend, workspace: Any, needed: int, stand_in: Any) -> Any:
+    """The caller's workspace, a fresh zeroed one, or (nothing split) any array: the kernel never touches it."""
+    if needed == 0:
+        return stand_in
+    return workspace if workspace is not None else backend.zeros((needed,), UINT8)

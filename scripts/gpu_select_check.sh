@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Issue 34's GPU run in one call, after scripts/gpu_check.sh's own (or alone):
+#
+#     scripts/gpu_select_check.sh            results under $OUT (or ./gpu-results)
+#     scripts/gpu_select_check.sh --smoke    the quick records, one sample, memcheck's program at a small
+#                                            shape: how tests/test_gpu_select_script.py runs it on the CPU
+#                                            through tests/cupy_double
+#
+#   bench-select.json    `kpool-cupy bench --select` alone: the fused select against its two-step and a torch
+#                        composite (the `select ...` records), then kpool_index_topk against torch.topk (the
+#                        `topk ...` records); rewritten after every record, so a cut run keeps what it measured
+#   memcheck-select.log  compute-sanitizer memcheck over scripts/gpu_select_memcheck.py: the select bench's
+#                        prefill-1x2048 record's calls once each (the device assert docs/benchmarks.md reports),
+#                        the whole log
+#   summary.txt          each step's exit status and seconds, the bench's table, memcheck's verdict lines
+#
+# The package runs from this checkout through PYTHONPATH; nothing is installed. Limits: the bench 420 s (14
+# select records took about 3 minutes in the 2026-12-04 run; the 6 topk records are smaller), memcheck 150 s.
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bench_args=(--samples 10 --min-calls 32)
+memcheck_args=()
+if [[ ${1:-} == --smoke ]]; then
+    bench_args=(--quick --samples 1 --min-calls 1)
+    memcheck_args=(--quick)
+elif [[ $# -gt 0 ]]; then
+    echo "usage: scripts/gpu_select_check.sh [--smoke]" >&2
+    exit 2
+fi
+out="${OUT:-$root/gpu-results}"
+mkdir -p "$out"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
+py="${PYTHON:-python3}"
+summary="$out/summary.txt"
+{
+    echo "kpool-cupy select check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1
+    "$py" -c "import cupy; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())" 2>&1
+} > "$summary"
+failed=0
+
+start=$SECONDS
+timeout -k 2 420 "$py" -m kpool_cupy bench "${bench_args[@]}" --skip torch-compile --no-decode-side \
+    --no-fp8 --no-sweep --no-index --no-backward --select --json "$out/bench-select.json" \
+    --table "$out/bench-select-table.txt" > "$out/bench-select.log" 2>&1
+code=$?
+echo "bench exit $code, $((SECONDS - start)) s" >> "$summary"
+(( code == 0 )) || failed=1
+cat "$out/bench-select-table.txt" >> "$summary" 2>/dev/null
+
+start=$SECONDS
+if command -v compute-sanitizer > /dev/null; then
+    timeout -k 2 150 compute-sanitizer --tool memcheck --error-exitcode 3 --leak-check no \
+        "$py" scripts/gpu_select_memcheck.py "${memcheck_args[@]}" > "$out/memcheck-select.log" 2>&1
+    code=$?
+else
+    echo "compute-sanitizer not found on PATH" > "$out/memcheck-select.log"
+    code=127
+fi
+echo "memcheck exit $code, $((SECONDS - start)) s" >> "$summary"
+(( code == 0 )) || failed=1
+grep -E "^call |ERROR SUMMARY|rows equal|fused ==|skipped" "$out/memcheck-select.log" >> "$summary"
+exit $failed

@@ -1,0 +1,169 @@
+"""kpool_index_topk with a row split over blocks (few tokens, long rows): the same bits as one block a row, at the
+edges of the streaming selection (k < candidates < 2k at every buffer size, a k-th key shared by more candidates
+than the buffer holds, rising, equal and NaN rows), under both thread schedules, and the workspace it needs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from selection_model import model
+
+import kpool_cupy
+from kpool_cupy import emulate, reference
+from kpool_cupy.ops import index_topk
+from kpool_cupy.ops.families import split_selection
+from kpool_cupy.ops.index_topk import index_topk_workspace_bytes, topk_splits
+
+SELECT_CAPS = (512, 1024, 2048, 4096)
+BUFFER_SLACK = 1024  # kp::SelectBuffer holds CAP + kSelectChunk candidates before it must cut back
+
+
+def _one_request(rows: np.ndarray, kpool: int = 1):
+    """One request whose tokens see every column of their rows: the cache holds all but the last token."""
+    tokens, width = rows.shape
+    offsets = np.array([0, tokens], np.int32)
+    lengths = np.array([width * kpool - tokens], np.int32)
+    return rows, offsets, lengths
+
+
+def _same(got, want):
+    if isinstance(want, tuple):
+        assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def _row(rng, width: int, kind: str) -> np.ndarray:
+    if kind == "normal":
+        return rng.standard_normal(width).astype(np.float32)
+    if kind == "rising":  # every tile beats the last: a cut at every tile
+        return np.sort(rng.standard_normal(width)).astype(np.float32)
+    if kind == "falling":
+        return -np.sort(rng.standard_normal(width)).astype(np.float32)
+    if kind == "equal":  # one tie across the row: the lowest ids win
+        return np.full(width, 0.5, np.float32)
+    if kind == "nan":  # mostly NaN of both signs, a few numbers, -inf and -0.0
+        row = np.where(rng.random(width) < 0.5, np.float32(np.nan), -np.float32(np.nan))
+        numbers = rng.random(width) < 0.02
+        row[numbers] = rng.choice(np.array([1.0, -np.inf, -0.0, 0.0, 3.0], np.float32), int(numbers.sum()))
+        return row.astype(np.float32)
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["normal", "rising", "falling", "equal", "nan"])
+@pytest.mark.parametrize("pool_topk", [7, 512])
+def test_split_rows_have_the_bits_of_one_block_rows_and_the_model(monkeypatch, kind, pool_topk):
+    rng = np.random.default_rng([pool_topk, len(kind)])
+    rows = np.stack([_row(rng, 21000, kind) for _ in range(3)])
+    logits, offsets, lengths = _one_request(rows)
+    call = {"kpool": 1, "pool_topk": pool_topk, "always_select_tail": True, "compact": True}
+    assert topk_splits(3, 21000, pool_topk) > 1  # the default splits these rows
+    split = emulate.kpool_index_topk(logits, offsets, lengths, **call)
+    monkeypatch.setattr(index_topk, "topk_splits", lambda *shape: 1)
+    _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), split)
+    _same(split, model(logits, offsets, lengths, **call))
+    _same(reference.kpool_index_topk(logits, offsets, lengths, **call), split)
+
+
+@pytest.mark.parametrize("cap", SELECT_CAPS)
+def test_candidates_between_k_and_2k_at_every_buffer_size(cap):
+    # pool_topk at the top of an instantiation's buffer, candidates from k + 1 to 2k - 1: one past k (a cut at
+    # the end only), up to the buffer's room (no cut before the end), one past it (a cut inside the stream), and
+    # 2k - 1 (the band an engine's radix top-k once got wrong). Ties in every cut (values from 9 levels).
+    rng = np.random.default_rng(cap)
+    k = cap - 3
+    for candidates in (k + 1, cap + BUFFER_SLACK, cap + BUFFER_SLACK + 1, 2 * k - 1):
+        row = rng.integers(-4, 5, candidates).astype(np.float32)
+        logits, offsets, lengths = _one_request(row[None, :])
+        call = {"kpool": 1, "pool_topk": k}
+        _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), model(logits, offsets, lengths, **call))
+
+
+@pytest.mark.parametrize("cap", [512, 4096])
+def test_a_kth_key_shared_by_more_candidates_than_the_buffer_holds(monkeypatch, cap):
+    # A few keys above, then the k-th key's value held by more candidates than the buffer's CAP + 1024 entries
+    # (and than a 4,096-entry bin), spread through the row: the lowest ids among them fill the selection. Below
+    # them, values that share the k-th key's upper 24 bits (the last radix round decides).
+    rng = np.random.default_rng(cap + 1)
+    k = cap
+    width = 3 * (cap + BUFFER_SLACK) + 5000
+    kth = np.float32(1.0)
+    near = np.nextafter(kth, np.float32(0), dtype=np.float32)  # the same upper bits, one ulp below
+    row = np.where(rng.random(width) < 0.5, kth, near).astype(np.float32)
+    above = rng.choice(width, k // 3, replace=False)
+    row[above] = 2.0 + rng.random(k // 3).astype(np.float32)
+    logits, offsets, lengths = _one_request(row[None, :])
+    call = {"kpool": 1, "pool_topk": k}
+    want = model(logits, offsets, lengths, **call)
+    assert (row[want[0]] == kth).sum() == k - k // 3  # the tie decides most of the selection
+    for splits in (1, 3):  # one block over the whole row, and three whose lists hold ties the merge decides
+        monkeypatch.setattr(index_topk, "topk_splits", lambda *shape, splits=splits: splits)
+        _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
+
+
+def test_split_rows_are_the_same_under_the_reversed_thread_schedule(monkeypatch):
+    # The split blocks, the last block's merge and the cuts share the buffer between barriers: both thread
+    # orders, one answer.
+    rng = np.random.default_rng(9)
+    rows = np.stack([_row(rng, 17000, kind) for kind in ("rising", "normal")])
+    logits, offsets, lengths = _one_request(rows)
+    call = {"kpool": 1, "pool_topk": 600, "compact": True}
+    want = model(logits, offsets, lengths, **call)
+    _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
+    _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
+
+
+def test_one_workspace_serves_every_call_and_is_left_zeroed():
+    # A buffer sized for the largest call, used by calls of 1, 4 and 1 rows (the lists of one call lie where
+    # another's counters would be, were they per row), with and without validation: each equal to the model,
+    # the counters zero after each.
+    rng = np.random.default_rng(10)
+    size = max(index_topk_workspace_bytes(n, 20000, 64) for n in (1, 4))
+    workspace = np.zeros(size, np.uint8)
+    for tokens, validate in ((1, True), (4, True), (1, False), (4, False)):
+        logits, offsets, lengths = _one_request(rng.standard_normal((tokens, 20000)).astype(np.float32))
+        call = {"kpool": 1, "pool_topk": 64}
+        got = emulate.kpool_index_topk(logits, offsets, lengths, workspace=workspace, validate=validate, **call)
+        _same(got, model(logits, offsets, lengths, **call))
+        assert not workspace[: split_selection.COUNTER_BYTES].any(), tokens
+
+
+def test_workspace_sizes_and_refusals():
+    assert index_topk_workspace_bytes(129, 1 << 20, 512) == 0  # more rows than counters: a block a row
+    assert index_topk_workspace_bytes(4, 4096, 512) == 0  # rows of one split
+    assert index_topk_workspace_bytes(0, 1 << 17, 512) == 0
+    # One 128K-pool row at top 512: 16 splits of 8,192 logits (16 x 512 keys and ids merged).
+    assert topk_splits(1, 1 << 17, 512) == 16
+    assert index_topk_workspace_bytes(1, 1 << 17, 512) == 512 + 16 * 4 + 16 * 512 * 8
+    logits, offsets, lengths = _one_request(np.random.default_rng(11).standard_normal((2, 9000)).astype(np.float32))
+    needed = index_topk_workspace_bytes(2, 9000, 100)
+    assert needed > 0
+    with pytest.raises(ValueError, match=rf"^Invalid workspace: expected at least {needed} bytes"):
+        emulate.kpool_index_topk(
+            logits, offsets, lengths, kpool=1, pool_topk=100, workspace=np.zeros(needed - 1, np.uint8)
+        )
+    dirty = np.zeros(needed, np.uint8)
+    dirty[0] = 1  # a counter another use left
+    with pytest.raises(ValueError, match=r"^Invalid workspace: expected its first 512 bytes zero"):
+        emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=100, workspace=dirty)
+    with pytest.raises(TypeError, match=r"^Invalid workspace: expected dtype uint8"):
+        emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=100, workspace=np.zeros(needed, np.int8))
+    with pytest.raises(ValueError, match=r"^Invalid pools"):
+        kpool_cupy.index_topk_workspace_bytes(1, -1, 512)
+    with pytest.raises(TypeError, match=r"^Invalid num_tokens"):
+        kpool_cupy.index_topk_workspace_bytes(2.0, 100, 512)
+    with pytest.raises(ValueError, match=r"^Invalid pool_topk"):
+        kpool_cupy.index_topk_workspace_bytes(1, 100, 0)
+
+
+def test_the_kernel_and_the_host_put_the_counters_in_the_same_region():
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_select.cuh").read_text()
+    assert f"constexpr long long kSelectCounterBytes = {split_selection.COUNTER_BYTES};" in text
+
+
+def test_the_kernel_takes_as_many_lists_as_the_host_splits_a_row_into():
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_select.cuh").read_text()
+    assert f"constexpr int kSelectMaxSplits = {split_selection.MAX_SPLITS};" in text
