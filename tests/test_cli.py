@@ -189,12 +189,14 @@ def test_check_cases_grow_linearly_with_kpool():
         ("tail_update_fp8", True, True),
         ("expand_topk", False, False),
         ("hadamard_quant_fp8", True, True),
+        ("index_topk", False, False),
     ],
 )
 def test_ptx_reports_every_kernel_family_with_its_store_widths_and_shuffles(op, shuffles, eight_byte_stores):
     # Every op's kernel, FP8 writers and the query side included: the FP8
     # epilogue's butterflies and 8-byte value stores show, the plain kernels'
-    # 16-byte paths show no shuffle.
+    # 16-byte paths show no shuffle. The selections' variant is its buffer for pool_topk 512 (it failed
+    # for want of CAP).
     result = CliRunner().invoke(main, ["ptx", "--op", op, "--head-dim", "64", "--kpool", "4"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"kpool_{op} bfloat16")
@@ -202,3 +204,9 @@ def test_ptx_reports_every_kernel_family_with_its_store_widths_and_shuffles(op, 
     assert (int(lines["shuffles (bfly)"]) > 0) is shuffles
     assert (int(lines["64-bit stores"]) > 0) is eight_byte_stores
     assert lines["local memory"] == "none" and lines["spill stores/loads"] == "0"
+
+
+def test_ptx_compiles_the_fused_selects_variant_for_its_buffer():
+    result = CliRunner().invoke(main, ["ptx", "--op", "index_select_fp8"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("kpool_index_select_fp8 bfloat16, head_dim 128, pool_topk up to 512, sm_90")

@@ -2,8 +2,9 @@
 
 One instance per op at a head_dim, kpool and element dtype: every element
 type that dtype, every operand 16-byte aligned (the declaration's VECTOR
-default), int32 indices, rows as the FP8 destination. Seed tail, expand and
-the query side take no kpool (expand's is the pool width it expands).
+default), int32 indices, rows as the FP8 destination, the selections'
+buffer for pool_topk 512 (the engines' GLM-5.x selection). Seed tail, expand
+and the query side take no kpool (expand's is the pool width it expands).
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from ..dtypes import element_dtype
 from ..kernel.declarations import MMA_F16, Kernel, tensor_core_for
 from ..kernel.nvrtc import arch_number, check_variant
 from ..ops import OPS
+from ..ops.families.selection import select_cap
 
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
 OP_SPECS = {spec.name.removeprefix("kpool_"): spec for spec in OPS if spec.kernel}
 OP_KERNELS: dict[str, Kernel] = {name: spec.kernel for name, spec in OP_SPECS.items() if spec.kernel}
 _ELEMENTS = ("T", "G", "KT", "GT", "OT", "DT")
+SELECT_POOL_TOPK = 512  # the selections' variant: the buffer that holds this many (select_cap)
 
 
 def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> tuple[Kernel, str]:
@@ -38,6 +41,8 @@ def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_9
     template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
     if "MMA" in names:
         template["MMA"] = arch_tensor_core(arch)
+    if "CAP" in names:
+        template["CAP"] = select_cap(SELECT_POOL_TOPK)
     return kernel, kernel.instance(**template)
 
 
