@@ -23,7 +23,11 @@
 namespace kp {
 // A thread's groups of 4 logits a tile: 4 (a block has 16 KB of logits in flight, 4,096 candidates a
 // tile), and 3 blocks an SM (80 registers, no spill; 8 groups took 128 registers and spilled at 2 blocks).
-constexpr int kTopkGroups = 4;
+// KP_TOPK_GROUPS sets another count in a test's build (a tile smaller than the largest pool_topk).
+#ifndef KP_TOPK_GROUPS
+#define KP_TOPK_GROUPS 4
+#endif
+constexpr int kTopkGroups = KP_TOPK_GROUPS;
 constexpr int kTopkBlocksPerSm = 3;
 }  // namespace kp
 

@@ -398,11 +398,12 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
                                                    LoadLogits load_logits) {
     constexpr int kTile = GROUPS * kSelectChunk;
     SelectState state;
-    // The kTile candidates from the last multiple of 4 past lo that leaves a whole tile (k or more).
+    // The kTile candidates from the last multiple of 4 past lo that leaves a whole tile; only with k of them.
     const long long seed_first = lo + (hi - kTile - lo) / 4 * 4;
-    if (hi - lo > kTile && hi - seed_first >= k) {
+    const long long seed_count = hi - seed_first < kTile ? hi - seed_first : kTile;
+    if (hi - lo > kTile && seed_count >= k) {
         const long long first = seed_first;
-        const int count = hi - first < kTile ? static_cast<int>(hi - first) : kTile;
+        const int count = static_cast<int>(seed_count);
         SelectTile<GROUPS> tile;
         load_tile(tile, first, count, load_logits);
         tile.enter = 0u;

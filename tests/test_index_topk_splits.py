@@ -167,3 +167,15 @@ def test_the_kernel_and_the_host_put_the_counters_in_the_same_region():
 def test_the_kernel_takes_as_many_lists_as_the_host_splits_a_row_into():
     text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_select.cuh").read_text()
     assert f"constexpr int kSelectMaxSplits = {split_selection.MAX_SPLITS};" in text
+
+
+def test_a_tile_smaller_than_pool_topk_starts_from_no_threshold(monkeypatch):
+    # Built with tiles of 1,024 (one group a thread), a row a little longer than a tile holds fewer than k
+    # candidates in its last tile when pool_topk passes 1,024: the range must not take that tile's "k-th
+    # largest key" (there is none) as its threshold. Falling rows put the best candidates first, where a
+    # wrong threshold drops them.
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_TOPK_GROUPS=1")
+    for k, width in ((1024, 1027), (1025, 1027), (1026, 1031), (1027, 1035)):
+        logits, offsets, lengths = _one_request(-np.arange(width, dtype=np.float32)[None, :])
+        call = {"kpool": 1, "pool_topk": k}
+        _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), model(logits, offsets, lengths, **call))
