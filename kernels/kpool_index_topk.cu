@@ -76,11 +76,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads, kp::kTopkBlocksPerSm)
                         values[e] = e < count ? row[first + e] : 0.0f;
                 }
             });
-        if (splits > 1) {
-            const kp::SelectWorkspace w = kp::select_workspace(workspace, num_tokens, splits, pool_topk);
-            if (!kp::publish_split(buffer, state, w, token, split, splits, pool_topk)) return;
-            state = kp::merge_splits(buffer, w, token, splits, pool_topk);
-        }
+        if (!kp::gather_splits(buffer, state, workspace, num_tokens, token, split, splits, pool_topk)) return;
     }
     const long long selected = all ? candidates : (state.count < pool_topk ? state.count : pool_topk);
     kp::write_selection<PAGED, COMPACT>(buffer, all, selected, token, input_row_offsets, cache_lengths, batch,

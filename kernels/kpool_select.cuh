@@ -538,6 +538,21 @@ __device__ __forceinline__ SelectState merge_splits(SelectBuffer<CAP>& buffer, c
     return merged;
 }
 
+// A token's candidates split over `splits` blocks (1: nothing to do): this
+// block's best into its list, and in the last of the token's blocks the
+// merge, its result in state. False in the token's other blocks, which are
+// done. Every thread of the block calls it together.
+template <int CAP>
+__device__ __forceinline__ bool gather_splits(SelectBuffer<CAP>& buffer, SelectState& state, unsigned char* workspace,
+                                              long long num_tokens, long long token, long long split,
+                                              long long splits, long long pool_topk) {
+    if (splits <= 1) return true;
+    const SelectWorkspace w = select_workspace(workspace, num_tokens, splits, pool_topk);
+    if (!publish_split(buffer, state, w, token, split, splits, pool_topk)) return false;
+    state = merge_splits(buffer, w, token, splits, pool_topk);
+    return true;
+}
+
 // Writes token `token`'s row of positions [num_tokens, width] (kpool_expand.cuh's
 // rules) from its selection: pools 0 .. selected - 1 when `all`, else
 // buffer.ids[0 .. selected). With COMPACT the valid entries packed left and
