@@ -629,6 +629,7 @@ def topk_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
     9,000 to 20,000 logits under contexts as long (split over blocks), every fifth a workspace of random
     bytes."""
     rng = np.random.default_rng([seed, 23])
+    wide = np.random.default_rng([seed, 24])
     for i in range(count):
         tokens, batch = int(rng.integers(0, 12)), int(rng.integers(0, 5))
         kpool = int(rng.choice([1, 2, 3, 7]))
@@ -658,13 +659,15 @@ def topk_garbage_cases(seed: int, count: int) -> Iterator[tuple[str, dict]]:
         if i // 4 % 2:
             block_size = _block_size(rng)
             case |= {"block_table": _block_table(rng, batch, block_size), "block_size": block_size}
+        # From a stream of their own, so the cases above (and the variants they launch) stay as they were.
         if i % 3 == 2:  # wide rows seen by long contexts: a few tokens' rows split over blocks, the last merges
-            width = int(rng.integers(9000, 20000))
-            raw = np.round(rng.standard_normal(tokens * width + shift) * 3).astype(np.float32)
+            # Rows as aligned as before (a zero-width row's stride is 4 bytes: one past a multiple of 4).
+            width = 9000 + 4 * int(wide.integers(0, 2750)) + (width % 4 if width else 1)
+            raw = np.round(wide.standard_normal(tokens * width + shift) * 3).astype(np.float32)
             case["logits"] = raw[shift:].reshape(tokens, width)
-            case["cache_lengths"] = rng.integers(0, 2 * width, batch).astype(case["cache_lengths"].dtype)
+            case["cache_lengths"] = wide.integers(0, 2 * width, batch).astype(case["cache_lengths"].dtype)
         if i % 5 == 4:  # a workspace full of random bytes: wrong rows then, but nothing outside the arrays
-            case["workspace"] = rng.integers(0, 256, 4096 * 64 + int(rng.integers(0, 64)), dtype=np.uint8)
+            case["workspace"] = wide.integers(0, 256, 4096 * 64 + int(wide.integers(0, 64)), dtype=np.uint8)
         yield "kpool_index_topk", case
 
 
