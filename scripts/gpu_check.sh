@@ -220,8 +220,8 @@ else
     pack
 fi
 
-# The selection's and the backward's records are left out here: the limits' sum has no room for them (they run on their own,
-# docs/benchmarks.md "The selection").
+# The selection's and the backward's records are left out here: the limits' sum has no room for them (they run on their own:
+# the selection's, with kpool_index_topk's and the prefill record under compute-sanitizer, by scripts/gpu_select_check.sh).
 run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --min-calls "$min_calls" --no-select --no-backward --json "$out/bench.json" \
     --plot "$out/bench.png" --table "$logs/bench-table.txt"
 # torch.compile cold, on the quick shapes, against this package alone (the
