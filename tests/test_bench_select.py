@@ -77,25 +77,3 @@ def test_the_records_compare_the_two_calls_bit_for_bit_and_say_why_torch_is_skip
     """
     done = run_on_double(textwrap.dedent(body), timeout=DOUBLE_TIMEOUT_S)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]
-
-
-@pytest.mark.slow
-def test_the_topk_records_run_and_say_why_torch_is_skipped():
-    body = """
-    import cupy
-    assert cupy.__version__.endswith("numpy-double"), cupy.__file__
-    import kpool_cupy
-    from kpool_cupy.bench import topk
-    for shape, record in zip(topk.topk_shapes(quick=True), topk.run_topk(quick=True, samples=1)):
-        ours = record["implementations"]["kpool-cupy"]
-        assert ours["time_over_kpool_cupy"] == 1.0 and record["name"] == shape.name
-        needed = kpool_cupy.index_topk_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk)
-        assert ours["working_bytes"] == needed and (needed > 0) == (record["splits"] > 1)
-        assert record["bytes"] == topk.topk_bytes(shape)
-        torch = record["implementations"]["torch-topk"]
-        assert "skipped" in torch and "torch" in torch["skipped"], torch
-    assert [r["splits"] > 1 for r in topk.run_topk(quick=True, samples=1)] == [True, False]
-    print("ok")
-    """
-    done = run_on_double(textwrap.dedent(body), timeout=DOUBLE_TIMEOUT_S)
-    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]
