@@ -72,7 +72,6 @@ __device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, 
 template <int CAP>
 struct SelectBuffer {
     static constexpr int kSize = CAP + kSelectChunk;
-    static constexpr int kPerThread = kSize / kSelectThreads;  // a thread's share when cutting back
     static_assert(CAP % kSelectThreads == 0, "CAP a multiple of the block");
     unsigned int keys[kSize];
     int ids[kSize];
