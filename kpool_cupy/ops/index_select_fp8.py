@@ -22,9 +22,9 @@ from .families.scoring import (
     check_table_covers,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import check_integer, check_rows_and_cache, fail
+from .framework.checks import check_rows_and_cache, fail
 from .framework.examples import SCORING_KPOOL, Example, ExampleBatch
-from .framework.spec import VALIDATE, Backend, CallArgs, Launch, OpSpec, OutputShape
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, OpSpec
 
 
 def select_splits(num_tokens: int, pool_topk: int) -> int:
@@ -39,10 +39,7 @@ def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
     (more than 128 tokens), else the counters (the first ``COUNTER_BYTES``, whatever num_tokens, so one
     zeroed buffer serves every batch size) and, per token and split, pool_topk keys and ids
     (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
-    check_pool_topk(pool_topk)
-    check_integer("num_tokens", num_tokens, 0)
-    splits = select_splits(int(num_tokens), int(pool_topk))
-    return split_selection.workspace_bytes(int(num_tokens), splits, int(pool_topk))
+    return split_selection.checked_workspace_bytes(num_tokens, pool_topk, select_splits)
 
 
 @dataclass(frozen=True)
@@ -71,10 +68,6 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
     split_selection.check_workspace(a.workspace)
     return IndexSelectCall(**expanded, num_tokens=num_tokens, heads=heads, head_dim=head_dim, batch=batch,
                            pages=pages, cache_block_size=cache_block_size)  # fmt: skip
-
-
-def output_shapes(call: IndexSelectCall) -> dict[str, OutputShape]:
-    return expansion.output_shapes(call, call.num_tokens)
 
 
 def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: int, splits: int) -> Launch:
@@ -159,8 +152,7 @@ SPEC = OpSpec(
     check_args=check_index_select_fp8_args,
     run=run,
     docs=DOCS,
-    outputs=output_shapes,
-    **expansion.RETURNS,
+    **expansion.SELECTING,
     kernel=INDEX_SELECT_FP8,
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
     large_dynamic_shared=lambda head_dim, mma: index_select_shared_bytes(64, head_dim, mma),

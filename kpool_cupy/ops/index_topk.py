@@ -18,7 +18,7 @@ from .families.selection import MAX_TOKENS, POOL_TOPK, check_covered, check_pool
 from .framework.checks import as_size, check_batch_index, check_integer, check_rows_and_cache, fail
 from .framework.examples import Example, ExampleBatch
 from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
-from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec
 
 # A split's candidates at least: whole tiles of the kernel (kp::kTopkGroups * kp::kSelectChunk), and 16 times
 # pool_topk, so the lists the last block merges hold at most a sixteenth of the row.
@@ -38,11 +38,10 @@ def index_topk_workspace_bytes(num_tokens: int, pools: int, pool_topk: int) -> i
     max(4096, 16 pool_topk) logits), else the counters (the first 512 bytes, whatever num_tokens, so one zeroed
     buffer serves every call) and, per row and split, pool_topk keys and ids (kernels/kpool_select.cuh's
     ``kp::select_workspace``)."""
-    check_integer("num_tokens", num_tokens, 0)
     check_integer("pools", pools, 0)
-    check_pool_topk(pool_topk)
-    splits = topk_splits(int(num_tokens), int(pools), int(pool_topk))
-    return split_selection.workspace_bytes(int(num_tokens), splits, int(pool_topk))
+    return split_selection.checked_workspace_bytes(
+        num_tokens, pool_topk, lambda tokens, topk: topk_splits(tokens, int(pools), topk)
+    )
 
 
 @dataclass(frozen=True)
@@ -67,10 +66,6 @@ def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
     expanded = expansion.check(a, batch, int(a.pool_topk))
     split_selection.check_workspace(a.workspace)
     return IndexTopkCall(**expanded, num_tokens=num_tokens, logits_width=logits_width, batch=batch)
-
-
-def output_shapes(call: IndexTopkCall) -> dict[str, OutputShape]:
-    return expansion.output_shapes(call, call.num_tokens)
 
 
 def index_topk_launch(call: IndexTopkCall, operands: dict[str, Any], splits: int) -> Launch:
@@ -144,8 +139,7 @@ SPEC = OpSpec(
     check_args=check_index_topk_args,
     run=run,
     docs=DOCS,
-    outputs=output_shapes,
-    **expansion.RETURNS,
+    **expansion.SELECTING,
     kernel=INDEX_TOPK,
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
     example=example,

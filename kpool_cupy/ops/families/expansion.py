@@ -100,6 +100,15 @@ def output_shapes(call: Expansion, rows: int) -> dict[str, OutputShape]:
     return shapes
 
 
+def token_output_shapes(call: Any) -> dict[str, OutputShape]:
+    """``output_shapes`` a row a query token (``call.num_tokens``): the selecting ops'."""
+    return output_shapes(call, call.num_tokens)
+
+
+# What a selecting op's spec takes beside RETURNS: its outputs, a row a query token.
+SELECTING: dict[str, Any] = {**RETURNS, "outputs": token_output_shapes}
+
+
 def launch_values(call: Expansion, o: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """The kernel values and template parameters of the expansion (``kp::write_selection``'s and
     ``kp::expanded``'s), from the operands ``block_table``, ``positions`` and ``counts``."""

@@ -8,14 +8,16 @@ the kernel leaves the counters zero) and, per token and split, a count, pool_top
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ...kernel import codes
-from ..framework.checks import check_writable, dtype_fail, fail, require_array
+from ..framework.checks import check_integer, check_writable, dtype_fail, fail, require_array
 from ..framework.spec import Backend, Operand
 from .fp8_target import UINT8
+from .selection import check_pool_topk
 
 # Blocks a call aims at: tokens times splits of their candidates, about two per SM of a large GPU.
 TARGET_BLOCKS = 256
@@ -46,6 +48,14 @@ def workspace_bytes(num_tokens: int, splits: int, pool_topk: int) -> int:
         return 0
     lists = num_tokens * splits
     return COUNTER_BYTES + _align16(4 * lists) + _align16(4 * lists * pool_topk) + 4 * lists * pool_topk
+
+
+def checked_workspace_bytes(num_tokens: Any, pool_topk: Any, splits: Callable[[int, int], int]) -> int:
+    """``workspace_bytes`` for a public sizing call: num_tokens a count (TypeError or ValueError naming it),
+    pool_topk checked as the ops check it, ``splits(num_tokens, pool_topk)`` the op's rule."""
+    check_integer("num_tokens", num_tokens, 0)
+    check_pool_topk(pool_topk)
+    return workspace_bytes(int(num_tokens), splits(int(num_tokens), int(pool_topk)), int(pool_topk))
 
 
 def check_workspace(workspace: Any) -> None:
