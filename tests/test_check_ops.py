@@ -155,3 +155,24 @@ def test_ring_close_at_kpool_1_is_refused_not_reported_as_nothing_checked(op):
     result = CliRunner().invoke(main, ["check", "--backend", "reference", "--op", op, "--kpool", "1", "--json"])
     report = json.loads(result.output)
     assert result.exit_code == 1 and report["error"].startswith("Invalid kpool: expected at least 2")
+
+
+ROTATION = "head_dim a power of two from 8 to 256 (the Hadamard rotation)"
+
+
+@pytest.mark.parametrize(
+    ("op", "head_dim", "rule"),
+    [
+        ("index_logits_fp8", 32, "64, 128 or 256 for the scorer"),  # a power of two the scorer does not take
+        ("index_select_fp8", 512, ROTATION),
+        ("hadamard_quant_fp8", 24, ROTATION),
+        ("compress_fp8", 40, ROTATION),
+    ],
+)
+def test_check_refuses_a_head_dim_the_op_does_not_take(op, head_dim, rule):
+    # It ran the scorer at 128 and reported the head_dim asked for, with ok: true.
+    args = ["check", "--backend", "reference", "--op", op, "--head-dim", str(head_dim), "--json"]
+    result = CliRunner().invoke(main, args)
+    report = json.loads(result.output)
+    assert result.exit_code == 1 and report["ok"] is False, result.output
+    assert report["error"] == f"Invalid head_dim: expected {rule}, got {head_dim}", report["error"]

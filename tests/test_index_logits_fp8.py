@@ -235,6 +235,46 @@ def test_max_pools_and_out():
         emulate.kpool_index_logits_fp8(*case.args, kpool=4, max_pools=most - 1)
 
 
+@pytest.mark.parametrize("backend", [reference, emulate])
+def test_a_width_refusal_names_the_argument_the_caller_passed(backend):
+    # An out one column short, and lengths whose pools pass int32, were refused as "Invalid max_pools" in calls
+    # that never passed max_pools.
+    rng = np.random.default_rng(11)
+    case = index_case(rng, heads=4, kpool=4, counts=(2, 3), cache_lengths=(17, 30))
+    most = int(case.visible().max())
+    t = int(np.argmax(case.visible()))
+    short = np.zeros((5, most - 1), np.float32)
+    with pytest.raises(ValueError) as error:
+        backend.kpool_index_logits_fp8(*case.args, kpool=4, out=short)
+    wanted = f"at least the {most} pools token {t} sees"
+    assert str(error.value) == f"Invalid out: expected {wanted}, got shape (5, {most - 1})"
+    with pytest.raises(ValueError, match=rf"^Invalid max_pools: expected at least the {most} pools token {t} sees"):
+        backend.kpool_index_logits_fp8(*case.args, kpool=4, max_pools=most - 1)
+    one = index_case(rng, heads=4, kpool=1, counts=(1,), cache_lengths=(0,))
+    one.cache_lengths = np.array([2**31 + 4], np.int64)  # the token sees pool 2^31 + 4: past int32 pool ids
+    for validate in (True, False):
+        with pytest.raises(ValueError) as error:
+            backend.kpool_index_logits_fp8(*one.args, kpool=1, validate=validate)
+        wanted = "lengths under which a token sees at most 2147483647 pools (pool ids are int32)"
+        assert str(error.value) == f"Invalid cache_lengths: expected {wanted}, got token 0 seeing {2**31 + 5}"
+
+
+def test_a_launch_past_the_grid_names_the_tokens():
+    # The grid bound (token tiles x pool ranges < 2^31) named max_pools; pool ranges shrink as token tiles grow,
+    # so only q's tokens pass it. The call claims 2^38 tokens: the launch is sized, never run.
+    from dataclasses import replace
+
+    from kpool_cupy.ops.index_logits_fp8 import index_logits_launch
+
+    rng = np.random.default_rng(12)
+    case = index_case(rng, heads=4, kpool=4, counts=(2, 3), cache_lengths=(17, 30))
+    operands = dict(zip(SPEC.operand_names, (*case.args, np.zeros((5, 3), np.float32)), strict=True))
+    call = SPEC.describe((*case.args, None), {"kpool": 4, "max_pools": 2**31 - 1})
+    index_logits_launch(replace(call, num_tokens=2**30), operands, 2**31 - 1, MMA_E4M3)  # within the grid
+    with pytest.raises(ValueError, match=rf"^Invalid q: expected few enough tokens for one launch .*, got {2**38}$"):
+        index_logits_launch(replace(call, num_tokens=2**38), operands, 2**31 - 1, MMA_E4M3)
+
+
 def test_a_missing_page_without_validation_scores_minus_inf():
     # validate=True refuses a negative or out-of-range page for a visible pool; without it the pool's logits
     # are -inf on both CPU backends, and nothing else changes.

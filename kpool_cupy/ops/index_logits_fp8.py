@@ -45,6 +45,7 @@ class IndexLogitsCall:
     pages: int
     block_size: int
     max_pools: int | None  # None: the most pools any token sees, read from the device
+    sized_by: str  # what set the width: max_pools, out, or (neither given) cache_lengths: the name an error gives
 
 
 def check_max_pools(max_pools: Any) -> None:
@@ -65,7 +66,8 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
             wanted = f"shape [{num_tokens}, {'max_pools' if max_pools is None else max_pools}]"
             raise fail("out", f"{wanted} (q's tokens)", f"shape {tuple(a.out.shape)}")
         max_pools = width
-    return IndexLogitsCall(num_tokens, heads, head_dim, batch, int(a.kpool), pages, block_size, max_pools)
+    sized_by = "max_pools" if a.max_pools is not None else "out" if a.out is not None else "cache_lengths"
+    return IndexLogitsCall(num_tokens, heads, head_dim, batch, int(a.kpool), pages, block_size, max_pools, sized_by)
 
 
 def output_shapes(call: IndexLogitsCall, max_pools: int | None) -> dict[str, OutputShape]:
@@ -90,8 +92,8 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
     per_block = tokens_per_block(call.heads, call.head_dim, call.num_tokens, call.batch, mma)
     block_pools = index_block_pools(call.head_dim, mma)
     geometry, pools_per_block = index_geometry(call.num_tokens, max_pools, per_block, block_pools)
-    if geometry.grid > MAX_POOLS:
-        raise fail("max_pools", "few enough pools for one launch (token tiles x pool ranges < 2^31)", max_pools)
+    if geometry.grid > MAX_POOLS:  # ranges shrink as token tiles grow: only the tokens can pass the bound
+        raise fail("q", "few enough tokens for one launch (token tiles x pool ranges < 2^31)", call.num_tokens)
     values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
     values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
     values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages, "block_size": call.block_size}
@@ -123,12 +125,15 @@ def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate:
             check_rows_and_cache(call.num_tokens, offsets, lengths)
         _, _, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)  # as the kernel sees
         most = int(visible.max(initial=0))
+        t = int(np.argmax(visible))
         if max_pools is None:
+            if most > MAX_POOLS:
+                wanted = f"lengths under which a token sees at most {MAX_POOLS} pools (pool ids are int32)"
+                raise fail("cache_lengths", wanted, f"token {t} seeing {most}")
             max_pools = most
-            check_max_pools(max_pools)
         elif validate and most > max_pools:
-            t = int(np.argmax(visible))
-            raise fail("max_pools", f"at least the {most} pools token {t} sees", max_pools)
+            got = max_pools if call.sized_by == "max_pools" else f"shape {tuple(a['out'].shape)}"
+            raise fail(call.sized_by, f"at least the {most} pools token {t} sees", got)
         if validate:
             check_table_covers(call, host[2].reshape(table.shape), lengths, offsets)
     if a["out"] is None:

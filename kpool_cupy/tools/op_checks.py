@@ -200,7 +200,7 @@ def scoring_arrays(case: Case, kpool: int, rng: np.random.Generator) -> tuple[np
     The case gives the batch (each request's last ``INDEX_TOKENS`` tokens
     after its cache); the pooled cache, its shuffled table, the e4m3 queries
     and weights are random: every visible pool has a page entry. head_dim is
-    the case's where the scorer takes it (64, 128, 256), else 128.
+    the case's (``run_check`` refuses one the scorer does not take).
     """
     lengths, cache = parts.token_counts(case)
     kept = np.minimum(lengths, INDEX_TOKENS)
@@ -208,7 +208,7 @@ def scoring_arrays(case: Case, kpool: int, rng: np.random.Generator) -> tuple[np
     # a cache of that many pools).
     cache, lengths = (cache + lengths - kept) % (512 * kpool), kept
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(case.input_row_offsets.dtype)
-    head_dim = case.k.shape[1] if case.k.shape[1] in (64, 128, 256) else 128
+    head_dim = case.k.shape[1]
     pools = np.where(lengths > 0, (cache + lengths) // kpool, 0)
     block_size = 16
     columns = -(-pools // block_size)

@@ -15,6 +15,7 @@ from ..emulator.toolchain import CompilerNotFoundError, compiler
 from .cases import Case, check_cases
 from .op_check_parts import Backend
 from .op_checks import OP_CHECKS
+from .variants import OP_SPECS
 
 BACKENDS = ("auto", "cupy", "emulate", "reference")
 
@@ -120,6 +121,9 @@ def run_check(
         raise ValueError(
             f"Invalid kpool: expected at least 2 for {op} (at kpool 1 no pool is left pending), got {kpool}"
         )
+    head_dim_rule = OP_SPECS[op].check_head_dim
+    if head_dim_rule is not None:  # the op's own rule, before any case: a check never runs a head_dim it reports
+        head_dim_rule("head_dim", head_dim)
     chosen = backend_for(backend)
     rng = np.random.default_rng([seed, 1])  # the ring noise, selected ids and round_scale choices
     with progress(check_cases(head_dim, kpool, dtype, seed)) as cases:
