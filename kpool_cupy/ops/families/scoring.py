@@ -21,6 +21,7 @@ from ..framework.checks import (
     check_batch_index,
     check_block_table,
     check_nowhere,
+    definitely,
     dtype_fail,
     fail,
     require_array,
@@ -47,9 +48,11 @@ def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule:
         raise dtype_fail(name, f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
     if array.ndim != ndim:
         raise fail(name, f"a {ndim}-D array {shape_rule}", f"shape {tuple(array.shape)}")
-    if array.size and array.shape[-1] > 1 and array.strides[-1] != array.dtype.itemsize:
+    if not definitely(array.size != 0):  # an empty array (or, traced, one that may be): no stride is used
+        return
+    if definitely(array.shape[-1] > 1) and array.strides[-1] != array.dtype.itemsize:
         raise fail(name, "a contiguous last dim", f"strides {array.strides}")
-    if array.size and any(s < 0 or s % array.dtype.itemsize for s in array.strides):
+    if any(definitely(s < 0) or definitely(s % array.dtype.itemsize != 0) for s in array.strides):
         raise fail(name, "non-negative strides in whole elements", f"strides {array.strides}")
 
 

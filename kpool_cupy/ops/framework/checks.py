@@ -75,6 +75,18 @@ def as_size(value: Any) -> Any:
     return int(value)
 
 
+def definitely(condition: Any) -> bool:
+    """``condition`` where it is known. A plain bool is itself. Under torch.compile's tracing, a condition on a
+    size the data decides (an unbacked size: the scorer's width without max_pools) that the trace cannot settle
+    reads as false, with no guard (torch's ``guard_or_false``): a check that raises on it is left to the real call,
+    which sees the size. (``bool()`` on it fails the trace: "Could not guard on data-dependent expression".)"""
+    if hasattr(condition, "node"):  # a torch.SymBool; only torch makes one, so torch is loaded
+        from torch.fx.experimental.symbolic_shapes import guard_or_false
+
+        return bool(guard_or_false(condition))
+    return bool(condition)
+
+
 def require_array(name: str, array: Any) -> None:
     if not all(hasattr(array, attr) for attr in ("shape", "dtype", "strides")):
         raise dtype_fail(name, "an array", type(array).__name__)
