@@ -8,6 +8,9 @@ import numpy as np
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 FLOAT16 = np.dtype(np.float16)
 FLOAT32 = np.dtype(np.float32)
+# e4m3fn values as engines type them (torch.float8_e4m3fn's NumPy twin); the kernels read their bytes (uint8).
+FLOAT8_E4M3FN = np.dtype(ml_dtypes.float8_e4m3fn)
+UINT8 = np.dtype(np.uint8)
 
 # Storage type of each element dtype in kernels/kpool_common.cuh.
 ELEMENT_CTYPES: dict[np.dtype, str] = {

@@ -566,6 +566,7 @@ def hadamard_quant_fp8(
     x: Array,
     *,
     round_scale: bool = True,
+    out_dtype: Any = None,
     out: Array | None = None,
     out_scale: Array | None = None,
     validate: bool = True,
@@ -590,9 +591,16 @@ def hadamard_quant_fp8(
         two from 8 to 256.
     round_scale
         Round each scale up to a power of two (ue8m0), exactly (default).
+    out_dtype
+        The values' dtype: uint8 (None, the default) or ``float8_e4m3fn``
+        (``ml_dtypes.float8_e4m3fn`` or its name; ``torch.float8_e4m3fn`` in
+        ``kpool_cupy.torch``), the same bytes typed as engines take queries.
+        An array library without that dtype gives a TypeError naming
+        ``out_dtype`` before any launch (whether CuPy 14 holds it has not run
+        on a GPU; torch tensors do). None with ``out``.
     out, out_scale
-        uint8 ``[rows, head_dim]`` and float32 ``[rows]``, given together; new
-        ones otherwise.
+        uint8 (or float8_e4m3fn) ``[rows, head_dim]`` and float32 ``[rows]``,
+        given together; new ones otherwise.
     validate
         Accepted for symmetry with the other ops; there are no contents to check.
     stream
@@ -601,9 +609,11 @@ def hadamard_quant_fp8(
     Returns
     -------
     tuple of cupy.ndarray
-        ``(values, scales)``: e4m3fn bit patterns and one scale per row.
+        ``(values, scales)``: e4m3fn bit patterns (typed ``out_dtype``) and one
+        scale per row.
     """
-    return call_backend((x, out, out_scale), {"round_scale": round_scale, "validate": validate}, backend_options)
+    options = {"round_scale": round_scale, "out_dtype": out_dtype, "validate": validate}
+    return call_backend((x, out, out_scale), options, backend_options)
 
 
 @defines(ops.INDEX_LOGITS_FP8)

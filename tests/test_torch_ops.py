@@ -417,7 +417,7 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
         from kpool_cupy.torch.tensors import to_numpy
 
         kernels._torch_stream = lambda device: contextlib.nullcontext()
-        kernels.to_cupy = lambda tensor: to_numpy("x", tensor).view(cupy.ndarray)
+        kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
         kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
         checked = 0
         for split in (False, True):

@@ -8,12 +8,21 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import ELEMENT_CTYPES, FLOAT32
+from ..dtypes import ELEMENT_CTYPES, FLOAT32, dtype_name
 from ..kernel import codes
 from ..kernel.declarations import HADAMARD_QUANT_FP8
 from ..kernel.geometry import group_geometry
-from .families.fp8_target import ROUND_SCALE, SCALES_OUT, UINT8, VALUES_OUT, check_rotation_head_dim, check_target
-from .framework.checks import as_size, check_rows, fail
+from .families.fp8_target import (
+    ROUND_SCALE,
+    SCALES_OUT,
+    UINT8,
+    VALUES_DTYPE,
+    VALUES_OUT,
+    check_rotation_head_dim,
+    check_target,
+    values_dtype,
+)
+from .framework.checks import as_size, check_rows, dtype_fail, fail
 from .framework.examples import Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
 
@@ -24,6 +33,7 @@ class HadamardQuantFp8Call:
     head_dim: int
     dtype: np.dtype
     round_scale: bool
+    values_dtype: np.dtype  # uint8 or float8_e4m3fn: what the values come back as (out_dtype, or out's)
 
 
 def check_hadamard_quant_fp8_args(a: CallArgs) -> HadamardQuantFp8Call:
@@ -33,11 +43,14 @@ def check_hadamard_quant_fp8_args(a: CallArgs) -> HadamardQuantFp8Call:
     check_target(head_dim, out=a.out, out_scale=a.out_scale)
     if a.out is not None and a.out.shape[0] != rows:
         raise fail("out", f"shape [{rows}, {head_dim}] (x's rows)", f"shape {tuple(a.out.shape)}")
-    return HadamardQuantFp8Call(rows, head_dim, np.dtype(a.x.dtype), bool(a.round_scale))
+    values = values_dtype(a.out_dtype)
+    if a.out is not None and a.out_dtype is not None:  # out is read as its bytes here: its own dtype stands
+        raise fail("out_dtype", "None with out (out's own dtype types the values)", dtype_name(values))
+    return HadamardQuantFp8Call(rows, head_dim, np.dtype(a.x.dtype), bool(a.round_scale), values)
 
 
 def output_shapes(call: HadamardQuantFp8Call) -> dict[str, OutputShape]:
-    return {"out": ((call.rows, call.head_dim), UINT8), "out_scale": ((call.rows,), FLOAT32)}
+    return {"out": ((call.rows, call.head_dim), call.values_dtype), "out_scale": ((call.rows,), FLOAT32)}
 
 
 def hadamard_quant_fp8_launch(call: HadamardQuantFp8Call, operands: dict[str, Any]) -> Launch:
@@ -54,12 +67,20 @@ def hadamard_quant_fp8_launch(call: HadamardQuantFp8Call, operands: dict[str, An
 
 def run(backend: Backend, call: HadamardQuantFp8Call, a: dict[str, Any], *, validate: bool, **options: Any) -> Any:
     """Allocate, launch; ``validate`` has no contents to check here (no index arrays)."""
-    if a["out"] is None:
+    values = a["out"]
+    if values is None:
         shapes = output_shapes(call)
-        a["out"], a["out_scale"] = backend.empty(*shapes["out"]), backend.empty(*shapes["out_scale"])
+        a["out"], a["out_scale"] = backend.empty(shapes["out"][0], UINT8), backend.empty(*shapes["out_scale"])
+        values = a["out"]
+        if call.values_dtype != UINT8:
+            try:
+                values = a["out"].view(call.values_dtype)
+            except (TypeError, ValueError):  # an array library with no such dtype
+                raise dtype_fail("out_dtype", "uint8 on this backend (its arrays take no float8_e4m3fn)",
+                                 dtype_name(call.values_dtype)) from None  # fmt: skip
     if call.rows:
         backend.launch(hadamard_quant_fp8_launch(call, a))
-    return a["out"], a["out_scale"]
+    return values, a["out_scale"]
 
 
 EMULATE_DOC = """:func:`kpool_cupy.hadamard_quant_fp8`, running the CUDA kernel on the CPU (host arrays)."""
@@ -68,7 +89,7 @@ DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the 
 
 QUERY = Operand("x", "[rows, head_dim] bfloat16, float16 or float32; last dim contiguous")
 QUERY_VALUES = dataclasses.replace(VALUES_OUT, rows_of="x")  # rows as wide as x's
-PARAMETERS = (QUERY, ROUND_SCALE, QUERY_VALUES, SCALES_OUT, VALIDATE)
+PARAMETERS = (QUERY, ROUND_SCALE, VALUES_DTYPE, QUERY_VALUES, SCALES_OUT, VALIDATE)
 
 
 def example(b: ExampleBatch) -> Example:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..ops.framework.engine_forms import read_form
 from ..ops.framework.results import given_outputs, output_keys
 from ..ops.framework.spec import OpSpec
 from .schema import Overload
@@ -86,7 +87,7 @@ def arguments(
     """The package function's arrays (in operand order, a ring list as one array or a pair) and options."""
     arrays = []
     for operand in spec.operands:
-        value = given.get(operand.name)
+        value = read_form(operand, given.get(operand.name), torch.uint8)  # float8 q, DeepGEMM's 4-D cache
         if isinstance(value, (list, tuple)):
             rings = tuple(convert(operand.name, t) for t in value)
             arrays.append(rings[0] if len(rings) == 1 else rings)
@@ -150,7 +151,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         written = _written(overload, given)
         _check_writable(written)
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
-            arrays, options = arguments(spec, given, lambda name, t: to_cupy(t))
+            arrays, options = arguments(spec, given, to_cupy)
             named = dict(zip(spec.operand_names, arrays, strict=True))
             # The outputs behind this overload's results (a cache replaces some).
             keys = output_keys(spec, overload.results) if not spec.dynamic_sizes else ()
@@ -163,7 +164,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
                 for output in outputs:
                     shape, dtype = shapes[output.name]
                     made[output.name] = torch.zeros(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
-                    named[output.name] = to_cupy(made[output.name])
+                    named[output.name] = to_cupy(output.name, read_form(output, made[output.name], torch.uint8))
             result = getattr(kpool_cupy, spec.name)(**named, **options)
             _bump_versions(written)
             if outputs:

@@ -192,7 +192,8 @@ def _pool_row_offsets_cuda(input_row_offsets: torch.Tensor, cache_lengths: torch
     from .kernels import _torch_stream
 
     with _torch_stream(input_row_offsets.device):
-        return from_cupy(pool_row_offsets(to_cupy(input_row_offsets), to_cupy(cache_lengths), kpool))
+        offsets, lengths = to_cupy("input_row_offsets", input_row_offsets), to_cupy("cache_lengths", cache_lengths)
+        return from_cupy(pool_row_offsets(offsets, lengths, kpool))
 
 
 def _pool_row_offsets_fake(input_row_offsets: torch.Tensor, cache_lengths: torch.Tensor, kpool: int) -> torch.Tensor:

@@ -2,7 +2,10 @@
 
 bfloat16 goes through an int16 view both ways: NumPy takes no bfloat16
 tensor (``.numpy()`` refuses it, and its DLPack import refuses kDLBfloat) and
-torch takes no ml_dtypes array. A tensor that requires grad (an
+torch takes no ml_dtypes array; float8_e4m3fn through a uint8 view, the same
+way. CuPy has no float8 dtype: an op reads e4m3fn values as their bytes
+(``ops.framework.engine_forms``), so a float8 tensor reaches CuPy only where
+an op takes no e4m3fn, and is refused there. A tensor that requires grad (an
 ``nn.Parameter`` ape) is read through ``.detach()``: the ops only read it.
 Strides come along as they are, 0 and transposed ones too (``.numpy()`` and
 torch's DLPack export keep them; the int16 view as well): an expanded
@@ -17,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..dtypes import BFLOAT16
+from ..dtypes import BFLOAT16, FLOAT8_E4M3FN
 
 # Every torch dtype NumPy has, spelled out: a dtype conversion through a
 # zero-size tensor would make a fake tensor under torch.compile's tracing.
@@ -33,12 +36,15 @@ _NUMPY_DTYPES = {
     torch.uint64: np.dtype(np.uint64),
     torch.float16: np.dtype(np.float16),
     torch.bfloat16: BFLOAT16,
+    torch.float8_e4m3fn: FLOAT8_E4M3FN,
     torch.float32: np.dtype(np.float32),
     torch.float64: np.dtype(np.float64),
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
 }
 _TORCH_DTYPES = {numpy: dtype for dtype, numpy in _NUMPY_DTYPES.items()}
+# The dtypes NumPy holds only as ml_dtypes', and the torch dtype of the same width each is viewed through.
+_VIEWED = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
@@ -56,8 +62,8 @@ def torch_dtype(dtype: np.dtype) -> torch.dtype:
 def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
     """A CPU tensor's memory as a NumPy array (same bytes, same strides)."""
     tensor = tensor.detach()
-    if tensor.dtype == torch.bfloat16:
-        return tensor.view(torch.int16).numpy().view(BFLOAT16)
+    if tensor.dtype in _VIEWED:
+        return tensor.view(_VIEWED[tensor.dtype]).numpy().view(_NUMPY_DTYPES[tensor.dtype])
     try:
         return tensor.numpy()
     except TypeError:
@@ -66,16 +72,19 @@ def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """A NumPy array's memory as a CPU tensor."""
-    if array.dtype == BFLOAT16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    dtype = _TORCH_DTYPES.get(np.dtype(array.dtype))
+    if dtype in _VIEWED:
+        return torch.from_numpy(array.view(_NUMPY_DTYPES[_VIEWED[dtype]])).view(dtype)
     return torch.from_numpy(array)
 
 
-def to_cupy(tensor: torch.Tensor) -> Any:
+def to_cupy(name: str, tensor: torch.Tensor) -> Any:
     """A CUDA tensor's memory as a CuPy array (DLPack, on CuPy's current stream: call it inside torch's)."""
     import cupy
 
     tensor = tensor.detach()
+    if tensor.dtype == torch.float8_e4m3fn:  # an op that takes e4m3fn has read it as bytes already
+        raise TypeError(f"Invalid {name}: expected a dtype the kernels read, got {tensor.dtype}")
     if tensor.dtype == torch.bfloat16:
         return cupy.from_dlpack(tensor.view(torch.int16)).view(BFLOAT16)
     return cupy.from_dlpack(tensor)

@@ -21,7 +21,7 @@ from ..ops.framework.checks import check_bool, check_out_dtype, dtype_fail, fail
 from ..ops.framework.results import all_results, cache_target, given_outputs
 from ..ops.framework.spec import OpSpec, Option, is_pair, pair_error
 from .schema import NAMESPACE, op_name
-from .tensors import torch_dtype
+from .tensors import numpy_dtype, torch_dtype
 
 
 def _check_tensor(name: str, value: Any) -> None:
@@ -48,9 +48,18 @@ _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _dtype(option: Option, value: Any) -> Any:
-    """A torch dtype for the schema; a name or NumPy dtype is read as the other backends read it."""
+    """A torch dtype for the schema; a name or NumPy dtype is read as the other backends read it. An option with
+    its own rule (``Option.check``: the FP8 values' dtype) takes what that rule takes, refused as it refuses."""
     if value is None:
         return None
+    if option.check is not None:
+        if isinstance(value, torch.dtype):
+            try:
+                option.check(numpy_dtype(value))
+            except TypeError:  # refused, or a dtype NumPy lacks: the rule names the option and this value
+                option.check(value)
+            return value
+        return torch_dtype(option.check(value))
     if isinstance(value, torch.dtype):
         if value not in _OUT_DTYPES:
             raise dtype_fail(option.name, "one of bfloat16, float16, float32", repr(value))

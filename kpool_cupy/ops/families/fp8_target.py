@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import FLOAT32, INT32, dtype_name
+from ...dtypes import FLOAT8_E4M3FN, FLOAT32, INT32, UINT8, dtype_name
 from ...kernel import codes
 from ...kernel.pages import FP8_PAGES, PageLayout
 from ..framework.checks import (
@@ -33,9 +33,9 @@ from ..framework.checks import (
     missing_with,
     require_array,
 )
+from ..framework.engine_forms import E4M3, PAGED_CACHE
 from ..framework.spec import Operand, Option
 
-UINT8 = np.dtype(np.uint8)
 INT64 = np.dtype(np.int64)
 SLOT_DTYPES = (INT32, INT64)
 # The rotation runs across one warp's lanes, 8 channels each (kp::group_lanes).
@@ -46,16 +46,42 @@ ROWS, SLOTS, TABLE = (int(d) for d in codes.Fp8Target)
 ROUND_SCALE = Option("round_scale", "bool", True)
 CACHE = Operand(
     "cache",
-    "uint8 [num_blocks, block_size, head_dim + 4]: each page's value bytes, then its float32 scales",
+    "uint8 [num_blocks, block_size, head_dim + 4] (or DeepGEMM's [num_blocks, block_size, 1, head_dim + 4]): each "
+    "page's value bytes, then its float32 scales",
     optional=True,
     written=True,
     replaces=("out", "out_scale"),
+    form=PAGED_CACHE,
 )
 BLOCK_TABLE_IN = Operand("block_table", "[requests, max_blocks] int32: each request's cache pages", optional=True)
 VALUES_OUT = Operand(
-    "out", "uint8 [rows, head_dim]: e4m3fn bytes", True, True, rows_of="k", dtype="uint8", together="out_scale"
+    "out",
+    "uint8 [rows, head_dim]: e4m3fn bytes (or float8_e4m3fn)",
+    True,
+    True,
+    rows_of="k",
+    dtype="uint8",
+    together="out_scale",
+    form=E4M3,
 )
 SCALES_OUT = Operand("out_scale", "float32 [rows]", True, True, dtype="float32", together="out")
+
+
+def values_dtype(value: Any) -> np.dtype:
+    """The dtype e4m3fn values are returned as: uint8 (None, the default) or float8_e4m3fn (its ml_dtypes dtype
+    or name; the same bytes typed as engines take them); a TypeError naming ``out_dtype`` for anything else."""
+    if value is None:
+        return UINT8
+    try:
+        resolved = np.dtype(value) if value != "float8_e4m3fn" else FLOAT8_E4M3FN
+    except TypeError:
+        resolved = None
+    if resolved not in (UINT8, FLOAT8_E4M3FN):
+        raise dtype_fail("out_dtype", "uint8 or float8_e4m3fn (e4m3fn bytes either way)", repr(value))
+    return resolved
+
+
+VALUES_DTYPE = Option("out_dtype", "Any", None, kind="dtype", check=values_dtype)
 
 
 def check_rotation_head_dim(name: str, head_dim: int) -> None:
@@ -91,7 +117,7 @@ def check_cache_layout(
         raise dtype_fail("cache", "dtype uint8", dtype_name(np.dtype(cache.dtype)))
     entry = layout.entry_bytes(head_dim)
     if cache.ndim != 3 or cache.shape[2] != entry or cache.shape[1] < 1:
-        rule = f"shape [num_blocks, block_size >= 1, {entry}] (head_dim + {entry - head_dim})"
+        rule = f"shape [num_blocks, block_size >= 1, {entry}] (head_dim + {entry - head_dim}) or [..., 1, {entry}]"
         raise fail("cache", rule, tuple(cache.shape))
     page = cache.shape[1] * cache.shape[2]
     if cache.size and (cache.strides[2] != 1 or (cache.shape[1] > 1 and cache.strides[1] != entry)):
@@ -121,7 +147,7 @@ def _check_rows_out(out: Any, out_scale: Any, head_dim: int, leading: tuple[int,
     ``[*leading, head_dim]``, ``out_scale`` float32 of out's leading shape, C-contiguous; returns the rows."""
     require_array("out", out)
     if np.dtype(out.dtype) != UINT8:
-        raise dtype_fail("out", "dtype uint8 (e4m3fn bytes)", dtype_name(np.dtype(out.dtype)))
+        raise dtype_fail("out", "dtype uint8 (e4m3fn bytes) or float8_e4m3fn", dtype_name(np.dtype(out.dtype)))
     rule = f"[rows, {head_dim}]" if leading is None else f"[{', '.join(map(str, (*leading, head_dim)))}]"
     rank = 2 if leading is None else len(leading) + 1
     if out.ndim != rank or out.shape[-1] != head_dim or (leading is not None and tuple(out.shape[:-1]) != leading):

@@ -26,6 +26,7 @@ from ..framework.checks import (
     fail,
     require_array,
 )
+from ..framework.engine_forms import E4M3, PAGED_CACHE
 from ..framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
 from ..framework.spec import CallArgs, Operand
 from .fp8_target import UINT8, check_cache_layout, check_rotation_head_dim
@@ -42,10 +43,11 @@ MAX_HEADS = 128
 MAX_POOLS = (1 << 31) - 1
 
 
-def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str) -> None:
+def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule: str, dtype_rule: str = "") -> None:
+    """``dtype_rule``: what the error says is taken, where more than ``dtype`` is (an engine form)."""
     require_array(name, array)
     if np.dtype(array.dtype) != dtype:
-        raise dtype_fail(name, f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
+        raise dtype_fail(name, dtype_rule or f"dtype {dtype_name(dtype)}", dtype_name(np.dtype(array.dtype)))
     if array.ndim != ndim:
         raise fail(name, f"a {ndim}-D array {shape_rule}", f"shape {tuple(array.shape)}")
     if not definitely(array.size != 0):  # an empty array (or, traced, one that may be): no stride is used
@@ -62,7 +64,8 @@ def check_scoring_inputs(
     """q, weights, the cache, its table, offsets and lengths, as every scoring op takes them: (num_tokens, heads,
     head_dim, pages, block_size, batch). ``layout``: the cache's pages; ``query``: q's dtype and what it holds
     (another key format is another layout and query, not another check)."""
-    check_rows_of("q", a.q, query[0], 3, f"[num_tokens, heads, head_dim] ({query[1]})")
+    taken = f"dtype {dtype_name(query[0])} ({query[1]})" + (" or float8_e4m3fn" if query[0] == UINT8 else "")
+    check_rows_of("q", a.q, query[0], 3, f"[num_tokens, heads, head_dim] ({query[1]})", taken)
     num_tokens, heads, head_dim = (as_size(n) for n in a.q.shape)
     if head_dim not in HEAD_DIMS:
         raise fail("q", f"head_dim (last dim) one of {', '.join(map(str, HEAD_DIMS))}", head_dim)
@@ -79,6 +82,13 @@ def check_scoring_inputs(
     return num_tokens, heads, head_dim, pages, block_size, batch
 
 
+# What a table too short for the visible pools often means: lengths that count the call's own tokens too.
+LENGTHS_HINT = (
+    "; cache_lengths counts each request's tokens before this call (an engine's seq_lens or context_lens, which "
+    "include them, is cache_lengths plus the call's tokens)"
+)
+
+
 def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offsets: np.ndarray) -> None:
     """Every pool a token sees has its page in the table, inside the cache (host arrays). ``call``: kpool, the
     cache's block_size and pages (an ``IndexLogitsCall``, or a scoring call's ``scoring``)."""
@@ -91,14 +101,14 @@ def check_table_covers(call: Any, table: np.ndarray, lengths: np.ndarray, offset
         raise fail(
             "cache_block_table",
             f"a column for every visible pool's page (request {b} sees {int(last[b])} pools, "
-            f"block_size {call.block_size})",
+            f"block_size {call.block_size}{LENGTHS_HINT})",
             f"{table.shape[1]} columns",
         )
     used = np.arange(table.shape[1])[None, :] < columns[:, None]
     check_nowhere(
         used & ((table < 0) | (table >= call.pages)),
         "cache_block_table",
-        f"pages in [0, {call.pages}) (num_blocks) for every visible pool",
+        f"pages in [0, {call.pages}) (num_blocks) for every visible pool{LENGTHS_HINT}",
         lambda b, column: f"{int(table[b, column])} at request {b}, column {column}",
     )
 
@@ -121,13 +131,20 @@ def aligned16(array: Any, *strides: int) -> bool:
     return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)
 
 
-QUERY = Operand("q", "[num_tokens, heads, head_dim] uint8 (e4m3fn); last dim contiguous")
+QUERY = Operand(
+    "q", "[num_tokens, heads, head_dim] uint8 (e4m3fn bytes) or float8_e4m3fn; last dim contiguous", form=E4M3
+)
 
 
 WEIGHTS = Operand("weights", "[num_tokens, heads] float32")
 
 
-POOLED_CACHE = Operand("cache", "[num_blocks, block_size, head_dim + 4] uint8: the pooled FP8 cache (read only)")
+POOLED_CACHE = Operand(
+    "cache",
+    "[num_blocks, block_size, head_dim + 4] uint8 (or DeepGEMM's [num_blocks, block_size, 1, head_dim + 4]): the "
+    "pooled FP8 cache (read only)",
+    form=PAGED_CACHE,
+)
 
 
 CACHE_BLOCK_TABLE = Operand("cache_block_table", "[batch, max_blocks] int32: each request's cache pages")

@@ -20,6 +20,7 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 
 from .checks import check_bool, check_no_overlap
+from .engine_forms import given_back, read_forms
 from .results import cache_target, remaining_results
 from .spec import REQUIRED, Backend, Operand, OpSpec, Option
 
@@ -228,10 +229,11 @@ def check_bool_options(spec: OpSpec, options: dict[str, Any]) -> None:
 
 
 def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    """The call flow of every op on every backend: the options' types, the op's checks, the overlap rule for
-    every operand the op writes, then the op's own run."""
+    """The call flow of every op on every backend: the options' types, engine forms as the op reads them
+    (``engine_forms``), the op's checks, the overlap rule for every operand the op writes, then the op's own
+    run."""
     check_bool_options(spec, options)
-    named = spec.named(arrays)
+    named, behind = read_forms(spec.operands, spec.named(arrays))
     call = spec.check(named, options)
     check_no_overlap(spec.operands, named)
-    return spec.run(backend, call, named, **options)
+    return given_back(spec.run(backend, call, named, **options), behind)

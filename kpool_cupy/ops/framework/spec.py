@@ -22,6 +22,7 @@ import numpy as np
 
 from ...kernel.declarations import Kernel
 from ...kernel.geometry import LaunchGeometry, groups_launch
+from .engine_forms import read_forms
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class Operand:
     ``scratch``: working memory the op writes and leaves as it found it (the
     fused select's ``workspace``), never an output.
 
+    ``form`` says which engine form the operand takes beside its own
+    (``engine_forms``): ``"e4m3"`` an array typed float8_e4m3fn for its
+    uint8 bytes, ``"paged_cache"`` DeepGEMM's 4-D paged cache for the 3-D one.
+
     ``with_operand`` names the operand an input is only taken with (an FP8
     op's slots and block table go with its cache): a torch overload without
     that operand leaves this one out of its schema; ``required_with`` makes
@@ -67,6 +72,7 @@ class Operand:
     with_operand: str = ""
     required_with: bool = False
     scratch: bool = False
+    form: str = ""
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required
@@ -309,4 +315,4 @@ class OpSpec:
     def describe(self, arrays: tuple[Any, ...], options: Mapping[str, Any]) -> Any:
         """The call record from the arrays in parameter order (or their metadata): what a framework that
         traces shapes (torch's fake tensors) needs, with ``outputs``."""
-        return self.check(self.named(arrays), options)
+        return self.check(read_forms(self.operands, self.named(arrays))[0], options)
