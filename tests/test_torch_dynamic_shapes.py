@@ -117,17 +117,18 @@ def test_twenty_batch_sizes_compile_at_most_twice_and_equal_eager(step):
     assert counter.frame_count <= 2, counter.frame_count
 
 
-def test_a_first_batch_equal_to_next_n_compiles_twice_without_duck_sizing(monkeypatch):
+def test_a_first_batch_equal_to_next_n_compiles_twice_without_duck_sizing():
     # The README's advice, held: torch gives sizes equal at the first call one symbol (a batch of NEXT_N
     # requests: tokens = table columns = 4) and recompiles when they part, a third compile; with duck sizing
     # off, a first batch of NEXT_N, then 1, then the rest compile twice, as a first batch of 1 does.
     import torch.fx.experimental._config as fx_config
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    monkeypatch.setattr(fx_config, "use_duck_shape", False)
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(_select, backend=counter, dynamic=True, fullgraph=True)
-    for requests in (NEXT_N, 1, *range(NEXT_N + 1, 12)):
-        compiled(*_arguments(_select, requests, None))
+    with fx_config.patch(use_duck_shape=False):  # torch's own patch: a monkeypatch undo deleted the setting
+        for requests in (NEXT_N, 1, *range(NEXT_N + 1, 12)):
+            compiled(*_arguments(_select, requests, None))
+    torch._dynamo.reset()  # the graphs compiled without duck sizing stay with this test
     assert counter.frame_count <= 2, counter.frame_count
