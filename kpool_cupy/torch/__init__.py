@@ -19,7 +19,9 @@ empty without ``compact=True``); ``kpool_expand_topk`` and
 as the package's functions do.
 
 CPU tensors run the NumPy reference on their own memory (bfloat16
-included); CUDA tensors run the kernels on torch's current stream of their
+included), or the emulator (the CUDA source built for the CPU) after
+``set_cpu_backend("emulate")`` or with ``KPOOL_CUPY_TORCH_CPU=emulate``;
+CUDA tensors run the kernels on torch's current stream of their
 device, zero copy. Fake (meta) tensors get the output shapes from the op's
 own argument checks, compress's pool count as an unbacked size, so
 ``torch.compile(fullgraph=True)`` traces a plain call.
@@ -44,6 +46,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 from ..functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
 from ..functions import DEFINITIONS as _DEFINITIONS
 from ..ops.framework.binding import bind_into as _bind_into
+from .cpu_backend import cpu_backend, set_cpu_backend
 from .registry import register as _register
 from .wrappers import BINDING as _BINDING
 
@@ -52,4 +55,4 @@ _register()
 # Every op's def as a function on tensors; the names come from the defs.
 _OP_NAMES = _bind_into(globals(), _DEFINITIONS.values(), _BINDING)
 
-__all__ = [*_OP_NAMES]
+__all__ = [*_OP_NAMES, "cpu_backend", "set_cpu_backend"]

@@ -1,7 +1,8 @@
 """The implementations behind each torch overload, written once for every op.
 
 - CPU: the NumPy reference (``kpool_cupy.reference``) on the tensors' own
-  memory, so an op equals the reference bit for bit and writes in place.
+  memory, so an op equals the reference bit for bit and writes in place; or
+  the emulator, the CUDA source built for the CPU (``cpu_backend``).
 - CUDA: the GPU path (``kpool_cupy``) on torch's current stream of the
   tensors' device: the tensors are read through DLPack inside that stream
   (no host sync), so a call with ``out``, ``pool_row_offsets`` and
@@ -25,6 +26,7 @@ import torch
 from ..ops.framework.engine_forms import read_form
 from ..ops.framework.results import given_outputs, output_keys
 from ..ops.framework.spec import OpSpec
+from .cpu_backend import cpu_module
 from .schema import Overload
 from .tensors import from_cupy, from_numpy, metadata, numpy_dtype, to_cupy, to_numpy, torch_dtype
 
@@ -112,11 +114,8 @@ def _results(spec: OpSpec, overload: Overload, result: Any, wrap: Callable[[Any]
 
 
 def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
-    from .. import reference
-
-    function = getattr(reference, spec.name)
-
     def kernel(*args: Any, **kwargs: Any) -> Any:
+        function = getattr(cpu_module(), spec.name)  # the reference, or the emulator (cpu_backend)
         given = gather_arguments(overload, args, kwargs)
         _check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
