@@ -99,7 +99,14 @@ LAYERS = (
     ("backends", ("kpool_cupy.backends",)),
     (
         "public",
-        ("kpool_cupy", "kpool_cupy.functions", "kpool_cupy.emulate", "kpool_cupy.reference", "kpool_cupy.torch"),
+        (
+            "kpool_cupy",
+            "kpool_cupy.functions",
+            "kpool_cupy.emulate",
+            "kpool_cupy.reference",
+            "kpool_cupy.torch",
+            "kpool_cupy.compat",
+        ),
     ),
     ("developer tools", ("kpool_cupy.tools", "kpool_cupy.bench", "kpool_cupy.cli", "kpool_cupy.__main__")),
 )

@@ -91,3 +91,25 @@ def test_the_training_example():
         exec(compile(training_example(), str(README), "exec"), namespace)  # its asserts: dtypes, zero rows
     assert namespace["model"].ape.detach().any()  # trained from zeros
     assert namespace["k"].grad[3:].any()
+
+
+def deep_gemm_example() -> str:
+    text = README.read_text().split("### DeepGEMM's paged indexer calls", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+@pytest.mark.parametrize("backend", ["reference", "emulate"])
+def test_the_deep_gemm_example(backend):
+    # CPU tensors: the reference (the default) and the emulator; its assert: DeepGEMM's call equals the native one.
+    pytest.importorskip("torch")
+    import kpool_cupy.torch as kt
+
+    namespace: dict = {}
+    kt.set_cpu_backend(backend)
+    try:
+        exec(compile(deep_gemm_example(), str(README), "exec"), namespace)
+    finally:
+        kt.set_cpu_backend(None)
+    logits = namespace["logits"]
+    assert logits.shape == (2, 320) and logits[:, :257].isfinite().all()
+    assert namespace["kv_cache"][[3, 0, 4, 1, 2]].any()  # the prompt's pooled keys, in DeepGEMM's 4-D cache

@@ -1,0 +1,162 @@
+"""DeepGEMM's paged indexer calls, in DeepGEMM's argument order, on torch tensors (CUDA and CPU).
+
+    logits[b * next_n + j, n] = sum over h of weights[b * next_n + j, h] * relu(s[n] * dot(q[b, j, h], k[n]))
+                                for n < L(b, j), the request's cache entries in block_tables' pages
+                              = -inf for L(b, j) <= n < max_model_len
+    L(b, j) = context_lens[b] - next_n + j + 1      (context_lens [B], counting the step's tokens)
+            = context_lens[b, j]                     (context_lens [B, next_n])
+
+One cache entry is one key (kpool 1): a pooled-cache caller passes entry
+counts, as DeepGEMM's pooled callers do. ``context_lens`` counts the step's
+own tokens; it is not the package's ``cache_lengths`` (tokens before the
+call), which these calls derive from it on the device.
+
+The calls run ``torch.ops.kpool.index_logits_fp8`` on torch's current
+stream with no host read (``validate=False``, the default here: DeepGEMM
+checks no contents either, so engines keep their CUDA graphs), into a result
+from torch's allocator. Shapes and dtypes are still checked, and no input,
+however bad, makes the kernel read outside its arrays: a page outside the
+cache scores ``-inf``. ``validate=True`` reads the lengths and the table
+back and refuses what the kernel would score as missing.
+
+DeepGEMM's flat prefill call, ``fp8_mqa_logits``, is not here yet: it needs
+a scoring path over a flat key array with a window a token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+import kpool_cupy.torch as kt
+
+from ..ops.framework.checks import check_bool, dtype_fail, fail
+
+# The scorer's arguments by DeepGEMM's names: a refusal names what the caller passed.
+_DEEP_GEMM_NAMES = {
+    "cache": "kv_cache",
+    "cache_block_table": "block_tables",
+    "cache_lengths": "context_lens",
+    "input_row_offsets": "context_lens",
+    "max_pools": "max_model_len",
+    "out": "max_model_len",
+}
+
+
+def _renamed(error: ValueError | TypeError) -> ValueError | TypeError:
+    """The scorer's refusal with the argument named as DeepGEMM's caller passed it."""
+    message = str(error)
+    name = message.removeprefix("Invalid ").partition(":")[0]
+    if not message.startswith("Invalid ") or name not in _DEEP_GEMM_NAMES:
+        return error
+    renamed = f"Invalid {_DEEP_GEMM_NAMES[name]}:" + message.partition(":")[2]
+    return type(error)(f"{renamed} (kpool_index_logits_fp8's {name})")
+
+
+def _tensor(name: str, value: Any) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"Invalid {name}: expected a torch.Tensor, got {type(value).__module__}.{type(value).__name__}")
+    return value
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise fail(name, "a positive integer", repr(value))
+    return value
+
+
+def _context_lens(context_lens: Any, batch: int, next_n: int) -> torch.Tensor:
+    _tensor("context_lens", context_lens)
+    if context_lens.dtype not in (torch.int32, torch.int64):
+        raise dtype_fail("context_lens", "dtype int32 (or int64)", str(context_lens.dtype).removeprefix("torch."))
+    if tuple(context_lens.shape) not in ((batch,), (batch, next_n)):
+        wanted = f"shape [{batch}] or [{batch}, {next_n}] (q's batch and next_n)"
+        raise fail("context_lens", wanted, f"shape {tuple(context_lens.shape)}")
+    return context_lens
+
+
+def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int, num_sms: int) -> torch.Tensor:
+    """DeepGEMM's schedule metadata in DeepGEMM's shape: int32 ``[num_sms + 1, 2]`` on ``context_lens``'
+    device, zeros. :func:`fp8_paged_mqa_logits` here plans its launch from shapes and ignores it."""
+    _tensor("context_lens", context_lens)
+    if context_lens.ndim not in (1, 2):
+        raise fail("context_lens", "shape [B] or [B, next_n]", f"shape {tuple(context_lens.shape)}")
+    _positive("block_size", block_size)
+    _positive("num_sms", num_sms)
+    return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)
+
+
+def fp8_paged_mqa_logits(
+    q: Any,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    schedule_metadata: Any,
+    max_model_len: int,
+    clean_logits: bool = True,
+    *,
+    validate: bool = False,
+) -> torch.Tensor:
+    """DeepGEMM's ``fp8_paged_mqa_logits``: float32 ``[B * next_n, max_model_len]`` (the module's formula).
+
+    Parameters
+    ----------
+    q
+        float8_e4m3fn (or uint8 e4m3fn bytes) ``[B, next_n, H, D]``, H 1 to 128, D 64, 128 or 256; or the newer
+        releases' ``(values, None)`` (per-token scales, DeepGEMM's FP4 path, are refused).
+    kv_cache
+        uint8 ``[num_blocks, block_size, 1, D + 4]`` (or this package's 3-D form): each page's values, then
+        its float32 scales.
+    weights
+        float32 ``[B * next_n, H]``.
+    context_lens
+        int32 ``[B]`` or ``[B, next_n]``: the keys each request (or token) sees, the step's tokens included.
+    block_tables
+        int32 ``[B, max_blocks]``: request b's entry n is at page ``block_tables[b, n // block_size]``.
+    schedule_metadata
+        Ignored (:func:`get_paged_mqa_logits_metadata`).
+    max_model_len
+        Columns of the result.
+    clean_logits
+        Taken for DeepGEMM's signature: entries past a token's window are ``-inf`` either way (DeepGEMM leaves
+        them unspecified with False).
+    validate
+        Read the lengths and the table back and check them (a host sync; not in a CUDA graph).
+    """
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or q[1] is not None:
+            raise fail("q", "a tensor or (values, None) (per-token q scales are not taken)", f"a {type(q).__name__}")
+        q = q[0]
+    _tensor("q", q)
+    if q.ndim != 4:
+        raise fail("q", "a 4-D tensor [B, next_n, H, D]", f"shape {tuple(q.shape)}")
+    batch, next_n, heads, head_dim = q.shape
+    lengths = _context_lens(context_lens, batch, next_n)
+    _tensor("block_tables", block_tables)
+    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
+        raise fail("block_tables", f"shape [{batch}, max_blocks] (q's batch)", f"shape {tuple(block_tables.shape)}")
+    _positive("max_model_len", max_model_len)
+    check_bool("clean_logits", clean_logits)
+    check_bool("validate", validate)
+    device = q.device
+    tokens = batch * next_n
+    if lengths.ndim == 1:  # request b's next_n tokens at positions context_lens[b] - next_n + j
+        offsets = torch.arange(0, tokens + 1, next_n, dtype=torch.int32, device=device)
+        cached = (lengths - next_n).to(torch.int32)
+        table = block_tables
+    else:  # each token its own request, at position context_lens[b, j] - 1, on its request's pages
+        offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
+        cached = (lengths.reshape(-1) - 1).to(torch.int32)
+        table = block_tables.repeat_interleave(next_n, dim=0)
+    out = torch.empty((tokens, max_model_len), dtype=torch.float32, device=device)
+    queries = q.reshape(tokens, heads, head_dim)
+    try:
+        kt.kpool_index_logits_fp8(
+            queries, weights, kv_cache, table, offsets, cached, kpool=1, max_pools=max_model_len, out=out,
+            validate=validate,
+        )  # fmt: skip
+    except (ValueError, TypeError) as error:
+        raise _renamed(error) from None
+    return out

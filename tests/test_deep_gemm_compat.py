@@ -1,0 +1,152 @@
+"""``kpool_cupy.compat.deep_gemm``: DeepGEMM's paged indexer calls against DeepGEMM's published definition.
+
+The model below is written from DeepGEMM's documented semantics (the
+module's formula): token j of request b sees the request's first
+``context_lens[b] - next_n + j + 1`` cache entries (or ``context_lens[b, j]``),
+each a key of e4m3fn values times its page's float32 scale; the logit is
+the weighted sum over heads of relu(q . k); every other column up to
+``max_model_len`` is ``-inf``. Shapes: DeepGEMM's test shapes scaled to the
+CPU (64 heads of 128, 64-entry pages, next_n 1 and 2).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kpool_cupy.compat import deep_gemm  # noqa: E402  (after the skip)
+from kpool_cupy.tools.index_accuracy import index_logits_agree, index_logits_bound  # noqa: E402
+
+E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+HEADS, HEAD_DIM, BLOCK = 64, 128, 64
+
+
+def _paged(rng, context: list[int], spare: int = 2):
+    """A DeepGEMM cache ``[num_blocks, BLOCK, 1, D + 4]`` with each request's pages shuffled, and its table."""
+    blocks = [-(-n // BLOCK) for n in context]
+    pages = sum(blocks) + spare
+    cache = np.zeros((pages, BLOCK * (HEAD_DIM + 4)), np.uint8)
+    values = rng.integers(0, 256, (pages, BLOCK * HEAD_DIM), dtype=np.uint8)
+    cache[:, : BLOCK * HEAD_DIM] = np.where((values & 0x7F) == 0x7F, values ^ 1, values)  # no NaN bytes
+    cache[:, BLOCK * HEAD_DIM :] = np.exp2(rng.integers(-6, 3, (pages, BLOCK))).astype(np.float32).view(np.uint8)
+    order = rng.permutation(pages)
+    table = np.full((len(context), max(blocks) + 1), -1, np.int32)
+    used = 0
+    for b, n in enumerate(blocks):
+        table[b, :n] = order[used : used + n]
+        used += n
+    return cache.reshape(pages, BLOCK, 1, HEAD_DIM + 4), table
+
+
+def _model(q, cache, weights, windows, table, max_model_len):
+    """DeepGEMM's definition in float64: ``windows[t]`` keys for token t of request ``t // next_n``."""
+    batch, next_n = q.shape[:2]
+    pages = cache.reshape(cache.shape[0], -1)
+    values = pages[:, : BLOCK * HEAD_DIM].view(E4M3).astype(np.float64).reshape(-1, BLOCK, HEAD_DIM)
+    scales = pages[:, BLOCK * HEAD_DIM :].copy().view(np.float32).astype(np.float64)
+    out = np.full((batch * next_n, max_model_len), -np.inf)
+    for t in range(batch * next_n):
+        b = t // next_n
+        n = np.arange(windows[t])
+        page, entry = table[b, n // BLOCK], n % BLOCK
+        keys = values[page, entry] * scales[page, entry][:, None]  # [n, D]
+        dots = q[b, t % next_n].view(E4M3).astype(np.float64) @ keys.T  # [H, n]
+        out[t, : windows[t]] = (weights[t][:, None] * np.maximum(dots, 0)).sum(axis=0)
+    return out
+
+
+def _call(next_n: int, two_d: bool, seed: int):
+    rng = np.random.default_rng(seed)
+    context = [130, 67, 200][: 3 if next_n == 1 else 2]
+    batch, max_model_len = len(context), 256
+    cache, table = _paged(rng, context)
+    q = rng.integers(0, 256, (batch, next_n, HEADS, HEAD_DIM), dtype=np.uint8)
+    q = np.where((q & 0x7F) == 0x7F, q ^ 1, q)
+    weights = rng.standard_normal((batch * next_n, HEADS)).astype(np.float32)
+    lens = np.array(context, np.int32)
+    windows = (lens[:, None] - next_n + np.arange(next_n) + 1).reshape(-1)
+    if two_d:  # newer releases: one length a token (here each token sees one key less than the 1-D rule)
+        windows = windows - 1
+        lens = windows.reshape(batch, next_n).astype(np.int32)
+    return q, cache, weights, lens, table, max_model_len, windows
+
+
+CUDA = pytest.param(
+    "cuda",
+    marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA device")],
+)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("next_n", [1, 2])
+@pytest.mark.parametrize("two_d", [False, True], ids=["context_lens-1d", "context_lens-2d"])
+@pytest.mark.parametrize("tuple_q", [False, True], ids=["q-tensor", "q-tuple"])
+def test_paged_logits_match_deep_gemms_definition(device, next_n, two_d, tuple_q):
+    q, cache, weights, lens, table, max_model_len, windows = _call(next_n, two_d, seed=next_n + 2 * two_d)
+    want = _model(q, cache, weights, windows, table, max_model_len)
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn).to(device)  # as an engine holds it
+    lens_t = torch.from_numpy(lens).to(device)
+    metadata = deep_gemm.get_paged_mqa_logits_metadata(lens_t, BLOCK, 132)
+    assert metadata.shape == (133, 2) and metadata.dtype == torch.int32 and metadata.device == tq.device
+    tensors = (torch.from_numpy(a).to(device) for a in (cache, weights, table))
+    tc, tw, tt = tensors
+    args = ((tq, None) if tuple_q else tq, tc, tw, lens_t)
+    got = deep_gemm.fp8_paged_mqa_logits(*args, tt, metadata, max_model_len).cpu().numpy()
+    assert got.shape == (q.shape[0] * next_n, max_model_len) and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))  # DeepGEMM's mask, exactly
+    # The package's bound on the same call in its own form (kpool 1: an entry is a pool; each token its own
+    # request at position window - 1).
+    tokens = len(windows)
+    flat = (q.reshape(tokens, HEADS, HEAD_DIM), weights, cache[:, :, 0], np.repeat(table, next_n, axis=0))
+    bits = _gpu_bits() if device == "cuda" else 24  # the device's D-sum width on the GPU, float32 on the CPU
+    bound = index_logits_bound(
+        *flat, np.arange(tokens + 1), windows - 1, kpool=1, max_pools=max_model_len, accumulation_bits=bits
+    )
+    verdict = index_logits_agree(got, want, bound)
+    assert verdict["ok"], verdict
+
+
+def _gpu_bits() -> int:
+    from kpool_cupy.tools.op_checks import _device_accumulation_bits
+
+    return _device_accumulation_bits()
+
+
+def test_the_metadata_and_the_logits_call_refuse_bad_arguments_by_name():
+    q, cache, weights, lens, table, max_model_len, _ = _call(2, False, seed=9)
+    tq, tc, tw, tl, tt = (torch.from_numpy(a) for a in (q, cache, weights, lens, table))
+    call = deep_gemm.fp8_paged_mqa_logits
+    with pytest.raises(ValueError, match=r"^Invalid q: expected a tensor or \(values, None\)"):
+        call((tq, torch.ones(4)), tc, tw, tl, tt, None, max_model_len)
+    with pytest.raises(ValueError, match=r"^Invalid q: expected a 4-D tensor \[B, next_n, H, D\]"):
+        call(tq[0], tc, tw, tl, tt, None, max_model_len)
+    with pytest.raises(ValueError, match=r"^Invalid context_lens: expected shape \[2\] or \[2, 2\]"):
+        call(tq, tc, tw, tl[:1], tt, None, max_model_len)
+    with pytest.raises(TypeError, match=r"^Invalid context_lens: expected dtype int32"):
+        call(tq, tc, tw, tl.float(), tt, None, max_model_len)
+    with pytest.raises(ValueError, match=r"^Invalid block_tables: expected shape \[2, max_blocks\]"):
+        call(tq, tc, tw, tl, tt[:1], None, max_model_len)
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected a positive integer"):
+        call(tq, tc, tw, tl, tt, None, 0)
+    with pytest.raises(TypeError, match=r"^Invalid weights: expected dtype float32"):  # the scorer's own check
+        call(tq, tc, tw.double(), tl, tt, None, max_model_len)
+    with pytest.raises(ValueError, match=r"^Invalid num_sms: expected a positive integer"):
+        deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 0)
+
+
+def test_lengths_that_leave_the_table_are_refused_with_validate_and_score_minus_inf_without():
+    # Refusals name DeepGEMM's arguments (the scorer's names in parentheses), never one the caller did not pass.
+    q, cache, weights, lens, table, _, windows = _call(1, False, seed=4)
+    args = [torch.from_numpy(a) for a in (q, cache, weights, lens + 64, table)]  # one page more than written
+    args[0] = args[0].view(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected at least the 264 pools token 2 sees"):
+        deep_gemm.fp8_paged_mqa_logits(*args, None, 256, validate=True)
+    with pytest.raises(ValueError, match=r"^Invalid block_tables: .*\(kpool_index_logits_fp8's cache_block_table\)$"):
+        deep_gemm.fp8_paged_mqa_logits(*args, None, 320, validate=True)
+    max_model_len = 320
+    got = deep_gemm.fp8_paged_mqa_logits(*args, None, max_model_len).numpy()
+    for t, window in enumerate(windows):  # the entries in the missing page score -inf, nothing else changes
+        assert np.isneginf(got[t, -(-window // BLOCK) * BLOCK :]).all()
