@@ -315,6 +315,8 @@ def kpool_expand_topk(
     block_table: Array | None = None,
     block_size: int | None = None,
     compact: bool = False,
+    out: Array | None = None,
+    counts: Array | None = None,
     **backend_options: Unpack[BackendOptions],
 ) -> Result | tuple[Result, Result]:
     """Selected pool ids ``[total_tokens, pool_topk]`` to token positions, int32.
@@ -336,9 +338,16 @@ def kpool_expand_topk(
     ``compact=True`` each row's valid entries are packed to the left in column
     order, -1 after, and the call returns ``(positions, counts)``, ``counts``
     int32 ``[total_tokens]``.
+
+    ``out`` (int32 ``[total_tokens, width]``, C-contiguous, writable) takes
+    the positions and ``counts`` (int32 ``[total_tokens]``, with ``compact``
+    and ``out`` only) the counts, in place of new arrays; the call returns
+    them. Every element of both is written. With both given and
+    ``validate=False`` the call reads nothing back and makes nothing, so it
+    can be captured in a CUDA graph.
     """
     return call_backend(
-        (pool_ids, input_row_offsets, cache_lengths, block_table),
+        (pool_ids, input_row_offsets, cache_lengths, block_table, out, counts),
         {
             "kpool": kpool,
             "always_select_tail": always_select_tail,
@@ -709,6 +718,8 @@ def kpool_index_topk(
     block_table: Array | None = None,
     block_size: int | None = None,
     compact: bool = False,
+    out: Array | None = None,
+    counts: Array | None = None,
     workspace: Array | None = None,
     validate: bool = True,
     **backend_options: Unpack[BackendOptions],
@@ -747,8 +758,8 @@ def kpool_index_topk(
         Tokens per pool, 1 to 1024 (a run-time value: one compile serves all).
     pool_topk
         Pools a token selects, 1 to 4096.
-    always_select_tail, block_table, block_size, compact
-        As :func:`kpool_expand_topk`. With ``validate=True`` the block table
+    always_select_tail, block_table, block_size, compact, out, counts
+        As :func:`kpool_expand_topk` (``out``: ``[num_tokens, width]``). With ``validate=True`` the block table
         must reach every position a token could select (every visible pool's
         and its tail's), stricter than :func:`kpool_expand_topk`'s check of
         the positions it was given: the selection is not known on the host.
@@ -776,7 +787,7 @@ def kpool_index_topk(
         or ``(positions, counts)`` with ``compact=True``.
     """
     return call_backend(
-        (logits, input_row_offsets, cache_lengths, block_table, workspace),
+        (logits, input_row_offsets, cache_lengths, block_table, out, counts, workspace),
         {
             "kpool": kpool,
             "pool_topk": pool_topk,
@@ -804,6 +815,8 @@ def kpool_index_select_fp8(
     block_table: Array | None = None,
     block_size: int | None = None,
     compact: bool = False,
+    out: Array | None = None,
+    counts: Array | None = None,
     workspace: Array | None = None,
     validate: bool = True,
     **backend_options: Unpack[BackendOptions],
@@ -824,7 +837,7 @@ def kpool_index_select_fp8(
     ----------
     q, weights, cache, cache_block_table, input_row_offsets, cache_lengths, kpool
         As :func:`kpool_index_logits_fp8`.
-    pool_topk, always_select_tail, block_table, block_size, compact
+    pool_topk, always_select_tail, block_table, block_size, compact, out, counts
         As :func:`kpool_index_topk` (``block_table``: the token KV cache's
         pages; ``cache_block_table``: the pooled cache's).
     workspace
@@ -853,7 +866,7 @@ def kpool_index_select_fp8(
         with ``compact=True``.
     """
     return call_backend(
-        (q, weights, cache, cache_block_table, input_row_offsets, cache_lengths, block_table, workspace),
+        (q, weights, cache, cache_block_table, input_row_offsets, cache_lengths, block_table, out, counts, workspace),
         {
             "kpool": kpool,
             "pool_topk": pool_topk,

@@ -93,7 +93,18 @@ def test_required_operands_come_first_and_written_ones_are_arrays_the_op_writes(
     kinds = [isinstance(p, Operand) and not p.optional for p in spec.parameters]
     assert kinds == sorted(kinds, reverse=True), spec.name  # all required operands before the rest
     written = {o.name for o in spec.operands if o.written}
-    assert written <= {"out", "out_scale", "closed", "tail", "cache", "workspace", "grad_k", "grad_gate", "grad_ape"}
+    assert written <= {
+        "out",
+        "out_scale",
+        "closed",
+        "counts",
+        "tail",
+        "cache",
+        "workspace",
+        "grad_k",
+        "grad_gate",
+        "grad_ape",
+    }
 
 
 def test_a_keyword_added_to_a_spec_and_its_def_reaches_every_backend():

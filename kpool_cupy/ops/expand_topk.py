@@ -44,7 +44,9 @@ def check_expand_topk_args(a: CallArgs) -> ExpandCall:
     check_contiguous("pool_ids", a.pool_ids)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     expanded = expansion.check(a, batch, as_size(a.pool_ids.shape[1]))
-    return ExpandCall(**expanded, batch=batch, total_tokens=as_size(a.pool_ids.shape[0]))
+    total_tokens = as_size(a.pool_ids.shape[0])
+    expansion.check_outputs(a, total_tokens, expanded)
+    return ExpandCall(**expanded, batch=batch, total_tokens=total_tokens)
 
 
 def output_shapes(call: ExpandCall) -> dict[str, OutputShape]:
@@ -96,7 +98,7 @@ def run(backend: Backend, call: ExpandCall, a: dict[str, Any], *, validate: bool
         backend.launch(expand_launch(call, operands | {"block_table": block_table, "positions": positions,
                                                        "counts": counts}))  # fmt: skip
 
-    return expansion.expand_into(backend, call, call.total_tokens, launch)
+    return expansion.expand_into(backend, call, call.total_tokens, launch, a)
 
 
 POOL_IDS = Operand("pool_ids", "[total_tokens, pool_topk] int32, uint32 or int64, -1 for no selection")
@@ -110,6 +112,7 @@ PARAMETERS = (
     expansion.BLOCK_TABLE,
     expansion.BLOCK_SIZE,
     expansion.COMPACT,
+    *expansion.OUTPUTS,
 )
 EMULATE_DOC = """Selected pool ids to token positions, running the CUDA kernel on the CPU.
 

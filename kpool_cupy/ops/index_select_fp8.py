@@ -65,6 +65,7 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
     if num_tokens > MAX_TOKENS:  # pools are split over blocks for 128 tokens or fewer only
         raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
     expanded = expansion.check(a, batch, int(a.pool_topk))
+    expansion.check_outputs(a, num_tokens, expanded)
     split_selection.check_workspace(a.workspace)
     return IndexSelectCall(**expanded, num_tokens=num_tokens, heads=heads, head_dim=head_dim, batch=batch,
                            pages=pages, cache_block_size=cache_block_size)  # fmt: skip
@@ -123,7 +124,7 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
         operands |= {"positions": positions, "counts": counts, "workspace": space}
         backend.launch(index_select_launch(call, operands, backend.tensor_core(), splits))
 
-    return expansion.expand_into(backend, call, call.num_tokens, launch)
+    return expansion.expand_into(backend, call, call.num_tokens, launch, a)
 
 
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_select_fp8`, running the CUDA kernel on the CPU (host arrays)."""
@@ -136,6 +137,7 @@ PARAMETERS = (
     *SCORING_PARAMETERS,
     POOL_TOPK,
     *expansion.OPTIONS,
+    *expansion.OUTPUTS,
     split_selection.WORKSPACE,
     VALIDATE,
 )

@@ -64,6 +64,7 @@ def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
         raise fail("logits", f"at most {MAX_POOLS} pools a row (pool ids are int32)", logits_width)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     expanded = expansion.check(a, batch, int(a.pool_topk))
+    expansion.check_outputs(a, num_tokens, expanded)
     split_selection.check_workspace(a.workspace)
     return IndexTopkCall(**expanded, num_tokens=num_tokens, logits_width=logits_width, batch=batch)
 
@@ -106,7 +107,7 @@ def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: b
         operands |= {"positions": positions, "counts": counts, "workspace": space}
         backend.launch(index_topk_launch(call, operands, splits))
 
-    return expansion.expand_into(backend, call, call.num_tokens, launch)
+    return expansion.expand_into(backend, call, call.num_tokens, launch, a)
 
 
 EMULATE_DOC = """:func:`kpool_cupy.kpool_index_topk`, running the CUDA kernel on the CPU (host arrays)."""
@@ -123,6 +124,7 @@ PARAMETERS = (
     KPOOL,
     POOL_TOPK,
     *expansion.OPTIONS,
+    *expansion.OUTPUTS,
     split_selection.WORKSPACE,
     VALIDATE,
 )

@@ -156,13 +156,19 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
             keys = output_keys(spec, overload.results) if not spec.dynamic_sizes else ()
             outputs = tuple(o for o in given_outputs(spec) if o.name in keys)
             if outputs:
-                # Outputs from torch's allocator, zeroed as the op would: torch
-                # then owns them (record_stream, memory stats, graph pools).
+                # Outputs from torch's allocator, zeroed as the op would unless
+                # it writes every element (Operand.filled): torch then owns them
+                # (record_stream, memory stats, graph pools). An output the call
+                # does not return (counts without compact) is empty.
                 shapes = output_shapes(spec, given, lambda call: {})
                 made = {}
                 for output in outputs:
+                    if output.name not in shapes:
+                        made[output.name] = torch.empty(0, dtype=torch.int32, device=device)
+                        continue
                     shape, dtype = shapes[output.name]
-                    made[output.name] = torch.zeros(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
+                    make = torch.empty if output.filled else torch.zeros
+                    made[output.name] = make(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
                     named[output.name] = to_cupy(output.name, read_form(output, made[output.name], torch.uint8))
             result = getattr(kpool_cupy, spec.name)(**named, **options)
             _bump_versions(written)

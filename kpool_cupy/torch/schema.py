@@ -6,8 +6,9 @@ Each op gets two overloads under the namespace ``kpool``:
   parameters but the outputs it can be handed (``out``, ``closed``), and
   return what it allocates;
 - ``kpool::compress.out`` takes those outputs as required keyword-only
-  tensors, writes them and returns nothing (an op may not return an alias
-  of its input under torch.compile);
+  tensors (optional where the op returns one only with an option set:
+  expand's ``counts``), writes them and returns nothing (an op may not
+  return an alias of its input under torch.compile);
 - an op that can write a cache in place instead (``Operand.replaces``: the
   FP8 ops) also has ``.cache``, which takes the cache as a required mutable
   tensor and returns the results the cache does not replace (ring close's
@@ -25,7 +26,7 @@ import string
 from dataclasses import dataclass
 
 from ..ops import OPS
-from ..ops.framework.results import all_results, cache_target, given_outputs, remaining_results
+from ..ops.framework.results import all_results, cache_target, conditional_outputs, given_outputs, remaining_results
 from ..ops.framework.spec import REQUIRED, Operand, OpSpec, Option
 
 # The ops torch.ops.kpool has: every op.
@@ -77,6 +78,7 @@ def _overload(spec: OpSpec, name: str) -> Overload:
     if target is not None and not with_cache:
         left_out.add(target.name)
     left_out |= {o.name for o in spec.operands if o.with_operand in left_out}  # slots without the cache
+    given -= set(conditional_outputs(spec))  # given only with its option (expand's counts): optional there
     letters = iter(string.ascii_lowercase)
     positional, keyword, operands = [], [], []
     for parameter in spec.parameters:

@@ -18,10 +18,11 @@ import torch
 
 from ..ops.framework.binding import Binding
 from ..ops.framework.checks import check_bool, check_out_dtype, dtype_fail, fail, given_without, missing_with
-from ..ops.framework.results import all_results, cache_target, given_outputs
+from ..ops.framework.results import all_results, cache_target, conditional_outputs, given_outputs
 from ..ops.framework.spec import OpSpec, Option, is_pair, pair_error
+from .kernels import arguments
 from .schema import NAMESPACE, op_name
-from .tensors import numpy_dtype, torch_dtype
+from .tensors import metadata, numpy_dtype, torch_dtype
 
 
 def _check_tensor(name: str, value: Any) -> None:
@@ -87,19 +88,25 @@ def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, A
     ``tensors`` (in torch ops only, so this traces): each takes the leading shape of a given one (a
     ``closed`` of n entries gives ``out`` n rows, an ``out`` of n rows gives ``closed`` n entries), its rows'
     width and its dtype as its operand says (``Operand.rows_of``, ``dtype``). Outputs that go together
-    (``Operand.together``: FP8 values and scales) are refused alone, as the op refuses them."""
+    (``Operand.together``: FP8 values and scales) are refused alone, as the op refuses them. An output the op
+    returns only with an option set (expand's ``counts``) is made only with it; one only the call can size
+    (``rows_of="*"``: positions) is not made: the op's own checks refuse the call."""
     outputs = given_outputs(spec)
+    conditional = conditional_outputs(spec)
     for o in outputs:
         if o.together and (tensors[o.name] is None) != (tensors[o.together] is None):
             given, missing = (o.name, o.together) if tensors[o.name] is not None else (o.together, o.name)
             raise fail(missing, f"an array with {given} (the two are written together)", "None")
     partner = next(o for o in outputs if tensors[o.name] is not None)
     given = tensors[partner.name]
-    lead = tuple(given.shape[:-1] if partner.rows_of else given.shape)
+    lead = tuple(given.shape[:-1] if partner.rows_of else given.shape)  # "*" too: positions' rows
     chosen = next((options[opt.name] for opt in spec.options if opt.kind == "dtype"), None)
     for o in outputs:
-        if tensors[o.name] is not None:
+        if tensors[o.name] is not None or (o.name in conditional and not options[conditional[o.name]]):
             continue
+        if o.rows_of == "*":  # the op says why (expand's counts without out)
+            spec.describe(*arguments(spec, tensors | options, metadata))
+            raise fail(o.name, f"an array with {partner.name}", "None")
         width = (tensors[o.rows_of].shape[-1],) if o.rows_of else ()
         dtype = torch_dtype(np.dtype(o.dtype)) if o.dtype else chosen or tensors[o.rows_of].dtype
         tensors[o.name] = torch.zeros((*lead, *width), dtype=dtype, device=given.device)

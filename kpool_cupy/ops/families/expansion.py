@@ -18,8 +18,12 @@ from ...kernel import codes
 from ..framework.checks import (
     as_size,
     check_block_table,
+    check_contiguous,
     check_integer,
+    check_writable,
+    dtype_fail,
     fail,
+    require_array,
 )
 from ..framework.spec import Backend, CallArgs, Operand, Option, OutputShape
 
@@ -58,12 +62,50 @@ BLOCK_SIZE = Option("block_size", "int | None", None, check=check_block_size)
 COMPACT = Option("compact", "bool", False)
 
 
+# The outputs a caller may hand the op: positions (``out``) and, with compact, counts. The kernel writes every
+# element of both (``filled``), so a frontend allocates them without zeroing.
+POSITIONS_OUT = Operand(
+    "out", "int32 [rows, width], C-contiguous: the positions (or KV slots)", True, True, rows_of="*",
+    dtype="int32", filled=True,
+)  # fmt: skip
+COUNTS_OUT = Operand(
+    "counts", "int32 [rows], contiguous: each row's kept entries (compact=True only; with out)", True, True,
+    dtype="int32", filled=True,
+)  # fmt: skip
+OUTPUTS = (POSITIONS_OUT, COUNTS_OUT)
+
+
+def _check_output(name: str, array: Any, shape: tuple[int, ...], rule: str) -> None:
+    require_array(name, array)
+    if np.dtype(array.dtype) != INT32:
+        raise dtype_fail(name, "dtype int32", np.dtype(array.dtype).name)
+    if tuple(array.shape) != shape:
+        raise fail(name, f"shape {rule}", f"shape {tuple(array.shape)}")
+    check_contiguous(name, array)
+    check_writable(name, array)
+
+
+def check_outputs(a: CallArgs, rows: int, expanded: dict[str, Any]) -> None:
+    """``out`` int32 ``[rows, width]`` and ``counts`` int32 ``[rows]`` where given: C-contiguous, writable;
+    counts only with compact, and only beside out (the op makes the positions it writes, or takes them)."""
+    width = expanded["width"]
+    if a.out is not None:
+        _check_output("out", a.out, (rows, width), f"[{rows}, {width}] (rows, pool_topk * kpool + tail)")
+    if a.counts is None:
+        return
+    if not expanded["compact"]:
+        raise fail("counts", "None without compact=True (only compacted rows have counts)", "an array")
+    if a.out is None:
+        raise fail("counts", "None without out (counts are given with the positions they count)", "an array")
+    _check_output("counts", a.counts, (rows,), f"[{rows}] (rows)")
+
+
 # How a selected pool becomes positions: the tail, the KV cache's pages, compaction (the selecting ops take them
 # after their own options).
 # What an op that expands returns: positions, and counts after them with compact (torch's schemas return
 # both always).
 RETURNS: dict[str, Any] = {"results": ("positions",), "conditional_results": {"counts": "compact"}}
-OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)
+OPTIONS = (ALWAYS_SELECT_TAIL, BLOCK_TABLE, BLOCK_SIZE, COMPACT)  # OUTPUTS follow them in each op
 
 
 @dataclass(frozen=True)
@@ -93,8 +135,8 @@ def check(a: CallArgs, batch: int, pool_topk: int) -> dict[str, Any]:
 
 
 def output_shapes(call: Expansion, rows: int) -> dict[str, OutputShape]:
-    """positions ``[rows, width]``, and with ``compact`` counts ``[rows]``, both int32."""
-    shapes = {"positions": ((rows, call.width), INT32)}
+    """positions (``out``) ``[rows, width]``, and with ``compact`` counts ``[rows]``, both int32."""
+    shapes = {"out": ((rows, call.width), INT32)}
     if call.compact:
         shapes["counts"] = ((rows,), INT32)
     return shapes
@@ -120,12 +162,19 @@ def launch_values(call: Expansion, o: dict[str, Any]) -> tuple[dict[str, Any], d
     return values, {"PAGED": paged, "COMPACT": call.compact}
 
 
-def expand_into(backend: Backend, call: Expansion, rows: int, launch: Callable[[Any, Any], None]) -> Any:
-    """New outputs for ``rows`` rows, filled by ``launch(positions, counts)`` (no launch for an empty one: its
-    counts are zeros); what the op returns. Every element is written, so nothing is zeroed first."""
+def expand_into(
+    backend: Backend, call: Expansion, rows: int, launch: Callable[[Any, Any], None], given: dict[str, Any]
+) -> Any:
+    """The outputs for ``rows`` rows (``given``'s ``out`` and ``counts`` where the caller handed them, else new),
+    filled by ``launch(positions, counts)`` (no launch for an empty one: its counts are zeros); what the op
+    returns. Every element is written, so nothing is zeroed first."""
     shapes = output_shapes(call, rows)
-    positions = backend.empty(*shapes["positions"])
-    counts = backend.empty(*shapes["counts"]) if call.compact else None
+    positions = given.get("out")
+    if positions is None:
+        positions = backend.empty(*shapes["out"])
+    counts = given.get("counts")
+    if counts is None and call.compact:
+        counts = backend.empty(*shapes["counts"])
     if positions.size:
         launch(positions, counts)
     elif counts is not None and counts.size:

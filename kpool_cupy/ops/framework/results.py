@@ -22,7 +22,7 @@ def output_keys(spec: OpSpec, results: tuple[str, ...]) -> tuple[str, ...]:
     outputs = given_outputs(spec)
     if not outputs:
         return results
-    return tuple(outputs[spec.results.index(r)].name for r in results)
+    return tuple(outputs[all_results(spec).index(r)].name for r in results)
 
 
 def remaining_results(spec: OpSpec) -> tuple[str, ...]:
@@ -36,3 +36,11 @@ def all_results(spec: OpSpec) -> tuple[str, ...]:
     """Every result a default overload returns: a schema has one return type, so a result the op returns
     only with an option set (``OpSpec.conditional_results``) is always there, empty without it."""
     return (*spec.results, *spec.conditional_results)
+
+
+def conditional_outputs(spec: OpSpec) -> dict[str, str]:
+    """The outputs a caller hands only with an option set, and that option (expand's ``counts``: ``compact``)."""
+    if not given_outputs(spec):
+        return {}
+    names = output_keys(spec, tuple(spec.conditional_results))
+    return dict(zip(names, spec.conditional_results.values(), strict=True))

@@ -42,12 +42,14 @@ class Operand:
     (torch's wrappers, which must stay traceable, so cannot run the checks):
     ``rows_of`` names the operand whose last dim is the width of its rows
     (pooled rows ``[..., head_dim]``; empty: no rows, the partner's leading
-    shape alone), ``dtype`` its fixed dtype (empty: the op's dtype option,
+    shape alone; ``"*"``: rows as wide as the call says, which a frontend
+    cannot make alone), ``dtype`` its fixed dtype (empty: the op's dtype option,
     else ``rows_of``'s dtype), ``together`` the output it is only given with
     (FP8 values and scales).
 
     ``scratch``: working memory the op writes and leaves as it found it (the
-    fused select's ``workspace``), never an output.
+    fused select's ``workspace``), never an output. ``filled``: an output the
+    op writes every element of, so a frontend that makes it need not zero it.
 
     ``form`` says which engine form the operand takes beside its own
     (``engine_forms``): ``"e4m3"`` an array typed float8_e4m3fn for its
@@ -73,6 +75,7 @@ class Operand:
     required_with: bool = False
     scratch: bool = False
     form: str = ""
+    filled: bool = False
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required
