@@ -79,6 +79,76 @@ def test_a_captured_call_replays_with_new_inputs_written_in_place():
     assert torch.equal(out.view(torch.int16), want.view(torch.int16))
 
 
+def _decode_inputs(seed: int, heads: int = 4, head_dim: int = 64) -> dict:
+    """One decode step's tensors on the GPU (tests/test_torch_graph_capture.py's step, there on the CuPy double)."""
+    r = np.random.default_rng(seed)
+    cache = r.integers(0, 0x7E, (4, 4, head_dim + 4), dtype=np.uint8)
+    cache.reshape(4, -1)[:, 4 * head_dim :] = np.full((4, 4), 0.25, np.float32).view(np.uint8)
+    return {
+        "tail": torch.from_numpy(r.standard_normal((3, 2, 6, head_dim)).astype(np.float32)).to("cuda", torch.bfloat16),
+        "k": torch.from_numpy(r.standard_normal((2, 3, head_dim)).astype(np.float32)).to("cuda", torch.bfloat16),
+        "gate": torch.from_numpy(r.standard_normal((2, 3, head_dim)).astype(np.float32)).to("cuda", torch.bfloat16),
+        "ape": torch.from_numpy(r.standard_normal((2, head_dim)).astype(np.float32)).cuda(),
+        "cache": torch.from_numpy(cache).cuda(),
+        "queries": torch.from_numpy(r.standard_normal((5 * heads, head_dim)).astype(np.float32)).cuda(),
+        "weights": torch.from_numpy(r.standard_normal((5, heads)).astype(np.float32)).cuda(),
+    }
+
+
+def test_a_decode_step_through_torch_ops_captured_in_a_cuda_graph_replays_as_eager():
+    # Tail update FP8, query quantize, the fused select and the two-call select through torch.ops.kpool, with
+    # validate=False and their workspaces: captured once, replayed over new inputs, equal to eager.
+    import copy
+
+    import kpool_cupy
+
+    kp = torch.ops.kpool
+    cuda = {"device": "cuda", "dtype": torch.int32}
+    table, slots = torch.tensor([[1, 3], [0, 2]], **cuda), torch.tensor([2, 0], **cuda)
+    offsets, lengths = torch.tensor([0, 3, 5], **cuda), torch.tensor([5, 9], **cuda)
+    positions = torch.tensor([[5, 6, 7], [9, 10, -1]], **cuda)
+    workspace = torch.zeros(kpool_cupy.index_select_workspace_bytes(5, 2), dtype=torch.uint8, device="cuda")
+    topk_space = torch.zeros(max(1, kpool_cupy.index_topk_workspace_bytes(5, 8, 2)), dtype=torch.uint8, device="cuda")
+    logits = torch.empty((5, 8), device="cuda")
+    options = {"kpool": 2, "pool_topk": 2, "always_select_tail": True, "validate": False}
+
+    def step(x):
+        closed = kp.tail_update_fp8.cache(
+            [x["tail"]], x["k"], x["gate"], x["ape"], positions, slots, cache=x["cache"], block_table=table,
+            validate=False,
+        )  # fmt: skip
+        values, scales = kp.hadamard_quant_fp8(x["queries"], validate=False)
+        q = values.view(5, 4, 64)
+        fused, _ = kp.index_select_fp8(q, x["weights"], x["cache"], table, offsets, lengths, workspace=workspace,
+                                       **options)  # fmt: skip
+        kp.index_logits_fp8.out(q, x["weights"], x["cache"], table, offsets, lengths, kpool=2, max_pools=8,
+                                out=logits, validate=False)  # fmt: skip
+        two, _ = kp.index_topk(logits, offsets, lengths, workspace=topk_space, **options)
+        return closed, values, scales, fused, two.clone()
+
+    live = _decode_inputs(1)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step(copy.deepcopy(live))  # compiles and loads outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = step(live)
+    for seed in (2, 3):
+        fresh = _decode_inputs(seed)
+        for name, tensor in fresh.items():
+            live[name].copy_(tensor)
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = copy.deepcopy(fresh)
+        want = step(eager)
+        for got, expected in zip(results, want, strict=True):
+            assert torch.equal(got, expected), seed
+        assert torch.equal(live["cache"], eager["cache"]) and torch.equal(live["tail"], eager["tail"])
+        assert not workspace[:512].any() and not topk_space[:512].any()
+
+
 def test_work_is_ordered_on_a_non_default_torch_stream():
     import kpool_cupy.torch as kt
 
