@@ -150,3 +150,66 @@ def test_lengths_that_leave_the_table_are_refused_with_validate_and_score_minus_
     got = deep_gemm.fp8_paged_mqa_logits(*args, None, max_model_len).numpy()
     for t, window in enumerate(windows):  # the entries in the missing page score -inf, nothing else changes
         assert np.isneginf(got[t, -(-window // BLOCK) * BLOCK :]).all()
+
+
+def _flat_call(seed: int):
+    """vLLM's prefill shape: two requests' keys gathered into one array (96 and 64 keys), the last 16 and 32
+    tokens of each, token at position p of request r seeing keys [offset_r, offset_r + p + 1)."""
+    rng = np.random.default_rng(seed)
+    keys = 160
+    values = rng.integers(0, 256, (keys, HEAD_DIM), dtype=np.uint8)
+    values = np.where((values & 0x7F) == 0x7F, values ^ 1, values)
+    scales = np.exp2(rng.integers(-6, 3, keys)).astype(np.float32)
+    starts = np.concatenate([np.zeros(16), np.full(32, 96)]).astype(np.int32)
+    ends = np.concatenate([np.arange(80, 96) + 1, 96 + np.arange(32, 64) + 1]).astype(np.int32)
+    q = rng.integers(0, 256, (48, HEADS, HEAD_DIM), dtype=np.uint8)
+    q = np.where((q & 0x7F) == 0x7F, q ^ 1, q)
+    weights = rng.standard_normal((48, HEADS)).astype(np.float32)
+    return q, values, scales, weights, starts, ends
+
+
+def _flat_model(q, values, scales, weights, starts, ends):
+    keys = values.view(E4M3).astype(np.float64) * scales.astype(np.float64)[:, None]
+    dots = np.einsum("thd,nd->thn", q.view(E4M3).astype(np.float64), keys)
+    logits = (weights.astype(np.float64)[:, :, None] * np.maximum(dots, 0)).sum(axis=1)
+    n = np.arange(values.shape[0])[None, :]
+    return np.where((n >= starts[:, None]) & (n < ends[:, None]), logits, -np.inf)
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+@pytest.mark.parametrize("tuple_q", [False, True], ids=["q-tensor", "q-tuple"])
+def test_flat_logits_match_deep_gemms_definition(device, tuple_q):
+    q, values, scales, weights, starts, ends = _flat_call(5)
+    want = _flat_model(q, values, scales, weights, starts, ends)
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn).to(device)
+    kv = (torch.from_numpy(values).view(torch.float8_e4m3fn).to(device), torch.from_numpy(scales).to(device))
+    ks, ke = torch.from_numpy(starts).to(device), torch.from_numpy(ends).to(device)
+    tw = torch.from_numpy(weights).to(device)
+    got = deep_gemm.fp8_mqa_logits((tq, None) if tuple_q else tq, kv, tw, ks, ke).cpu().numpy()
+    assert got.shape == (48, 160) and got.dtype == np.float32
+    np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))  # the windows, exactly
+    # The package's bound: the keys as one page of 160 entries, each token its own request seeing [0, ke).
+    page = np.concatenate([values.reshape(-1), scales.view(np.uint8)]).reshape(1, 160, HEAD_DIM + 4)
+    bits = _gpu_bits() if device == "cuda" else 24
+    bound = index_logits_bound(q, weights, page, np.zeros((48, 1), np.int32), np.arange(49), ends - 1, kpool=1,
+                               max_pools=160, accumulation_bits=bits)  # fmt: skip
+    verdict = index_logits_agree(got, want, bound)  # compared where both are finite: inside the windows
+    assert verdict["ok"], verdict
+
+
+def test_the_flat_call_refuses_bad_arguments_by_deep_gemms_names():
+    q, values, scales, weights, starts, ends = _flat_call(6)
+    tq, tv, ts, tw, ks, ke = (torch.from_numpy(a) for a in (q, values, scales, weights, starts, ends))
+    call = deep_gemm.fp8_mqa_logits
+    with pytest.raises(TypeError, match=r"^Invalid kv: expected a pair \(values \[N, D\], scales \[N\]\)"):
+        call(tq, tv, tw, ks, ke)
+    with pytest.raises(ValueError, match=r"^Invalid kv\[0\]: expected float8_e4m3fn \[N, 128\]"):
+        call(tq, (tv[:, :64], ts), tw, ks, ke)
+    with pytest.raises(ValueError, match=r"^Invalid kv\[1\]: expected float32 \[160\]"):
+        call(tq, (tv, ts[:-1]), tw, ks, ke)
+    with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ks: expected shape \[48\]"):
+        call(tq, (tv, ts), tw, ks[:-1], ke)
+    with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ke: expected at least the 170 pools token 47 sees"):
+        call(tq, (tv, ts), tw, ks, ke + 10, validate=True)  # a window past the keys
+    got = call(tq, (tv, ts), tw, ks, ke + 10).numpy()  # without validation: cut at the keys, nothing read past
+    assert np.isfinite(got[47, 96:]).all()

@@ -94,7 +94,7 @@ def test_the_training_example():
 
 
 def deep_gemm_example() -> str:
-    text = README.read_text().split("### DeepGEMM's paged indexer calls", 1)[1]
+    text = README.read_text().split("### DeepGEMM's indexer calls", 1)[1]
     return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 

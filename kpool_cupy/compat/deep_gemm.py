@@ -1,10 +1,15 @@
-"""DeepGEMM's paged indexer calls, in DeepGEMM's argument order, on torch tensors (CUDA and CPU).
+"""DeepGEMM's indexer calls, in DeepGEMM's argument order, on torch tensors (CUDA and CPU).
 
+    fp8_paged_mqa_logits (decode, a paged cache):
     logits[b * next_n + j, n] = sum over h of weights[b * next_n + j, h] * relu(s[n] * dot(q[b, j, h], k[n]))
                                 for n < L(b, j), the request's cache entries in block_tables' pages
                               = -inf for L(b, j) <= n < max_model_len
     L(b, j) = context_lens[b] - next_n + j + 1      (context_lens [B], counting the step's tokens)
             = context_lens[b, j]                     (context_lens [B, next_n])
+
+    fp8_mqa_logits (prefill, a flat key array):
+    logits[t, n] = sum over h of weights[t, h] * relu(scales[n] * dot(q[t, h], values[n]))  for ks[t] <= n < ke[t]
+                 = -inf elsewhere in [0, N)
 
 One cache entry is one key (kpool 1): a pooled-cache caller passes entry
 counts, as DeepGEMM's pooled callers do. ``context_lens`` counts the step's
@@ -19,8 +24,11 @@ however bad, makes the kernel read outside its arrays: a page outside the
 cache scores ``-inf``. ``validate=True`` reads the lengths and the table
 back and refuses what the kernel would score as missing.
 
-DeepGEMM's flat prefill call, ``fp8_mqa_logits``, is not here yet: it needs
-a scoring path over a flat key array with a window a token.
+``fp8_mqa_logits`` runs the same scorer over the flat keys laid out as one
+page (a copy of N * (D + 4) bytes), each token its own request seeing keys
+``[0, ke)``, then writes ``-inf`` below ``ks`` (a pass over the result). The
+keys below a token's window are scored and then masked: a scorer that
+starts at a window (issue 33's restructure) would skip them.
 """
 
 from __future__ import annotations
@@ -44,13 +52,17 @@ _DEEP_GEMM_NAMES = {
 }
 
 
-def _renamed(error: ValueError | TypeError) -> ValueError | TypeError:
+# The same for the flat call: the keys are kv, each token's window end is cu_seqlen_ke.
+_FLAT_NAMES = {"cache": "kv", "cache_lengths": "cu_seqlen_ke", "input_row_offsets": "q", "max_pools": "cu_seqlen_ke"}
+
+
+def _renamed(error: ValueError | TypeError, names: dict[str, str] = _DEEP_GEMM_NAMES) -> ValueError | TypeError:
     """The scorer's refusal with the argument named as DeepGEMM's caller passed it."""
     message = str(error)
     name = message.removeprefix("Invalid ").partition(":")[0]
-    if not message.startswith("Invalid ") or name not in _DEEP_GEMM_NAMES:
+    if not message.startswith("Invalid ") or name not in names:
         return error
-    renamed = f"Invalid {_DEEP_GEMM_NAMES[name]}:" + message.partition(":")[2]
+    renamed = f"Invalid {names[name]}:" + message.partition(":")[2]
     return type(error)(f"{renamed} (kpool_index_logits_fp8's {name})")
 
 
@@ -160,3 +172,82 @@ def fp8_paged_mqa_logits(
     except (ValueError, TypeError) as error:
         raise _renamed(error) from None
     return out
+
+
+def _window(name: str, value: Any, tokens: int) -> torch.Tensor:
+    _tensor(name, value)
+    if value.dtype not in (torch.int32, torch.int64):
+        raise dtype_fail(name, "dtype int32 (or int64)", str(value.dtype).removeprefix("torch."))
+    if tuple(value.shape) != (tokens,):
+        raise fail(name, f"shape [{tokens}] (q's tokens)", f"shape {tuple(value.shape)}")
+    return value
+
+
+def fp8_mqa_logits(
+    q: Any,
+    kv: Any,
+    weights: torch.Tensor,
+    cu_seqlen_ks: torch.Tensor,
+    cu_seqlen_ke: torch.Tensor,
+    clean_logits: bool = True,
+    *,
+    validate: bool = False,
+) -> torch.Tensor:
+    """DeepGEMM's ``fp8_mqa_logits``: float32 ``[S, N]`` (the module's formula), ``-inf`` outside each token's
+    window ``[ks, ke)``.
+
+    Parameters
+    ----------
+    q
+        float8_e4m3fn (or uint8 e4m3fn bytes) ``[S, H, D]``, H 1 to 128, D 64, 128 or 256; or ``(values, None)``.
+    kv
+        ``(values, scales)``: float8_e4m3fn (or uint8) ``[N, D]`` and float32 ``[N]`` (or ``[N, 1]``). In an
+        engine's prefill, the chunk's requests' keys gathered into one array.
+    weights
+        float32 ``[S, H]``.
+    cu_seqlen_ks, cu_seqlen_ke
+        int32 ``[S]``: token t's keys are ``[ks[t], ke[t])`` (vLLM: ks = its request's offset in ``kv``,
+        ke = ks + position + 1).
+    clean_logits
+        Taken for DeepGEMM's signature: outside the windows is ``-inf`` either way.
+    validate
+        Read the windows back and check them (a host sync; not in a CUDA graph).
+    """
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or q[1] is not None:
+            raise fail("q", "a tensor or (values, None) (per-token q scales are not taken)", f"a {type(q).__name__}")
+        q = q[0]
+    _tensor("q", q)
+    if q.ndim != 3:
+        raise fail("q", "a 3-D tensor [S, H, D]", f"shape {tuple(q.shape)}")
+    tokens, _, head_dim = q.shape
+    if not isinstance(kv, (tuple, list)) or len(kv) != 2:
+        raise dtype_fail("kv", "a pair (values [N, D], scales [N])", type(kv).__name__)
+    values, scales = _tensor("kv[0]", kv[0]), _tensor("kv[1]", kv[1])
+    if values.ndim != 2 or values.shape[1] != head_dim or values.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise fail("kv[0]", f"float8_e4m3fn [N, {head_dim}] (q's head_dim)", f"{values.dtype} {tuple(values.shape)}")
+    keys = values.shape[0]
+    if scales.dtype != torch.float32 or tuple(scales.shape) not in ((keys,), (keys, 1)):
+        raise fail("kv[1]", f"float32 [{keys}] (a scale a key)", f"{scales.dtype} {tuple(scales.shape)}")
+    starts, ends = _window("cu_seqlen_ks", cu_seqlen_ks, tokens), _window("cu_seqlen_ke", cu_seqlen_ke, tokens)
+    check_bool("clean_logits", clean_logits)
+    check_bool("validate", validate)
+    device = q.device
+    out = torch.empty((tokens, keys), dtype=torch.float32, device=device)
+    if keys == 0:
+        return out
+    # The keys as one page of N entries: the values' bytes, then the scales' (kernels/kpool_fp8.cuh's layout).
+    page = torch.empty(keys * (head_dim + 4), dtype=torch.uint8, device=device)
+    page[: keys * head_dim].copy_(values.reshape(-1).view(torch.uint8))
+    page[keys * head_dim :].copy_(scales.reshape(-1).contiguous().view(torch.uint8))
+    table = torch.zeros((tokens, 1), dtype=torch.int32, device=device)
+    offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
+    try:
+        kt.kpool_index_logits_fp8(
+            q, weights, page.view(1, keys, head_dim + 4), table, offsets, (ends - 1).to(torch.int32), kpool=1,
+            max_pools=keys, out=out, validate=validate,
+        )  # fmt: skip
+    except (ValueError, TypeError) as error:
+        raise _renamed(error, _FLAT_NAMES) from None
+    below = torch.arange(keys, device=device)[None, :] < starts[:, None]
+    return out.masked_fill_(below, float("-inf"))
