@@ -18,6 +18,7 @@ from .backends.cupy import BINDING as _GPU
 from .functions import *  # noqa: F403  (the defs, for readers and type checkers; bound below)
 from .functions import DEFINITIONS as _DEFINITIONS
 from .kernel.nvrtc import compile_ptx
+from .ops.compress_backward import compress_backward_workspace_bytes
 from .ops.framework.binding import bind_into as _bind_into
 from .ops.index_select_fp8 import index_select_workspace_bytes
 from .ops.index_topk import index_topk_workspace_bytes
@@ -43,6 +44,7 @@ __all__ = [
     "__version__",
     "compile_ptx",
     "emulate",
+    "compress_backward_workspace_bytes",
     "index_select_workspace_bytes",
     "index_topk_workspace_bytes",
     "pool_row_offsets",

@@ -892,6 +892,7 @@ def kpool_compress_backward(
     grad_k: Array | None = None,
     grad_gate: Array | None = None,
     grad_ape: Array | None = None,
+    workspace: Array | None = None,
     validate: bool = True,
     **backend_options: Unpack[BackendOptions],
 ) -> tuple[Result, Result, Result]:
@@ -926,6 +927,13 @@ def kpool_compress_backward(
         (zero where a token is in no complete pool).
     grad_ape
         Optional float32 ``[kpool, head_dim]`` output.
+    workspace
+        uint8, 1-D, at least :func:`compress_backward_workspace_bytes`
+        ``(total_tokens, head_dim, kpool)`` bytes, 16-byte aligned: the blocks'
+        partial sums of ``grad_ape`` (a ValueError names it otherwise); any
+        contents. None: the call allocates them. With it, the outputs,
+        ``pool_row_offsets`` and ``validate=False`` the call allocates nothing
+        and reads nothing back.
     validate
         Check offset contents and that ``grad_pooled`` has a row for every pool
         (one device-to-host copy). Unvalidated garbage never makes the kernels
@@ -940,7 +948,19 @@ def kpool_compress_backward(
         ``(grad_k, grad_gate, grad_ape)``.
     """
     return call_backend(
-        (grad_pooled, k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, grad_k, grad_gate, grad_ape),
+        (
+            grad_pooled,
+            k,
+            gate,
+            ape,
+            input_row_offsets,
+            cache_lengths,
+            pool_row_offsets,
+            grad_k,
+            grad_gate,
+            grad_ape,
+            workspace,
+        ),
         {"validate": validate},
         backend_options,
     )

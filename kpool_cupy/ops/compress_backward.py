@@ -40,8 +40,11 @@ from .framework.checks import (
     check_ape,
     check_batch_index,
     check_index,
+    check_integer,
     check_keys,
     check_rows,
+    check_workspace,
+    check_workspace_size,
     check_writable_rows,
     dtype_fail,
     fail,
@@ -91,6 +94,7 @@ def check_compress_backward_args(a: CallArgs) -> CompressBackwardCall:
     check_gradient_out("grad_k", a.grad_k, "k", tuple(a.k.shape), np.dtype(a.k.dtype))
     check_gradient_out("grad_gate", a.grad_gate, "gate", tuple(a.gate.shape), np.dtype(a.gate.dtype))
     check_gradient_out("grad_ape", a.grad_ape, "ape", tuple(a.ape.shape), FLOAT32)
+    check_workspace(a.workspace)
     return CompressBackwardCall(
         **token_fields(a, head_dim, kpool, batch),
         out_dtype=np.dtype(a.grad_pooled.dtype),
@@ -128,12 +132,19 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
         raise fail("grad_pooled", f"at least {total_pools} rows (total_pools)", f"{grad.shape[0]} rows")
     shapes = output_shapes(call)
     outputs = {name: made(backend, a[name], *shapes[name], validate) for name in shapes}
+    workspace = a["workspace"]
+    sizing = f"compress_backward_workspace_bytes({call.total_tokens}, {call.head_dim}, {call.kpool})"
+    check_workspace_size(workspace, scratch_bytes(call), sizing)
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(grad.shape[0]))
     blocks = 0
     if covered > 0:
         geometry = group_geometry(call.head_dim, covered)
         blocks = geometry.grid
-        partials = backend.empty(*partials_shape(call, covered))
+        shape, dtype = partials_shape(call, covered)
+        if workspace is None:
+            partials = backend.empty(shape, dtype)
+        else:  # the caller's bytes as the partials: nothing allocated
+            partials = workspace[: int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
         o = a | outputs | {"pool_row_offsets": pools, "partials": partials}
         grad_strides = [s // grad.dtype.itemsize for s in grad.strides]
         values = pooling_values(call, o) | codes.rows("grad", grad)
@@ -165,6 +176,31 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
 def partials_shape(call: CompressBackwardCall, covered: int) -> OutputShape:
     """The working memory of d ape's block partials when the grid covers ``covered`` pools (none for 0)."""
     return (group_geometry(call.head_dim, covered).grid, call.kpool, call.head_dim), FLOAT32
+
+
+def workspace_bytes(total_tokens: int, head_dim: int, kpool: int) -> int:
+    """Bytes of the block partials for the most pools ``total_tokens`` tokens can complete (``total_tokens //
+    kpool``, which a grid never exceeds), 16-byte aligned sizes."""
+    covered = total_tokens // kpool
+    if covered == 0:
+        return 0
+    return group_geometry(head_dim, covered).grid * kpool * head_dim * FLOAT32.itemsize
+
+
+def scratch_bytes(call: CompressBackwardCall) -> int:
+    """What a call's ``workspace`` must hold (``OpSpec.scratch_bytes``)."""
+    return workspace_bytes(call.total_tokens, call.head_dim, call.kpool)
+
+
+def compress_backward_workspace_bytes(total_tokens: int, head_dim: int, kpool: int) -> int:
+    """Bytes of ``workspace`` :func:`kpool_compress_backward` needs for ``total_tokens`` tokens (k's rows) of
+    ``head_dim`` channels at ``kpool``: d ape's per-block partial sums for every pool the tokens can complete,
+    float32 ``[blocks, kpool, head_dim]`` (0 with fewer tokens than kpool). One buffer of this size serves any
+    call with at most that many tokens; its contents need no clearing."""
+    check_integer("total_tokens", total_tokens, 0)
+    check_integer("head_dim", head_dim, 1)
+    check_integer("kpool", kpool, 1)
+    return workspace_bytes(int(total_tokens), int(head_dim), int(kpool))
 
 
 def gradient_vector(o: dict[str, Any]) -> int:
@@ -208,10 +244,17 @@ accumulate
 """
 
 GRAD_POOLED = Operand("grad_pooled", "[>= total_pools, head_dim] bfloat16, float16 or float32; any strides")
-GRAD_K = Operand("grad_k", "like k", True, True, rows_of="k")
-GRAD_GATE = Operand("grad_gate", "like gate", True, True, rows_of="gate")
-GRAD_APE = Operand("grad_ape", "float32 [kpool, head_dim] like ape", True, True, rows_of="ape", dtype="float32")
-PARAMETERS = (GRAD_POOLED, *POOLING_INPUTS, GRAD_K, GRAD_GATE, GRAD_APE, VALIDATE)
+# Written whole when the call validates (the rows of tokens in no pool zeroed by a launch of their own).
+GRAD_K = Operand("grad_k", "like k", True, True, rows_of="k", filled="validated")
+GRAD_GATE = Operand("grad_gate", "like gate", True, True, rows_of="gate", filled="validated")
+GRAD_APE = Operand(
+    "grad_ape", "float32 [kpool, head_dim] like ape", True, True, rows_of="ape", dtype="float32", filled="validated"
+)
+WORKSPACE = Operand(
+    "workspace", "uint8 [>= compress_backward_workspace_bytes(...)], 16-byte aligned: scratch", True, True,
+    scratch=True,
+)  # fmt: skip
+PARAMETERS = (GRAD_POOLED, *POOLING_INPUTS, GRAD_K, GRAD_GATE, GRAD_APE, WORKSPACE, VALIDATE)
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
@@ -231,4 +274,5 @@ SPEC = OpSpec(
     extras={"reference": (ACCUMULATE,)},
     kernel=COMPRESS_BACKWARD,
     example=example,
+    scratch_bytes=scratch_bytes,
 )

@@ -22,7 +22,7 @@ from .families.scoring import (
     check_table_covers,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import check_rows_and_cache, fail
+from .framework.checks import check_rows_and_cache, check_workspace, check_workspace_size, fail
 from .framework.examples import SCORING_KPOOL, Example, ExampleBatch
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, OpSpec
 
@@ -66,7 +66,7 @@ def check_index_select_fp8_args(a: CallArgs) -> IndexSelectCall:
         raise fail("q", f"at most {MAX_TOKENS} tokens (one block a token)", num_tokens)
     expanded = expansion.check(a, batch, int(a.pool_topk))
     expansion.check_outputs(a, num_tokens, expanded)
-    split_selection.check_workspace(a.workspace)
+    check_workspace(a.workspace)
     return IndexSelectCall(**expanded, num_tokens=num_tokens, heads=heads, head_dim=head_dim, batch=batch,
                            pages=pages, cache_block_size=cache_block_size)  # fmt: skip
 
@@ -99,7 +99,7 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     splits = select_splits(call.num_tokens, call.pool_topk)
     needed = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
     sizing = f"index_select_workspace_bytes({call.num_tokens}, {call.pool_topk})"
-    split_selection.check_workspace_size(workspace, needed, sizing)
+    check_workspace_size(workspace, needed, sizing)
     if validate:
         table = a["cache_block_table"]
         counters = split_selection.counters_to_check(workspace, splits)

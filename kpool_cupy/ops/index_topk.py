@@ -15,7 +15,15 @@ from ..pool_offsets import check_kpool
 from .families import expansion, split_selection
 from .families.scoring import MAX_POOLS, check_rows_of
 from .families.selection import MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
-from .framework.checks import as_size, check_batch_index, check_integer, check_rows_and_cache, fail
+from .framework.checks import (
+    as_size,
+    check_batch_index,
+    check_integer,
+    check_rows_and_cache,
+    check_workspace,
+    check_workspace_size,
+    fail,
+)
 from .framework.examples import Example, ExampleBatch
 from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec
@@ -65,7 +73,7 @@ def check_index_topk_args(a: CallArgs) -> IndexTopkCall:
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     expanded = expansion.check(a, batch, int(a.pool_topk))
     expansion.check_outputs(a, num_tokens, expanded)
-    split_selection.check_workspace(a.workspace)
+    check_workspace(a.workspace)
     return IndexTopkCall(**expanded, num_tokens=num_tokens, logits_width=logits_width, batch=batch)
 
 
@@ -92,7 +100,7 @@ def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: b
     splits = topk_splits(call.num_tokens, call.logits_width, call.pool_topk)
     needed = split_selection.workspace_bytes(call.num_tokens, splits, call.pool_topk)
     sizing = f"index_topk_workspace_bytes({call.num_tokens}, {call.logits_width}, {call.pool_topk})"
-    split_selection.check_workspace_size(workspace, needed, sizing)
+    check_workspace_size(workspace, needed, sizing)
     if validate:
         counters = split_selection.counters_to_check(workspace, splits)
         offsets, lengths, *rest = backend.host_copies([a["input_row_offsets"], a["cache_lengths"], *counters])

@@ -155,21 +155,30 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
             # The outputs behind this overload's results (a cache replaces some).
             keys = output_keys(spec, overload.results) if not spec.dynamic_sizes else ()
             outputs = tuple(o for o in given_outputs(spec) if o.name in keys)
+            scratch = [o for o in spec.operands if o.scratch and named[o.name] is None] if spec.scratch_bytes else []
+            if outputs or scratch:
+                call = spec.describe(*arguments(spec, given, metadata))
             if outputs:
                 # Outputs from torch's allocator, zeroed as the op would unless
                 # it writes every element (Operand.filled): torch then owns them
                 # (record_stream, memory stats, graph pools). An output the call
                 # does not return (counts without compact) is empty.
-                shapes = output_shapes(spec, given, lambda call: {})
+                shapes = spec.outputs(call)
                 made = {}
                 for output in outputs:
                     if output.name not in shapes:
                         made[output.name] = torch.empty(0, dtype=torch.int32, device=device)
                         continue
                     shape, dtype = shapes[output.name]
-                    make = torch.empty if output.filled else torch.zeros
+                    whole = output.filled == "always" or (
+                        output.filled == "validated" and options.get("validate", True)
+                    )
+                    make = torch.empty if whole else torch.zeros
                     made[output.name] = make(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
                     named[output.name] = to_cupy(output.name, read_form(output, made[output.name], torch.uint8))
+            for operand in scratch:  # the op's scratch from torch's allocator too (the backward's partial sums)
+                space = torch.empty(max(spec.scratch_bytes(call), 1), dtype=torch.uint8, device=device)
+                named[operand.name] = to_cupy(operand.name, space)
             result = getattr(kpool_cupy, spec.name)(**named, **options)
             _bump_versions(written)
             if outputs:

@@ -121,8 +121,11 @@ class _Gradient:
         self.backward_overload = overloads(backward_spec)[0]  # the default: it allocates the gradients
         self.overload = overload
         self.positional = [o.name for o in overload.operands if not o.optional]
-        # What the backward takes of the forward's inputs (by name), and of its options (validate).
-        self.saved = [o.name for o in self.backward_overload.operands if o.name not in gradient.outputs]
+        # What the backward takes of the forward's inputs (by name), and of its options (validate); its scratch
+        # is its own (made for each backward call).
+        self.saved = [
+            o.name for o in self.backward_overload.operands if o.name not in gradient.outputs and not o.scratch
+        ]
         missing = [n for n in (*self.saved, *gradient.inputs) if n not in {o.name for o in overload.operands}]
         if missing:
             raise ValueError(f"Invalid gradient of {spec.name}: expected inputs of {self.name}, got {missing}")

@@ -66,11 +66,11 @@ COMPACT = Option("compact", "bool", False)
 # element of both (``filled``), so a frontend allocates them without zeroing.
 POSITIONS_OUT = Operand(
     "out", "int32 [rows, width], C-contiguous: the positions (or KV slots)", True, True, rows_of="*",
-    dtype="int32", filled=True,
+    dtype="int32", filled="always",
 )  # fmt: skip
 COUNTS_OUT = Operand(
     "counts", "int32 [rows], contiguous: each row's kept entries (compact=True only; with out)", True, True,
-    dtype="int32", filled=True,
+    dtype="int32", filled="always",
 )  # fmt: skip
 OUTPUTS = (POSITIONS_OUT, COUNTS_OUT)
 

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...kernel import codes
-from ..framework.checks import check_integer, check_writable, dtype_fail, fail, require_array
+from ..framework.checks import check_integer, fail
 from ..framework.spec import Backend, Operand
 from .fp8_target import UINT8
 from .selection import check_pool_topk
@@ -56,28 +55,6 @@ def checked_workspace_bytes(num_tokens: Any, pool_topk: Any, splits: Callable[[i
     check_integer("num_tokens", num_tokens, 0)
     check_pool_topk(pool_topk)
     return workspace_bytes(int(num_tokens), splits(int(num_tokens), int(pool_topk)), int(pool_topk))
-
-
-def check_workspace(workspace: Any) -> None:
-    """A caller's workspace, when given: a writable, contiguous, 16-byte aligned uint8 vector (its size is
-    checked when the call runs: it depends on num_tokens, which torch.compile keeps symbolic)."""
-    if workspace is None:
-        return
-    require_array("workspace", workspace)
-    if np.dtype(workspace.dtype) != UINT8:
-        raise dtype_fail("workspace", "dtype uint8", str(np.dtype(workspace.dtype)))
-    if workspace.ndim != 1 or (workspace.size > 1 and workspace.strides[0] != 1):
-        raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(workspace.shape)}")
-    address = codes.data_pointer(workspace)
-    if address % 16:  # the kernel's counters and lists are 4-byte words: a GPU faults on a misaligned one
-        raise fail("workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16")
-    check_writable("workspace", workspace)  # the kernel writes its counters and lists
-
-
-def check_workspace_size(workspace: Any, needed: int, sizing: str) -> None:
-    """At least ``needed`` bytes; ``sizing``: the call that says so, for the message."""
-    if workspace is not None and workspace.shape[0] < needed:
-        raise fail("workspace", f"at least {needed} bytes ({sizing})", f"{workspace.shape[0]} bytes")
 
 
 def counters_to_check(workspace: Any, splits: int) -> list[Any]:

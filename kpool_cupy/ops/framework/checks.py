@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, dtype_name, element_dtype
+from ...dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, UINT8, dtype_name, element_dtype
 from ...kernel.codes import data_pointer
 from ...kernel.geometry import MAX_HEAD_DIM
 from .spec import Operand, spread
@@ -308,3 +308,25 @@ def check_no_overlap(operands: tuple[Operand, ...], arrays: dict[str, Any]) -> N
                 continue  # two outputs are compared once
             if shares_memory(w, o):
                 raise fail(name, f"memory that {other} does not use", f"an array sharing bytes with {other}")
+
+
+def check_workspace(workspace: Any) -> None:
+    """A caller's workspace (an op's scratch), when given: a writable, contiguous, 16-byte aligned uint8 vector
+    (its size is checked when the call runs: it depends on sizes torch.compile keeps symbolic)."""
+    if workspace is None:
+        return
+    require_array("workspace", workspace)
+    if np.dtype(workspace.dtype) != UINT8:
+        raise dtype_fail("workspace", "dtype uint8", str(np.dtype(workspace.dtype)))
+    if workspace.ndim != 1 or (workspace.size > 1 and workspace.strides[0] != 1):
+        raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(workspace.shape)}")
+    address = data_pointer(workspace)
+    if address % 16:  # kernels keep 4-byte words (counters, float32 sums) there: a GPU faults on a misaligned one
+        raise fail("workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16")
+    check_writable("workspace", workspace)  # the kernel writes its counters and lists
+
+
+def check_workspace_size(workspace: Any, needed: int, sizing: str) -> None:
+    """At least ``needed`` bytes; ``sizing``: the call that says so, for the message."""
+    if workspace is not None and workspace.shape[0] < needed:
+        raise fail("workspace", f"at least {needed} bytes ({sizing})", f"{workspace.shape[0]} bytes")

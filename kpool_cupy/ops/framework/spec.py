@@ -48,8 +48,10 @@ class Operand:
     (FP8 values and scales).
 
     ``scratch``: working memory the op writes and leaves as it found it (the
-    fused select's ``workspace``), never an output. ``filled``: an output the
-    op writes every element of, so a frontend that makes it need not zero it.
+    fused select's ``workspace``), never an output. ``filled``: whether the op
+    writes every element of an output, so that a frontend making it need not
+    zero it: ``"always"``, ``"validated"`` (when its call validates: garbage
+    offsets may leave rows unwritten), or ``""`` (not known to).
 
     ``form`` says which engine form the operand takes beside its own
     (``engine_forms``): ``"e4m3"`` an array typed float8_e4m3fn for its
@@ -75,7 +77,7 @@ class Operand:
     required_with: bool = False
     scratch: bool = False
     form: str = ""
-    filled: bool = False
+    filled: str = ""
 
 
 REQUIRED = object()  # an Option without a default: keyword-only and required
@@ -274,7 +276,9 @@ class OpSpec:
     every kernel's (a multiple of 8 up to MAX_HEAD_DIM; None: no more).
     ``example(batch)``: a small valid call, (args, kwargs), from the arrays of
     an ``ops.framework.examples.ExampleBatch``; what the op tests and the
-    torch samples run.
+    torch samples run. ``scratch_bytes(call)``: the bytes of its scratch
+    operand a call needs, where a frontend may make it uninitialized (the
+    backward's partial sums; None: the op makes its own).
     """
 
     name: str
@@ -293,6 +297,7 @@ class OpSpec:
     large_dynamic_shared: Callable[[int, int], int] = lambda head_dim, mma: 0
     check_head_dim: Callable[[str, int], None] | None = None
     example: Callable[[Any], tuple[tuple[Any, ...], dict[str, Any]]] | None = None
+    scratch_bytes: Callable[[Any], int] | None = None
 
     @functools.cached_property
     def operands(self) -> tuple[Operand, ...]:
