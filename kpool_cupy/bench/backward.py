@@ -136,6 +136,11 @@ def bench_backward(shape: BackwardShape, samples: int) -> dict[str, Any]:
             "grad_k": cupy.empty(s["k"].shape, s["k"].dtype),
             "grad_gate": cupy.empty(s["gate"].shape, s["gate"].dtype),
             "grad_ape": cupy.empty((shape.kpool, shape.head_dim), cupy.float32),
+            # The partials in a buffer of the caller's: the call allocates nothing (the engine's way).
+            "workspace": cupy.empty(
+                kpool_cupy.compress_backward_workspace_bytes(shape.total_tokens, shape.head_dim, shape.kpool),
+                cupy.uint8,
+            ),
         }
         for s in sets
     ]
