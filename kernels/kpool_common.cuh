@@ -277,12 +277,18 @@ __device__ __forceinline__ long long load_index(const IT* array, long long i) {
 // A read of an index array in which a negative value means something
 // (positions' -1 padding, slots, pool ids): load_index, except that a uint32
 // array's all-ones value, the uint32 form of -1, reads as -1. Offsets and
-// lengths keep their full uint32 range through load_index.
+// lengths keep their full uint32 range through load_index. signed_index
+// widens an element already loaded the same way.
 template <typename IT>
-__device__ __forceinline__ long long load_signed_index(const IT* array, long long i) {
-    const long long value = load_index(array, i);
+__device__ __forceinline__ long long signed_index(IT element) {
+    const long long value = static_cast<long long>(element);
     if constexpr (sizeof(IT) == 4 && static_cast<IT>(-1) > 0) return value == 0xFFFFFFFFLL ? -1 : value;
     return value;
+}
+template <typename IT>
+__device__ __forceinline__ long long load_signed_index(const IT* array, long long i) {
+    static_assert(sizeof(IT) == 4 || sizeof(IT) == 8, "index arrays are int32, uint32 or int64");
+    return signed_index(array[i]);
 }
 
 // The request that owns `item`: the last b in [0, batch) with

@@ -260,7 +260,12 @@ namespace kp {
 // request alone and are issued together, whatever the slot and position
 // turn out to be (the token rows exist either way); the ring's members, the
 // writer's table entry and the token's own ring row need the slot and the
-// position, and the ring stores before them carry this step's tokens.
+// position, and the ring stores before them carry this step's tokens. In
+// the engines' shape (16-bit rows, pools of up to 4 members) step 0's
+// position and tokens are issued before the slot's arithmetic and each
+// later step's one step ahead, so that no load of a step waits for an
+// instruction that uses the slot (in-order issue would make it a round trip
+// of its own).
 template <typename T, typename G, int KPOOL, int VECTOR, bool SPLIT, bool MEET, typename IPOS, typename IS,
           typename Writer>
 __device__ __forceinline__ void tail_update_steps(
@@ -272,7 +277,22 @@ __device__ __forceinline__ void tail_update_steps(
     Writer& writer) {
     static_assert(SPLIT || sizeof(G) == sizeof(T), "one ring array holds keys and gate scores in one dtype");
     const bool lead = channel == 0;  // the group's first thread writes closed
-
+    // Registers allow holding a step's tokens through the next step's loads (and through the ring row's
+    // divisions) only for 16-bit rows and pools of up to 4 members; wider rows or longer pools spill at
+    // head_dim 256 and 4096, and there the compiler places the loads (under the position's branch).
+    constexpr bool kAhead = sizeof(T) == 2 && sizeof(G) == 2 && KPOOL <= 4;
+    using KeyRow = Row8<T, vector_bits(VECTOR, kVectorK)>;
+    using GateRow = Row8<G, vector_bits(VECTOR, kVectorGate)>;
+    IPOS ahead_position{};  // as loaded: widened when its step uses it, not where the load issues
+    KeyRow ahead_key;
+    GateRow ahead_gate;
+    const auto load_ahead = [&](int t) {
+        ahead_position = positions[request * next_n + t];
+        ahead_key.load_now(k + request * k_request_stride + t * k_token_stride + channel);
+        ahead_gate.load_now(gate + request * gate_request_stride + t * gate_token_stride + channel);
+    };
+    if constexpr (kAhead)
+        if (next_n > 0) load_ahead(0);  // beside the slot: issued before anything uses a loaded value
     const long long slot = load_signed_index(slot_idx, request);
     const bool slot_ok = slot >= 0 && slot < max_slots;
     constexpr bool kKeyRingVector = vector_bits(VECTOR, kVectorTail);
@@ -295,18 +315,16 @@ __device__ __forceinline__ void tail_update_steps(
     const RingLayout ring{ring_rows, key_slot_stride, key_row_stride, gate_slot_stride, gate_row_stride};
     int written = 0;
     for (int t = 0; t < next_n; ++t) {  // the same count for every lane of the warp: no early exit
-        const long long position = load_signed_index(positions, request * next_n + t);
-        Row8<T, vector_bits(VECTOR, kVectorK)> token_key;
-        Row8<G, vector_bits(VECTOR, kVectorGate)> token_gate;
-        // Issued before the position is known where registers allow (16-bit
-        // rows and pools of up to 4 members, the engines' shape): they are
-        // then held through the ring row's divisions, which spills wider
-        // rows or longer pools at head_dim 256 and 4096; there the compiler
-        // places them (under the position's branch).
-        if constexpr (sizeof(T) == 2 && sizeof(G) == 2 && KPOOL <= 4) {
-            token_key.load_now(k + request * k_request_stride + t * k_token_stride + channel);
-            token_gate.load_now(gate + request * gate_request_stride + t * gate_token_stride + channel);
+        long long position;
+        KeyRow token_key;
+        GateRow token_gate;
+        if constexpr (kAhead) {  // this step's, loaded a step ahead; the next step's issued now
+            position = signed_index(ahead_position);
+            token_key = ahead_key;
+            token_gate = ahead_gate;
+            if (t + 1 < next_n) load_ahead(t + 1);
         } else {
+            position = load_signed_index(positions, request * next_n + t);
             token_key.load(k + request * k_request_stride + t * k_token_stride + channel);
             token_gate.load(gate + request * gate_request_stride + t * gate_token_stride + channel);
         }

@@ -614,13 +614,14 @@ def decode_step_depths(target: Fp8Target | None) -> tuple[int, int]:
     """The decode step's (dependence, in-order) depths at most, as ptxas schedules it today.
 
     Dependence (issue 21): the slot, positions and token rows need only the request (1); the ring's members
-    and an FP8 cache's slot or block-table entry need the slot and a position (2). In order, one more: ptxas
-    uses the slot (the ring offset and its bounds check) before the token loop, so the positions and rows issue
-    after the slot arrived (2) and the members after a position (3); an FP8 cache's slot or block-table entry
-    (3) is checked, and a 64-bit division made of it, before the members issue (4). A plain or row-cache
-    writer reads no such entry.
+    and an FP8 cache's slot or block-table entry need the slot and a position (2). In order the same 2 (issue
+    35): step 0's position and rows issue beside the slot and each later step's a step ahead, all kept as
+    loaded until used (a sign extension right after a load is an instruction that waits for it), and an FP8
+    cache's slot or block-table entry is checked only after the members' loads have issued
+    (kp::Fp8Sink::locate, then ::address). They were 3, and 4 with a cache's entry. ``target`` stays for the
+    variants each count once differed by.
     """
-    return 2, 3 if target in (None, Fp8Target.ROWS) else 4
+    return 2, 2
 
 
 @pytest.mark.usefixtures("sass_tools")
