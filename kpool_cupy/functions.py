@@ -606,7 +606,8 @@ def hadamard_quant_fp8(
         ``kpool_cupy.torch``), the same bytes typed as engines take queries.
         An array library without that dtype gives a TypeError naming
         ``out_dtype`` before any launch (whether CuPy 14 holds it has not run
-        on a GPU; torch tensors do). None with ``out``.
+        on a GPU; torch tensors do). With ``out``, ``out`` comes back as
+        given, typed as it is.
     out, out_scale
         uint8 (or float8_e4m3fn) ``[rows, head_dim]`` and float32 ``[rows]``,
         given together; new ones otherwise.

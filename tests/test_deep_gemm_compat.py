@@ -209,7 +209,33 @@ def test_the_flat_call_refuses_bad_arguments_by_deep_gemms_names():
         call(tq, (tv, ts[:-1]), tw, ks, ke)
     with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ks: expected shape \[48\]"):
         call(tq, (tv, ts), tw, ks[:-1], ke)
-    with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ke: expected at least the 170 pools token 47 sees"):
-        call(tq, (tv, ts), tw, ks, ke + 10, validate=True)  # a window past the keys
+    with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ke: expected values in \[0, 160\] .*, got 161 at 38$"):
+        call(tq, (tv, ts), tw, ks, ke + 10, validate=True)  # a window past the keys, as passed
     got = call(tq, (tv, ts), tw, ks, ke + 10).numpy()  # without validation: cut at the keys, nothing read past
     assert np.isfinite(got[47, 96:]).all()
+
+
+def test_adapter_refusals_name_what_the_caller_passed_and_no_call_wraps_or_crashes():
+    # The hostile review's findings: lengths checked as passed (it said "got -1" of a derived value), the
+    # scorer's hint about cache_lengths gone, 2-D requests said to be tokens, int64 lengths past 2^32 kept
+    # whole, and zero tokens an empty result.
+    q, cache, weights, lens, table, max_model_len, _ = _call(2, False, seed=7)
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
+    tc, tw, tt = (torch.from_numpy(a) for a in (cache, weights, table))
+    short = torch.tensor([9, 1], dtype=torch.int32)  # request 1 shorter than its step of 2 tokens
+    with pytest.raises(ValueError, match=r"^Invalid context_lens: expected values of at least 2 .*, got 1 at 1$"):
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, short, tt, None, max_model_len, validate=True)
+    with pytest.raises(ValueError) as error:  # one page more than written: the table's refusal, in DeepGEMM's terms
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, torch.from_numpy(lens + 64), tt, None, 320, validate=True)
+    assert str(error.value).startswith("Invalid block_tables: ") and "cache_lengths counts" not in str(error.value)
+    two_d = torch.from_numpy(np.repeat(lens[:, None], 2, axis=1) + 64)
+    with pytest.raises(ValueError, match=r"its request r is token \(r // next_n, r % next_n\)"):
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, two_d, tt, None, 320, validate=True)
+    wide = torch.tensor([2**32 + int(lens[0]), int(lens[1])], dtype=torch.int64)  # not the same as lens
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: "):
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, wide, tt, None, max_model_len, validate=True)
+    empty = deep_gemm.fp8_paged_mqa_logits(tq[:0], tc, tw[:0], torch.from_numpy(lens[:0]), tt[:0], None, 16,
+                                           validate=True)  # fmt: skip
+    assert empty.shape == (0, 16)
+    with pytest.raises(TypeError, match=r"^Invalid context_lens: expected dtype int32"):
+        deep_gemm.get_paged_mqa_logits_metadata(torch.ones(2), BLOCK, 132)

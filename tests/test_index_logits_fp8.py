@@ -259,6 +259,15 @@ def test_a_width_refusal_names_the_argument_the_caller_passed(backend):
         assert str(error.value) == f"Invalid cache_lengths: expected {wanted}, got token 0 seeing {2**31 + 5}"
 
 
+@pytest.mark.parametrize("backend", [reference, emulate])
+def test_zero_tokens_give_an_empty_result_with_validation(backend):
+    # A width refusal's token index once read argmax of no tokens (the hostile review).
+    rng = np.random.default_rng(14)
+    case = index_case(rng, heads=4, kpool=4, counts=(0, 0), cache_lengths=(17, 30))
+    assert backend.kpool_index_logits_fp8(*case.args, kpool=4).shape == (0, 0)
+    assert backend.kpool_index_logits_fp8(*case.args, kpool=4, max_pools=4).shape == (0, 4)
+
+
 def test_a_launch_past_the_grid_names_the_tokens():
     # The grid bound (token tiles x pool ranges < 2^31) named max_pools; pool ranges shrink as token tiles grow,
     # so only q's tokens pass it. The call claims 2^38 tokens: the launch is sized, never run.

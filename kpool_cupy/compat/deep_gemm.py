@@ -39,7 +39,8 @@ import torch
 
 import kpool_cupy.torch as kt
 
-from ..ops.framework.checks import check_bool, dtype_fail, fail
+from ..ops.families.scoring import LENGTHS_HINT
+from ..ops.framework.checks import check_bool, check_nowhere, dtype_fail, fail
 
 # The scorer's arguments by DeepGEMM's names: a refusal names what the caller passed.
 _DEEP_GEMM_NAMES = {
@@ -56,14 +57,27 @@ _DEEP_GEMM_NAMES = {
 _FLAT_NAMES = {"cache": "kv", "cache_lengths": "cu_seqlen_ke", "input_row_offsets": "q", "max_pools": "cu_seqlen_ke"}
 
 
-def _renamed(error: ValueError | TypeError, names: dict[str, str] = _DEEP_GEMM_NAMES) -> ValueError | TypeError:
-    """The scorer's refusal with the argument named as DeepGEMM's caller passed it."""
-    message = str(error)
+def _renamed(
+    error: ValueError | TypeError, names: dict[str, str] = _DEEP_GEMM_NAMES, requests: str = ""
+) -> ValueError | TypeError:
+    """The scorer's refusal with the argument named as DeepGEMM's caller passed it (``requests``: what the
+    scorer's requests are, where they are not the caller's). The scorer's hint on which length its
+    cache_lengths is goes: these calls' lengths are DeepGEMM's, which count the step."""
+    message = str(error).replace(LENGTHS_HINT, "")
     name = message.removeprefix("Invalid ").partition(":")[0]
     if not message.startswith("Invalid ") or name not in names:
         return error
     renamed = f"Invalid {names[name]}:" + message.partition(":")[2]
-    return type(error)(f"{renamed} (kpool_index_logits_fp8's {name})")
+    return type(error)(f"{renamed} (kpool_index_logits_fp8's {name}{requests})")
+
+
+def _within(name: str, values: torch.Tensor, low: int, high: int | None, rule: str) -> None:
+    """``validate=True``'s check of a length argument as the caller passed it, ``low <= values <= high`` (one
+    host read)."""
+    host = values.detach().cpu().numpy()
+    bad = (host < low) | (host > high) if high is not None else host < low
+    wanted = f"values in [{low}, {high}]" if high is not None else f"values of at least {low}"
+    check_nowhere(bad, name, f"{wanted} ({rule})", lambda *at: f"{int(host[at])} at {at if len(at) > 1 else at[0]}")
 
 
 def _tensor(name: str, value: Any) -> torch.Tensor:
@@ -92,6 +106,8 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int, n
     """DeepGEMM's schedule metadata in DeepGEMM's shape: int32 ``[num_sms + 1, 2]`` on ``context_lens``'
     device, zeros. :func:`fp8_paged_mqa_logits` here plans its launch from shapes and ignores it."""
     _tensor("context_lens", context_lens)
+    if context_lens.dtype not in (torch.int32, torch.int64):
+        raise dtype_fail("context_lens", "dtype int32 (or int64)", str(context_lens.dtype).removeprefix("torch."))
     if context_lens.ndim not in (1, 2):
         raise fail("context_lens", "shape [B] or [B, next_n]", f"shape {tuple(context_lens.shape)}")
     _positive("block_size", block_size)
@@ -154,14 +170,20 @@ def fp8_paged_mqa_logits(
     check_bool("validate", validate)
     device = q.device
     tokens = batch * next_n
+    if validate:  # as passed: the derived cache_lengths would name values the caller never gave
+        rule = "the step's tokens included" if lengths.ndim == 1 else "a token sees at least its own key"
+        _within("context_lens", lengths, next_n if lengths.ndim == 1 else 1, None, rule)
+    # The lengths keep their dtype (int64 ones past 2^31 stay whole; the scorer takes both).
     if lengths.ndim == 1:  # request b's next_n tokens at positions context_lens[b] - next_n + j
         offsets = torch.arange(0, tokens + 1, next_n, dtype=torch.int32, device=device)
-        cached = (lengths - next_n).to(torch.int32)
+        cached = lengths - next_n
         table = block_tables
+        requests = ""
     else:  # each token its own request, at position context_lens[b, j] - 1, on its request's pages
         offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
-        cached = (lengths.reshape(-1) - 1).to(torch.int32)
+        cached = lengths.reshape(-1) - 1
         table = block_tables.repeat_interleave(next_n, dim=0)
+        requests = "; its request r is token (r // next_n, r % next_n) of context_lens [B, next_n]"
     out = torch.empty((tokens, max_model_len), dtype=torch.float32, device=device)
     queries = q.reshape(tokens, heads, head_dim)
     try:
@@ -170,7 +192,7 @@ def fp8_paged_mqa_logits(
             validate=validate,
         )  # fmt: skip
     except (ValueError, TypeError) as error:
-        raise _renamed(error) from None
+        raise _renamed(error, requests=requests) from None
     return out
 
 
@@ -232,6 +254,8 @@ def fp8_mqa_logits(
     starts, ends = _window("cu_seqlen_ks", cu_seqlen_ks, tokens), _window("cu_seqlen_ke", cu_seqlen_ke, tokens)
     check_bool("clean_logits", clean_logits)
     check_bool("validate", validate)
+    if validate:  # the windows as passed; the scorer's own checks would name what this call derives
+        _within("cu_seqlen_ke", ends, 0, keys, "window ends within kv's keys")
     device = q.device
     out = torch.empty((tokens, keys), dtype=torch.float32, device=device)
     if keys == 0:
@@ -244,9 +268,9 @@ def fp8_mqa_logits(
     offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
     try:
         kt.kpool_index_logits_fp8(
-            q, weights, page.view(1, keys, head_dim + 4), table, offsets, (ends - 1).to(torch.int32), kpool=1,
-            max_pools=keys, out=out, validate=validate,
-        )  # fmt: skip
+            q, weights, page.view(1, keys, head_dim + 4), table, offsets, ends - 1, kpool=1, max_pools=keys,
+            out=out, validate=False,
+        )  # fmt: skip  # the windows checked above; the table and offsets are this call's own
     except (ValueError, TypeError) as error:
         raise _renamed(error, _FLAT_NAMES) from None
     below = torch.arange(keys, device=device)[None, :] < starts[:, None]

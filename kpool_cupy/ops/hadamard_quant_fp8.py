@@ -43,9 +43,7 @@ def check_hadamard_quant_fp8_args(a: CallArgs) -> HadamardQuantFp8Call:
     check_target(head_dim, out=a.out, out_scale=a.out_scale)
     if a.out is not None and a.out.shape[0] != rows:
         raise fail("out", f"shape [{rows}, {head_dim}] (x's rows)", f"shape {tuple(a.out.shape)}")
-    values = values_dtype(a.out_dtype)
-    if a.out is not None and a.out_dtype is not None:  # out is read as its bytes here: its own dtype stands
-        raise fail("out_dtype", "None with out (out's own dtype types the values)", dtype_name(values))
+    values = values_dtype(a.out_dtype)  # with out, out is returned as given: its own dtype types the values
     return HadamardQuantFp8Call(rows, head_dim, np.dtype(a.x.dtype), bool(a.round_scale), values)
 
 

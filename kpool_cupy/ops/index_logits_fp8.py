@@ -125,7 +125,7 @@ def run(backend: Backend, call: IndexLogitsCall, a: dict[str, Any], *, validate:
             check_rows_and_cache(call.num_tokens, offsets, lengths)
         _, _, visible = token_visibility(offsets, lengths, call.num_tokens, call.kpool)  # as the kernel sees
         most = int(visible.max(initial=0))
-        t = int(np.argmax(visible))
+        t = int(np.argmax(visible)) if visible.size else 0  # the token an error names (none with no tokens)
         if max_pools is None:
             if most > MAX_POOLS:
                 wanted = f"lengths under which a token sees at most {MAX_POOLS} pools (pool ids are int32)"

@@ -73,8 +73,8 @@ def values_dtype(value: Any) -> np.dtype:
     if value is None:
         return UINT8
     try:
-        resolved = np.dtype(value) if value != "float8_e4m3fn" else FLOAT8_E4M3FN
-    except TypeError:
+        resolved = FLOAT8_E4M3FN if isinstance(value, str) and value == "float8_e4m3fn" else np.dtype(value)
+    except (TypeError, ValueError):  # not a dtype at all (an array, a tensor)
         resolved = None
     if resolved not in (UINT8, FLOAT8_E4M3FN):
         raise dtype_fail("out_dtype", "uint8 or float8_e4m3fn (e4m3fn bytes either way)", repr(value))
