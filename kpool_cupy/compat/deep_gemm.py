@@ -86,6 +86,18 @@ def _tensor(name: str, value: Any) -> torch.Tensor:
     return value
 
 
+def _query(q: Any, ndim: int, shape: str) -> torch.Tensor:
+    """q as a tensor or the newer releases' ``(values, None)``, of ``ndim`` dims."""
+    if isinstance(q, (tuple, list)):
+        if len(q) != 2 or q[1] is not None:
+            raise fail("q", "a tensor or (values, None) (per-token q scales are not taken)", f"a {type(q).__name__}")
+        q = q[0]
+    _tensor("q", q)
+    if q.ndim != ndim:
+        raise fail("q", f"a {ndim}-D tensor {shape}", f"shape {tuple(q.shape)}")
+    return q
+
+
 def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise fail(name, "a positive integer", repr(value))
@@ -153,13 +165,7 @@ def fp8_paged_mqa_logits(
     validate
         Read the lengths and the table back and check them (a host sync; not in a CUDA graph).
     """
-    if isinstance(q, (tuple, list)):
-        if len(q) != 2 or q[1] is not None:
-            raise fail("q", "a tensor or (values, None) (per-token q scales are not taken)", f"a {type(q).__name__}")
-        q = q[0]
-    _tensor("q", q)
-    if q.ndim != 4:
-        raise fail("q", "a 4-D tensor [B, next_n, H, D]", f"shape {tuple(q.shape)}")
+    q = _query(q, 4, "[B, next_n, H, D]")
     batch, next_n, heads, head_dim = q.shape
     lengths = _context_lens(context_lens, batch, next_n)
     _tensor("block_tables", block_tables)
@@ -235,13 +241,7 @@ def fp8_mqa_logits(
     validate
         Read the windows back and check them (a host sync; not in a CUDA graph).
     """
-    if isinstance(q, (tuple, list)):
-        if len(q) != 2 or q[1] is not None:
-            raise fail("q", "a tensor or (values, None) (per-token q scales are not taken)", f"a {type(q).__name__}")
-        q = q[0]
-    _tensor("q", q)
-    if q.ndim != 3:
-        raise fail("q", "a 3-D tensor [S, H, D]", f"shape {tuple(q.shape)}")
+    q = _query(q, 3, "[S, H, D]")
     tokens, _, head_dim = q.shape
     if not isinstance(kv, (tuple, list)) or len(kv) != 2:
         raise dtype_fail("kv", "a pair (values [N, D], scales [N])", type(kv).__name__)
