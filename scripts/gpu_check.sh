@@ -76,10 +76,10 @@ steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
     [precompile]=24      # 363 variants over 16 processes (9 s and 8 s on the H200 for 248, 11 s for 363; estimated from NVRTC here), and 19 sm_90a builds (9.0 s of NVRTC 12.9 serial on 2 cores)
-    [pytest-gpu]=40      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed; the backward's added since)
+    [pytest-gpu]=50      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed; the backward's added since, and on 2026-12-05 the DeepGEMM adapter's and a captured decode step's, whose dozen variants the manifest lacks: under 1 s of NVRTC each)
     [check]=50           # kpool-cupy check: compress and its backward on three and two dtypes, every other op on bfloat16 (16 runs: 18 s; 11: 15 s, 12 s); then scripts/gpu_index_check.py on three paths, not yet run on a GPU (estimated 25 s: its float64 references took 10 s on the 2-core CPU machine, a dozen NVRTC compiles, CuPy's start)
     [memcheck]=8         # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s, 3 s)
-    [bench]=169          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s); cut at 187 s in the last run (2026-12-04-h200-backward), so a run keeps what it measured before the cut
+    [bench]=159          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s); cut at 187 s in the last run (2026-12-04-h200-backward), so a run keeps what it measured before the cut
     [bench-compile]=50   # the quick sweep's three shapes with torch.compile, from a cold start (41 s and 24 s on the H200)
 )
 kill_after=2
