@@ -236,6 +236,27 @@ def test_table_shows_the_torch_op_host_cost_next_to_the_cupy_paths_or_why_not():
     assert "  through torch.ops.kpool.compress.out: torch has no CUDA device" in table(results)
 
 
+def test_table_lists_the_decode_steps_host_cost_per_op_with_the_empty_torch_ops():
+    results = _synthetic_results()
+    results["host"]["decode_step"] = [
+        {"op": "tail_update_fp8", "shape": "decode-64x1 8K h64 top512", "call_us_validate_off": 12.0,
+         "call_us_validate_on": 60.0, "bare_launch_us": 7.0, "overhead_over_bare_us": 5.0, "call_us_torch_op": 30.0,
+         "torch_op_over_cupy_us": 18.0, "empty_torch_op_us": 9.0},
+        {"op": "index_select_fp8", "shape": "decode-64x1 8K h64 top512", "call_us_validate_off": 15.0,
+         "call_us_validate_on": 70.0, "bare_launch": "no launch plan for this call's signature",
+         "torch_op": "torch has no CUDA device"},
+    ]  # fmt: skip
+    text = "\n".join(table(results))
+    assert "host per op of a decode step (decode-64x1 8K h64 top512, outputs and workspaces given):" in text
+    assert (
+        "tail_update_fp8" in text
+        and "off 12.0 us (+5.0 over bare), on 60.0 us; torch op +18.0 (an empty op 9.0)" in text
+    )
+    assert "off 15.0 us (no launch plan for this call's signature), on 70.0 us; torch op: torch has no CUDA device" in (
+        text
+    )
+
+
 def test_table_marks_nothing_when_every_method_is_the_same():
     results = _synthetic_results()
     for shape in results["shapes"]:

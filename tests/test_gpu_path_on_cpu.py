@@ -108,6 +108,14 @@ def test_bench_runs_end_to_end_on_the_double(tmp_path):
     assert why in ("torch has no CUDA device", "torch is not installed")
     assert all(s["implementations"]["torch.ops.kpool"] == {"skipped": why} for s in results["shapes"])
     assert host["torch_op"] == why and "call_us_torch_op" not in host
+    # The decode step's ops, each with the host record's keys; each hot call served by a plan, so a bare launch.
+    step = {r["op"]: r for r in host["decode_step"]}
+    assert set(step) == {"tail_update_fp8", "hadamard_quant_fp8", "index_select_fp8", "index_logits_fp8 + index_topk"}
+    for record in step.values():
+        assert record["call_us_validate_on"] > 0 and record["call_us_validate_off"] > 0 and record["bare_launch_us"] > 0
+        assert record["overhead_over_bare_us"] == record["call_us_validate_off"] - record["bare_launch_us"]
+        assert record["torch_op"] == why
+    assert "host per op of a decode step" in done.stdout
     assert f"  through torch.ops.kpool.compress.out: {why}" in done.stdout
 
 

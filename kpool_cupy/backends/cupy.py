@@ -146,6 +146,15 @@ def _takes_a_build(spec: OpSpec) -> bool:
     return takes
 
 
+def plan_key(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], ndarray: type) -> tuple[Any, ...] | None:
+    """The key of a call's launch plan (``cupy_plans.signature``, and the sm_90 build for the ops that take
+    one: a plan replays the build its first call chose), or None when it can have none."""
+    key = plans.signature(spec, arrays, options, ndarray)
+    if key is not None and _takes_a_build(spec):
+        key += (os.environ.get(SM90_BUILD_VARIABLE),)
+    return key
+
+
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     """A GPU call: its signature's plan when there is one (cupy_plans), the full path otherwise."""
     cupy = import_cupy()
@@ -155,9 +164,7 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     flat = spread(spec.operands, arrays)
     # A foreign stream is wrapped inside the arrays' device (on_device): the
     # full path. The current stream or a CuPy stream can take the plan.
-    key = plans.signature(spec, flat.arrays, options, cupy.ndarray)
-    if key is not None and _takes_a_build(spec):
-        key += (os.environ.get(SM90_BUILD_VARIABLE),)  # a plan replays the build its first call chose
+    key = plan_key(spec, flat.arrays, options, cupy.ndarray)
     if key is not None and (stream is None or isinstance(stream, cupy.cuda.Stream)):
         if stream is None:
             result = plans.replay(key, flat.arrays, cupy)

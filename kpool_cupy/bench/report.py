@@ -132,6 +132,7 @@ def table(results: dict[str, Any]) -> list[str]:
             )
         )  # fmt: skip
         lines.append(f"  device time of one CUDA-graph replay of the call: {host['graph_replay_us']:.2f} us")
+        lines.extend(_decode_step_host_lines(host.get("decode_step", [])))
     fp8_host = results.get("host_fp8_decode")
     if fp8_host:
         lines.append(
@@ -146,6 +147,24 @@ def table(results: dict[str, Any]) -> list[str]:
         )  # fmt: skip
     if empty:
         lines.append("x empty: kpool-cupy's median time over the empty kernel's, both by graph replay.")
+    return lines
+
+
+def _decode_step_host_lines(step: list[dict[str, Any]]) -> list[str]:
+    """The decode step's ops' host costs (bench.host_step), a line each: us a call validated and not, over the
+    bare launch, and torch's op over the CuPy call beside an empty torch op's cost."""
+    lines = [f"host per op of a decode step ({step[0]['shape']}, outputs and workspaces given):"] if step else []
+    for r in step:
+        bare = f"+{r['overhead_over_bare_us']:.1f} over bare" if "overhead_over_bare_us" in r else r["bare_launch"]
+        torch_op = (
+            f"torch op +{r['torch_op_over_cupy_us']:.1f} (an empty op {r['empty_torch_op_us']:.1f})"
+            if "torch_op_over_cupy_us" in r
+            else f"torch op: {r['torch_op']}"
+        )
+        lines.append(
+            f"  {r['op']:<30} off {r['call_us_validate_off']:.1f} us ({bare}), on {r['call_us_validate_on']:.1f} us;"
+            f" {torch_op}"
+        )
     return lines
 
 

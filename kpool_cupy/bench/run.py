@@ -14,6 +14,7 @@ from ..dtypes import element_dtype
 from .backward import run_backward
 from .empty import bench_empty_kernel, over_empty
 from .fp8 import run_fp8
+from .host_step import decode_step_host_costs
 from .impls import IMPLEMENTATIONS, capture_refusal, torch_op_call, torch_stream_of_cupy, torch_unavailable
 from .index import run_index
 from .inputs import InputSet, make_input_sets
@@ -217,7 +218,9 @@ def run_sweep(
     results: dict[str, Any] = {"numpy": np.__version__, "complete": False}
     repeats = min(samples, HOST_REPEATS)
     clock = _WallClock()
-    results["host"] = clock.stamp(host_costs(sweep()[0], repeats=repeats))
+    results["host"] = host_costs(sweep()[0], repeats=repeats)
+    results["host"]["decode_step"] = decode_step_host_costs(repeats=repeats, quick=quick)
+    clock.stamp(results["host"])
     checkpoint(results)
     if decode_side or fp8:
         results["empty_kernel"] = clock.stamp(bench_empty_kernel(samples))
