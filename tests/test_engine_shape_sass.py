@@ -98,7 +98,25 @@ def test_the_report_sizes_each_launch_as_the_ops_do(monkeypatch):
     slots = np.arange(requests, dtype=np.int32)
     decode = _launched_blocks(monkeypatch, lambda: reference.kpool_tail_update_fp8(tail, k, k, ape, positions, slots))
     assert decode == {launch_geometry("tail_update_fp8", head_dim).block}, decode
-    flat = k.reshape(-1, head_dim)[:4096]
-    offsets = np.array([0, 4096], np.int32)
+    flat = k.reshape(-1, head_dim)  # 8,192 tokens: 2,048 pools fill 128 blocks (fewer spread over about 128)
+    offsets = np.array([0, 8192], np.int32)
     prefill = _launched_blocks(monkeypatch, lambda: reference.kpool_compress(flat, flat, ape, offsets, offsets[:1]))
     assert prefill == {launch_geometry("compress", head_dim).block}, prefill
+
+
+def test_a_short_prefill_spreads_its_pools_over_about_128_blocks(monkeypatch):
+    # prefill-1x4096 (1,024 pools) took 64 blocks of 256 threads: half an H200's SMs idle, and MAX's geometry (a
+    # block a pool) 1.17x faster in the same record. It now takes 128 blocks of 128 threads, whole warps.
+    seen = []
+    original = ReferenceBackend.launch
+
+    def launch(self, launch):
+        seen.append((launch.geometry.grid, launch.geometry.block))
+        return original(self, launch)
+
+    monkeypatch.setattr(ReferenceBackend, "launch", launch)
+    rng = np.random.default_rng(1)
+    k = rng.standard_normal((4096, 128)).astype(BF16)
+    ape = rng.standard_normal((4, 128)).astype(np.float32)
+    reference.kpool_compress(k, k, ape, np.array([0, 4096], np.int32), np.array([0], np.int32))
+    assert seen == [(128, 128)], seen

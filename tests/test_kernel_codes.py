@@ -64,13 +64,13 @@ def test_the_split_ring_launch_bound_holds_every_block_group_geometry_makes():
     assert group_block_bound(128) == 256 and group_block_bound(MAX_HEAD_DIM) == MAX_HEAD_DIM // 8
 
 
-def test_the_decode_geometry_spreads_small_batches_in_whole_warps_under_the_launch_bound():
-    from kpool_cupy.kernel.geometry import decode_geometry
+def test_the_spread_geometry_spreads_small_batches_in_whole_warps_under_the_launch_bound():
+    from kpool_cupy.kernel.geometry import spread_geometry
 
     for head_dim in range(8, MAX_HEAD_DIM + 1, 8):
         lanes = head_dim // 8
         for requests in (1, 2, 63, 64, 512, 513, 100_000):
-            g = decode_geometry(head_dim, requests)
+            g = spread_geometry(head_dim, requests)
             groups = g.block // lanes
             assert g.block % lanes == 0 and g.items == g.grid * groups >= requests > g.items - groups, (head_dim, g)
             assert g.block <= group_block_bound(head_dim), (head_dim, requests, g)  # tail update's launch bound
@@ -78,7 +78,7 @@ def test_the_decode_geometry_spreads_small_batches_in_whole_warps_under_the_laun
                 assert g.block % 32 == 0, (head_dim, requests, g)  # whole warps: the FP8 shuffles name all 32
     # The engines' decode shape (head_dim 128): blocks on at least 16 SMs at
     # 64 requests and 128 at 512 (group_geometry's 256-thread blocks gave 4 and 32).
-    assert [decode_geometry(128, b).grid for b in (1, 64, 512)] == [1, 32, 128]
+    assert [spread_geometry(128, b).grid for b in (1, 64, 512)] == [1, 32, 128]
 
 
 def test_the_block_size_limit_is_the_launch_bound():

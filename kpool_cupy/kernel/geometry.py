@@ -58,17 +58,18 @@ def group_geometry(head_dim: int, groups: int) -> LaunchGeometry:
 DECODE_BLOCKS = 128
 
 
-def decode_geometry(head_dim: int, requests: int) -> LaunchGeometry:
-    """The decode step's blocks (tail update): ``group_geometry``'s groups, but as few per block as spread
-    ``requests`` over about DECODE_BLOCKS blocks, down to one warp (a group that fills a warp or more: one
-    group). A warp stays whole where groups are a power-of-two count of lanes, as the FP8 epilogue's
-    whole-warp shuffles need; never more groups than ``group_geometry`` puts in a block."""
+def spread_geometry(head_dim: int, groups: int) -> LaunchGeometry:
+    """``group_geometry``'s groups (the decode step's requests, compress's pools), but as few per block as
+    spread ``groups`` over about DECODE_BLOCKS blocks, down to one warp (a group that fills a warp or more:
+    one group). A warp stays whole where groups are a power-of-two count of lanes, as the FP8 epilogue's
+    whole-warp shuffles need; never more groups than ``group_geometry`` puts in a block. Few groups then
+    reach about every SM, where ``group_geometry``'s full blocks would leave most of them idle."""
     lanes = head_dim // CHANNELS_PER_THREAD
     most = max(1, TARGET_THREADS_PER_BLOCK // lanes)
     warp = max(1, 32 // lanes)  # the groups one warp holds (all of it where lanes is a power of two)
-    wanted = -(-requests // DECODE_BLOCKS)
+    wanted = -(-groups // DECODE_BLOCKS)
     groups_per_block = min(most, max(warp, -(-wanted // warp) * warp))
-    grid = -(-requests // groups_per_block)
+    grid = -(-groups // groups_per_block)
     return LaunchGeometry(grid=grid, block=lanes * groups_per_block, items=grid * groups_per_block)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel.declarations import COMPRESS, COMPRESS_FP8
-from ..kernel.geometry import group_geometry
+from ..kernel.geometry import spread_geometry
 from .families.destinations import Destination, into_pooled_rows, launch_template, returned
 from .families.fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .families.pooling import (
@@ -79,7 +79,8 @@ def pool_into(backend: Backend, call: CompressCall, a: dict[str, Any], *, valida
         a = a | {"pool_row_offsets": pools}
         values = pooling_values(call, a) | to.launch_values(a)
         template = launch_template(pooling_template(call, a), to, a)
-        backend.launch(Launch(to.kernel, template, values, group_geometry(call.head_dim, covered), a))
+        # Few pools (a short prefill) spread over about every SM, as the decode step's requests are.
+        backend.launch(Launch(to.kernel, template, values, spread_geometry(call.head_dim, covered), a))
     return returned(to, a)
 
 

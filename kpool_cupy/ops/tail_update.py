@@ -10,7 +10,7 @@ import numpy as np
 from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name, signed_index
 from ..kernel import codes
 from ..kernel.declarations import TAIL_UPDATE, TAIL_UPDATE_FP8
-from ..kernel.geometry import LARGE_BATCH, decode_geometry
+from ..kernel.geometry import LARGE_BATCH, spread_geometry
 from .families.destinations import Destination, into_pooled_rows, launch_template, returned
 from .families.fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .families.fp8_target import check_rotation_head_dim
@@ -184,7 +184,7 @@ def pool_into(backend: Backend, call: TailUpdateCall, a: dict[str, Any], *, vali
         values = step_values(call, a) | to.launch_values(a) | {"closed": a["closed"]}
         values["pools_per_request"] = call.pools_per_request
         template = launch_template(step_template(call, a), to, a)
-        backend.launch(Launch(to.kernel, template, values, decode_geometry(call.head_dim, call.requests), a))
+        backend.launch(Launch(to.kernel, template, values, spread_geometry(call.head_dim, call.requests), a))
     return returned(to, a, a["closed"])
 
 
@@ -217,7 +217,7 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     kernel=TAIL_UPDATE,
-    large_launch=lambda head_dim: decode_geometry(head_dim, LARGE_BATCH),
+    large_launch=lambda head_dim: spread_geometry(head_dim, LARGE_BATCH),
     example=example,
 )
 
