@@ -155,3 +155,33 @@ def test_lengths_that_count_the_step_are_refused_naming_cache_lengths(spare_colu
     ):
         with pytest.raises(ValueError, match=r"^Invalid cache_block_table: .*cache_lengths counts each request's"):
             call()
+
+
+def test_deep_gemms_cache_takes_a_launch_plan_on_the_gpu_path():
+    # The kernel reads the 3-D view of the caller's 4-D cache; a plan passes the caller's array in its place (the
+    # same pointer), so a hot call with it replays one launch like the 3-D cache's (on the CuPy double).
+    from double import run_on_double
+
+    script = """
+import numpy as np, cupy
+import kpool_cupy
+from kpool_cupy import emulate
+from kpool_cupy.backends import cupy_plans
+from kpool_cupy.ops.framework.examples import example_batch
+
+q, weights, cache, table, offsets, lengths = example_batch().scoring
+cache4 = cupy.asarray(cache.reshape(cache.shape[0], cache.shape[1], 1, cache.shape[2]))
+args = [cupy.asarray(a) for a in (q, weights)] + [cache4] + [cupy.asarray(a) for a in (table, offsets, lengths)]
+want = emulate.kpool_index_logits_fp8(q, weights, cache, table, offsets, lengths, kpool=2)
+out = cupy.empty(want.shape, cupy.float32)
+for seed in range(3):
+    got = kpool_cupy.kpool_index_logits_fp8(*args, kpool=2, max_pools=want.shape[1], out=out, validate=False)
+    assert got is out and np.array_equal(np.asarray(out), want)
+    out[...] = 0
+assert len(cupy_plans._plans) == 1, cupy_plans._plans.keys()
+key, = cupy_plans._plans
+assert cupy_plans.replay(key, tuple(args) + (out,), cupy) is not cupy_plans.MISS
+print("ok")
+"""
+    done = run_on_double(script, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]

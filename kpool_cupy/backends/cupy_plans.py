@@ -81,6 +81,18 @@ def extent(array: Any) -> tuple[int, int]:
     return (low, high)
 
 
+def _same_start(view: Any, array: Any) -> bool:
+    """Whether ``view`` is a view of ``array`` that starts where it does: the same pointer to a kernel (which
+    takes a pointer and its sizes as values), so a replay may pass ``array`` in its place."""
+    base = getattr(view, "base", None)
+    return (
+        array is not None
+        and base is not None
+        and (base is array or base is getattr(array, "base", None))
+        and view.data.ptr == array.data.ptr
+    )
+
+
 def make_plan(
     arrays: tuple[Any, ...], writes: tuple[bool, ...], launch: Launch, function: Any, device_id: int, result: Any
 ) -> LaunchPlan | None:
@@ -99,6 +111,11 @@ def make_plan(
     slots, constants = [], []
     for argument in launch.arguments:
         owner = next((i for i, array in enumerate(arrays) if array is not None and argument is array), -1)
+        if owner < 0:  # an engine form read through a view (DeepGEMM's 4-D cache): the kernel takes its pointer
+            starts = [i for i, array in enumerate(arrays) if _same_start(argument, array)]
+            if len(starts) > 1:  # which operand it stands for is not known: no plan
+                return None
+            owner = starts[0] if starts else -1
         if owner < 0 and hasattr(argument, "shape") and getattr(argument, "ndim", 0) > 0:
             return None
         slots.append(owner)
