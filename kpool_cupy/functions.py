@@ -93,6 +93,7 @@ def kpool_compress(
     validate: bool = True,
     out_dtype: Any = None,
     rotate: bool = False,
+    total_pools: int | None = None,
     **backend_options: Unpack[BackendOptions],
 ) -> Result:
     """Pool each complete k-pool of a ragged batch into one key, on the GPU.
@@ -139,6 +140,15 @@ def kpool_compress(
         pool: the keys of a bf16 cache that an engine scores with rotated
         queries (:func:`hadamard_quant_fp8`'s rotation). head_dim must be a
         power of two from 8 to 256.
+    total_pools
+        The rows of the new result, where the caller knows them (an engine
+        holds its lengths on the host): no device read sizes it, so with
+        ``pool_row_offsets`` and ``validate=False`` the call neither syncs nor
+        allocates anything but the result, and a training step through
+        ``kpool_cupy.torch`` can be captured in a CUDA graph. At least the
+        pools the call builds (a ValueError with ``validate=True``; without it
+        the pools past it are dropped); rows past the pools are zero. Ignored
+        with ``out``.
     stream
         A ``cupy.cuda.Stream``, a raw handle, or anything with
         ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.
@@ -151,7 +161,7 @@ def kpool_compress(
     """
     return call_backend(
         (k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out),
-        {"validate": validate, "out_dtype": out_dtype, "rotate": rotate},
+        {"validate": validate, "out_dtype": out_dtype, "rotate": rotate, "total_pools": total_pools},
         backend_options,
     )
 

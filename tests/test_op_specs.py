@@ -120,9 +120,11 @@ def test_a_keyword_added_to_a_spec_and_its_def_reaches_every_backend():
     scaled = dataclasses.replace(COMPRESS, parameters=(*COMPRESS.parameters, Option("scale", "float", 1.0)), run=run)
 
     def kpool_compress(k, gate, ape, input_row_offsets, cache_lengths, *, pool_row_offsets=None, out=None,
-                       validate=True, out_dtype=None, rotate=False, scale=1.0, **backend_options):  # fmt: skip
+                       validate=True, out_dtype=None, rotate=False, total_pools=None, scale=1.0,
+                       **backend_options):  # fmt: skip
         arrays = (k, gate, ape, input_row_offsets, cache_lengths, pool_row_offsets, out)
-        options = {"validate": validate, "out_dtype": out_dtype, "rotate": rotate, "scale": scale}
+        options = {"validate": validate, "out_dtype": out_dtype, "rotate": rotate, "total_pools": total_pools,
+                   "scale": scale}  # fmt: skip
         return call_backend(arrays, options, backend_options)
 
     for binding in BINDINGS:

@@ -32,12 +32,14 @@ from .families.pooling import (
 )
 from .framework.checks import (
     check_index,
+    check_integer,
     check_out,
     check_out_dtype,
+    fail,
 )
 from .framework.examples import Example, ExampleBatch
 from .framework.operands import OUT_DTYPE, ROTATE
-from .framework.spec import VALIDATE, Backend, CallArgs, Gradient, Launch, Operand, OpSpec, OutputShape
+from .framework.spec import VALIDATE, Backend, CallArgs, Gradient, Launch, Operand, OpSpec, Option, OutputShape
 
 
 def check_compress_args(a: CallArgs) -> CompressCall:
@@ -46,20 +48,35 @@ def check_compress_args(a: CallArgs) -> CompressCall:
     if a.pool_row_offsets is not None:
         check_index("pool_row_offsets", a.pool_row_offsets, batch + 1)
     check_out(a.out, head_dim, ">= total_pools")
+    given = getattr(a, "total_pools", None)  # kpool_compress's own option (not the FP8 form's)
+    if given is not None:
+        check_total_pools(given)
     return CompressCall(
         **token_fields(a, head_dim, kpool, batch),
         out_dtype=check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype)),
         rotate=bool(a.rotate),
+        given_pools=None if given is None else int(given),
     )
 
 
-def output_shapes(call: CompressCall, total_pools: int) -> dict[str, OutputShape]:
-    return {"out": ((total_pools, call.head_dim), call.out_dtype)}
+def check_total_pools(total_pools: Any) -> None:
+    check_integer("total_pools", total_pools, 0)
+
+
+def output_shapes(call: CompressCall, total_pools: int | None) -> dict[str, OutputShape]:
+    """``total_pools``: the count the data decided; None where the call stated it (``call.given_pools``)."""
+    return {"out": ((call.given_pools if total_pools is None else total_pools, call.head_dim), call.out_dtype)}
+
+
+def pools_to_size(call: CompressCall) -> int | None:
+    """The most rows a result can take from the data; None where the call states them (``total_pools``)."""
+    return None if call.given_pools is not None else most_pools(call)
 
 
 def pool_into(backend: Backend, call: CompressCall, a: dict[str, Any], *, validate: bool, to: Destination) -> Any:
     """Validate, find the pool row offsets, size the outputs, cover the pools, launch the family's kernel that
     writes to ``to``; what kpool_compress and kpool_compress_fp8 both run."""
+    stated = call.given_pools if to.allocates(a) else None  # total_pools sizes a result the call makes
     pools, total_pools, checked = find_pools(
         backend,
         call,
@@ -68,11 +85,17 @@ def pool_into(backend: Backend, call: CompressCall, a: dict[str, Any], *, valida
         a["pool_row_offsets"],
         a["out"],
         validate=validate,
-        sized=to.allocates(a),
+        sized=to.allocates(a) and stated is None,
     )
     if checked is not None:
         to.check_landing(backend, a, lambda: pool_owners(*checked, call.kpool))
-    to.allocate(backend, a, (total_pools or 0, call.head_dim), zeroed=False)
+    if stated is not None:
+        if total_pools is not None and total_pools > stated:
+            raise fail("total_pools", f"at least the {total_pools} pools the call builds", stated)
+        # The stated rows, no read of the count: zeroed, since rows past the pools built stay unwritten.
+        to.allocate(backend, a, (stated, call.head_dim), zeroed=True)
+    else:
+        to.allocate(backend, a, (total_pools or 0, call.head_dim), zeroed=False)
     room = to.room(a)
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, most_pools(call) if room is None else room)
     if covered > 0:
@@ -107,7 +130,8 @@ accumulate
 """
 
 OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
-PARAMETERS = (*POOLING_INPUTS, OUT, VALIDATE, OUT_DTYPE, ROTATE)
+TOTAL_POOLS = Option("total_pools", "int | None", None, check=check_total_pools)
+PARAMETERS = (*POOLING_INPUTS, OUT, VALIDATE, OUT_DTYPE, ROTATE, TOTAL_POOLS)
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 
@@ -125,7 +149,7 @@ SPEC = OpSpec(
     DOCS,
     output_shapes,
     extras={"reference": (ACCUMULATE,)},
-    dynamic_sizes={"total_pools": most_pools},
+    dynamic_sizes={"total_pools": pools_to_size},
     kernel=COMPRESS,
     # Named, not imported: a leaf op never imports another (the torch registry finds it by name).
     gradient=Gradient("kpool_compress_backward", ("k", "gate", "ape"), ("grad_pooled",), refused=("rotate",)),

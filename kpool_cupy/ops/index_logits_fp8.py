@@ -151,7 +151,8 @@ REFERENCE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8` in NumPy: exact e4m
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
 MAX_POOLS_OPTION = Option("max_pools", "int | None", None, check=check_max_pools)
-LOGITS_OUT = Operand("out", "[num_tokens, max_pools] float32", True, True, rows_of="", dtype="float32")
+# Written whole: a logit where a token sees the pool, -inf past its pools.
+LOGITS_OUT = Operand("out", "[num_tokens, max_pools] float32", True, True, rows_of="", dtype="float32", filled="always")
 PARAMETERS = (*SCORING_PARAMETERS, MAX_POOLS_OPTION, LOGITS_OUT, VALIDATE)
 
 

@@ -152,18 +152,21 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
             arrays, options = arguments(spec, given, to_cupy)
             named = dict(zip(spec.operand_names, arrays, strict=True))
-            # The outputs behind this overload's results (a cache replaces some).
-            keys = output_keys(spec, overload.results) if not spec.dynamic_sizes else ()
+            # The outputs behind this overload's results (a cache replaces some), where the call's sizes are
+            # known without the data (an op whose sizes the data decides may be told them: total_pools).
+            call = spec.describe(*arguments(spec, given, metadata)) if spec.dynamic_sizes else None
+            fixed = call is None or all(bound(call) is None for bound in spec.dynamic_sizes.values())
+            keys = output_keys(spec, overload.results) if fixed else ()
             outputs = tuple(o for o in given_outputs(spec) if o.name in keys)
             scratch = [o for o in spec.operands if o.scratch and named[o.name] is None] if spec.scratch_bytes else []
-            if outputs or scratch:
+            if (outputs or scratch) and call is None:
                 call = spec.describe(*arguments(spec, given, metadata))
             if outputs:
                 # Outputs from torch's allocator, zeroed as the op would unless
                 # it writes every element (Operand.filled): torch then owns them
                 # (record_stream, memory stats, graph pools). An output the call
                 # does not return (counts without compact) is empty.
-                shapes = spec.outputs(call)
+                shapes = spec.outputs(call, **dict.fromkeys(spec.dynamic_sizes))
                 made = {}
                 for output in outputs:
                     if output.name not in shapes:

@@ -37,8 +37,9 @@ from .fp8_target import (
     check_target,
 )
 
-# The plain op's options the FP8 form does not take: the epilogue fixes both.
-_PLAIN_ONLY = ("out_dtype", "rotate")
+# The plain op's options the FP8 form does not take: the epilogue fixes the first two; the last sizes a result
+# the FP8 form (no autograd) has no need to size.
+_PLAIN_ONLY = ("out_dtype", "rotate", "total_pools")
 
 
 @dataclass(frozen=True)

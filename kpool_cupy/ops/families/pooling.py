@@ -40,6 +40,7 @@ class CompressCall:
     gate_dtype: np.dtype
     out_dtype: np.dtype
     rotate: bool = False
+    given_pools: int | None = None  # kpool_compress's total_pools: the result's rows, stated by the caller
 
 
 def check_pooling_inputs(a: CallArgs) -> tuple[int, int, int]:
