@@ -147,8 +147,9 @@ def kpool_compress(
         allocates anything but the result, and a training step through
         ``kpool_cupy.torch`` can be captured in a CUDA graph. At least the
         pools the call builds (a ValueError with ``validate=True``; without it
-        the pools past it are dropped); rows past the pools are zero. Ignored
-        with ``out``.
+        the pools past it are dropped); rows past the pools are zero. With
+        ``out``, ``out`` holds the result (the count is still checked). At
+        most 2^31 - 1.
     stream
         A ``cupy.cuda.Stream``, a raw handle, or anything with
         ``__cuda_stream__`` or ``.cuda_stream``; default CuPy's current stream.

@@ -38,8 +38,8 @@ def test_stated_rows_hold_the_pools_then_zeros(backend):
     fewer = backend.kpool_compress(*args, total_pools=pools - 1, validate=False)  # the pools past it dropped
     np.testing.assert_array_equal(fewer.view(np.uint16), want[: pools - 1].view(np.uint16))
     out = np.zeros_like(want)
-    assert backend.kpool_compress(*args, out=out, total_pools=pools + 7) is out  # ignored with out
-    with pytest.raises(ValueError, match=r"^Invalid total_pools: expected a non-negative integer, got -1"):
+    assert backend.kpool_compress(*args, out=out, total_pools=pools + 7) is out  # out holds the result
+    with pytest.raises(ValueError, match=r"^Invalid total_pools: expected an integer in \[0, 2147483647\], got -1"):
         backend.kpool_compress(*args, total_pools=-1)
 
 
@@ -143,3 +143,42 @@ def test_a_training_steps_kernels_capture_with_stated_pools():
     pytest.importorskip("torch")
     done = run_on_double(_SCRIPT, timeout=TIMEOUT_S)
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-3000:] + done.stderr[-4000:]
+
+
+def test_torchs_cuda_path_names_total_pools_too():
+    # The hostile review: torch's CUDA kernel makes the stated rows itself and hands them over as out, and the
+    # refusal named out, which the caller never passed. It names total_pools as every other path does.
+    pytest.importorskip("torch")
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np, cupy
+        sys.path.insert(0, "tests")
+        import contextlib
+        import test_torch_ops as t
+        from kpool_cupy.ops.framework.examples import example_batch
+        from kpool_cupy.torch import kernels
+        from kpool_cupy.torch.schema import SPECS, overloads
+        from kpool_cupy.torch.tensors import to_numpy
+
+        kernels._torch_stream = lambda device: contextlib.nullcontext()
+        kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
+        spec = next(s for s in SPECS if s.name == "kpool_compress")
+        forward = kernels.cuda_kernel(spec, overloads(spec)[0])
+        b = example_batch()
+        try:
+            forward(*(t._tensor(a) for a in (b.k, b.gate, b.ape, b.offsets, b.lengths)), total_pools=0)
+        except ValueError as error:
+            print(error)
+        """
+    )
+    done = run_on_double(script, timeout=TIMEOUT_S)
+    assert done.returncode == 0 and "Invalid total_pools: expected at least the" in done.stdout, (
+        done.stdout[-2000:] + done.stderr[-3000:]
+    )
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.__name__.rpartition(".")[2])
+def test_a_count_past_int32_pool_ids_is_refused_by_name(backend):
+    with pytest.raises(ValueError, match=r"^Invalid total_pools: expected an integer in \[0, 2147483647\]"):
+        backend.kpool_compress(*_call(), total_pools=2**40)

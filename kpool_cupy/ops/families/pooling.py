@@ -138,6 +138,8 @@ def find_pools(
         host = backend.host_copies(given)
         pools_host = check_offset_values(call, host[0], host[1], host[2] if len(host) > 2 else None)
         total_pools = int(pools_host[-1])
+        if call.given_pools is not None and call.given_pools < total_pools:  # stated, with out or without
+            raise fail("total_pools", f"at least the {total_pools} pools the call builds", call.given_pools)
         if out is not None and out.shape[0] < total_pools:
             raise fail("out", f"at least {total_pools} rows (total_pools)", f"{out.shape[0]} rows")
         pools = pool_row_offsets if pool_row_offsets is not None else backend.from_host(pools_host)
