@@ -100,7 +100,7 @@ def sweep_launches(work: Path, timeout: int = 3600) -> set[Variant]:
 def run_sweep_once() -> None:
     """The full sweep with every timing loop cut to ``SPOT_SETS`` calls (kernel variants do not depend on how
     often a call repeats); run inside the double."""
-    from kpool_cupy.bench import run, tail_fp8, timing
+    from kpool_cupy.bench import host_step, run, tail_fp8, timing
     from kpool_cupy.bench.impls import IMPLEMENTATIONS
     from kpool_cupy.bench.shapes import sweep
 
@@ -114,8 +114,13 @@ def run_sweep_once() -> None:
         return 1.0
 
     timing.device_times = once
-    run.host_call_microseconds = tail_fp8.host_call_microseconds = host_once
+    run.host_call_microseconds = tail_fp8.host_call_microseconds = host_step.host_call_microseconds = host_once
     run.graph_replay_milliseconds = lambda call, replays=1: host_once(call)
+    # The decode step's host records at the quick step: the full one's scorer and selections take minutes a call
+    # on the emulator, and launch the same variants (head_dim 128, the 512-entry buffer every pool_topk up to
+    # 512 takes, the same index types and alignment).
+    full = host_step.decode_step_host_costs
+    run.decode_step_host_costs = lambda repeats=1, quick=False: full(repeats, quick=True)
     chosen = [name for name in IMPLEMENTATIONS if name != "torch-compile"]  # as gpu_check.sh's bench step
     # The scorer's records are left out: their inputs reach gigabytes (128K tokens of context at 512 requests),
     # and every one launches the variant the smoke run's quick records launch (head_dim 128, e4m3, every
