@@ -191,38 +191,26 @@ struct Fp8Sink {
     // The value row and scale of output row `row`, pool `pool` of request
     // `request`: false when they go nowhere. Every index may be garbage when
     // the caller skipped validation; each is checked before it forms an
-    // address, so nothing outside the arrays is touched. In two halves:
-    // locate checks what needs no loaded value and issues the one load of
-    // the destination (a slot, or a block-table entry) into *found, as
-    // loaded (widened where it is used, not where the load issues); address
-    // checks it and forms the row's addresses. A writer issues the pool's
-    // own loads between the two, so none of them waits for the destination.
-    __device__ __forceinline__ bool locate(long long row, long long request, long long pool, ID* found) const {
+    // address, so nothing outside the arrays is touched.
+    __device__ __forceinline__ bool place(long long row, long long request, long long pool,
+                                          unsigned char** value_row, float** scale) const {
         if constexpr (TARGET == kFp8Rows) {
-            return row >= 0 && row < rows;
-        } else if constexpr (TARGET == kFp8Slots) {
-            if (row < 0 || row >= destination_rows) return false;
-            *found = destinations[row];
-            return true;
-        } else {
-            if (request < 0 || request >= destination_rows || pool < 0) return false;
-            const long long block = pool / block_size;
-            if (block >= destination_columns) return false;
-            *found = destinations[request * destination_stride + block];
-            return true;
-        }
-    }
-    __device__ __forceinline__ bool address(long long row, ID found, long long pool, unsigned char** value_row,
-                                            float** scale) const {
-        if constexpr (TARGET == kFp8Rows) {
+            if (row < 0 || row >= rows) return false;
             *value_row = values + row * stride;
             *scale = scales + row;
             return true;
         } else {
-            long long slot = static_cast<long long>(found);
-            if constexpr (TARGET != kFp8Slots) {
-                if (slot < 0 || slot >= rows) return false;  // the block-table entry: a page
-                slot = slot * block_size + pool % block_size;  // < rows * block_size: no overflow
+            long long slot;
+            if constexpr (TARGET == kFp8Slots) {
+                if (row < 0 || row >= destination_rows) return false;
+                slot = load_index(destinations, row);
+            } else {
+                if (request < 0 || request >= destination_rows || pool < 0) return false;
+                const long long block = pool / block_size;
+                if (block >= destination_columns) return false;
+                const long long entry = load_index(destinations, request * destination_stride + block);
+                if (entry < 0 || entry >= rows) return false;
+                slot = entry * block_size + pool % block_size;  // < rows * block_size: no overflow
             }
             if (slot < 0 || slot / block_size >= rows) return false;
             unsigned char* const page = values + (slot / block_size) * stride;
@@ -231,11 +219,6 @@ struct Fp8Sink {
             *scale = reinterpret_cast<float*>(page + block_size * HEAD_DIM) + entry;
             return true;
         }
-    }
-    __device__ __forceinline__ bool place(long long row, long long request, long long pool,
-                                          unsigned char** value_row, float** scale) const {
-        ID found{};
-        return locate(row, request, pool, &found) && address(row, found, pool, value_row, scale);
     }
 };
 
@@ -310,10 +293,9 @@ __device__ __forceinline__ void write_fp8_row(unsigned char* value_row, float* s
 
 // Where a pooling kernel's pools go (compress, ring close, tail update, and
 // their FP8 forms): writer.prepare(row, request, pool_id) once the pool is
-// known, before its loads (false: it goes nowhere; the FP8 writer issues the
-// load of its slot or block-table entry there, and neither the pooling nor
-// its loads wait for it), then writer.write(row, channel, write, result)
-// after it (write false, or a destination that turns out to be nowhere: the
+// known, before its loads (false: it goes nowhere; the FP8 writer reads its
+// slot or block-table entry there, and the pooling does not wait for it),
+// then writer.write(row, channel, write, result) after it (write false: the
 // lanes meet the warp's shuffles and store nothing).
 
 // The pool itself, rounded once to OT, at pooled + row * row_stride (ROTATE:
@@ -331,28 +313,21 @@ struct PooledRowWriter {
 };
 
 // The pool's FP8 bytes and scale, where the sink places it (kp::write_fp8_row).
-// prepare issues the destination's load (Fp8Sink::locate); write checks it
-// and forms the addresses (Fp8Sink::address), after the pool's loads.
 template <int HEAD_DIM, int TARGET, typename ID, bool ROUND_SCALE, bool VECTOR>
 struct Fp8RowWriter {
     const Fp8Sink<HEAD_DIM, TARGET, ID>& sink;
     unsigned char* value_row;
     float* scale_address;
-    ID found{};  // the destination as loaded (a slot or a block-table entry; none for rows)
-    long long row = 0, pool = 0;
 
-    __device__ __forceinline__ bool prepare(long long row_id, long long request, long long pool_id) {
-        row = row_id;
-        pool = pool_id;
-        return sink.locate(row_id, request, pool_id, &found);
+    __device__ __forceinline__ bool prepare(long long row, long long request, long long pool_id) {
+        return sink.place(row, request, pool_id, &value_row, &scale_address);
     }
     __device__ __forceinline__ void write(long long, int channel, bool write,
                                           const float (&result)[kChannelsPerThread]) {
-        const bool placed = write && sink.address(row, found, pool, &value_row, &scale_address);
         float v[kChannelsPerThread];
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) v[i] = result[i];
-        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, placed, v);
+        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, write, v);
     }
 };
 
