@@ -14,6 +14,12 @@
 // block_table[b, p / block_size] * block_size + p % block_size, -1 for a
 // block past the table, a negative entry, or a slot past int32.
 //
+// A block writes a token's row (write_expanded_row): the token's request is
+// found once, by one warp, and each thread writes runs of kExpandRun
+// consecutive columns, one pool id and one table entry a run where kpool
+// and block_size let a run stay in one pool and one page. A row is at most
+// 2^31 - 1 columns wide (the host refuses wider), so a column is 32 bits.
+//
 // Every index read may be garbage when the caller skipped validation; each
 // is checked before it forms an address.
 #ifndef KPOOL_EXPAND_CUH
@@ -23,52 +29,313 @@
 
 namespace kp {
 
-// The request whose rows hold `token`, or -1 (no request, unusable rows, or
-// a cached length of 2^62 or more); *visible: the positions it sees,
-// cache_len + local + 1 (0 for -1).
+constexpr int kExpandThreads = 256;  // a block that writes rows (the selecting kernels' blocks too)
+constexpr int kExpandWarps = kExpandThreads / 32;
+constexpr int kExpandRun = 4;  // consecutive columns a thread writes together: 16 bytes
+constexpr int kExpandSpan = kExpandThreads * kExpandRun;  // columns a block writes in one pass
+// Levels of the request search one warp reads in one round trip: its 31 nodes, one a lane.
+constexpr int kSearchLevels = 5;
+
+// Exclusive prefix sum of `value` over the block's kExpandThreads threads in
+// thread order; *total: the sum over all. Every thread of the block calls it
+// together.
+__device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, unsigned int* total) {
+    __shared__ unsigned int warp_sums[kExpandWarps];
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
+    unsigned int inclusive = value;
+#pragma unroll
+    for (int delta = 1; delta < 32; delta *= 2) {
+        const unsigned int other = __shfl_up_sync(0xffffffffu, inclusive, delta);
+        if (lane >= delta) inclusive += other;
+    }
+    if (lane == 31) warp_sums[warp] = inclusive;
+    __syncthreads();
+    unsigned int before = 0, sum = 0;
+#pragma unroll
+    for (int w = 0; w < kExpandWarps; ++w) {
+        before += w < warp ? warp_sums[w] : 0u;
+        sum += warp_sums[w];
+    }
+    __syncthreads();  // warp_sums is free again for the next call
+    *total = sum;
+    return before + inclusive - value;
+}
+
+// The mid that node `node` (heap order: 1 the first step, 2 n + 1 after
+// going right from n, 2 n after going left) of kp::find_request's search
+// over [lo, hi] reads; false where no search reaches the node.
+__device__ __forceinline__ bool search_node_mid(int node, long long lo, long long hi, long long* mid) {
+    int depth = 0;
+    while ((node >> (depth + 1)) != 0) ++depth;
+    for (int bit = depth - 1; bit >= 0; --bit) {
+        if (lo >= hi) return false;
+        const long long m = lo + (hi - lo + 1) / 2;
+        if ((node >> bit) & 1)
+            lo = m;
+        else
+            hi = m - 1;
+    }
+    *mid = lo + (hi - lo + 1) / 2;
+    return lo < hi;
+}
+
+// kp::find_request then kp::request_rows for `item`, by the 32 lanes of a
+// warp together: each round reads the next kSearchLevels levels of the
+// search at once (a lane a node: the offset and the length at its mid, into
+// shared memory), then every lane walks them, so a batch of up to
+// 2^(2 kSearchLevels) requests costs two round trips where the search took
+// one a step. The walk takes exactly the search's steps (which mid a node
+// reads does not depend on the data), so garbage offsets land where
+// kp::find_request lands; the rows and length come from the steps' own
+// reads: offsets[lo] where the walk last went right, offsets[hi + 1] where
+// it last went left. The nodes pass through shared memory, not shuffles:
+// ptxas held the fused select to 128 registers, and spilled, around
+// shuffles in a loop only some warps run. batch > 0; one warp calls it.
 template <typename IO, typename IC>
-__device__ __forceinline__ long long expand_request(long long token, const IO* input_row_offsets,
-                                                    const IC* cache_lengths, long long batch, long long total_tokens,
-                                                    long long* visible) {
-    *visible = 0;
-    if (batch <= 0) return -1;
-    const long long candidate = find_request(input_row_offsets, batch, token);
-    long long row_begin, row_end, cached;
-    if (!request_rows(input_row_offsets, cache_lengths, candidate, total_tokens, &row_begin, &row_end, &cached) ||
-        token < row_begin || token >= row_end || cached >= (1LL << 62))
-        return -1;
-    *visible = cached + (token - row_begin) + 1;
-    return candidate;
+__device__ __forceinline__ bool warp_request_rows(const IO* offsets, const IC* lengths, long long batch,
+                                                  long long total_tokens, long long item, long long* request,
+                                                  long long* row_begin, long long* row_end, long long* cached) {
+    constexpr int kNodes = (1 << kSearchLevels) - 1;
+    __shared__ long long node_offset[kNodes], node_length[kNodes];
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    long long lo = 0, hi = batch - 1;
+    long long at_lo = load_index(offsets, 0), length_lo = load_index(lengths, 0);  // offsets[lo], lengths[lo]
+    long long above = load_index(offsets, batch);                                  // offsets[hi + 1]
+    while (lo < hi) {  // the same on every lane
+        long long mid;
+        if (lane < kNodes && search_node_mid(lane + 1, lo, hi, &mid)) {
+            node_offset[lane] = load_index(offsets, mid);
+            node_length[lane] = load_index(lengths, mid);
+        }
+        __syncwarp();
+        int node = 1;
+        for (int level = 0; level < kSearchLevels && lo < hi; ++level) {
+            const long long m = lo + (hi - lo + 1) / 2;
+            const long long value = node_offset[node - 1];
+            if (value <= item) {
+                lo = m;
+                at_lo = value;
+                length_lo = node_length[node - 1];
+                node = 2 * node + 1;
+            } else {
+                hi = m - 1;
+                above = value;
+                node = 2 * node;
+            }
+        }
+        __syncwarp();  // every lane has walked before the next round's nodes overwrite these
+    }
+    *request = lo;
+    *row_begin = at_lo;
+    *row_end = above;
+    *cached = length_lo;
+    return at_lo >= 0 && above <= total_tokens && at_lo <= above && length_lo >= 0;
 }
 
-// Position j of pool `pool`: pool * kpool + j, or -1 for a negative pool or
-// one whose last position would not fit int32 (kpool <= 1024: no product
-// here overflows, and no division: a run-time 64-bit one is a call).
-__device__ __forceinline__ long long pool_position(long long pool, long long j, long long kpool) {
-    return pool >= 0 && pool <= 2147483647LL && pool * kpool + (kpool - 1) <= 2147483647LL ? pool * kpool + j : -1;
+// What a token's row needs of its request: the request (-1: no request,
+// unusable rows, the token outside them, or a cached length of 2^62 or
+// more), and its tail: with visible = cache_len + local + 1 positions seen,
+// tail column i < tail_count holds tail_base + i, where tail_base = visible
+// - visible % kpool and tail_count = visible % kpool, less the columns whose
+// position would pass int32 (0 without a request).
+struct ExpandRow {
+    long long request;
+    int tail_base;
+    unsigned int tail_count;
+};
+
+// `token`'s ExpandRow, found by the block's first warp and read by every
+// thread; with `needed` false (no block table, no tail) nothing is read and
+// the row has no request. Every thread of the block calls it together.
+template <typename IO, typename IC>
+__device__ __forceinline__ ExpandRow block_expand_row(bool needed, long long token, const IO* input_row_offsets,
+                                                      const IC* cache_lengths, long long batch,
+                                                      long long total_tokens, long long kpool) {
+    __shared__ ExpandRow shared;
+    if (!needed || batch <= 0) return ExpandRow{-1, 0, 0u};
+    if (threadIdx.x < 32) {
+        long long request, row_begin, row_end, cached;
+        const bool rows = warp_request_rows(input_row_offsets, cache_lengths, batch, total_tokens, token, &request,
+                                            &row_begin, &row_end, &cached);
+        if (threadIdx.x == 0) {
+            ExpandRow row{-1, 0, 0u};
+            if (rows && token >= row_begin && token < row_end && cached < (1LL << 62)) {
+                const long long visible = cached + (token - row_begin) + 1;
+                const long long partial = visible % kpool;  // once a row: a run-time 64-bit division is a call
+                const long long base = visible - partial;
+                const long long room = base <= 2147483647LL ? 2147483648LL - base : 0;  // positions up to int32's
+                row.request = request;
+                row.tail_base = room > 0 ? static_cast<int>(base) : 0;
+                row.tail_count = static_cast<unsigned int>(partial < room ? partial : room);
+            }
+            shared = row;
+        }
+    }
+    __syncthreads();
+    const ExpandRow row = shared;
+    __syncthreads();  // shared is free again for the block's next row
+    return row;
 }
 
-// Tail column i of a token of `request` that sees `visible` positions, of
-// which `partial` = visible % kpool are past its last complete pool.
-__device__ __forceinline__ long long tail_position(long long request, long long visible, long long partial,
-                                                   long long i) {
-    if (request < 0) return -1;
-    const long long value = i < partial ? visible - partial + i : -1;
-    return value > 2147483647LL ? -1 : value;
+// Where a row's positions go: the token KV cache's block table (PAGED), and
+// the row's shape.
+struct ExpandTarget {
+    const int* block_table;
+    long long max_blocks, table_stride;
+    unsigned int block_size;
+    unsigned int width;         // columns of the row
+    unsigned int pool_columns;  // pool_topk * kpool: the columns before the tail's
+    unsigned int kpool;
+    long long max_pool;  // the largest pool id whose positions all fit int32
+    int max_entry;       // the largest table entry whose slots all fit int32
+    // Whether a run inside the pool columns lies in one pool and one page: kpool and (PAGED) block_size
+    // multiples of kExpandRun, as every run's first column is. One id and one table entry serve it then.
+    bool whole;
+};
+
+// kpool <= 1024, block_size <= 2^20 (the host's bounds), width < 2^31.
+template <bool PAGED>
+__device__ __forceinline__ ExpandTarget expand_target(const int* block_table, long long max_blocks,
+                                                      long long table_stride, long long block_size, long long width,
+                                                      long long pool_columns, long long kpool) {
+    const unsigned int size = PAGED ? static_cast<unsigned int>(block_size) : 1u;
+    const unsigned int per_pool = static_cast<unsigned int>(kpool);
+    return ExpandTarget{block_table,
+                        max_blocks,
+                        table_stride,
+                        size,
+                        static_cast<unsigned int>(width),
+                        static_cast<unsigned int>(pool_columns),
+                        per_pool,
+                        (2147483647u - (per_pool - 1)) / per_pool,
+                        static_cast<int>((2147483647u - (size - 1)) / size),
+                        per_pool % kExpandRun == 0 && (!PAGED || size % kExpandRun == 0)};
 }
 
-// A position's cache slot through `request`'s row of the block table (row b
-// at b * table_stride entries), -1 where there is none. Positions fit int32
-// and block_size <= 2^20, so the block is a 32-bit division.
-__device__ __forceinline__ long long paged_slot(long long value, long long request, const int* block_table,
-                                                long long max_blocks, long long table_stride, long long block_size) {
-    if (value < 0 || value > 2147483647LL) return -1;
-    const unsigned int size = static_cast<unsigned int>(block_size);
-    const unsigned int block = static_cast<unsigned int>(value) / size;
-    const long long entry = request >= 0 && block < max_blocks ? block_table[request * table_stride + block] : -1;
-    return entry >= 0 && entry * block_size + (block_size - 1) <= 2147483647LL
-               ? entry * block_size + (static_cast<unsigned int>(value) - block * size)
-               : -1;
+// A run of kExpandRun columns from `first`: the pool ids it reads, as
+// they are stored (ID: the ids' element type, widened by signed_index only
+// when they are looked at), then its values. `one`: a whole run inside the
+// pool columns, worked out from its first column.
+template <typename ID>
+struct ExpandRun {
+    unsigned int first;
+    bool one;
+    ID pool[kExpandRun];    // each pool column's id as read (-1 as ID: none; a whole run: pool[0] only)
+    int value[kExpandRun];  // -1 past the width
+};
+
+// Reads the run's pool ids, pool_of(slot) (-1: no pool), and nothing else:
+// it needs no row, and no id is looked at before run_values, so a kernel
+// may issue these loads before its request search. A whole run reads one
+// id; any other run reads each pool column's, all issued together.
+template <typename ID, typename PoolOf>
+__device__ __forceinline__ void run_pools(ExpandRun<ID>& run, const ExpandTarget& t, PoolOf pool_of) {
+    run.one = t.whole && run.first + kExpandRun <= t.pool_columns;
+#pragma unroll
+    for (int r = 0; r < kExpandRun; ++r) {
+        const unsigned int c = run.first + r;
+        run.pool[r] = (r == 0 || !run.one) && c < t.pool_columns ? pool_of(c / t.kpool) : static_cast<ID>(-1);
+    }
+}
+
+// Column first + r's position before paging (-1: none): its pool's
+// position pool * kpool + c % kpool, -1 for a negative pool or one whose
+// last position would not fit int32; or the tail's.
+template <typename ID>
+__device__ __forceinline__ int run_position(const ExpandRun<ID>& run, int r, const ExpandRow& row,
+                                            const ExpandTarget& t) {
+    const unsigned int c = run.first + r;
+    if (c < t.pool_columns) {
+        const long long pool = signed_index(run.pool[r]);
+        return pool >= 0 && pool <= t.max_pool ? static_cast<int>(static_cast<unsigned int>(pool) * t.kpool + c % t.kpool)
+                                               : -1;
+    }
+    const unsigned int i = c - t.pool_columns;
+    return c < t.width && i < row.tail_count ? row.tail_base + static_cast<int>(i) : -1;
+}
+
+// The run's values: positions from its ids and the row, then (PAGED) each
+// position's slot, block_table[request, p / block_size] * block_size + p %
+// block_size (-1 for a block past the table, a negative entry, or one whose
+// slots pass int32), every table entry read before any is looked at. A
+// whole run reads one, and its values are consecutive (or all -1: one
+// pool, one page).
+template <bool PAGED, typename ID>
+__device__ __forceinline__ void run_values(ExpandRun<ID>& run, const ExpandRow& row, const ExpandTarget& t) {
+    const int columns = run.one ? 1 : kExpandRun;
+    int position[kExpandRun], entry[kExpandRun];
+    unsigned int block[kExpandRun];
+#pragma unroll
+    for (int r = 0; r < kExpandRun; ++r) {
+        position[r] = r < columns ? run_position(run, r, row, t) : -1;
+        block[r] = PAGED && position[r] >= 0 ? static_cast<unsigned int>(position[r]) / t.block_size : 0u;
+        entry[r] = PAGED && position[r] >= 0 && row.request >= 0 && block[r] < t.max_blocks
+                       ? t.block_table[row.request * t.table_stride + block[r]]
+                       : -1;
+    }
+#pragma unroll
+    for (int r = 0; r < kExpandRun; ++r) {
+        const unsigned int offset = static_cast<unsigned int>(position[r]) - block[r] * t.block_size;
+        run.value[r] = !PAGED ? position[r]
+                       : entry[r] >= 0 && entry[r] <= t.max_entry
+                           ? static_cast<int>(static_cast<unsigned int>(entry[r]) * t.block_size + offset)
+                           : -1;
+    }
+    if (run.one) {
+#pragma unroll
+        for (int r = 1; r < kExpandRun; ++r) run.value[r] = run.value[0] < 0 ? -1 : run.value[0] + r;
+    }
+}
+
+// Writes a run's values at out[first ..] (those below `end`): one 16-byte
+// store where the run is whole and aligned.
+template <typename ID>
+__device__ __forceinline__ void store_run(const ExpandRun<ID>& run, int* out, unsigned int end) {
+    int* const at = out + run.first;
+    if (run.first + kExpandRun <= end && (reinterpret_cast<unsigned long long>(at) & 15) == 0) {
+        uint4 v;  // the values' bits
+        v.x = static_cast<unsigned int>(run.value[0]);
+        v.y = static_cast<unsigned int>(run.value[1]);
+        v.z = static_cast<unsigned int>(run.value[2]);
+        v.w = static_cast<unsigned int>(run.value[3]);
+        kp_store16(at, v);
+        return;
+    }
+#pragma unroll
+    for (int r = 0; r < kExpandRun; ++r)
+        if (run.first + r < end) at[r] = run.value[r];
+}
+
+// Writes a whole row `out` by its runs: without COMPACT every column; with
+// COMPACT its valid entries packed left in column order, -1 after, their
+// number in *count (thread 0's). Every thread of the block calls it
+// together.
+template <bool PAGED, bool COMPACT, typename PoolOf>
+__device__ __forceinline__ void write_expanded_row(const ExpandRow& row, const ExpandTarget& t, PoolOf pool_of,
+                                                   int* out, int* count) {
+    ExpandRun<decltype(pool_of(0u))> run;
+    unsigned int kept = 0;
+    for (unsigned int base = 0; base < t.width; base += kExpandSpan) {
+        run.first = base + threadIdx.x * kExpandRun;
+        run_pools(run, t, pool_of);
+        run_values<PAGED>(run, row, t);
+        if (!COMPACT) {
+            if (run.first < t.width) store_run(run, out, t.width);
+            continue;
+        }
+        unsigned int valid = 0;
+#pragma unroll
+        for (int r = 0; r < kExpandRun; ++r) valid += run.value[r] >= 0 ? 1u : 0u;
+        unsigned int total;
+        unsigned int at = kept + block_exclusive_sum(valid, &total);
+#pragma unroll
+        for (int r = 0; r < kExpandRun; ++r)
+            if (run.value[r] >= 0) out[at++] = run.value[r];
+        kept += total;
+    }
+    if (!COMPACT) return;
+    for (unsigned int column = kept + threadIdx.x; column < t.width; column += kExpandThreads) out[column] = -1;
+    if (threadIdx.x == 0) *count = static_cast<int>(kept);
 }
 
 }  // namespace kp

@@ -43,29 +43,7 @@ __device__ __forceinline__ unsigned int order_key(float logit) {
     return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
-// Exclusive prefix sum of `value` over the block's threads in thread order;
-// *total: the sum over all. Every thread of the block calls it together.
-__device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, unsigned int* total) {
-    __shared__ unsigned int warp_sums[kSelectWarps];
-    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
-    unsigned int inclusive = value;
-#pragma unroll
-    for (int delta = 1; delta < 32; delta *= 2) {
-        const unsigned int other = __shfl_up_sync(0xffffffffu, inclusive, delta);
-        if (lane >= delta) inclusive += other;
-    }
-    if (lane == 31) warp_sums[warp] = inclusive;
-    __syncthreads();
-    unsigned int before = 0, sum = 0;
-#pragma unroll
-    for (int w = 0; w < kSelectWarps; ++w) {
-        before += w < warp ? warp_sums[w] : 0u;
-        sum += warp_sums[w];
-    }
-    __syncthreads();  // warp_sums is free again for the next call
-    *total = sum;
-    return before + inclusive - value;
-}
+static_assert(kSelectThreads == kExpandThreads, "a selecting block writes its row as an expanding one");
 
 // The shared buffer of candidates, ascending pool id: keys[i], ids[i] for
 // i < count. CAP: the largest k it serves (a multiple of kSelectThreads).
@@ -564,44 +542,18 @@ __device__ __forceinline__ void write_selection(const SelectBuffer<CAP>& buffer,
                                                 long long max_blocks, long long block_table_stride,
                                                 long long block_size, int* positions, long long width,
                                                 int* counts) {
-    long long visible_positions = 0;
-    const long long request =
-        expand_request(token, input_row_offsets, cache_lengths, batch, num_tokens, &visible_positions);
-    const long long visible = visible_positions;  // a copy the lambda takes by value: no local memory
-    const long long partial = visible % kpool;     // once a token: a run-time 64-bit division is a call
-    // Columns and kpool fit 32 bits (pool_topk <= 4096, kpool <= 1024): the slot is a 32-bit division.
-    const unsigned int pool_columns = static_cast<unsigned int>(pool_topk * kpool);
-    const unsigned int per_pool = static_cast<unsigned int>(kpool);
-    auto column_value = [&buffer, all, selected, request, visible, partial, pool_columns, per_pool, kpool,
-                         block_table, max_blocks, block_table_stride, block_size](long long column) -> long long {
-        const unsigned int c = static_cast<unsigned int>(column);
-        long long value;
-        if (c < pool_columns) {
-            const unsigned int slot = c / per_pool;
-            const long long pool = slot < selected ? (all ? slot : buffer.ids[slot]) : -1;
-            value = pool_position(pool, c - slot * per_pool, kpool);
-        } else {
-            value = tail_position(request, visible, partial, c - pool_columns);
-        }
-        return PAGED ? paged_slot(value, request, block_table, max_blocks, block_table_stride, block_size) : value;
-    };
-    int* const out = positions + token * width;
-    if (!COMPACT) {
-        for (long long column = threadIdx.x; column < width; column += kSelectThreads)
-            out[column] = static_cast<int>(column_value(column));
-        return;
-    }
-    long long kept = 0;
-    for (long long base = 0; base < width; base += kSelectThreads) {
-        const long long column = base + threadIdx.x;
-        const long long value = column < width ? column_value(column) : -1;
-        unsigned int total;
-        const long long at = kept + block_exclusive_sum(value >= 0 ? 1u : 0u, &total);
-        if (value >= 0) out[at] = static_cast<int>(value);
-        kept += total;
-    }
-    for (long long column = kept + threadIdx.x; column < width; column += kSelectThreads) out[column] = -1;
-    if (threadIdx.x == 0) counts[token] = static_cast<int>(kept);
+    // Columns and kpool fit 32 bits (pool_topk <= 4096, kpool <= 1024).
+    const ExpandTarget target =
+        expand_target<PAGED>(block_table, max_blocks, block_table_stride, block_size, width, pool_topk * kpool, kpool);
+    const ExpandRow row = block_expand_row(PAGED || width > pool_topk * kpool, token, input_row_offsets,
+                                           cache_lengths, batch, num_tokens, kpool);
+    const unsigned int chosen = static_cast<unsigned int>(selected);
+    write_expanded_row<PAGED, COMPACT>(
+        row, target,
+        [&buffer, all, chosen](unsigned int slot) -> int {
+            return slot < chosen ? (all ? static_cast<int>(slot) : buffer.ids[slot]) : -1;
+        },
+        positions + token * width, counts + token);
 }
 
 }  // namespace kp

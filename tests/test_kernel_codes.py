@@ -11,10 +11,12 @@ import pytest
 from kpool_cupy.kernel import codes
 from kpool_cupy.kernel.declarations import KERNELS, Kernel
 from kpool_cupy.kernel.geometry import (
+    EXPAND_SPAN,
+    EXPAND_THREADS,
     STREAM_BYTES,
     TARGET_THREADS_PER_BLOCK,
     WHOLE_POOL_BYTES,
-    flat_geometry,
+    expand_geometry,
     group_block_bound,
     group_geometry,
 )
@@ -50,6 +52,16 @@ def test_the_prefetch_sizes_are_the_headers():
     text = (kernels_dir() / "kpool_common.cuh").read_text()
     (whole, stream) = re.findall(r"kWholePoolBytes = (\d+), kStreamBytes = (\d+)", text)[0]
     assert (int(whole), int(stream)) == (WHOLE_POOL_BYTES, STREAM_BYTES)
+
+
+def test_the_expansion_block_is_the_headers():
+    text = (kernels_dir() / "kpool_expand.cuh").read_text()
+    threads = int(re.findall(r"kExpandThreads = (\d+);", text)[0])
+    run = int(re.findall(r"kExpandRun = (\d+);", text)[0])
+    assert (threads, threads * run) == (EXPAND_THREADS, EXPAND_SPAN)
+    # A span per row and EXPAND_SPAN columns without compact, one per row with it.
+    assert [expand_geometry(3, w, False).items for w in (1, 1024, 1025, 2051)] == [3, 3, 6, 9]
+    assert expand_geometry(3, 2051, True).items == 3
 
 
 def test_the_split_ring_launch_bound_holds_every_block_group_geometry_makes():
@@ -88,7 +100,7 @@ def test_the_block_size_limit_is_the_launch_bound():
     assert group_geometry(MAX_HEAD_DIM, 1).block == int(bound)  # the bound is no looser than it must be
     for head_dim in range(8, MAX_HEAD_DIM + 1, 8):
         assert group_geometry(head_dim, 10_000).block <= int(bound), head_dim
-    assert flat_geometry(10_000).block <= int(bound)
+    assert expand_geometry(10_000, 2051, False).block <= int(bound)
 
 
 def _index_positions(kernel: Kernel) -> list[int]:

@@ -69,9 +69,10 @@ def test_the_selection_reads_logits_16_bytes_at_a_time_and_spills_nothing_in_its
     opcodes = [i.opcode for i in instructions]
     first_vote = next(n for n, o in enumerate(opcodes) if o[0] == "VOTE")
     assert sum(o[0] == "LDG" and "128" in o for o in opcodes[:first_vote]) == TOPK_GROUPS
-    # 11 round trips on the longest path; 41 when a partial group's scalar loads each waited for the conversion of
-    # the one before (load_tile converts after every load now).
-    assert load_depth(machine.sass).depth <= 11
+    # 9 round trips on the longest path; 41 when a partial group's scalar loads each waited for the conversion of
+    # the one before (load_tile converts after every load now), 11 while the expansion's request search took a
+    # round trip a step (kp::warp_request_rows reads five steps at once).
+    assert load_depth(machine.sass).depth <= 9
 
 
 @pytest.mark.usefixtures("sass_tools")

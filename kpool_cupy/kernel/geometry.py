@@ -73,10 +73,21 @@ def spread_geometry(head_dim: int, groups: int) -> LaunchGeometry:
     return LaunchGeometry(grid=grid, block=lanes * groups_per_block, items=grid * groups_per_block)
 
 
-def flat_geometry(elements: int) -> LaunchGeometry:
-    """One thread per element, in blocks of TARGET_THREADS_PER_BLOCK (expand top-k)."""
-    grid = -(-elements // TARGET_THREADS_PER_BLOCK)
-    return LaunchGeometry(grid=grid, block=TARGET_THREADS_PER_BLOCK, items=grid * TARGET_THREADS_PER_BLOCK)
+# kp::kExpandThreads and kp::kExpandSpan (kernels/kpool_expand.cuh): a block writing expanded rows, and the columns
+# it writes in one pass (4 a thread).
+EXPAND_THREADS, EXPAND_SPAN = 256, 1024
+# The most blocks an expansion launches; past it each block takes several rows (the grid's x is at most 2^31 - 1).
+MAX_EXPAND_BLOCKS = 1 << 30
+
+
+def expand_geometry(rows: int, width: int, compact: bool) -> LaunchGeometry:
+    """``kpool_expand_topk``'s grid: a block per row and span of EXPAND_SPAN columns, or per row when compacting
+    (its valid entries packed left by the row's one block); ``items`` the blocks' work (row spans). Past
+    MAX_EXPAND_BLOCKS a block takes several rows."""
+    spans = 1 if compact else -(-width // EXPAND_SPAN)
+    # A whole number of rows' spans (the kernel finds its span and first row by 32-bit division).
+    grid = spans * min(rows, MAX_EXPAND_BLOCKS // spans)
+    return LaunchGeometry(grid=grid, block=EXPAND_THREADS, items=rows * spans)
 
 
 # kp::kApeSlices and kp::kApeColumns (kernels/kpool_compress.cu): the backward's sum of ape's partials, a

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dtypes import INDEX_DTYPES, signed_index
 from ..kernel.declarations import EXPAND_TOPK
-from ..kernel.geometry import LARGE_BATCH, flat_geometry
+from ..kernel.geometry import LARGE_BATCH, expand_geometry
 from ..pool_offsets import check_kpool
 from .families import expansion
 from .framework.checks import (
@@ -24,6 +24,8 @@ from .framework.checks import (
 from .framework.examples import Example, ExampleBatch
 from .framework.operands import CACHE_LENGTHS, INPUT_ROW_OFFSETS, KPOOL
 from .framework.spec import VALIDATE, Backend, CallArgs, Launch, Operand, OpSpec, OutputShape
+
+MAX_WIDTH = 2**31 - 1  # columns of a row of positions: kernels/kpool_expand.cuh counts them in 32 bits
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,9 @@ def check_expand_topk_args(a: CallArgs) -> ExpandCall:
     check_contiguous("pool_ids", a.pool_ids)
     batch = check_batch_index(a.input_row_offsets, a.cache_lengths)
     expanded = expansion.check(a, batch, as_size(a.pool_ids.shape[1]))
+    if expanded["width"] > MAX_WIDTH:  # a row's columns are 32-bit in the kernel
+        raise fail("pool_ids", f"pool_topk * kpool + tail <= {MAX_WIDTH} columns",
+                   f"{expanded['width']} (pool_topk {expanded['pool_topk']}, kpool {expanded['kpool']})")  # fmt: skip
     total_tokens = as_size(a.pool_ids.shape[0])
     expansion.check_outputs(a, total_tokens, expanded)
     return ExpandCall(**expanded, batch=batch, total_tokens=total_tokens)
@@ -61,8 +66,7 @@ def expand_launch(call: ExpandCall, operands: dict[str, Any]) -> Launch:
     values |= {"pool_topk": call.pool_topk, "batch": call.batch, "total_tokens": call.total_tokens}
     template |= {"KPOOL": call.kpool, "IPID": o["pool_ids"].dtype, "IO": o["input_row_offsets"].dtype}
     template |= {"IC": o["cache_lengths"].dtype}
-    # One thread per element, or per token row when compacting.
-    geometry = flat_geometry(call.total_tokens if call.compact else call.total_tokens * call.width)
+    geometry = expand_geometry(call.total_tokens, call.width, call.compact)
     return Launch(EXPAND_TOPK, template, values, geometry, o)
 
 
@@ -135,6 +139,6 @@ SPEC = OpSpec(
     outputs=output_shapes,
     **expansion.RETURNS,
     kernel=EXPAND_TOPK,
-    large_launch=lambda head_dim: flat_geometry(LARGE_BATCH),
+    large_launch=lambda head_dim: expand_geometry(LARGE_BATCH, 1, False),
     example=example,
 )
