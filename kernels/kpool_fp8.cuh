@@ -47,6 +47,29 @@ __device__ __forceinline__ unsigned int e4m3fn_bits(float value) {
     return magnitude > 0x7f800000u ? 0x7fu : sign | code;  // NaN: 0x7f
 }
 
+// Four values' e4m3fn bytes, a's in the low byte, by e4m3fn_bits's rule. On
+// sm_89 and newer the hardware converts two at a time
+// (cvt.rn.satfinite.e4m3x2.f32, one F2FP where e4m3fn_bits takes about 20
+// instructions): to nearest even, e4m3's subnormals included, and finite
+// values past 448 and infinities to +-448 (satfinite), as the rule says.
+// The PTX ISA gives a NaN for a NaN without saying which of e4m3's two (0x7f,
+// 0xff); the rule's is 0x7f, so a NaN byte's sign bit is cleared (a byte
+// whose low seven bits are all ones is a NaN: satfinite makes no other). The
+// emulator and older GPUs run e4m3fn_bits; tests/test_gpu_fp8.py holds the
+// hardware's bytes to the reference's on every rounding edge.
+__device__ __forceinline__ unsigned int e4m3x4_bits(float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned short low, high;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(low) : "f"(b), "f"(a));  // the first source: high byte
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(high) : "f"(d), "f"(c));
+    const unsigned int word = static_cast<unsigned int>(low) | (static_cast<unsigned int>(high) << 16);
+    const unsigned int nan = ((word & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;  // a NaN byte's bit 7, no carry
+    return word & ~nan;
+#else
+    return e4m3fn_bits(a) | (e4m3fn_bits(b) << 8) | (e4m3fn_bits(c) << 16) | (e4m3fn_bits(d) << 24);
+#endif
+}
+
 // The smallest power of two >= v, for a positive normal v: from the bits, so
 // a power of two stays itself and nothing is rounded through log2 or exp2.
 __device__ __forceinline__ float ue8m0(float v) {
@@ -93,12 +116,16 @@ __device__ __forceinline__ void check_row_lanes() {
                   "a row's lanes: a power of two within one warp (head_dim 8 to 256)");
 }
 
-// The rotation of one row: v holds this thread's 8 values (channels
-// 8 * lane .. 8 * lane + 7, x already in the dtype the caller rounds to) and
-// becomes y = bf16(B(x) * fl32(1/sqrt(D))), as float32. Every lane of the
+// The rotation of one row before its rounding: v holds this thread's 8
+// values (channels 8 * lane .. 8 * lane + 7, x already in the dtype the
+// caller rounds to) and becomes B(x) * fl32(1/sqrt(D)) in float32; the
+// caller rounds it to bfloat16 (hadamard_rotate, or the FP8 epilogue's
+// round_to_bf16). A lane adds its partner's value or takes its own from
+// the partner's in one fused multiply-add by +-1: sign * v is exact, so the
+// one rounding is the sum's, as a + b and a - b round. Every lane of the
 // group must call it together.
 template <int LANES>
-__device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], int lane) {
+__device__ __forceinline__ void hadamard_butterflies(float (&v)[kChannelsPerThread], int lane) {
     check_row_lanes<LANES>();
 #pragma unroll
     for (int stride = 1; stride < kChannelsPerThread; stride *= 2)
@@ -111,25 +138,61 @@ __device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], 
             }
 #pragma unroll
     for (int lanes = 1; lanes < LANES; lanes *= 2) {
-        const bool low = (lane & lanes) == 0;  // this thread holds a (the a+b half), its partner b
+        // This thread holds a (it keeps a + b) or b (it keeps a - b = -b + a), its partner the other.
+        const float sign = (lane & lanes) == 0 ? 1.0f : -1.0f;
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) {
             const float partner = __shfl_xor_sync(kWarpLanes, v[i], lanes, LANES);
-            v[i] = low ? v[i] + partner : partner - v[i];
+            v[i] = fmaf(sign, v[i], partner);
         }
     }
     constexpr float kScale = inverse_sqrt<LANES * kChannelsPerThread>();
 #pragma unroll
-    for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(v[i] * kScale));
+    for (int i = 0; i < kChannelsPerThread; ++i) v[i] *= kScale;
 }
+
+// The rotation of one row, rounded: v becomes y = bf16(B(x) *
+// fl32(1/sqrt(D))), as float32, a NaN kept as from_float<bf16> keeps it (a
+// rotated row that is stored). Every lane of the group must call it
+// together.
+template <int LANES>
+__device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], int lane) {
+    hadamard_butterflies<LANES>(v, lane);
+#pragma unroll
+    for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(v[i]));
+}
+
+// v rounded to bfloat16, to nearest even, as float32, for a row that is only
+// quantized: on the GPU the hardware's conversion, two values at a time
+// (cvt.rn.bf16x2.f32, sm_80 and newer), whose NaN is the canonical one where
+// from_float<bf16> keeps the payload; a quantized NaN is 0x7f either way,
+// and the row's maximum skips it. Finite values round alike: v is the
+// result of the build's float32 arithmetic, never subnormal (it flushes).
+__device__ __forceinline__ void round_to_bf16(float (&v)[kChannelsPerThread]) {
+#pragma unroll
+    for (int i = 0; i < kChannelsPerThread; i += 2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+        unsigned int pair;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(pair) : "f"(v[i + 1]), "f"(v[i]));  // the first source: high half
+        v[i] = kp_bits_to_float(pair << 16);
+        v[i + 1] = kp_bits_to_float(pair & 0xffff0000u);
+#else
+        v[i] = to_float(from_float<bf16>(v[i]));
+        v[i + 1] = to_float(from_float<bf16>(v[i + 1]));
+#endif
+    }
+}
+
+// A thread's 8 e4m3fn bytes as two words, channel i's byte at bits 8 (i % 4)
+// of word i / 4 (the order they sit in memory).
+using Fp8Bytes = unsigned int[kChannelsPerThread / 4];
 
 // The quantization of one rotated row y (this thread's 8 values in v): the
 // row's scale s (every lane of the group gets it) and this thread's 8 e4m3fn
 // bytes in q. ROUND_SCALE: s is the power of two ue8m0 gives, else v itself;
 // a template argument, so a kernel carries one of the two paths.
 template <int LANES, bool ROUND_SCALE>
-__device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThread],
-                                              unsigned char (&q)[kChannelsPerThread]) {
+__device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThread], Fp8Bytes& q) {
     check_row_lanes<LANES>();
     float amax = 0.0f;
 #pragma unroll
@@ -145,12 +208,15 @@ __device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThrea
         const float scale = ue8m0(bound);
         const float inverse = inverse_power_of_two(scale);
 #pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i) q[i] = static_cast<unsigned char>(e4m3fn_bits(v[i] * inverse));
+        for (int w = 0; w < kChannelsPerThread / 4; ++w)
+            q[w] = e4m3x4_bits(v[4 * w] * inverse, v[4 * w + 1] * inverse, v[4 * w + 2] * inverse,
+                               v[4 * w + 3] * inverse);
         return scale;
     } else {
 #pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i)
-            q[i] = static_cast<unsigned char>(e4m3fn_bits(kp_div_rn(v[i], bound)));
+        for (int w = 0; w < kChannelsPerThread / 4; ++w)
+            q[w] = e4m3x4_bits(kp_div_rn(v[4 * w], bound), kp_div_rn(v[4 * w + 1], bound),
+                               kp_div_rn(v[4 * w + 2], bound), kp_div_rn(v[4 * w + 3], bound));
         return bound;
     }
 }
@@ -158,9 +224,9 @@ __device__ __forceinline__ float fp8_quantize(const float (&v)[kChannelsPerThrea
 // One row's whole epilogue, rotation then quantization: v (x) is consumed,
 // q gets this thread's bytes, and the row's scale is returned.
 template <int LANES, bool ROUND_SCALE>
-__device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], int lane,
-                                              unsigned char (&q)[kChannelsPerThread]) {
-    hadamard_rotate<LANES>(v, lane);
+__device__ __forceinline__ float fp8_epilogue(float (&v)[kChannelsPerThread], int lane, Fp8Bytes& q) {
+    hadamard_butterflies<LANES>(v, lane);
+    round_to_bf16(v);
     return fp8_quantize<LANES, ROUND_SCALE>(v, q);
 }
 
@@ -239,18 +305,13 @@ struct Fp8Sink {
 // the row addresses 8-byte aligned), else 8 byte stores.
 template <bool VECTOR>
 __device__ __forceinline__ void store_fp8(unsigned char* value_row, float* scale_address, int channel,
-                                          const unsigned char (&q)[kChannelsPerThread], float scale) {
+                                          const Fp8Bytes& q, float scale) {
     if constexpr (VECTOR) {
-        unsigned int low = 0, high = 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            low |= static_cast<unsigned int>(q[i]) << (8 * i);
-            high |= static_cast<unsigned int>(q[i + 4]) << (8 * i);
-        }
-        kp_store8(value_row + channel, low, high);
+        kp_store8(value_row + channel, q[0], q[1]);
     } else {
 #pragma unroll
-        for (int i = 0; i < kChannelsPerThread; ++i) value_row[channel + i] = q[i];
+        for (int i = 0; i < kChannelsPerThread; ++i)
+            value_row[channel + i] = static_cast<unsigned char>(q[i / 4] >> (8 * (i % 4)));
     }
     if (channel == 0) *scale_address = scale;
 }
@@ -284,9 +345,8 @@ __device__ __forceinline__ void store_pooled(T* target, int channel, const float
 template <bool VECTOR, bool ROUND_SCALE, int HEAD_DIM>
 __device__ __forceinline__ void write_fp8_row(unsigned char* value_row, float* scale_address, int channel,
                                               bool write, float (&v)[kChannelsPerThread]) {
-#pragma unroll
-    for (int i = 0; i < kChannelsPerThread; ++i) v[i] = to_float(from_float<bf16>(v[i]));
-    unsigned char q[kChannelsPerThread];
+    round_to_bf16(v);  // only quantized: the hardware's rounding on the GPU
+    Fp8Bytes q;
     const float scale = fp8_epilogue<HEAD_DIM / kChannelsPerThread, ROUND_SCALE>(v, channel / kChannelsPerThread, q);
     if (write) store_fp8<VECTOR>(value_row, scale_address, channel, q, scale);
 }

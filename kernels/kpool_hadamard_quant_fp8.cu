@@ -27,7 +27,7 @@ __global__ void __launch_bounds__(kp::kMaxThreadsPerBlock, 1)
     float v[kp::kChannelsPerThread];
 #pragma unroll
     for (int i = 0; i < kp::kChannelsPerThread; ++i) v[i] = input[i];
-    unsigned char q[kp::kChannelsPerThread];
+    kp::Fp8Bytes q;
     const float scale =
         kp::fp8_epilogue<HEAD_DIM / kp::kChannelsPerThread, ROUND_SCALE>(v, channel / kp::kChannelsPerThread, q);
     kp::store_fp8<kp::vector_bits(VECTOR, kp::kVectorOut)>(values + row * values_row_stride, scales + row, channel, q,

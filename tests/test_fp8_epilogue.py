@@ -93,7 +93,7 @@ def test_rows_spread_over_most_e4m3_codes_convert_as_the_reference_does(round_sc
     assert len(np.unique(values)) > 150, len(np.unique(values))  # the comparison covered many codes
 
 
-def _conversion_inputs() -> np.ndarray:
+def conversion_inputs() -> np.ndarray:
     """float32 values around every place the e4m3fn conversion can go wrong, both signs.
 
     Every exponent from 2^-30 to 2^12 at 64 mantissas each; each normal
@@ -113,21 +113,34 @@ def _conversion_inputs() -> np.ndarray:
     near = np.concatenate([near, np.nextafter(near, np.float32(0)), np.nextafter(near, np.float32(np.inf))])
     special = np.array([0.0, np.inf, np.nan, 1e-40, 2.0**-126], np.float32)
     values = np.concatenate([spread.view(np.float32), around, near, special])
-    return np.concatenate([values, -values])
+    values = np.concatenate([values, -values])
+    return np.concatenate([values, np.zeros(-values.size % 4, np.float32)])  # whole words of four
 
 
-def test_the_conversion_to_e4m3fn_equals_the_reference_on_every_rounding_edge():
-    x = _conversion_inputs()
-    out = np.full(x.size, 0xAA, np.uint8)
+def e4m3_code() -> str:
+    """tests/kernels/e4m3_bits.cu after the FP8 header: e4m3_bits_of and e4m3x4_bits_of."""
     code = kernel_source("kpool_fp8.cuh") + '#line 1 "tests/kernels/e4m3_bits.cu"\n'
-    code += (ROOT / "tests" / "kernels" / "e4m3_bits.cu").read_text()
-    launch_code(code, "e4m3_bits_of", -(-x.size // 256), 256, (x, np.int64(x.size), out))
-    want = ref.quantize_e4m3fn(np.where(np.abs(x) < np.float32(2.0**-126), np.copysign(np.float32(0), x), x))  # flushed
+    return code + (ROOT / "tests" / "kernels" / "e4m3_bits.cu").read_text()
+
+
+def conversion_mismatches(x: np.ndarray, out: np.ndarray) -> list[tuple]:
+    """The values (with their bits) whose byte differs from the reference's rule on the flushed value; [] when
+    none does, after checking the comparison met all 254 finite codes and the NaN byte."""
+    want = ref.quantize_e4m3fn(np.where(np.abs(x) < np.float32(2.0**-126), np.copysign(np.float32(0), x), x))
     wrong = np.flatnonzero(out != want)
-    assert wrong.size == 0, [
-        (float(x[i]), hex(int(x[i : i + 1].view(np.uint32)[0])), out[i], want[i]) for i in wrong[:5]
-    ]
-    assert len(np.unique(out)) == 255  # all 254 finite codes and the NaN byte met
+    assert len(np.unique(want)) == 255
+    return [(float(x[i]), hex(int(x[i : i + 1].view(np.uint32)[0])), out[i], want[i]) for i in wrong[:5]]
+
+
+@pytest.mark.parametrize("kernel", ["e4m3_bits_of", "e4m3x4_bits_of"])
+def test_the_conversion_to_e4m3fn_equals_the_reference_on_every_rounding_edge(kernel):
+    # e4m3x4_bits packs four bytes a word, low byte first: on the emulator its bytes are e4m3fn_bits's, so this
+    # holds its packing; tests/test_gpu_fp8.py holds the hardware conversion it takes on sm_89 and newer.
+    x = conversion_inputs()
+    out = np.full(x.size, 0xAA, np.uint8)
+    per_thread = 4 if kernel == "e4m3x4_bits_of" else 1
+    launch_code(e4m3_code(), kernel, -(-x.size // (256 * per_thread)), 256, (x, np.int64(x.size), out))
+    assert conversion_mismatches(x, out) == []
 
 
 def test_the_epilogue_compiles_for_the_gpu_with_its_shuffles_and_no_spills():
@@ -138,3 +151,13 @@ def test_the_epilogue_compiles_for_the_gpu_with_its_shuffles_and_no_spills():
     assert ptx.count("shfl.sync.bfly") >= 8 * 4 + 4  # 8 values x 4 cross-lane strides, 4 for the maximum
     report = code_ptxas_report(_code(), name)
     assert report.spill_stores == report.spill_loads == 0, report
+
+
+@pytest.mark.parametrize(("arch", "e4m3", "bf16"), [("sm_80", 0, 4), ("sm_89", 4, 4), ("sm_90", 4, 4)])
+def test_the_gpu_converts_with_the_hardwares_instructions_where_it_has_them(arch, e4m3, bf16):
+    # A thread's 8 values: 4 bfloat16 pair roundings (sm_80 and newer) and 4 e4m3 pair conversions (sm_89 and
+    # newer; e4m3fn_bits before). The emulator runs the rules these instructions follow (e4m3fn_bits,
+    # from_float<bf16>); tests/test_gpu_fp8.py holds the instructions to them on a GPU.
+    ptx = code_ptx(_code(), "fp8_epilogue_rows<128, true, false>", arch)
+    assert ptx.count("cvt.rn.satfinite.e4m3x2.f32") == e4m3
+    assert ptx.count("cvt.rn.bf16x2.f32") == bf16

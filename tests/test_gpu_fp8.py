@@ -55,6 +55,45 @@ def test_gpu_query_side_equals_the_reference_bit_for_bit(dtype):
     assert cupy.asnumpy(scales).tobytes() == want_scales.tobytes()
 
 
+def test_gpu_conversion_to_e4m3fn_equals_the_reference_on_every_rounding_edge():
+    # The epilogue's conversion as the GPU runs it (kp::e4m3x4_bits: cvt.rn.satfinite.e4m3x2.f32 on sm_89 and
+    # newer, e4m3fn_bits before): every rounding midpoint and its neighbours, e4m3's subnormals, 448 and past it,
+    # infinities and NaN of both signs (0x7f), against the reference's rule.
+    import cupy
+    from test_fp8_epilogue import conversion_inputs, conversion_mismatches, e4m3_code
+
+    from kpool_cupy.kernel.sources import NVRTC_OPTIONS
+
+    x = conversion_inputs()
+    out = cupy.full(x.size, 0xAA, cupy.uint8)
+    kernel = cupy.RawModule(code=e4m3_code(), options=NVRTC_OPTIONS).get_function("e4m3x4_bits_of")
+    kernel((-(-x.size // 1024),), (256,), (cupy.asarray(x), np.int64(x.size), out))
+    assert conversion_mismatches(x, cupy.asnumpy(out)) == []
+
+
+@pytest.mark.parametrize("round_scale", [True, False], ids=["ue8m0", "exact-scale"])
+def test_gpu_query_side_spread_over_e4m3s_codes_equals_the_reference(round_scale):
+    # Rows over 2^-20 .. 2^20, zero and one-hot rows, NaN and infinities: the rotation, the scale and the
+    # hardware conversion together, bit for bit.
+    import cupy
+
+    import kpool_cupy
+
+    # bfloat16 rows of 128: the variants the GPU run precompiles (scripts/gpu_variants.json).
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((128, 128)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-20, 20, x.shape).astype(np.float32)
+    x[3], x[4] = 0.0, 0.0
+    x[4, 3] = 5.0
+    x[5, 7], x[6, 9], x[7, 1] = np.nan, np.inf, -np.inf
+    x = x.astype(BF16)
+    values, scales = kpool_cupy.hadamard_quant_fp8(cupy.asarray(x), round_scale=round_scale)
+    want_values, want_scales = reference.hadamard_quant_fp8(x, round_scale=round_scale)
+    assert np.array_equal(cupy.asnumpy(values), want_values)
+    assert cupy.asnumpy(scales).tobytes() == want_scales.tobytes()
+    assert len(np.unique(want_values)) > 150  # the comparison covered many codes
+
+
 def test_gpu_decode_steps_fill_the_cache_with_one_compress_bytes_and_replay_a_plan(monkeypatch):
     import cupy
 

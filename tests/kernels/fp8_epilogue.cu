@@ -16,9 +16,10 @@ __global__ void fp8_epilogue_rows(const float* __restrict__ x, long long rows, u
         const float value = active ? x[row * D + channel + i] : 0.0f;
         v[i] = KEY ? kp::to_float(kp::from_float<kp::bf16>(value)) : value;
     }
-    unsigned char q[kp::kChannelsPerThread];
+    kp::Fp8Bytes q;
     const float scale = kp::fp8_epilogue<D / kp::kChannelsPerThread, ROUND_SCALE>(v, channel / 8, q);
     if (!active) return;
-    for (int i = 0; i < kp::kChannelsPerThread; ++i) values[row * D + channel + i] = q[i];
+    for (int i = 0; i < kp::kChannelsPerThread; ++i)
+        values[row * D + channel + i] = static_cast<unsigned char>(q[i / 4] >> (8 * (i % 4)));
     if (channel == 0) scales[row] = scale;
 }
