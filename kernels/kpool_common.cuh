@@ -255,14 +255,20 @@ __device__ __forceinline__ void copy8(T* target, const T* source) {
 // is HEAD_DIM / 8 consecutive threads, several groups fill a block. False for
 // threads past the block's last whole group; the launch geometry leaves none,
 // but nothing relies on that.
+// `block`: the block's place among the blocks that share out the groups
+// (blockIdx.x unless a kernel runs two kinds of block).
 template <int HEAD_DIM>
-__device__ __forceinline__ bool thread_group(long long* group, int* channel) {
+__device__ __forceinline__ bool thread_group(long long block, long long* group, int* channel) {
     static_assert(HEAD_DIM > 0 && HEAD_DIM % kChannelsPerThread == 0, "head_dim must be a positive multiple of 8");
     constexpr unsigned int kLanes = HEAD_DIM / kChannelsPerThread;
     const unsigned int groups_per_block = blockDim.x / kLanes;
-    *group = static_cast<long long>(blockIdx.x) * groups_per_block + static_cast<long long>(threadIdx.x / kLanes);
+    *group = block * groups_per_block + static_cast<long long>(threadIdx.x / kLanes);
     *channel = static_cast<int>(threadIdx.x % kLanes) * kChannelsPerThread;
     return threadIdx.x < groups_per_block * kLanes;
+}
+template <int HEAD_DIM>
+__device__ __forceinline__ bool thread_group(long long* group, int* channel) {
+    return thread_group<HEAD_DIM>(static_cast<long long>(blockIdx.x), group, channel);
 }
 
 // Offsets, lengths, slots and positions arrive as int32, uint32 or int64, a

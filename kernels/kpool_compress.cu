@@ -347,16 +347,104 @@ __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool 
 
 }  // namespace kp
 
-// One group of head_dim / 8 threads per pool, as kpool_compress; each thread
-// recomputes its pool's 8 channels and writes its members' d k and d gate
-// rows (rows of tokens in no complete pool are the launcher's to zero). A
+// d ape: element e of [KPOOL, HEAD_DIM] is the sum of the `blocks` partials
+// kpool_compress_backward wrote, in a fixed order: a block of kApeSlices x
+// kApeColumns threads takes kApeColumns consecutive elements (coalesced
+// loads); slice s sums blocks s, s + kApeSlices, ... in order, then slice 0
+// sums the slices' sums in order. Many slices keep many loads in flight
+// (one thread an element would wait on thousands of loads in turn), and the
+// order is the same on every run.
+namespace kp {
+enum : int { kApeSlices = 16, kApeColumns = 32 };
+}  // namespace kp
+
+template <int HEAD_DIM, int KPOOL>
+__global__ void __launch_bounds__(kp::kApeSlices * kp::kApeColumns)
+    kpool_compress_backward_ape(const float* __restrict__ partials, long long blocks, float* __restrict__ grad_ape,
+                                long long grad_ape_row_stride) {
+    KP_THREADS_COOPERATE(true);
+    constexpr long long kElements = static_cast<long long>(KPOOL) * HEAD_DIM;
+    __shared__ float slice_sums[kp::kApeSlices][kp::kApeColumns];
+    const int column = static_cast<int>(threadIdx.x % kp::kApeColumns);
+    const int slice = static_cast<int>(threadIdx.x / kp::kApeColumns);
+    const long long e = static_cast<long long>(blockIdx.x) * kp::kApeColumns + column;
+    float sum = 0.0f;
+    if (e < kElements && slice < blocks) {
+        sum = partials[slice * kElements + e];
+#pragma unroll 8
+        for (long long b = slice + kp::kApeSlices; b < blocks; b += kp::kApeSlices) sum += partials[b * kElements + e];
+    }
+    slice_sums[slice][column] = sum;
+    __syncthreads();
+    if (slice == 0 && e < kElements) {
+        float total = slice_sums[0][column];
+        for (int s = 1; s < kp::kApeSlices; ++s) total += slice_sums[s][column];
+        grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = total;
+    }
+}
+
+// The gradient rows of the tokens no pool of this call covers, zero: one
+// group of head_dim / 8 threads a request (`block`: the block's place
+// among kpool_compress_backward's rest blocks), which writes the rows
+// before its first pool (those completing a pool the cached prefix opened)
+// and after its last (its unfinished pool), at most KPOOL - 1 of each, as
+// consistent offsets have them. The pool blocks write every other row, so
+// on consistent offsets no row is written twice and the outputs need no
+// clearing first. Garbage offsets may leave rows unwritten, or have a pool
+// block and a rest block write one row (which value stays is then
+// unspecified), but make nothing outside the arrays be written.
+namespace kp {
+template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP>
+__device__ __forceinline__ void clear_rows_outside_pools(long long block, const IO* input_row_offsets,
+                                                         const IC* cache_lengths, const IP* pool_row_offsets,
+                                                         long long batch, long long total_tokens, KT* grad_k,
+                                                         long long grad_k_row_stride, GT* grad_gate,
+                                                         long long grad_gate_row_stride) {
+    long long request;
+    int channel;
+    if (!thread_group<HEAD_DIM>(block, &request, &channel) || request >= batch) return;
+    long long row_begin, row_end, cached;
+    if (!request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached))
+        return;
+    const long long pool_begin = load_index(pool_row_offsets, request);
+    const long long pool_end = load_index(pool_row_offsets, request + 1);
+    const long long pools = pool_begin < 0 || pool_end < pool_begin ? 0 : pool_end - pool_begin;  // no overflow
+    const long long rows = row_end - row_begin;
+    const long long phase = cached % KPOOL;
+    const long long align = phase == 0 ? 0 : KPOOL - phase;
+    const long long head = align < rows ? align : rows;  // rows before the first pool
+    // Pools past what the rows hold (only garbage claims them) cover nothing.
+    const long long fits = (rows - head) / KPOOL;
+    const long long covered = head + (pools < fits ? pools : fits) * KPOOL;
+    const long long tail_begin = covered > rows - (KPOOL - 1) ? covered : rows - (KPOOL - 1);
+    float zeros[kChannelsPerThread];
+#pragma unroll
+    for (int c = 0; c < kChannelsPerThread; ++c) zeros[c] = 0.0f;
+    const auto clear = [&](long long r) {
+        const long long row = row_begin + r;
+        store8<vector_bits(VECTOR, kVectorK)>(grad_k + row * grad_k_row_stride + channel, zeros);
+        store8<vector_bits(VECTOR, kVectorGate)>(grad_gate + row * grad_gate_row_stride + channel, zeros);
+    };
+    // At most KPOOL - 1 rows each: kept rolled, one store of each gradient row a loop.
+#pragma unroll 1
+    for (long long r = 0; r < head; ++r) clear(r);
+#pragma unroll 1
+    for (long long r = tail_begin > head ? tail_begin : head; r < rows; ++r) clear(r);
+}
+}  // namespace kp
+
+// Two kinds of block. The first pool_blocks: one group of head_dim / 8
+// threads per pool, as kpool_compress; each thread recomputes its pool's 8
+// channels and writes its members' d k and d gate rows. The rest: one group
+// a request, which zeroes the rows of its tokens in no complete pool
+// (kp::clear_rows_outside_pools), so the gradients take one launch. A
 // pool whose members fit the forward's prefetch (kp::chunk_members: the
 // whole pool, within kp::kBackwardWholeBytes) keeps its rows in registers, so
 // k, gate and ape are read once; a larger pool reads them again, member by
 // member. d ape goes to `partials`
 // ([gridDim.x, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
 // sums in a fixed order: no float atomics, so two runs give the same bits.
-// Every thread reaches every barrier, so none leaves early.
+// Every thread of a pool block reaches every barrier, so none leaves early.
 //
 // VECTOR: kp::VectorAccess bits: kVectorK for k and grad_k together,
 // kVectorGate for gate and grad_gate, kVectorApe, and kVectorOut for grad
@@ -368,9 +456,15 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
     kpool_compress_backward(KP_COMPRESS_INPUT_PARAMS, const DT* __restrict__ grad, long long grad_row_stride,
                             long long grad_column_stride, long long grad_rows, KT* __restrict__ grad_k,
                             long long grad_k_row_stride, GT* __restrict__ grad_gate, long long grad_gate_row_stride,
-                            float* __restrict__ partials) {
+                            float* __restrict__ partials, long long pool_blocks) {
     static_assert(KPOOL >= 1, "kpool must be at least 1");
     KP_THREADS_COOPERATE(true);
+    if (blockIdx.x >= pool_blocks) {  // a whole block, before any barrier
+        kp::clear_rows_outside_pools<KT, GT, HEAD_DIM, KPOOL, VECTOR>(
+            blockIdx.x - pool_blocks, input_row_offsets, cache_lengths, pool_row_offsets, batch, total_tokens, grad_k,
+            grad_k_row_stride, grad_gate, grad_gate_row_stride);
+        return;
+    }
     constexpr bool kKeyVector = kp::vector_bits(VECTOR, kp::kVectorK);
     constexpr bool kGateVector = kp::vector_bits(VECTOR, kp::kVectorGate);
     constexpr bool kApeVector = kp::vector_bits(VECTOR, kp::kVectorApe);
@@ -447,82 +541,3 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
     }
 }
 
-// d ape: element e of [KPOOL, HEAD_DIM] is the sum of the `blocks` partials
-// kpool_compress_backward wrote, in a fixed order: a block of kApeSlices x
-// kApeColumns threads takes kApeColumns consecutive elements (coalesced
-// loads); slice s sums blocks s, s + kApeSlices, ... in order, then slice 0
-// sums the slices' sums in order. Many slices keep many loads in flight
-// (one thread an element would wait on thousands of loads in turn), and the
-// order is the same on every run.
-namespace kp {
-enum : int { kApeSlices = 16, kApeColumns = 32 };
-}  // namespace kp
-
-template <int HEAD_DIM, int KPOOL>
-__global__ void __launch_bounds__(kp::kApeSlices * kp::kApeColumns)
-    kpool_compress_backward_ape(const float* __restrict__ partials, long long blocks, float* __restrict__ grad_ape,
-                                long long grad_ape_row_stride) {
-    KP_THREADS_COOPERATE(true);
-    constexpr long long kElements = static_cast<long long>(KPOOL) * HEAD_DIM;
-    __shared__ float slice_sums[kp::kApeSlices][kp::kApeColumns];
-    const int column = static_cast<int>(threadIdx.x % kp::kApeColumns);
-    const int slice = static_cast<int>(threadIdx.x / kp::kApeColumns);
-    const long long e = static_cast<long long>(blockIdx.x) * kp::kApeColumns + column;
-    float sum = 0.0f;
-    if (e < kElements && slice < blocks) {
-        sum = partials[slice * kElements + e];
-#pragma unroll 8
-        for (long long b = slice + kp::kApeSlices; b < blocks; b += kp::kApeSlices) sum += partials[b * kElements + e];
-    }
-    slice_sums[slice][column] = sum;
-    __syncthreads();
-    if (slice == 0 && e < kElements) {
-        float total = slice_sums[0][column];
-        for (int s = 1; s < kp::kApeSlices; ++s) total += slice_sums[s][column];
-        grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = total;
-    }
-}
-
-// The gradient rows of the tokens no pool of this call covers, zero: one
-// group of head_dim / 8 threads a request, which writes the rows before its
-// first pool (those completing a pool the cached prefix opened) and after
-// its last (its unfinished pool), at most KPOOL - 1 of each, as consistent
-// offsets have them. kpool_compress_backward writes every other row, so no
-// row is written twice and the outputs need no clearing first. Garbage
-// offsets may leave rows unwritten but make nothing outside the arrays be
-// written.
-template <typename KT, typename GT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC, typename IP>
-__global__ void kpool_compress_backward_rest(const IO* __restrict__ input_row_offsets,
-                                             const IC* __restrict__ cache_lengths,
-                                             const IP* __restrict__ pool_row_offsets, long long batch,
-                                             long long total_tokens, KT* __restrict__ grad_k,
-                                             long long grad_k_row_stride, GT* __restrict__ grad_gate,
-                                             long long grad_gate_row_stride) {
-    long long request;
-    int channel;
-    if (!kp::thread_group<HEAD_DIM>(&request, &channel) || request >= batch) return;
-    long long row_begin, row_end, cached;
-    if (!kp::request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached))
-        return;
-    const long long pool_begin = kp::load_index(pool_row_offsets, request);
-    const long long pool_end = kp::load_index(pool_row_offsets, request + 1);
-    const long long pools = pool_begin < 0 || pool_end < pool_begin ? 0 : pool_end - pool_begin;  // no overflow
-    const long long rows = row_end - row_begin;
-    const long long phase = cached % KPOOL;
-    const long long align = phase == 0 ? 0 : KPOOL - phase;
-    const long long head = align < rows ? align : rows;  // rows before the first pool
-    // Pools past what the rows hold (only garbage claims them) cover nothing.
-    const long long fits = (rows - head) / KPOOL;
-    const long long covered = head + (pools < fits ? pools : fits) * KPOOL;
-    const long long tail_begin = covered > rows - (KPOOL - 1) ? covered : rows - (KPOOL - 1);
-    float zeros[kp::kChannelsPerThread];
-#pragma unroll
-    for (int c = 0; c < kp::kChannelsPerThread; ++c) zeros[c] = 0.0f;
-    const auto clear = [&](long long r) {
-        const long long row = row_begin + r;
-        kp::store8<kp::vector_bits(VECTOR, kp::kVectorK)>(grad_k + row * grad_k_row_stride + channel, zeros);
-        kp::store8<kp::vector_bits(VECTOR, kp::kVectorGate)>(grad_gate + row * grad_gate_row_stride + channel, zeros);
-    };
-    for (long long r = 0; r < head; ++r) clear(r);
-    for (long long r = tail_begin > head ? tail_begin : head; r < rows; ++r) clear(r);
-}

@@ -378,8 +378,8 @@ def topk_cases() -> list[Case]:
 
 def backward_cases() -> list[Case]:
     """bench.backward.bench_backward: the backward's pooling kernel (the bytes the benchmark credits the call
-    with) and the sum of ape's block partials (the partials read), at its shapes; the zero rows (none here:
-    every token is in a pool) not modelled."""
+    with; its request blocks, which zero the rows in no pool, none here, count as pool blocks) and the sum of ape's
+    block partials (the partials read), at its shapes."""
     cases = []
     for shape in backward_shapes():
         rows = (shape.total_tokens, shape.head_dim)
@@ -395,12 +395,12 @@ def backward_cases() -> list[Case]:
         )
         outputs = {"grad_k": device_like(rows, ml_dtypes.bfloat16), "grad_gate": device_like(rows, ml_dtypes.bfloat16)}
         outputs["grad_ape"] = device_like((shape.kpool, shape.head_dim), np.float32)
-        pooling, ape_sum, _ = launches(
+        pooling, ape_sum = launches(
             COMPRESS_BACKWARD, *arrays, pool_row_offsets=device_like(pools.shape, np.int32, pools), **outputs
         )
         name = f"{shape.requests}x{shape.tokens}"
         cases.append(Case("compress_backward", name, backward_bytes(shape), pooling, shape.kpool, 64))
-        partial_bytes = pooling.geometry.grid * shape.kpool * shape.head_dim * 4
+        partial_bytes = pooling.values["pool_blocks"] * shape.kpool * shape.head_dim * 4
         cases.append(Case("compress_backward", f"{name} ape sum", partial_bytes, ape_sum))
     return cases
 

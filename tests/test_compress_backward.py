@@ -370,14 +370,15 @@ def test_grad_ape_is_the_same_bits_run_after_run_and_under_the_reversed_schedule
     # d ape's partials go through shared memory between two barriers per member. The emulator runs a block's
     # threads as fibers; under -DKP_FIBERS_REVERSED they run in the opposite order, so a missing barrier
     # (a slot read before its group wrote it, or overwritten by the next member before it was summed)
-    # gives other bits. 100 pools of head_dim 64 are 4 blocks of 32 groups, the last one part full.
+    # gives other bits. 100 pools of head_dim 64 are 4 blocks of 32 groups, the last one part full; a fifth
+    # block's groups zero the 3 requests' rows in no pool.
     lengths, cache = [3 * 100 + 1, 0, 7], [2, 0, 1]
     batch = make_batch(lengths, cache, head_dim=64, kpool=3, seed=12)
     pools = int(pool_row_offsets(batch.input_row_offsets, batch.cache_lengths, 3)[-1])
     grad = np.random.default_rng(13).standard_normal((pools, 64)).astype(BF16)
     with recording() as launches:
         first = emulate.kpool_compress_backward(grad, *batch.args())
-    assert launches[0].grid == 4 and launches[0].cooperative, launches
+    assert launches[0].grid == 4 + 1 and launches[0].cooperative, launches
     second = emulate.kpool_compress_backward(grad, *batch.args())
     monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
     reversed_run = emulate.kpool_compress_backward(grad, *batch.args())

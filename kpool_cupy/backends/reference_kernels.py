@@ -206,9 +206,20 @@ def compress_fp8(launch: Launch, accumulate: type[np.floating]) -> None:
 
 
 def compress_backward(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_compress_backward``: each located pool's d k and d gate rows, and each block's partial sums of
-    d ape in group order (``kp::round_end``); pools are found as compress finds them."""
+    """``kpool_compress_backward``: its pool blocks' work (``pool_gradients``), then its request blocks'
+    (``clear_rows_outside_pools``), in the order the emulator runs the blocks."""
+    call = kernel_scalars(launch)
+    if call.pool_blocks > 0:
+        pool_gradients(launch, accumulate)
+    groups_per_block = launch.geometry.block // (call.head_dim // 8)  # groups of head_dim / 8 threads
+    clear_rows_outside_pools(launch, min((launch.geometry.grid - call.pool_blocks) * groups_per_block, call.batch))
+
+
+def pool_gradients(launch: Launch, accumulate: type[np.floating]) -> None:
+    """The pool blocks of ``kpool_compress_backward``: each located pool's d k and d gate rows, and each pool
+    block's partial sums of d ape in group order (``kp::round_end``); pools are found as compress finds them."""
     call, o = kernel_scalars(launch), launch.operands
+    blocks_of_pools = int(call.pool_blocks)
     grad, partials = o["grad_pooled"], o["partials"]
     count = min(launch.geometry.items, grad.shape[0])
     first, ok = member_rows(call, count, o["input_row_offsets"], o["cache_lengths"], o["pool_row_offsets"])
@@ -231,12 +242,12 @@ def compress_backward(launch: Launch, accumulate: type[np.floating]) -> None:
     # Every block's partials, its groups summed in order (a group without a pool brings zeros).
     per_group = np.zeros((launch.geometry.items, call.kpool, call.head_dim), np.float32)
     per_group[np.flatnonzero(ok)] = grad_logits
-    blocks = per_group.reshape(launch.geometry.grid, -1, call.kpool, call.head_dim)
+    blocks = per_group.reshape(blocks_of_pools, -1, call.kpool, call.head_dim)
     with np.errstate(invalid="ignore", over="ignore"):
         total = blocks[:, 0]
         for g in range(1, blocks.shape[1]):
             total = flush_subnormals(total + blocks[:, g])
-    partials[: launch.geometry.grid] = total
+    partials[:blocks_of_pools] = total
 
 
 def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None:
@@ -257,14 +268,14 @@ def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None
     o["grad_ape"][...] = total
 
 
-def compress_backward_rest(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_compress_backward_rest``: each request's rows before its first pool and after its last, at most
-    kpool - 1 of each, zero, checked as the kernel checks them."""
+def clear_rows_outside_pools(launch: Launch, requests: int) -> None:
+    """``kp::clear_rows_outside_pools`` for the first ``requests`` requests: each one's rows before its first
+    pool and after its last, at most kpool - 1 of each, zero, checked as the kernel checks them."""
     call, o = kernel_scalars(launch), launch.operands
     offsets = np.asarray(o["input_row_offsets"]).astype(np.int64)
     cached = np.asarray(o["cache_lengths"]).astype(np.int64)
     pools = np.asarray(o["pool_row_offsets"]).astype(np.int64)
-    for request in range(call.batch):
+    for request in range(requests):
         rows_of = request_rows(offsets, cached, np.array(request), call.total_tokens)
         begin, end, length, usable = (int(v) for v in rows_of)
         if not usable:
@@ -512,7 +523,6 @@ KERNELS: dict[str, Callable[[Launch, type[np.floating]], None]] = {
     "kpool_compress_fp8": compress_fp8,
     "kpool_compress_backward": compress_backward,
     "kpool_compress_backward_ape": compress_backward_ape,
-    "kpool_compress_backward_rest": compress_backward_rest,
     "kpool_ring_close_fp8": ring_close_fp8,
     "kpool_tail_update_fp8": tail_update_fp8,
     "kpool_hadamard_quant_fp8": hadamard_quant_fp8,

@@ -244,7 +244,8 @@ COMPRESS = Kernel(
     aligned=_POOLING | _V.OUT,
 )
 # The backward pass of compress (same file): the pooling inputs, the pooled rows' gradient at any strides,
-# the gradients of k and gate, and the blocks' partial sums of ape's gradient; then their sum in a fixed order.
+# the gradients of k and gate (the zero rows of tokens in no pool from its blocks past pool_blocks), and the
+# pool blocks' partial sums of ape's gradient; then their sum in a fixed order.
 COMPRESS_BACKWARD = Kernel(
     "kpool_compress_backward",
     "kpool_compress.cu",
@@ -256,21 +257,9 @@ COMPRESS_BACKWARD = Kernel(
         *rows("grad_k", "KT*"),
         *rows("grad_gate", "GT*"),
         Param("partials", "float*"),
+        Param("pool_blocks", "long long"),
     ),
     aligned=_POOLING | _V.OUT,
-)
-COMPRESS_BACKWARD_REST = Kernel(
-    "kpool_compress_backward_rest",
-    "kpool_compress.cu",
-    (*_ELEMENTS, *_SIZES, index("IO"), index("IC"), index("IP")),
-    (
-        *_BATCH,
-        Param("pool_row_offsets", "const IP*"),
-        *longs("batch", "total_tokens"),
-        *rows("grad_k", "KT*"),
-        *rows("grad_gate", "GT*"),
-    ),
-    aligned=_V.K | _V.GATE,
 )
 COMPRESS_BACKWARD_APE = Kernel(
     "kpool_compress_backward_ape",
@@ -450,7 +439,6 @@ KERNELS: tuple[Kernel, ...] = (
     COMPRESS_FP8,
     COMPRESS_BACKWARD,
     COMPRESS_BACKWARD_APE,
-    COMPRESS_BACKWARD_REST,
     RING_CLOSE,
     RING_CLOSE_FP8,
     SEED_TAIL,

@@ -6,11 +6,11 @@ For one pool, with ``g = d loss / d pooled``, ``l = gate + ape`` and ``w`` the p
     d gate[m, c] = w[m, c] * g[c] * (k[m, c] - pooled[c])
     d ape[m, c]  = sum over every pool of d gate[m, c]
 
-Three launches: ``kpool_compress_backward`` recomputes each pool (w and pooled, never stored) and writes its
-members' d k and d gate rows and its block's partial sums of d ape; ``kpool_compress_backward_ape`` sums the
-partials in a fixed order (16 slices of the blocks, each in block order, then the slices in order), so d ape
-has the same bits on every run; ``kpool_compress_backward_rest`` writes the zero rows of the tokens no pool
-covers (so the outputs need no clearing first).
+Two launches. ``kpool_compress_backward``'s pool blocks recompute each pool (w and pooled, never stored) and
+write its members' d k and d gate rows and the block's partial sums of d ape; its blocks after them write the
+zero rows of the tokens no pool covers, one group a request (so the outputs need no clearing first).
+``kpool_compress_backward_ape`` sums the partials in a fixed order (16 slices of the pool blocks, each in block
+order, then the slices in order), so d ape has the same bits on every run.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 
 from ..dtypes import FLOAT32, dtype_name
 from ..kernel import codes
-from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE, COMPRESS_BACKWARD_REST
-from ..kernel.geometry import ape_sum_geometry, group_geometry
+from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE
+from ..kernel.geometry import LaunchGeometry, ape_sum_geometry, group_geometry
 from .families.pooling import (
     ACCUMULATE,
     POOLING_INPUTS,
@@ -122,7 +122,7 @@ def made(backend: Backend, given: Any, shape: tuple[int, ...], dtype: np.dtype, 
 
 def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, validate: bool) -> Any:
     """Validate (with compress's checks, and a gradient row for every pool), make the outputs the caller left
-    out, launch the pools' gradients, the sum of ape's, and the zero rows of tokens in no pool."""
+    out, launch the pools' gradients with the zero rows of tokens in no pool, then the sum of ape's."""
     pools, total_pools, _ = find_pools(
         backend, call, a["input_row_offsets"], a["cache_lengths"], a["pool_row_offsets"], None,
         validate=validate, sized=False,
@@ -136,40 +136,36 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     sizing = f"compress_backward_workspace_bytes({call.total_tokens}, {call.head_dim}, {call.kpool})"
     check_workspace_size(workspace, scratch_bytes(call), sizing)
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, int(grad.shape[0]))
-    blocks = 0
-    if covered > 0:
-        geometry = group_geometry(call.head_dim, covered)
-        blocks = geometry.grid
+    pooling = group_geometry(call.head_dim, covered) if covered > 0 else None
+    blocks = pooling.grid if pooling else 0
+    # The request groups that zero the rows in no pool, in blocks of the pools' size after the pools' blocks.
+    rest = group_geometry(call.head_dim, call.batch).grid if call.batch > 0 and call.total_tokens > 0 else 0
+    if pooling:
         shape, dtype = partials_shape(call, covered)
         if workspace is None:
             partials = backend.empty(shape, dtype)
         else:  # the caller's bytes as the partials: nothing allocated
             partials = workspace[: int(np.prod(shape)) * dtype.itemsize].view(dtype).reshape(shape)
+    else:
+        partials = outputs["grad_ape"]  # never read: no block writes a partial
+    if blocks + rest > 0:
         o = a | outputs | {"pool_row_offsets": pools, "partials": partials}
         grad_strides = [s // grad.dtype.itemsize for s in grad.strides]
         values = pooling_values(call, o) | codes.rows("grad", grad)
         values |= {"grad_column_stride": grad_strides[1], "grad_rows": grad.shape[0]}
         values |= codes.rows("grad_k", o["grad_k"]) | codes.rows("grad_gate", o["grad_gate"])
-        values |= {"partials": partials}
+        values |= {"partials": partials, "pool_blocks": blocks}
         template = pooling_template(call, o) | {"DT": call.grad_dtype}
         template["VECTOR"] = gradient_vector(o)
+        block = group_geometry(call.head_dim, 1).block  # the pools' blocks and the requests' alike
+        items = pooling.items if pooling else 0  # the pools the pool blocks cover
+        geometry = LaunchGeometry(grid=blocks + rest, block=block, items=items)
         backend.launch(Launch(COMPRESS_BACKWARD, template, values, geometry, o))
-    else:
-        partials = outputs["grad_ape"]  # never read: no block wrote a partial
     o = {"partials": partials, "grad_ape": outputs["grad_ape"]}
     values = {"partials": partials, "blocks": blocks} | codes.rows("grad_ape", outputs["grad_ape"])
     template = {"HEAD_DIM": call.head_dim, "KPOOL": call.kpool}
     geometry = ape_sum_geometry(call.kpool * call.head_dim)
     backend.launch(Launch(COMPRESS_BACKWARD_APE, template, values, geometry, o))
-    if call.batch > 0 and call.total_tokens > 0:
-        o = a | outputs | {"pool_row_offsets": pools}
-        values = {n: o[n] for n in ("input_row_offsets", "cache_lengths", "pool_row_offsets")}
-        values |= {"batch": call.batch, "total_tokens": call.total_tokens}
-        values |= codes.rows("grad_k", o["grad_k"]) | codes.rows("grad_gate", o["grad_gate"])
-        template = pooling_template(call, o)
-        template["VECTOR"] = int(codes.vector_mask(k=o["grad_k"], gate=o["grad_gate"]))
-        geometry = group_geometry(call.head_dim, call.batch)
-        backend.launch(Launch(COMPRESS_BACKWARD_REST, template, values, geometry, o))
     return outputs["grad_k"], outputs["grad_gate"], outputs["grad_ape"]
 
 
