@@ -442,7 +442,7 @@ __device__ __forceinline__ void clear_rows_outside_pools(long long block, const 
 // whole pool, within kp::kBackwardWholeBytes) keeps its rows in registers, so
 // k, gate and ape are read once; a larger pool reads them again, member by
 // member. d ape goes to `partials`
-// ([gridDim.x, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
+// ([pool_blocks, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
 // sums in a fixed order: no float atomics, so two runs give the same bits.
 // Every thread of a pool block reaches every barrier, so none leaves early.
 //

@@ -121,9 +121,9 @@ __device__ __forceinline__ void check_row_lanes() {
 // caller rounds to) and becomes B(x) * fl32(1/sqrt(D)) in float32; the
 // caller rounds it to bfloat16 (hadamard_rotate, or the FP8 epilogue's
 // round_to_bf16). A lane adds its partner's value or takes its own from
-// the partner's in one fused multiply-add by +-1: sign * v is exact, so the
-// one rounding is the sum's, as a + b and a - b round. Every lane of the
-// group must call it together.
+// the partner's in one fused multiply-add by +-1 (below head_dim 256):
+// sign * v is exact, so the one rounding is the sum's, as a + b and a - b
+// round. Every lane of the group must call it together.
 template <int LANES>
 __device__ __forceinline__ void hadamard_butterflies(float (&v)[kChannelsPerThread], int lane) {
     check_row_lanes<LANES>();
@@ -139,11 +139,14 @@ __device__ __forceinline__ void hadamard_butterflies(float (&v)[kChannelsPerThre
 #pragma unroll
     for (int lanes = 1; lanes < LANES; lanes *= 2) {
         // This thread holds a (it keeps a + b) or b (it keeps a - b = -b + a), its partner the other.
-        const float sign = (lane & lanes) == 0 ? 1.0f : -1.0f;
+        const bool low = (lane & lanes) == 0;
+        const float sign = low ? 1.0f : -1.0f;
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) {
             const float partner = __shfl_xor_sync(kWarpLanes, v[i], lanes, LANES);
-            v[i] = fmaf(sign, v[i], partner);
+            // A whole warp's row (head_dim 256) keeps the add or subtract: ptxas holds each stage's sign in a
+            // register for the whole kernel, five of them, and the decode step at kpool 7 would spill.
+            v[i] = LANES < 32 ? fmaf(sign, v[i], partner) : (low ? v[i] + partner : partner - v[i]);
         }
     }
     constexpr float kScale = inverse_sqrt<LANES * kChannelsPerThread>();
@@ -152,9 +155,9 @@ __device__ __forceinline__ void hadamard_butterflies(float (&v)[kChannelsPerThre
 }
 
 // The rotation of one row, rounded: v becomes y = bf16(B(x) *
-// fl32(1/sqrt(D))), as float32, a NaN kept as from_float<bf16> keeps it (a
-// rotated row that is stored). Every lane of the group must call it
-// together.
+// fl32(1/sqrt(D))), as float32, rounded by from_float<bf16> everywhere (a
+// rotated row that is stored; a NaN's payload is no backend's contract).
+// Every lane of the group must call it together.
 template <int LANES>
 __device__ __forceinline__ void hadamard_rotate(float (&v)[kChannelsPerThread], int lane) {
     hadamard_butterflies<LANES>(v, lane);
@@ -257,34 +260,59 @@ struct Fp8Sink {
     // The value row and scale of output row `row`, pool `pool` of request
     // `request`: false when they go nowhere. Every index may be garbage when
     // the caller skipped validation; each is checked before it forms an
-    // address, so nothing outside the arrays is touched.
-    __device__ __forceinline__ bool place(long long row, long long request, long long pool,
-                                          unsigned char** value_row, float** scale) const {
+    // address, so nothing outside the arrays is touched. In two halves:
+    // locate checks what needs no loaded value and issues the one load of
+    // the destination (a slot, or a block-table entry) into *found, as
+    // loaded (widened where it is used, not where the load issues), and
+    // keeps in *where the one other number address needs (the row for
+    // kFp8Rows, the pool's entry in its page for kFp8Table); address checks
+    // the destination and forms the row's addresses. A writer issues the
+    // pool's own loads between the two, so none of them waits for the
+    // destination, and holds only found and where across them.
+    __device__ __forceinline__ bool locate(long long row, long long request, long long pool, ID* found,
+                                           long long* where) const {
         if constexpr (TARGET == kFp8Rows) {
-            if (row < 0 || row >= rows) return false;
-            *value_row = values + row * stride;
-            *scale = scales + row;
+            *where = row;
+            return row >= 0 && row < rows;
+        } else if constexpr (TARGET == kFp8Slots) {
+            if (row < 0 || row >= destination_rows) return false;
+            *found = destinations[row];
             return true;
         } else {
-            long long slot;
-            if constexpr (TARGET == kFp8Slots) {
-                if (row < 0 || row >= destination_rows) return false;
-                slot = load_index(destinations, row);
-            } else {
-                if (request < 0 || request >= destination_rows || pool < 0) return false;
-                const long long block = pool / block_size;
-                if (block >= destination_columns) return false;
-                const long long entry = load_index(destinations, request * destination_stride + block);
-                if (entry < 0 || entry >= rows) return false;
-                slot = entry * block_size + pool % block_size;  // < rows * block_size: no overflow
-            }
-            if (slot < 0 || slot / block_size >= rows) return false;
-            unsigned char* const page = values + (slot / block_size) * stride;
-            const long long entry = slot % block_size;
-            *value_row = page + entry * HEAD_DIM;
-            *scale = reinterpret_cast<float*>(page + block_size * HEAD_DIM) + entry;
+            if (request < 0 || request >= destination_rows || pool < 0) return false;
+            const long long block = pool / block_size;
+            if (block >= destination_columns) return false;
+            *found = destinations[request * destination_stride + block];
+            *where = pool - block * block_size;  // pool % block_size
             return true;
         }
+    }
+    __device__ __forceinline__ bool address(ID found, long long where, unsigned char** value_row,
+                                            float** scale) const {
+        if constexpr (TARGET == kFp8Rows) {
+            *value_row = values + where * stride;
+            *scale = scales + where;
+            return true;
+        } else {
+            // A slot's page and entry; the block table gives both (the entry is where), a slot by division.
+            long long page = static_cast<long long>(found), entry = where;
+            if constexpr (TARGET == kFp8Slots) {
+                if (page < 0) return false;
+                entry = page % block_size;
+                page /= block_size;
+            }
+            if (page < 0 || page >= rows) return false;
+            unsigned char* const base = values + page * stride;
+            *value_row = base + entry * HEAD_DIM;
+            *scale = reinterpret_cast<float*>(base + block_size * HEAD_DIM) + entry;
+            return true;
+        }
+    }
+    __device__ __forceinline__ bool place(long long row, long long request, long long pool,
+                                          unsigned char** value_row, float** scale) const {
+        ID found{};
+        long long where = 0;
+        return locate(row, request, pool, &found, &where) && address(found, where, value_row, scale);
     }
 };
 
@@ -353,9 +381,10 @@ __device__ __forceinline__ void write_fp8_row(unsigned char* value_row, float* s
 
 // Where a pooling kernel's pools go (compress, ring close, tail update, and
 // their FP8 forms): writer.prepare(row, request, pool_id) once the pool is
-// known, before its loads (false: it goes nowhere; the FP8 writer reads its
-// slot or block-table entry there, and the pooling does not wait for it),
-// then writer.write(row, channel, write, result) after it (write false: the
+// known, before its loads (false: it goes nowhere; the FP8 writer issues the
+// load of its slot or block-table entry there, and neither the pooling nor
+// its loads wait for it), then writer.write(row, channel, write, result)
+// after it (write false, or a destination that turns out to be nowhere: the
 // lanes meet the warp's shuffles and store nothing).
 
 // The pool itself, rounded once to OT, at pooled + row * row_stride (ROTATE:
@@ -373,21 +402,26 @@ struct PooledRowWriter {
 };
 
 // The pool's FP8 bytes and scale, where the sink places it (kp::write_fp8_row).
+// prepare issues the destination's load (Fp8Sink::locate); write checks it
+// and forms the addresses (Fp8Sink::address), after the pool's loads.
 template <int HEAD_DIM, int TARGET, typename ID, bool ROUND_SCALE, bool VECTOR>
 struct Fp8RowWriter {
     const Fp8Sink<HEAD_DIM, TARGET, ID>& sink;
     unsigned char* value_row;
     float* scale_address;
+    ID found{};           // the destination as loaded (a slot or a block-table entry; none for rows)
+    long long where = 0;  // the row, or the pool's entry in its page (Fp8Sink::locate)
 
     __device__ __forceinline__ bool prepare(long long row, long long request, long long pool_id) {
-        return sink.place(row, request, pool_id, &value_row, &scale_address);
+        return sink.locate(row, request, pool_id, &found, &where);
     }
     __device__ __forceinline__ void write(long long, int channel, bool write,
                                           const float (&result)[kChannelsPerThread]) {
+        const bool placed = write && sink.address(found, where, &value_row, &scale_address);
         float v[kChannelsPerThread];
 #pragma unroll
         for (int i = 0; i < kChannelsPerThread; ++i) v[i] = result[i];
-        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, write, v);
+        write_fp8_row<VECTOR, ROUND_SCALE, HEAD_DIM>(value_row, scale_address, channel, placed, v);
     }
 };
 

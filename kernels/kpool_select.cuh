@@ -553,7 +553,7 @@ __device__ __forceinline__ void write_selection(const SelectBuffer<CAP>& buffer,
         [&buffer, all, chosen](unsigned int slot) -> int {
             return slot < chosen ? (all ? static_cast<int>(slot) : buffer.ids[slot]) : -1;
         },
-        positions + token * width, counts + token);
+        positions + token * width, COMPACT ? counts + token : nullptr);  // counts is null without COMPACT
 }
 
 }  // namespace kp

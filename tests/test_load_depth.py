@@ -617,12 +617,11 @@ def decode_step_depths(target: Fp8Target | None) -> tuple[int, int]:
     and an FP8 cache's slot or block-table entry need the slot and a position (2). In order (issue 35): step
     0's position and rows issue beside the slot and each later step's a step ahead, all kept as loaded until
     used (a sign extension right after a load is an instruction that waits for it): 2 for the plain and row
-    writers (they were 3). An FP8 cache's slot or block-table entry (2) is checked, and a 64-bit division made
-    of it, before the members issue (3; it was 4). Checking it after the members' loads (splitting
-    kp::Fp8Sink::place) gave 2 but made the head_dim 256, kpool 7 table variant spill and put a branch in
-    compress_fp8's softmax, so it waits.
+    writers (they were 3). An FP8 cache's slot or block-table entry (2) is loaded before the members and
+    checked after them (kp::Fp8Sink::locate, then address): 2 (it was 4, then 3 while it was checked, and a
+    64-bit division made of it, before the members issued).
     """
-    return 2, 2 if target in (None, Fp8Target.ROWS) else 3
+    return 2, 2
 
 
 @pytest.mark.usefixtures("sass_tools")
