@@ -277,6 +277,8 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
         if report.tensor_core:
             counts = ", ".join(f"{count} {opcode}" for opcode, count in sorted(report.tensor_core.items()))
             rows.append(("tensor-core instructions", counts))
+        if report.copy_stages is not None:
+            rows.append(("cp.async pipeline stages", report.copy_stages))
         for label, value in rows:
             click.echo(f"{label:<42}{value}")
         if out_file:

@@ -10,6 +10,8 @@ shared stage, not from global memory.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -24,7 +26,7 @@ from kpool_cupy.kernel.declarations import (
     MMA_WGMMA,
 )
 from kpool_cupy.kernel.nvrtc import kernel_ptx
-from kpool_cupy.kernel.sources import kernel_source
+from kpool_cupy.kernel.sources import kernel_source, kernels_dir
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.load_depth import depth_before_first, load_depth
 from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
@@ -214,3 +216,6 @@ def test_ptx_sass_reports_the_scorers_instructions_registers_and_blocks_at_the_e
     assert lines["static shared memory a block"] == f"{shared} bytes"
     dynamic = lines.get("dynamic shared memory a block (h64)")
     assert dynamic == ("44288 bytes" if arch == "sm_90a" else None), dynamic  # 3 + 1 tiles of 8.5 KB, 8.25 KB of q
+    # The sm_90a ring's cp.async stages, read off the waits, are the header's; the mma.sync paths have none.
+    stages = re.search(r"kWgmmaStages = (\d+);", (kernels_dir() / "kpool_index_wgmma.cuh").read_text()).group(1)
+    assert lines.get("cp.async pipeline stages") == (stages if arch == "sm_90a" else None)

@@ -249,3 +249,20 @@ def test_a_bad_arch_is_a_usage_error_before_any_work(flags, fake_summary):
     result = CliRunner().invoke(main, ["ptx", *flags, "--arch", "hopper"])
     assert result.exit_code == 2 and "'--arch'" in result.output and "'hopper'" in result.output, result.output
     assert fake_summary == []
+
+
+def test_copy_stages_are_two_more_than_the_groups_a_wait_leaves_in_flight():
+    # An LDGSTS ring whose steady wait leaves one group pending and whose last waits for all: 3 stages. No
+    # LDGSTS: no pipeline, whatever DEPBAR says (a scoreboard wait on something else); nor without a wait.
+    from kpool_cupy.tools.sass_report import copy_stages
+
+    lines = [
+        "        /*0000*/                   LDGSTS.E.BYPASS.128 [R4], desc[UR8][R6.64] ;",
+        "        /*0010*/                   LDGDEPBAR ;",
+        "        /*0020*/                   DEPBAR.LE SB0, 0x1 ;",
+        "        /*0030*/                   DEPBAR.LE SB0, 0x0 ;",
+        "        /*0040*/                   EXIT ;",
+    ]
+    assert copy_stages("\n".join(lines)) == 3
+    assert copy_stages("\n".join(lines[1:])) is None
+    assert copy_stages("\n".join(lines[:2] + lines[4:])) is None  # copies no wait reads: no pipeline to read

@@ -55,6 +55,7 @@ class OpSass:
     tensor_core: dict[str, int]  # static tensor-core instructions by opcode (HMMA, QMMA, HGMMA, QGMMA)
     shared_bytes: int  # static shared memory a block
     dynamic_bytes: int = 0  # dynamic shared memory a block of the engines' shape (OpSpec.large_dynamic_shared)
+    copy_stages: int | None = None  # a cp.async pipeline's stages (``copy_stages``); None without one
 
 
 def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> OpSass:
@@ -66,7 +67,25 @@ def op_sass(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90")
     occupancy = blocks_per_sm(machine.registers, block, arch, machine.shared_bytes + dynamic)
     depth = load_depth(machine.sass).depth
     tensor_core = tensor_core_opcodes(machine.sass)
-    return OpSass(name, machine, block, occupancy, depth, tensor_core, machine.shared_bytes, dynamic)
+    stages = copy_stages(machine.sass)
+    return OpSass(name, machine, block, occupancy, depth, tensor_core, machine.shared_bytes, dynamic, stages)
+
+
+def copy_stages(text: str) -> int | None:
+    """The stages of a kernel's cp.async pipeline, read off its SASS: 2 more than the most copy groups a wait
+    (``DEPBAR.LE SB0, n``) leaves in flight; None without LDGSTS or without such a wait. The multistage
+    convention: a ring of S tiles, each step waits until at most S - 2 groups are pending, then issues the tile
+    S - 1 ahead, so the tile being used, the S - 2 in flight and the one just issued make S (the scorer's sm_90a
+    ring: ``kp::kWgmmaStages``)."""
+    code, _ = sass.parse_instructions(text)
+    if not any(i.opcode[0] == "LDGSTS" for i in code):
+        return None
+    pending = [
+        int(operands[1], 0)
+        for i in code
+        if i.opcode[0] == "DEPBAR" and (operands := [part.strip() for part in i.operands.split(",")])[0] == "SB0"
+    ]
+    return max(pending) + 2 if pending else None
 
 
 def tensor_core_opcodes(text: str) -> dict[str, int]:
