@@ -314,6 +314,26 @@ __device__ __forceinline__ long long find_request(const IT* offsets, long long b
     return lo;
 }
 
+// The mid that node `node` (heap order: 1 the first step, 2 n + 1 after
+// going right from n, 2 n after going left) of find_request's search over
+// [lo, hi] reads; false where no search reaches the node (the interval
+// above it holds one request or none). Which mid a node reads does not
+// depend on the data, so a search's nodes can all be read at once.
+__device__ __forceinline__ bool search_node_mid(int node, long long lo, long long hi, long long* mid) {
+    int depth = 0;
+    while ((node >> (depth + 1)) != 0) ++depth;
+    for (int bit = depth - 1; bit >= 0; --bit) {
+        if (lo >= hi) return false;
+        const long long m = lo + (hi - lo + 1) / 2;
+        if ((node >> bit) & 1)
+            lo = m;
+        else
+            hi = m - 1;
+    }
+    *mid = lo + (hi - lo + 1) / 2;
+    return lo < hi;
+}
+
 // The request's token rows and cached length, checked before any use: false
 // when the row range is not inside [0, total_tokens) or the length negative.
 // The three reads are independent and issued together.

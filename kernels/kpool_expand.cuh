@@ -61,24 +61,6 @@ __device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, 
     return before + inclusive - value;
 }
 
-// The mid that node `node` (heap order: 1 the first step, 2 n + 1 after
-// going right from n, 2 n after going left) of kp::find_request's search
-// over [lo, hi] reads; false where no search reaches the node.
-__device__ __forceinline__ bool search_node_mid(int node, long long lo, long long hi, long long* mid) {
-    int depth = 0;
-    while ((node >> (depth + 1)) != 0) ++depth;
-    for (int bit = depth - 1; bit >= 0; --bit) {
-        if (lo >= hi) return false;
-        const long long m = lo + (hi - lo + 1) / 2;
-        if ((node >> bit) & 1)
-            lo = m;
-        else
-            hi = m - 1;
-    }
-    *mid = lo + (hi - lo + 1) / 2;
-    return lo < hi;
-}
-
 // kp::find_request then kp::request_rows for `item`, by the 32 lanes of a
 // warp together: each round reads the next kSearchLevels levels of the
 // search at once (a lane a node: the offset and the length at its mid, into

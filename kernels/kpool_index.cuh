@@ -268,24 +268,6 @@ struct RequestTree {
     long long end;  // offsets[batch]
 };
 
-// Node `node`'s step: its mid, false where no search reaches it (the
-// interval above it holds one request or none).
-__device__ __forceinline__ bool tree_mid(int node, long long batch, long long* mid) {
-    int depth = 0;
-    while ((node >> (depth + 1)) != 0) ++depth;
-    long long lo = 0, hi = batch - 1;
-    for (int bit = depth - 1; bit >= 0; --bit) {
-        if (lo >= hi) return false;
-        const long long m = lo + (hi - lo + 1) / 2;
-        if ((node >> bit) & 1)
-            lo = m;
-        else
-            hi = m - 1;
-    }
-    *mid = lo + (hi - lo + 1) / 2;
-    return lo < hi;
-}
-
 // What one thread of THREADS reads for the tree: its nodes' offsets and
 // lengths as the arrays hold them, stored (widened, as load_index widens)
 // by store_request_tree. Every index is worked out before the first load
@@ -309,7 +291,7 @@ __device__ __forceinline__ void load_request_tree(const IO* offsets, const IC* l
     for (int k = 0; k < kNodes; ++k) {
         const int node = thread + k * THREADS;
         at[k] = 0;
-        read[k] = batch > 0 && (node == 0 || tree_mid(node, batch, &at[k]));
+        read[k] = batch > 0 && (node == 0 || search_node_mid(node, 0, batch - 1, &at[k]));
     }
 #pragma unroll
     for (int k = 0; k < kNodes; ++k) {
