@@ -14,16 +14,18 @@
 
 namespace kp {
 
-// The request that probably owns `pool`: its share of the pools scaled to
-// the batch, right when every request completes as many pools (prefill of
-// equal prompts, decode of one pool each). float32 with a correctly rounded
-// reciprocal: a few instructions (a double or 64-bit integer division costs
-// dozens), and the reference computes the same bits. 0 <= pool <
-// total_pools, so the product is in [0, batch] and the clamp keeps it in
-// [0, batch).
-__device__ __forceinline__ long long guess_request(long long pool, long long total_pools, long long batch) {
+// The request that probably owns `pool`: its share of the pools the grid
+// covers scaled to the batch, right when every request completes as many
+// pools (prefill of equal prompts, decode of one pool each) and the host
+// knew the count (`guess_pools`, the launch's; its bound otherwise), so no
+// load waits to be divided by. float32 with a correctly rounded reciprocal:
+// a few instructions (a double or 64-bit integer division costs dozens), and
+// the reference computes the same bits. 0 <= pool < the grid's groups,
+// which exceed guess_pools by less than a block's, and guess_pools >= 1: the
+// product fits int64, and the clamp keeps the guess in [0, batch).
+__device__ __forceinline__ long long guess_request(long long pool, long long guess_pools, long long batch) {
     const float share = static_cast<float>(pool) * static_cast<float>(batch);
-    const float scaled = share * kp_rcp_rn(static_cast<float>(total_pools));
+    const float scaled = share * kp_rcp_rn(static_cast<float>(guess_pools));
     const long long guess = static_cast<long long>(scaled);
     return guess < batch - 1 ? guess : batch - 1;
 }
@@ -34,7 +36,9 @@ __device__ __forceinline__ long long guess_request(long long pool, long long tot
 // (its offsets bracket the pool), else the last b with
 // pool_row_offsets[b] <= pool by binary search: on sorted offsets the same
 // request, found in one round trip of loads for the common shapes, since the
-// guess's five index reads are issued together. Its members are kpool
+// guess's five index reads are issued together, beside the caller's read of
+// the pool count (total_pools, the last offset): the guess does not wait for
+// it. A pool at or past the count is never searched for and never located. Its members are kpool
 // consecutive rows starting after the `align` leading tokens that complete a
 // pool opened by the cached prefix. Every value read here may be garbage when
 // the caller skipped validation, so each step is checked before it is used
@@ -44,24 +48,31 @@ __device__ __forceinline__ long long guess_request(long long pool, long long tot
 // (q + 1) * KPOOL)), -1 for a cached length of 2^62 or more, which only
 // garbage has (a paged cache's block table needs q).
 template <int KPOOL, typename IO, typename IC, typename IP>
-__device__ __forceinline__ bool locate_pool(long long pool, long long total_pools, const IO* input_row_offsets,
+__device__ __forceinline__ bool locate_pool(long long pool, long long guess_pools, const IO* input_row_offsets,
                                             const IC* cache_lengths, const IP* pool_row_offsets, long long batch,
                                             long long total_tokens, long long* first_row, long long* owner,
                                             long long* number) {
-    long long request = guess_request(pool, total_pools, batch);
-    long long pool_begin = load_index(pool_row_offsets, request);
-    long long pool_end = load_index(pool_row_offsets, request + 1);
-    long long row_begin, row_end, cached;
-    bool rows_ok =
-        request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
-    if (pool < pool_begin || pool >= pool_end) {  // a wrong guess: search
+    // The count and the guess's five reads issue together, each kept as loaded until all have issued: a
+    // widening right after a load is an instruction that waits for it, and the reads after it would too.
+    long long request = guess_request(pool, guess_pools, batch);
+    const IP total_read = pool_row_offsets[batch];
+    const IP begin_read = pool_row_offsets[request], end_read = pool_row_offsets[request + 1];
+    const IO rows_begin_read = input_row_offsets[request], rows_end_read = input_row_offsets[request + 1];
+    const IC cached_read = cache_lengths[request];
+    const long long total_pools = static_cast<long long>(total_read);  // load_index's widening, each
+    long long pool_begin = static_cast<long long>(begin_read), pool_end = static_cast<long long>(end_read);
+    long long row_begin = static_cast<long long>(rows_begin_read), row_end = static_cast<long long>(rows_end_read);
+    long long cached = static_cast<long long>(cached_read);
+    bool rows_ok = row_begin >= 0 && row_end <= total_tokens && row_begin <= row_end && cached >= 0;  // request_rows'
+    const bool counted = pool < total_pools;  // no early return here: ptxas would move it before the reads
+    if (counted && (pool < pool_begin || pool >= pool_end)) {  // a wrong guess: search
         request = find_request(pool_row_offsets, batch, pool);
         pool_begin = load_index(pool_row_offsets, request);
         pool_end = load_index(pool_row_offsets, request + 1);
         rows_ok = request_rows(input_row_offsets, cache_lengths, request, total_tokens, &row_begin, &row_end, &cached);
     }
     // pool_begin >= 0 keeps pool - pool_begin from overflowing below.
-    if (pool_begin < 0 || pool < pool_begin || pool >= pool_end || !rows_ok) return false;
+    if (!counted || pool_begin < 0 || pool < pool_begin || pool >= pool_end || !rows_ok) return false;
 
     const long long local_pool = pool - pool_begin;  // >= 0, and bounded below before it scales
     if (local_pool > (row_end - row_begin) / KPOOL) return false;
@@ -87,13 +98,12 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
                                               const GT* gate, long long gate_row_stride, const float* ape,
                                               long long ape_row_stride, const IO* input_row_offsets,
                                               const IC* cache_lengths, const IP* pool_row_offsets, long long batch,
-                                              long long total_tokens, float (&result)[kChannelsPerThread],
-                                              Prepare prepare) {
-    // The last offset is the exact pool count, so surplus groups leave here.
-    const long long total_pools = load_index(pool_row_offsets, batch);
-    if (pool >= total_pools) return false;
+                                              long long total_tokens, long long guess_pools,
+                                              float (&result)[kChannelsPerThread], Prepare prepare) {
+    // The last offset is the exact pool count: surplus groups leave in locate_pool.
+    if (batch <= 0) return false;  // no request to guess
     long long first_row, request, number;
-    if (!locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
+    if (!locate_pool<KPOOL>(pool, guess_pools, input_row_offsets, cache_lengths, pool_row_offsets, batch,
                             total_tokens, &first_row, &request, &number))
         return false;
     prepare(request, number);
@@ -119,10 +129,10 @@ __device__ __forceinline__ bool compress_pool(long long pool, int channel, const
     const KT *__restrict__ k, long long k_row_stride, const GT *__restrict__ gate, long long gate_row_stride,     \
         const float *__restrict__ ape, long long ape_row_stride, const IO *__restrict__ input_row_offsets,        \
         const IC *__restrict__ cache_lengths, const IP *__restrict__ pool_row_offsets, long long batch,           \
-        long long total_tokens
+        long long total_tokens, long long guess_pools
 #define KP_COMPRESS_INPUT_ARGS                                                                                    \
     k, k_row_stride, gate, gate_row_stride, ape, ape_row_stride, input_row_offsets, cache_lengths, pool_row_offsets, \
-        batch, total_tokens
+        batch, total_tokens, guess_pools
 
 namespace kp {
 
@@ -477,11 +487,9 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
     bool located = false;
     long long first_row = 0;
     if (in_group && batch > 0 && pool < grad_rows) {
-        const long long total_pools = kp::load_index(pool_row_offsets, batch);
         long long request, number;
-        located = pool < total_pools && kp::locate_pool<KPOOL>(pool, total_pools, input_row_offsets, cache_lengths,
-                                                               pool_row_offsets, batch, total_tokens, &first_row,
-                                                               &request, &number);
+        located = kp::locate_pool<KPOOL>(pool, guess_pools, input_row_offsets, cache_lengths, pool_row_offsets,
+                                         batch, total_tokens, &first_row, &request, &number);
     }
     const KT* k_member = k + first_row * k_row_stride + channel;
     const GT* gate_member = gate + first_row * gate_row_stride + channel;

@@ -8,6 +8,7 @@ batch as lengths, cache lengths and kpool, which is all it takes to replay one.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -102,7 +103,8 @@ def test_constant_gate_and_zero_ape_give_the_mean(spec, value):
     kpool = spec["kpool"]
     got = emulate.kpool_compress(*batch.args()).astype(np.float64)
     pools = pool_row_offsets(batch.input_row_offsets, batch.cache_lengths, kpool)
-    first, ok = reference.member_rows(_call(batch), int(pools[-1]), batch.input_row_offsets, batch.cache_lengths, pools)
+    call = _call(batch, int(pools[-1]))
+    first, ok = reference.member_rows(call, int(pools[-1]), batch.input_row_offsets, batch.cache_lengths, pools)
     assert ok.all()
     mean = batch.k[first[:, None] + np.arange(kpool)].astype(np.float64).mean(axis=1)
     atol, rtol = TOLERANCES[spec["dtype"]]
@@ -140,10 +142,14 @@ def test_emulate_and_reference_agree(spec):
     np.testing.assert_allclose(got, want, atol=2 * atol, rtol=2 * rtol)
 
 
-def _call(batch):
+def _call(batch, pools: int) -> SimpleNamespace:
+    """What reference.member_rows reads of a launch: the call's batch, tokens and kpool, and the pool count the
+    launch guesses by (the exact one, as the host passes when it knows it)."""
     from kpool_cupy.ops.compress import check_compress_args
     from kpool_cupy.ops.framework.spec import CallArgs
 
     arrays = dict(k=batch.k, gate=batch.gate, ape=batch.ape, input_row_offsets=batch.input_row_offsets)
     arrays |= dict(cache_lengths=batch.cache_lengths, pool_row_offsets=None, out=None)
-    return check_compress_args(CallArgs(**arrays, out_dtype=None, rotate=False))
+    call = check_compress_args(CallArgs(**arrays, out_dtype=None, rotate=False))
+    sizes = {"batch": call.batch, "total_tokens": call.total_tokens, "kpool": call.kpool}
+    return SimpleNamespace(**sizes, guess_pools=max(pools, 1))

@@ -322,22 +322,39 @@ def test_the_reference_searches_unsorted_offsets_as_the_kernel_does():
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
 def test_a_confirmed_guess_picks_the_request_where_the_search_would_not(module):
-    # Unsorted pool_row_offsets [0, 5, 1, 2, 8] (batch 4, kpool 4): pool 1's
-    # guess, floor(1 * 4 / 8) = 0, is bracketed by offsets 0 and 5, so the
-    # kernel takes request 0 (rows 0-7, its second pool: rows 4-7); the
-    # binary search alone would have stopped at request 2 (rows 8-11).
-    # Both backends must make the kernel's choice.
+    # Unsorted pool_row_offsets [0, 5, 0, 3, 8] (batch 4, kpool 4; the launch
+    # covers 4 pools, min(16 tokens // 4, 8 rows of out)): pool 0's guess,
+    # floor(0 * 4 / 4) = 0, is bracketed by offsets 0 and 5, so the kernel
+    # takes request 0 (rows 0-7, its first pool: rows 0-3); the binary search
+    # alone would have stopped at request 2 (rows 8-11). Both backends must
+    # make the kernel's choice.
     rng = np.random.default_rng(5)
     k = rng.standard_normal((16, 8)).astype(np.float32)
     gate = rng.standard_normal((16, 8)).astype(np.float32)
     ape = rng.standard_normal((4, 8)).astype(np.float32)
     offsets = np.array([0, 8, 8, 12, 16], np.int32)
     cache = np.zeros(4, np.int32)
-    pools = np.array([0, 5, 1, 2, 8], np.int32)
+    pools = np.array([0, 5, 0, 3, 8], np.int32)
     out = np.zeros((8, 8), np.float32)
     module.kpool_compress(k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
-    rows_4_to_7 = module.kpool_compress(k[4:8], gate[4:8], ape, np.array([0, 4], np.int32), np.zeros(1, np.int32))
-    np.testing.assert_array_equal(out[1], rows_4_to_7[0])
+    rows_0_to_3 = module.kpool_compress(k[0:4], gate[0:4], ape, np.array([0, 4], np.int32), np.zeros(1, np.int32))
+    rows_8_to_11 = module.kpool_compress(k[8:12], gate[8:12], ape, np.array([0, 4], np.int32), np.zeros(1, np.int32))
+    np.testing.assert_array_equal(out[0], rows_0_to_3[0])
+    assert not np.array_equal(out[0], rows_8_to_11[0])  # the search's request would pool other rows
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_a_pool_past_the_count_is_not_written_even_where_a_guess_brackets_it(module):
+    # Unsorted pool_row_offsets [0, 4, 1] (batch 2, kpool 4): the count is 1, but the launch covers 4 pools
+    # (16 tokens // 4, 4 rows of out) and pool 1's guess, floor(1 * 2 / 4) = 0, is bracketed by 0 and 4. The
+    # kernel reads the count beside the guess and writes no pool at or past it.
+    rng = np.random.default_rng(6)
+    k, gate = (rng.standard_normal((16, 8)).astype(np.float32) for _ in range(2))
+    ape = rng.standard_normal((4, 8)).astype(np.float32)
+    out = np.full((4, 8), np.nan, np.float32)
+    offsets, cache, pools = np.array([0, 8, 16], np.int32), np.zeros(2, np.int32), np.array([0, 4, 1], np.int32)
+    module.kpool_compress(k, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
+    assert not np.isnan(out[0]).any() and np.isnan(out[1:]).all()
 
 
 @pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])

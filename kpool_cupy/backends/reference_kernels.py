@@ -41,16 +41,15 @@ def kernel_scalars(launch: Launch) -> SimpleNamespace:
     return SimpleNamespace(**scalars, **template)
 
 
-def guess_request(pools: np.ndarray, total_pools: int, batch: int) -> np.ndarray:
-    """``kp::guess_request``: each pool's share of ``total_pools`` scaled to the batch, in float32 as the kernel.
+def guess_request(pools: np.ndarray, guess_pools: int, batch: int) -> np.ndarray:
+    """``kp::guess_request``: each pool's share of ``guess_pools`` (the launch's, at least 1) scaled to the batch,
+    in float32 as the kernel.
 
     Each step rounds like the kernel's (conversions to nearest, the product,
     a correctly rounded reciprocal, the product), so the guess is the same.
     """
-    if total_pools <= 0:  # the kernel never guesses then: every pool is past the total
-        return np.zeros(pools.shape, np.int64)
     share = pools.astype(np.float32) * np.float32(batch)
-    scaled = share * (np.float32(1) / np.float32(total_pools))
+    scaled = share * (np.float32(1) / np.float32(guess_pools))
     return np.minimum(np.trunc(scaled).astype(np.int64), batch - 1)
 
 
@@ -60,7 +59,7 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     The same guess, search and checks as ``kp::locate_pool`` in
     kernels/kpool_compress.cu, so garbage offsets with ``validate=False`` index
     nothing outside ``k`` here either. ``call`` needs ``batch``,
-    ``total_tokens`` and ``kpool``.
+    ``total_tokens``, ``kpool`` and ``guess_pools`` (the launch's).
     """
     first, ok, _, _ = locate_pools(call, count, input_row_offsets, cache_lengths, pool_row_offsets)
     return first, ok
@@ -75,9 +74,8 @@ def locate_pools(call: Any, count: int, input_row_offsets: Any, cache_lengths: A
     cached = np.asarray(cache_lengths).astype(np.int64)
     if call.batch == 0:
         return pool, np.zeros(count, dtype=bool), pool, pool
-    # The guess where its offsets bracket the pool, else the search.
-    total = int(pools[call.batch])
-    guess = guess_request(np.minimum(pool, max(total - 1, 0)), total, call.batch)
+    # The guess where its offsets bracket the pool, else the search (never for a pool past the count).
+    guess = guess_request(pool, call.guess_pools, call.batch)
     hit = (pools[guess] <= pool) & (pool < pools[guess + 1])
     request = np.where(hit, guess, find_request(pools, call.batch, pool))
     begin, end = pools[request], pools[request + 1]

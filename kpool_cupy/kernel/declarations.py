@@ -164,7 +164,7 @@ _COMPRESS_INPUTS = (
     *rows("ape", "const float*"),
     *_BATCH,
     Param("pool_row_offsets", "const IP*"),
-    *longs("batch", "total_tokens"),
+    *longs("batch", "total_tokens", "guess_pools"),
 )
 
 

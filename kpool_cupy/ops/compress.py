@@ -100,7 +100,7 @@ def pool_into(backend: Backend, call: CompressCall, a: dict[str, Any], *, valida
     covered = pools_to_cover(total_pools, call.total_tokens, call.kpool, most_pools(call) if room is None else room)
     if covered > 0:
         a = a | {"pool_row_offsets": pools}
-        values = pooling_values(call, a) | to.launch_values(a)
+        values = pooling_values(call, a, covered) | to.launch_values(a)
         template = launch_template(pooling_template(call, a), to, a)
         # Few pools (a short prefill) spread over about every SM, as the decode step's requests are.
         backend.launch(Launch(to.kernel, template, values, spread_geometry(call.head_dim, covered), a))

@@ -151,7 +151,7 @@ def run(backend: Backend, call: CompressBackwardCall, a: dict[str, Any], *, vali
     if blocks + rest > 0:
         o = a | outputs | {"pool_row_offsets": pools, "partials": partials}
         grad_strides = [s // grad.dtype.itemsize for s in grad.strides]
-        values = pooling_values(call, o) | codes.rows("grad", grad)
+        values = pooling_values(call, o, covered) | codes.rows("grad", grad)
         values |= {"grad_column_stride": grad_strides[1], "grad_rows": grad.shape[0]}
         values |= codes.rows("grad_k", o["grad_k"]) | codes.rows("grad_gate", o["grad_gate"])
         values |= {"partials": partials, "pool_blocks": blocks}

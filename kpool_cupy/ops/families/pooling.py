@@ -96,12 +96,13 @@ def pools_to_cover(total_pools: int | None, total_tokens: int, kpool: int, out_r
     return bound if total_pools is None else min(total_pools, bound)
 
 
-def pooling_values(call: CompressCall, operands: dict[str, Any]) -> dict[str, Any]:
-    """The pooling inputs compress and its FP8 form share: tokens, ape, offsets and counts."""
+def pooling_values(call: CompressCall, operands: dict[str, Any], covered: int) -> dict[str, Any]:
+    """The pooling inputs compress, its FP8 form and its backward share: tokens, ape, offsets and counts, and
+    ``covered`` (``pools_to_cover``, at least 1) as the pool count the kernel guesses each pool's request by."""
     o = operands
     values = codes.rows("k", o["k"]) | codes.rows("gate", o["gate"]) | codes.rows("ape", o["ape"])
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths", "pool_row_offsets")}
-    return values | {"batch": call.batch, "total_tokens": call.total_tokens}
+    return values | {"batch": call.batch, "total_tokens": call.total_tokens, "guess_pools": max(covered, 1)}
 
 
 def pooling_template(call: CompressCall, operands: dict[str, Any]) -> dict[str, Any]:
