@@ -21,11 +21,12 @@ namespace kp {
 // load waits to be divided by. float32 with a correctly rounded reciprocal:
 // a few instructions (a double or 64-bit integer division costs dozens), and
 // the reference computes the same bits. 0 <= pool < the grid's groups,
-// which exceed guess_pools by less than a block's, and guess_pools >= 1: the
-// product fits int64, and the clamp keeps the guess in [0, batch).
+// which exceed guess_pools by less than a block's: the product fits int64,
+// and the clamp keeps the guess in [0, batch).
 __device__ __forceinline__ long long guess_request(long long pool, long long guess_pools, long long batch) {
     const float share = static_cast<float>(pool) * static_cast<float>(batch);
-    const float scaled = share * kp_rcp_rn(static_cast<float>(guess_pools));
+    // The host passes at least 1; a hand-made launch's smaller count is taken as 1, so no guess leaves the batch.
+    const float scaled = share * kp_rcp_rn(static_cast<float>(guess_pools < 1 ? 1 : guess_pools));
     const long long guess = static_cast<long long>(scaled);
     return guess < batch - 1 ? guess : batch - 1;
 }

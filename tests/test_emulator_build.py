@@ -291,7 +291,7 @@ _OUT_OF_BOUNDS = textwrap.dedent(
     args = COMPRESS.arguments(dict(
         k=k, k_row_stride=16, gate=k, gate_row_stride=16, ape=np.zeros((4, 16), np.float32), ape_row_stride=16,
         input_row_offsets=offsets, cache_lengths=cache, pool_row_offsets=pools, batch=1, total_tokens=16,
-        pooled=out, pooled_row_stride=16, pooled_rows=4))
+        guess_pools=4, pooled=out, pooled_row_stride=16, pooled_rows=4))
     i64 = np.dtype(np.int64)
     name = COMPRESS.instance(KT=bf16, GT=bf16, OT=bf16, HEAD_DIM=16, KPOOL=4, VECTOR=0, IO=i64, IC=i64, IP=i64)
     emulate.launch(COMPRESS.source, name, 1, 8, args)
@@ -333,6 +333,7 @@ def test_an_argument_of_the_wrong_width_is_refused():
                 "pool_row_offsets": np.array([0, 2], np.int64),
                 "batch": 1,
                 "total_tokens": 8,
+                "guess_pools": 2,
                 "pooled": np.zeros((2, 16), bf16),
                 "pooled_row_stride": 16,
                 "pooled_rows": 2,
@@ -365,7 +366,8 @@ def test_a_wrong_vector_mask_aborts_the_emulator_like_a_gpu_fault(tmp_path):
         args = COMPRESS.arguments(dict(
             k=k, k_row_stride=20, gate=k, gate_row_stride=20, ape=np.zeros((4, 16), np.float32), ape_row_stride=16,
             input_row_offsets=index, cache_lengths=index[:1], pool_row_offsets=np.array([0, 2], np.int64),
-            batch=1, total_tokens=8, pooled=np.zeros((2, 16), bf16), pooled_row_stride=16, pooled_rows=2))
+            batch=1, total_tokens=8, guess_pools=2, pooled=np.zeros((2, 16), bf16), pooled_row_stride=16,
+            pooled_rows=2))
         # VECTOR = 1 (k aligned) is a lie: k starts 8 bytes off.
         i64 = np.dtype(np.int64)
         name = COMPRESS.instance(KT=bf16, GT=bf16, OT=bf16, HEAD_DIM=16, KPOOL=4, VECTOR=1, IO=i64, IC=i64, IP=i64)

@@ -49,7 +49,7 @@ def guess_request(pools: np.ndarray, guess_pools: int, batch: int) -> np.ndarray
     a correctly rounded reciprocal, the product), so the guess is the same.
     """
     share = pools.astype(np.float32) * np.float32(batch)
-    scaled = share * (np.float32(1) / np.float32(guess_pools))
+    scaled = share * (np.float32(1) / np.float32(max(guess_pools, 1)))  # as the kernel, which takes 1 below 1
     return np.minimum(np.trunc(scaled).astype(np.int64), batch - 1)
 
 
@@ -59,7 +59,8 @@ def member_rows(call: Any, count: int, input_row_offsets: Any, cache_lengths: An
     The same guess, search and checks as ``kp::locate_pool`` in
     kernels/kpool_compress.cu, so garbage offsets with ``validate=False`` index
     nothing outside ``k`` here either. ``call`` needs ``batch``,
-    ``total_tokens``, ``kpool`` and ``guess_pools`` (the launch's).
+    ``total_tokens`` and ``kpool``, and may give the launch's ``guess_pools``
+    (the exact pool count without it).
     """
     first, ok, _, _ = locate_pools(call, count, input_row_offsets, cache_lengths, pool_row_offsets)
     return first, ok
@@ -74,8 +75,10 @@ def locate_pools(call: Any, count: int, input_row_offsets: Any, cache_lengths: A
     cached = np.asarray(cache_lengths).astype(np.int64)
     if call.batch == 0:
         return pool, np.zeros(count, dtype=bool), pool, pool
-    # The guess where its offsets bracket the pool, else the search (never for a pool past the count).
-    guess = guess_request(pool, call.guess_pools, call.batch)
+    # The guess where its offsets bracket the pool, else the search (never for a pool past the count). A call
+    # record without a launch's guess_pools (member_rows on a CompressCall) guesses by the exact count.
+    guess_pools = getattr(call, "guess_pools", None)
+    guess = guess_request(pool, int(pools[call.batch]) if guess_pools is None else guess_pools, call.batch)
     hit = (pools[guess] <= pool) & (pool < pools[guess + 1])
     request = np.where(hit, guess, find_request(pools, call.batch, pool))
     begin, end = pools[request], pools[request + 1]
