@@ -1,6 +1,7 @@
-// Selected pools back to token positions, one column at a time: what
-// kpool_expand_topk writes and what kpool_index_topk writes after it has
-// selected, so both expand a pool id alike.
+// Selected pools back to token positions: what kpool_expand_topk writes and
+// what kpool_index_topk and kpool_index_select_fp8 write after they have
+// selected, by the same code, so all three expand a pool id alike. Column by
+// column:
 //
 //     positions[t, s * kpool + j] = pool_ids[t, s] * kpool + j        (pool_ids[t, s] >= 0)
 //     positions[t, s * kpool + j] = -1                                 (pool_ids[t, s] < 0)
