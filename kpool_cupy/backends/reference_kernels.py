@@ -212,7 +212,7 @@ def compress_backward(launch: Launch, accumulate: type[np.floating]) -> None:
     call = kernel_scalars(launch)
     if call.pool_blocks > 0:
         pool_gradients(launch, accumulate)
-    groups_per_block = launch.geometry.block // (call.head_dim // 8)  # groups of head_dim / 8 threads
+    groups_per_block = launch.geometry.block // (call.head_dim // CHANNELS_PER_THREAD)  # groups of head_dim / 8
     clear_rows_outside_pools(launch, min((launch.geometry.grid - call.pool_blocks) * groups_per_block, call.batch))
 
 
