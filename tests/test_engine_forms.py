@@ -78,6 +78,43 @@ def test_other_forms_are_refused_naming_the_argument(backend):
         backend.kpool_compress_fp8(**dict(a, k=a["k"].astype(FLOAT8)))
 
 
+def _deep_gemm_refusals(cache: np.ndarray) -> list[tuple[np.ndarray, str]]:
+    """4-D caches each refused for one reason, and the refusal: it shows the shape or strides the caller passed
+    (the checks see the caller's array, the kernels its 3-D view)."""
+    blocks, size, entry = cache.shape
+    wide = np.zeros((blocks, size, 1, entry + 4), np.uint8)
+    spaced = np.zeros((blocks, size, 1, 2 * entry), np.uint8)[..., :entry]  # rows 2 entries apart
+    shape = rf"expected shape \[num_blocks, block_size >= 1, {entry}\].*got \({blocks}, {size}, 1, {entry + 4}\)$"
+    r = 2 * entry  # the row stride
+    strides = rf"contiguous pages \(strides \[page, {entry}, any, 1\]\), got strides \({r * size}, {r}, {r}, 1\)$"
+    return [(wide, shape), (spaced, "expected " + strides)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.__name__.rpartition(".")[2])
+def test_a_refused_4d_cache_is_shown_as_the_caller_passed_it(backend):
+    q, weights, cache, table, offsets, lengths = _scoring()
+    a = good("compress_fp8")
+    for bad, message in _deep_gemm_refusals(cache):
+        with pytest.raises(ValueError, match=r"^Invalid cache: " + message):
+            backend.kpool_index_logits_fp8(q, weights, bad, table, offsets, lengths, kpool=2)
+        with pytest.raises(ValueError, match=r"^Invalid cache: " + message):
+            backend.kpool_index_select_fp8(q, weights, bad, table, offsets, lengths, kpool=2, pool_topk=1)
+    for bad, message in _deep_gemm_refusals(_cache()):
+        with pytest.raises(ValueError, match=r"^Invalid cache: " + message):
+            backend.kpool_compress_fp8(**a, cache=bad, slots=_slots())
+
+
+def test_torch_refuses_a_4d_cache_as_the_caller_passed_it():
+    torch = pytest.importorskip("torch")
+    import kpool_cupy.torch as kt
+
+    q, weights, cache, table, offsets, lengths = _scoring()
+    for bad, message in _deep_gemm_refusals(cache):
+        tensors = (torch.from_numpy(a) for a in (q, weights, bad, table, offsets, lengths))
+        with pytest.raises(ValueError, match=r"^Invalid cache: " + message):
+            kt.kpool_index_logits_fp8(*tensors, kpool=2)
+
+
 def test_torch_ops_take_float8_tensors_and_deep_gemms_cache_on_the_cpu_and_traced():
     torch = pytest.importorskip("torch")
     import kpool_cupy.torch as kt

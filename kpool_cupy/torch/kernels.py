@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.framework.engine_forms import read_form
+from ..ops.framework.engine_forms import BEFORE_CHECKS, read_form
 from ..ops.framework.results import given_outputs, output_keys
 from ..ops.framework.spec import OpSpec
 from .cpu_backend import cpu_module
@@ -89,7 +89,7 @@ def arguments(
     """The package function's arrays (in operand order, a ring list as one array or a pair) and options."""
     arrays = []
     for operand in spec.operands:
-        value = read_form(operand, given.get(operand.name), torch.uint8)  # float8 q, DeepGEMM's 4-D cache
+        value = read_form(operand, given.get(operand.name), torch.uint8, BEFORE_CHECKS)  # float8 q as bytes
         if isinstance(value, (list, tuple)):
             rings = tuple(convert(operand.name, t) for t in value)
             arrays.append(rings[0] if len(rings) == 1 else rings)

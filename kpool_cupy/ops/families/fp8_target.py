@@ -111,17 +111,21 @@ class Fp8Placement:
 def check_cache_layout(
     cache: Any, head_dim: int, writable: bool = True, layout: PageLayout = FP8_PAGES
 ) -> tuple[int, int]:
-    """The cache's pages and entries per page; ``writable`` for the ops that write it (the scorer reads it)."""
+    """The cache's pages and entries per page; ``writable`` for the ops that write it (the scorer reads it).
+    ``cache`` is this package's 3-D form or DeepGEMM's 4-D one (``engine_forms.PAGED_CACHE``), checked as
+    the caller passed it, so a refusal shows the caller's shape and strides."""
     require_array("cache", cache)
     if np.dtype(cache.dtype) != UINT8:
         raise dtype_fail("cache", "dtype uint8", dtype_name(np.dtype(cache.dtype)))
     entry = layout.entry_bytes(head_dim)
-    if cache.ndim != 3 or cache.shape[2] != entry or cache.shape[1] < 1:
+    deep_gemm = cache.ndim == 4 and cache.shape[2] == 1  # the unit axis's stride is any: it is never stepped
+    if not (cache.ndim == 3 or deep_gemm) or cache.shape[-1] != entry or cache.shape[1] < 1:
         rule = f"shape [num_blocks, block_size >= 1, {entry}] (head_dim + {entry - head_dim}) or [..., 1, {entry}]"
         raise fail("cache", rule, tuple(cache.shape))
-    page = cache.shape[1] * cache.shape[2]
-    if cache.size and (cache.strides[2] != 1 or (cache.shape[1] > 1 and cache.strides[1] != entry)):
-        raise fail("cache", f"contiguous pages (strides [page, {entry}, 1])", f"strides {cache.strides}")
+    page = cache.shape[1] * entry
+    if cache.size and (cache.strides[-1] != 1 or (cache.shape[1] > 1 and cache.strides[1] != entry)):
+        rule = f"strides [page, {entry}, any, 1]" if deep_gemm else f"strides [page, {entry}, 1]"
+        raise fail("cache", f"contiguous pages ({rule})", f"strides {cache.strides}")
     if cache.shape[0] > 1 and (cache.strides[0] < page or cache.strides[0] % 4):
         raise fail("cache", f"a page stride that is a multiple of 4 and at least {page} bytes", cache.strides[0])
     if cache.size and codes.data_pointer(cache) % 4:

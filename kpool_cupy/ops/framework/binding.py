@@ -20,7 +20,7 @@ from typing import Any, Literal, TypedDict
 import numpy as np
 
 from .checks import check_bool, check_no_overlap
-from .engine_forms import given_back, read_forms
+from .engine_forms import AFTER_CHECKS, BEFORE_CHECKS, given_back, read_forms
 from .results import cache_target, remaining_results
 from .spec import REQUIRED, Backend, Operand, OpSpec, Option
 
@@ -229,11 +229,12 @@ def check_bool_options(spec: OpSpec, options: dict[str, Any]) -> None:
 
 
 def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    """The call flow of every op on every backend: the options' types, engine forms as the op reads them
+    """The call flow of every op on every backend: the options' types, engine forms as the checks read them
     (``engine_forms``), the op's checks, the overlap rule for every operand the op writes, then the op's own
-    run."""
+    run on the forms the kernels read."""
     check_bool_options(spec, options)
-    named, behind = read_forms(spec.operands, spec.named(arrays))
-    call = spec.check(named, options)
-    check_no_overlap(spec.operands, named)
-    return given_back(spec.run(backend, call, named, **options), behind)
+    checked, behind = read_forms(spec.operands, spec.named(arrays), BEFORE_CHECKS)
+    call = spec.check(checked, options)
+    check_no_overlap(spec.operands, checked)
+    named, viewed = read_forms(spec.operands, checked, AFTER_CHECKS)
+    return given_back(spec.run(backend, call, named, **options), behind | viewed)

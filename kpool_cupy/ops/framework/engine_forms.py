@@ -4,7 +4,8 @@
   a uint8 view of the same memory: the ops read and write e4m3fn bytes either way.
 - ``PAGED_CACHE``: DeepGEMM's paged FP8 cache ``[num_blocks, block_size, 1, head_dim + 4]`` is read as this
   package's ``[num_blocks, block_size, head_dim + 4]``: the same bytes (each page's values, then its float32
-  scales), its unit axis dropped by a view.
+  scales), its unit axis dropped by a view. The checks see the caller's 4-D array, so a refusal shows the
+  shape and strides the caller passed (``BEFORE_CHECKS`` / ``AFTER_CHECKS``); the kernels read the view.
 
 A given output typed float8 comes back as the caller's own array, not the view.
 """
@@ -19,6 +20,8 @@ from ...dtypes import FLOAT8_E4M3FN, UINT8
 E4M3 = "e4m3"
 PAGED_CACHE = "paged_cache"
 FORMS = (E4M3, PAGED_CACHE)
+BEFORE_CHECKS = (E4M3,)  # the checks read e4m3fn values as their bytes
+AFTER_CHECKS = (PAGED_CACHE,)  # the checks read the caller's 4-D cache (``fp8_target.check_cache_layout``)
 
 
 class Formed(Protocol):
@@ -28,10 +31,10 @@ class Formed(Protocol):
     form: str
 
 
-def read_form(operand: Formed, array: Any, byte_dtype: Any = UINT8) -> Any:
-    """``array`` as the op reads it: a view where ``operand.form`` takes an engine's form, else itself.
-    ``array`` is a NumPy or CuPy array, or a torch tensor with ``byte_dtype`` torch.uint8."""
-    if array is None or not operand.form or isinstance(array, (tuple, list)):
+def read_form(operand: Formed, array: Any, byte_dtype: Any = UINT8, forms: tuple[str, ...] = FORMS) -> Any:
+    """``array`` as the op reads it: a view where ``operand.form`` takes an engine's form (one of ``forms``),
+    else itself. ``array`` is a NumPy or CuPy array, or a torch tensor with ``byte_dtype`` torch.uint8."""
+    if array is None or operand.form not in forms or isinstance(array, (tuple, list)):
         return array
     if operand.form == E4M3 and str(array.dtype).rpartition(".")[2] == FLOAT8_E4M3FN.name:
         return array.view(byte_dtype)
@@ -40,13 +43,15 @@ def read_form(operand: Formed, array: Any, byte_dtype: Any = UINT8) -> Any:
     return array
 
 
-def read_forms(operands: Iterable[Formed], named: Mapping[str, Any]) -> tuple[dict[str, Any], dict[int, Any]]:
-    """Every operand in its read form, and the caller's array behind each view made (by the view's id)."""
-    read = {}
+def read_forms(
+    operands: Iterable[Formed], named: Mapping[str, Any], forms: tuple[str, ...] = FORMS
+) -> tuple[dict[str, Any], dict[int, Any]]:
+    """Every operand in its read form (of ``forms``), and the array behind each view made (by the view's id)."""
+    read = dict(named)
     behind = {}
     for operand in operands:
         given = named[operand.name]
-        read[operand.name] = view = read_form(operand, given)
+        read[operand.name] = view = read_form(operand, given, forms=forms)
         if view is not given:
             behind[id(view)] = given
     return read, behind

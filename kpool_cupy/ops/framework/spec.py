@@ -22,7 +22,7 @@ import numpy as np
 
 from ...kernel.declarations import Kernel
 from ...kernel.geometry import LaunchGeometry, groups_launch
-from .engine_forms import read_forms
+from .engine_forms import BEFORE_CHECKS, read_forms
 
 
 @dataclass(frozen=True)
@@ -323,4 +323,4 @@ class OpSpec:
     def describe(self, arrays: tuple[Any, ...], options: Mapping[str, Any]) -> Any:
         """The call record from the arrays in parameter order (or their metadata): what a framework that
         traces shapes (torch's fake tensors) needs, with ``outputs``."""
-        return self.check(read_forms(self.operands, self.named(arrays))[0], options)
+        return self.check(read_forms(self.operands, self.named(arrays), BEFORE_CHECKS)[0], options)
