@@ -49,6 +49,7 @@ from kpool_cupy.bench.fp8 import (  # noqa: E402
     SLOTS,
     compress_fp8_bytes,
     fp8_cases,
+    fp8_row_bytes,
     hadamard_quant_bytes,
     paged_destinations,
     query_batches,
@@ -64,6 +65,11 @@ from kpool_cupy.bench.lifecycle import (  # noqa: E402
     paged_inputs,
     step_positions,
     tail_update_bytes,
+)
+from kpool_cupy.bench.ring_close_fp8 import (  # noqa: E402
+    RingCloseShape,
+    ring_close_fp8_bytes,
+    ring_close_fp8_shapes,
 )
 from kpool_cupy.bench.select import KV_BLOCK_SIZE, select_bytes, select_shapes  # noqa: E402
 from kpool_cupy.bench.select import POOL_TOPK as SELECT_TOPK  # noqa: E402
@@ -83,6 +89,8 @@ from kpool_cupy.ops import (  # noqa: E402
     INDEX_LOGITS_FP8,
     INDEX_SELECT_FP8,
     INDEX_TOPK,
+    RING_CLOSE,
+    RING_CLOSE_FP8,
     TAIL_UPDATE,
     TAIL_UPDATE_FP8,
 )
@@ -274,6 +282,41 @@ def tail_cases() -> list[Case]:
     return cases
 
 
+def _close_operands(shape: RingCloseShape) -> tuple[tuple[np.ndarray, ...], dict[str, Any]]:
+    """bench.ring_close_fp8's operands: one input set (int32 offsets, lengths and slots)."""
+    dtype = element_dtype(shape.dtype)
+    requests, kpool, head_dim = shape.requests, shape.kpool, shape.head_dim
+    rows = (requests * shape.chunk, head_dim)
+    lengths = np.random.default_rng(0).integers(0, 4096, requests) * kpool + shape.from_ring
+    arrays = (
+        device_like((requests, 2, kpool, head_dim), dtype),
+        device_like(rows, dtype),
+        device_like(rows, dtype),
+        device_like((kpool, head_dim), np.float32),
+        device_like((requests + 1,), np.int32, np.arange(requests + 1) * shape.chunk),
+        device_like((requests,), np.int32, lengths),
+        device_like((requests,), np.int32, np.arange(requests)),
+    )
+    return arrays, {"closed": device_like((requests,), np.int32)}
+
+
+def ring_close_cases() -> list[Case]:
+    """bench.ring_close_fp8's fused close, and the plain close its unfused sequence starts with (credited with its
+    own bytes: the members read, one bf16 row written)."""
+    cases = []
+    for shape in ring_close_fp8_shapes():
+        arrays, a = _close_operands(shape)
+        row = shape.head_dim * element_dtype(shape.dtype).itemsize
+        plain = ring_close_fp8_bytes(shape) - shape.requests * (fp8_row_bytes(shape.head_dim) - row)
+        out = device_like((shape.requests, shape.head_dim), element_dtype(shape.dtype))
+        cases.append(Case("ring_close", shape.name, plain, launched(RING_CLOSE, *arrays, **a, out=out)))
+        values = device_like((shape.requests, shape.head_dim), np.uint8)
+        scales = device_like((shape.requests,), np.float32)
+        launch = launched(RING_CLOSE_FP8, *arrays, **a, out=values, out_scale=scales)
+        cases.append(Case("ring_close_fp8", shape.name, ring_close_fp8_bytes(shape), launch))
+    return cases
+
+
 def expand_cases(kpool: int = 4) -> list[Case]:
     """bench.lifecycle.bench_expand and bench_expand_paged: int32 ids, offsets and cache lengths."""
     cases = []
@@ -406,12 +449,13 @@ def backward_cases() -> list[Case]:
 
 
 def cases() -> list[Case]:
-    """Every benchmarked launch, by kernel family (ring_close, ring_close_fp8 and seed_tail are not benchmarked)."""
+    """Every benchmarked launch, by kernel family (seed_tail is not benchmarked)."""
     return [
         *compress_cases(),
         *compress_fp8_cases(),
         *hadamard_cases(),
         *tail_cases(),
+        *ring_close_cases(),
         *expand_cases(),
         *index_cases(),
         *index_cases(mma=MMA_WGMMA),

@@ -68,9 +68,10 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # whole script has not run with them.
 #
 # NVRTC, measured on this CPU-only machine (scripts/gpu_variants.py time:
-# NVRTC 12.9, 2 cores, 2026-12-04), for the 338 variants of
+# NVRTC 12.9, 2 cores, 2026-12-04), for the 339 variants of
 # scripts/gpu_variants.json (363 less the 25 of kpool_compress_backward_rest,
-# which the backward no longer launches), sm_90 cubins: 63.9 s one after
+# which the backward no longer launches, and one more for the ring-close
+# records' plain close, 0.14 s, 2026-12-05), sm_90 cubins: 64.0 s one after
 # another; over 16 processes (scripts/gpu_variants.py estimate) 4.0 s. The H200 machine's
 # precompile took 8.7 s with 16 processes for 248, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)

@@ -1,5 +1,6 @@
 """The benchmark's order and timing rules on the CPU: rounds of 32 calls at least, 20 ms of warm-up, the empty
-kernel, the FP8 decode records and the host cost of the hot FP8 decode call, the short records before the sweep.
+kernel, the FP8 decode and ring-close records and the host cost of the hot FP8 decode call, the short records
+before the sweep.
 
 The rules run through the CuPy double (tests/cupy_double), whose "device"
 time is the CPU's: nothing here asserts a speed, only what was run and
@@ -13,7 +14,7 @@ import textwrap
 import pytest
 from double import run_on_double
 
-from kpool_cupy.bench import tail_fp8
+from kpool_cupy.bench import ring_close_fp8, tail_fp8
 from kpool_cupy.bench.empty import over_empty
 from kpool_cupy.bench.lifecycle import DecodeShape, tail_update_bytes
 from kpool_cupy.bench.report import table
@@ -91,6 +92,18 @@ def test_the_fp8_decode_records_cover_batches_1_64_512_at_next_n_1_2_4():
     assert all(shape.ring == shape.kpool == 4 for shape in tail_fp8.tail_fp8_shapes())
 
 
+def test_the_fp8_ring_close_is_credited_with_each_members_rows_and_one_fp8_row():
+    shape = ring_close_fp8.RingCloseShape(64)
+    # Each request reads k and gate for its 4 members (2 from the ring, 2 from the chunk), writes 128 + 4 bytes.
+    assert ring_close_fp8.ring_close_fp8_bytes(shape) == 64 * (4 * 2 * 256 + 132)
+    assert ring_close_fp8.ring_close_unfused_bytes(shape) == 64 * (4 * 2 * 256 + 132 + 2 * 256)
+    names = [f"ring-close-fp8 {shape.name}" for shape in ring_close_fp8.ring_close_fp8_shapes()]
+    assert names == ["ring-close-fp8 chunk-1x16", "ring-close-fp8 chunk-64x16", "ring-close-fp8 chunk-512x16"]
+    for bad in ({"from_ring": 0}, {"from_ring": 4}, {"chunk": 1}):  # nothing to close, or too few tokens
+        with pytest.raises(ValueError, match=r"^Invalid from_ring: "):
+            ring_close_fp8.RingCloseShape(8, **bad)
+
+
 def test_a_decode_record_is_compared_with_the_empty_kernel_only_by_the_same_method():
     graph = {"median_ms": 0.004, "timing": "graph"}
     record = {"implementations": {"kpool-cupy": dict(graph)}}
@@ -122,7 +135,7 @@ def test_the_table_shows_the_empty_kernel_and_the_hot_fp8_decode_call():
 def test_the_fp8_decode_record_times_both_and_finds_the_same_bytes():
     _on_the_double(
         """
-        from kpool_cupy.bench import tail_fp8
+        from kpool_cupy.bench import ring_close_fp8, tail_fp8
         from kpool_cupy.bench.lifecycle import DecodeShape
 
         record = tail_fp8.bench_tail_update_fp8(DecodeShape(8, 4), samples=1)
@@ -132,6 +145,21 @@ def test_the_fp8_decode_record_times_both_and_finds_the_same_bytes():
         assert ours["timing"] == "graph" and ours["time_over_kpool_cupy"] == 1.0
         cost = tail_fp8.tail_fp8_host_cost(repeats=1, shape=DecodeShape(4, 1))
         assert cost["bare_launch_matches"] is True and cost["call_us"] > 0, cost
+        """
+    )
+
+
+@pytest.mark.slow
+def test_the_fp8_ring_close_record_times_both_and_finds_the_same_bytes():
+    _on_the_double(
+        """
+        from kpool_cupy.bench import ring_close_fp8
+
+        record = ring_close_fp8.bench_ring_close_fp8(ring_close_fp8.RingCloseShape(8), samples=1)
+        assert record["name"] == "ring-close-fp8 chunk-8x16" and record["bytes_unfused"] > record["bytes"]
+        ours, theirs = record["implementations"]["kpool-cupy"], record["implementations"]["unfused"]
+        assert theirs["same_bytes_as_kpool_cupy"] is True, theirs
+        assert ours["timing"] == "graph" and ours["time_over_kpool_cupy"] == 1.0
         """
     )
 

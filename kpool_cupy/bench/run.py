@@ -20,6 +20,7 @@ from .index import run_index
 from .inputs import InputSet, make_input_sets
 from .lifecycle import run_lifecycle
 from .plans import plan_launch
+from .ring_close_fp8 import run_ring_close_fp8
 from .select import run_select
 from .shapes import BenchShape, minimum_bytes, sweep
 from .stats import ratios_to, rotation
@@ -234,7 +235,10 @@ def run_sweep(
         results["lifecycle"].append(clock.stamp(record))
         checkpoint(results)
     results["fp8"] = []
-    for record in itertools.chain(run_fp8(quick, samples), run_tail_fp8(quick, samples)) if fp8 else ():
+    fp8_records = itertools.chain(
+        run_fp8(quick, samples), run_tail_fp8(quick, samples), run_ring_close_fp8(quick, samples)
+    )
+    for record in fp8_records if fp8 else ():
         over_empty(record, results["empty_kernel"])
         results["fp8"].append(clock.stamp(record))
         checkpoint(results)

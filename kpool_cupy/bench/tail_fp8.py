@@ -15,7 +15,7 @@ passes really move is ``bytes_unfused``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -87,8 +87,6 @@ def _step_sets(shape: DecodeShape, count: int) -> tuple[list[dict[str, Any]], di
 def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     """The fused op against the unfused sequence on the same input sets, writing FP8 rows; set 0's bytes of
     each are compared first."""
-    import cupy
-
     import kpool_cupy
 
     requests, pools, head_dim = shape.requests, shape.pools, shape.head_dim
@@ -119,9 +117,39 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
         )
         return out["unfused_values"][i]
 
+    # The ring rows a step stashes are the same tokens either way, so set 0's ring is the same for both.
+    copy, implementations = time_fused_and_unfused(fused, unfused, out, nbytes, count, samples)
+    return {
+        "name": f"tail-update-fp8 {shape.name}",
+        "requests": requests,
+        "next_n": shape.next_n,
+        "head_dim": head_dim,
+        "kpool": shape.kpool,
+        "dtype": shape.dtype,
+        "bytes": nbytes,
+        "bytes_unfused": tail_unfused_bytes(shape),
+        "input_sets": count,
+        "rotation": rotated,
+        "copy": copy,
+        "implementations": implementations,
+    }
+
+
+def time_fused_and_unfused(
+    fused: Callable[[int], Any],
+    unfused: Callable[[int], Any],
+    out: dict[str, Any],
+    nbytes: int,
+    count: int,
+    samples: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The copy of ``nbytes`` and both sequences timed on ``count`` input sets, the unfused one's FP8 rows of set
+    0 (``out["unfused_values"]``, ``out["unfused_scales"]``) compared byte for byte with the fused one's first
+    (``out["values"]``, ``out["scales"]``)."""
+    import cupy
+
     fused(0)
     unfused(0)
-    # The ring rows a step stashes are the same tokens either way, so set 0's ring is the same for both.
     differing = sum(
         int(
             np.count_nonzero(
@@ -138,20 +166,7 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     implementations["unfused"]["same_bytes_as_kpool_cupy"] = differing == 0
     implementations["unfused"]["differing_bytes_vs_kpool_cupy"] = differing
     ratios_to(implementations)
-    return {
-        "name": f"tail-update-fp8 {shape.name}",
-        "requests": requests,
-        "next_n": shape.next_n,
-        "head_dim": head_dim,
-        "kpool": shape.kpool,
-        "dtype": shape.dtype,
-        "bytes": nbytes,
-        "bytes_unfused": tail_unfused_bytes(shape),
-        "input_sets": count,
-        "rotation": rotated,
-        "copy": copy,
-        "implementations": implementations,
-    }
+    return copy, implementations
 
 
 def run_tail_fp8(quick: bool, samples: int) -> Iterator[dict[str, Any]]:
