@@ -1,34 +1,69 @@
 // kpool_index_select_fp8: kpool_index_topk over kpool_index_logits_fp8's
 // logits, bit for bit, in one launch and without writing the logits.
 //
-// One block (8 warps) per token and split of its visible pools. It scores
-// its pools a chunk of kSelectChunk at a time into shared memory, each warp
-// 8 NT pools a call with the scorer's own routines (kp::load_key_tiles,
-// kp::score_token), so each logit has the scorer's bits, and offers the
-// chunk to the streaming selection (kp::offer_tile). With one split the
-// block writes the token's expanded row; with several each writes its best
-// (at most pool_topk keys and ids, ascending id) to the workspace, and the
-// last of the token's blocks to finish (an atomicInc that wraps back to 0,
-// so the counters stay zero between calls) selects again over those lists
-// in split order and writes the row. A split covers whole chunks, so a
-// pool's place in its key tile (8 n + g) is the scorer's.
+// One block (8 warps) per group of up to kSelectGroupTokens consecutive
+// tokens (the host's group_tokens) and split of their visible pools. The
+// group's tokens of one request (a run) share its keys: the block loads
+// each chunk of kSelectChunk pools once and scores it for every token of
+// the run that sees into it, each warp 8 NT pools a call with the scorer's
+// own routines (kp::load_key_tiles, kp::score_token; on sm_90a a warpgroup
+// stages 8 KB of keys and runs kp::wgmma_head_sums per token), so each logit
+// has the scorer's bits and a request's keys are read once a step whatever
+// its next_n. Each token offers its chunk of logits to its own streaming
+// selection (kp::offer_tile, a kp::SelectBuffer a token). With one split
+// the block writes each token's expanded row; with several it writes each
+// token's best (at most pool_topk keys and ids, ascending id) to the
+// workspace, and the last of a token's blocks to finish (an atomicInc that
+// wraps back to 0, so the counters stay zero between calls) selects again
+// over that token's lists in split order and writes its row. The splits
+// cut the run's longest range (its last scoring token's pools) into whole
+// chunks, so a pool's place in its key tile (8 n + g) is the scorer's; a
+// token's candidates in a split are the split's pools it sees. The
+// selection's result does not depend on how the candidates were split.
 //
-// Working memory: shared memory and the workspace, neither grows with the
-// context. A token's candidates are its visible pools up to the table's
-// reach (table_columns * cache_block_size; a validated call's table reaches
-// them all). Every index may be garbage when the caller skipped validation: a
-// token outside its request's rows selects nothing, a pool whose page is
-// missing scores -inf as in the scorer, a count read back from the
-// workspace is clamped to pool_topk, and nothing outside the arrays is read
-// or written.
+// Working memory: dynamic shared memory (the tokens' buffers and chunks,
+// kp::SelectGroupShared, then the sm_90a path's tiles and query rows) and
+// the workspace; neither grows with the context. A token's candidates are
+// its visible pools up to the table's reach (table_columns *
+// cache_block_size; a validated call's table reaches them all). Every index
+// may be garbage when the caller skipped validation: a token outside its
+// request's rows selects nothing, a pool whose page is missing scores -inf
+// as in the scorer, a count read back from the workspace is clamped to
+// pool_topk, and nothing outside the arrays is read or written.
 #include "kpool_index.cuh"
 #include "kpool_index_wgmma.cuh"
 #include "kpool_select.cuh"
 
+namespace kp {
+
+constexpr int kSelectGroupTokens = 4;  // the most tokens a block selects for (ops/index_select_fp8.py: MAX_GROUP)
+
+// The selection's part of the fused select's dynamic shared memory, first in
+// it: `tokens` buffers, each at a multiple of 128 bytes, then each token's
+// chunk of logits (kernel/geometry.py's index_select_shared_bytes mirrors
+// kBufferBytes and kTokenBytes).
+template <int CAP>
+struct SelectGroupShared {
+    static constexpr int kBufferBytes = (static_cast<int>(sizeof(SelectBuffer<CAP>)) + 127) / 128 * 128;
+    static constexpr int kTokenBytes = kBufferBytes + kSelectChunk * 4;
+    unsigned char* base;
+    int tokens;
+    __device__ __forceinline__ SelectBuffer<CAP>& buffer(int j) const {
+        return *reinterpret_cast<SelectBuffer<CAP>*>(base + j * kBufferBytes);
+    }
+    __device__ __forceinline__ float* logits(int j) const {
+        return reinterpret_cast<float*>(base + tokens * kBufferBytes) + j * kSelectChunk;
+    }
+    __device__ __forceinline__ unsigned char* end() const { return base + tokens * kTokenBytes; }
+};
+
+}  // namespace kp
+
 
 // HEAD_DIM, MMA, VECTOR: as kpool_index_logits_fp8 (VECTOR's bits: the
 // cache pages, the query rows 16-byte aligned). CAP, IO, IC, PAGED,
-// COMPACT: as kpool_index_topk.
+// COMPACT: as kpool_index_topk. group_tokens: the tokens a block selects
+// for (1 to kSelectGroupTokens; the dynamic shared memory holds as many).
 template <int HEAD_DIM, int MMA, int VECTOR, int CAP, typename IO, typename IC, bool PAGED, bool COMPACT>
 __global__ void __launch_bounds__(kp::kSelectThreads)
     kpool_index_select_fp8(const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride,
@@ -40,79 +75,104 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                            long long pool_topk, const int* __restrict__ block_table, long long max_blocks,
                            long long block_table_stride, long long block_size, int* __restrict__ positions,
                            long long width, int* __restrict__ counts, unsigned char* __restrict__ workspace,
-                           long long splits) {
+                           long long splits, long long group_tokens) {
     KP_THREADS_COOPERATE(true);
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
     constexpr int NT = kp::index_key_tiles<HEAD_DIM, MMA>();  // the scorer's
     constexpr int kCalls = kp::kSelectChunk / kp::kSelectWarps / (8 * NT);  // a warp's score_token calls a chunk
     constexpr bool kVectorCache = (VECTOR & 1) != 0;
     constexpr bool kVectorQ = (VECTOR & 2) != 0;
-    __shared__ kp::SelectBuffer<CAP> buffer;
-    __shared__ float chunk_logits[kp::kSelectChunk];
-    const long long token = blockIdx.x / splits, split = blockIdx.x % splits;
-    if (token >= num_tokens) return;
+    const int slots = group_tokens < 1 ? 1 : (group_tokens > kp::kSelectGroupTokens ? kp::kSelectGroupTokens
+                                                                                    : static_cast<int>(group_tokens));
+    const long long group = blockIdx.x / splits, split = blockIdx.x % splits;
+    const long long first_token = group * slots;
+    if (first_token >= num_tokens) return;
+    const int tokens = num_tokens - first_token < slots ? static_cast<int>(num_tokens - first_token) : slots;
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
     const int g = lane / 4, t = lane % 4;
     const int k = static_cast<int>(pool_topk);
+    const float minus_infinity = kp_bits_to_float(0xff800000u);
+    KP_DYNAMIC_SHARED(dynamic);
+    const kp::SelectGroupShared<CAP> held{dynamic, slots};
 
-    // The scorer's rule: the pools a token of a usable request sees.
-    const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
-    long long row_begin = 0, row_end = 0, cached = 0;
-    const bool known =
-        batch > 0 &&
-        kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) &&
-        token >= row_begin && token < row_end;
-    long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
-    // Candidates stop at the table's reach (as the logits' width stops kpool_index_topk's): with a validated
-    // call the table covers every visible pool, and garbage lengths cannot send a block through 2^62 pools.
-    const long long reach = table_columns * cache_block_size;
-    visible = visible < reach ? visible : reach;
-    visible = visible < 2147483647LL ? visible : 2147483647LL;  // pool ids are int32, as the scorer's width
-    const bool all = visible <= pool_topk;  // every candidate, nothing scored
-    if (all && split != 0) return;          // one block writes the row
+    // The scorer's rule for each token, one thread a token: the request, the pools it sees (0 for a token of no
+    // usable request), and whether it takes them all (at most pool_topk: nothing scored).
+    __shared__ long long token_request[kp::kSelectGroupTokens];
+    __shared__ long long token_visible[kp::kSelectGroupTokens];
+    // Each token's selection state between its offers: every thread takes a copy for an offer, thread 0 puts it
+    // back after (every thread has read it by then: offer_tile meets at a barrier first).
+    __shared__ kp::SelectState token_state[kp::kSelectGroupTokens];
+    if (static_cast<int>(threadIdx.x) < kp::kSelectGroupTokens) token_state[threadIdx.x] = kp::SelectState{};
+    if (static_cast<int>(threadIdx.x) < tokens) {
+        const long long token = first_token + threadIdx.x;
+        const long long request = batch > 0 ? kp::find_request(input_row_offsets, batch, token) : 0;
+        long long row_begin = 0, row_end = 0, cached = 0;
+        const bool known =
+            batch > 0 &&
+            kp::request_rows(input_row_offsets, cache_lengths, request, num_tokens, &row_begin, &row_end, &cached) &&
+            token >= row_begin && token < row_end;
+        long long visible = known ? kp::pools_visible(cached, token - row_begin, kpool) : 0;
+        // Candidates stop at the table's reach (as the logits' width stops kpool_index_topk's): with a validated
+        // call the table covers every visible pool, and garbage lengths cannot send a block through 2^62 pools.
+        const long long reach = table_columns * cache_block_size;
+        visible = visible < reach ? visible : reach;
+        visible = visible < 2147483647LL ? visible : 2147483647LL;  // pool ids are int32, as the scorer's width
+        token_request[threadIdx.x] = request;
+        token_visible[threadIdx.x] = visible;
+    }
+    __syncthreads();
 
-    kp::SelectState state;
-    if (!all) {
-        const long long chunks = (visible + kp::kSelectChunk - 1) / kp::kSelectChunk;
+    for (int r0 = 0; r0 < tokens;) {
+        // A run: the group's next tokens of one request. Its range is its last scoring token's pools (a token
+        // sees no fewer pools than the one before it).
+        const long long request = token_request[r0];
+        int r1 = r0 + 1;
+        while (r1 < tokens && token_request[r1] == request) ++r1;
+        long long longest = 0;
+        for (int j = r0; j < r1; ++j)
+            if (token_visible[j] > pool_topk && token_visible[j] > longest) longest = token_visible[j];
+        if (longest == 0) {  // every token of the run takes all its pools
+            r0 = r1;
+            continue;
+        }
+        const long long chunks = (longest + kp::kSelectChunk - 1) / kp::kSelectChunk;
         const long long per_split = (chunks + splits - 1) / splits;
         const long long lo = split * per_split * kp::kSelectChunk;
-        const long long hi = lo + per_split * kp::kSelectChunk < visible ? lo + per_split * kp::kSelectChunk : visible;
-        const unsigned char* q_token = q + token * q_token_stride;
-        const float* w_token = weights + token * weights_stride;
-        const float minus_infinity = kp_bits_to_float(0xff800000u);
+        const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
+        const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's M-tiles
+        const int token_rows = tiles * kp::kWgmmaRows;
         if constexpr (MMA == kp::kMmaWgmma) {
-            // The token's query rows and weights, staged once for its chunks.
-            KP_DYNAMIC_SHARED(dynamic);
-            const kp::WgmmaSelectShared<HEAD_DIM> shared(dynamic, heads);
+            // The run's query rows and weights, staged once for its chunks.
+            const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
             const int head_count = static_cast<int>(heads);
-            const int token_rows = (head_count + kp::kWgmmaRows - 1) / kp::kWgmmaRows * kp::kWgmmaRows;
-            for (int h = static_cast<int>(threadIdx.x); h < token_rows; h += kp::kSelectThreads)
-                shared.weights[h] = h < head_count ? w_token[h] : 0.0f;
+            for (int i = static_cast<int>(threadIdx.x); i < (r1 - r0) * token_rows; i += kp::kSelectThreads) {
+                const int j = i / token_rows, h = i - j * token_rows;
+                shared.weights[i] = h < head_count ? weights[(first_token + r0 + j) * weights_stride + h] : 0.0f;
+            }
             kp::wgmma_stage_queries<HEAD_DIM, kp::kSelectThreads, kVectorQ>(
-                q, q_token_stride, q_head_stride, head_count, token, 1, token_rows, static_cast<int>(threadIdx.x),
-                reinterpret_cast<uint4*>(shared.queries));
+                q, q_token_stride, q_head_stride, head_count, first_token + r0, r1 - r0, token_rows,
+                static_cast<int>(threadIdx.x), reinterpret_cast<uint4*>(shared.queries));
         }
         for (long long base = lo; base < hi; base += kp::kSelectChunk) {
             if constexpr (MMA == kp::kMmaWgmma) {
-                // Warpgroup `group` scores pools base + kHalf group + N c, c < kChains, with the scorer's routine:
-                // every thread takes every step (the barriers), a chain past hi scores nothing.
+                // Warpgroup `group` scores pools base + kHalf group + N c, c < kChains, with the scorer's routine,
+                // for each token of the run that sees into the chain: every thread takes every step (the
+                // barriers), a chain past hi scores nothing.
                 constexpr int N = kp::wgmma_keys<HEAD_DIM>();
                 constexpr int kHalf = kp::kSelectChunk / kp::kWgmmaSelectGroups;
                 constexpr int kChains = kHalf / N;
                 static_assert(kp::kSelectThreads == kp::kWgmmaSelectGroups * kp::kWgmmaThreads,
                               "a warpgroup a half chunk");
                 static_assert(kHalf % N == 0, "whole chains: a pool's column is its id modulo N, as the scorer's");
-                const int group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
+                const int part_group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
                 const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
-                KP_DYNAMIC_SHARED(dynamic);
-                const kp::WgmmaSelectShared<HEAD_DIM> shared(dynamic, heads);
-                unsigned char* const key_tile = shared.key_tile(group);
-                float* const key_scale = shared.key_scale(group);
-                int* const key_present = shared.key_present(group);
-                float* const partial = shared.partial(group);
-                const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;
+                const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
+                unsigned char* const key_tile = shared.key_tile(part_group);
+                float* const key_scale = shared.key_scale(part_group);
+                int* const key_present = shared.key_present(part_group);
+                float* const partial = shared.partial(part_group);
                 for (int c = 0; c < kChains; ++c) {
-                    const long long first_pool = base + kHalf * group + N * c;
+                    const long long first_pool = base + kHalf * part_group + N * c;
                     const bool scores = first_pool < hi;  // the same in every thread of the warpgroup
                     if (scores) {
                         kp::WgmmaKeyPart<HEAD_DIM> part;
@@ -125,14 +185,19 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                     }
                     kp_fence_proxy_async();
                     __syncthreads();
-                    if (scores)
-                        kp::wgmma_head_sums<HEAD_DIM>(shared.queries, tiles, static_cast<int>(heads), shared.weights,
-                                                      key_tile, key_scale, member, partial);
-                    __syncthreads();
-                    if (scores && member < N && first_pool + member < hi)
-                        chunk_logits[first_pool + member - base] =
-                            key_present[member] != 0 ? kp::wgmma_logit<HEAD_DIM>(partial, member) : minus_infinity;
-                    __syncthreads();  // the next chain's stores wait for these reads
+                    for (int j = r0; j < r1; ++j) {
+                        // Uniform in the block: whether token j takes candidates from this chain.
+                        const bool sees = token_visible[j] > pool_topk && first_pool < token_visible[j];
+                        if (scores && sees)
+                            kp::wgmma_head_sums<HEAD_DIM>(
+                                shared.queries + (j - r0) * token_rows * HEAD_DIM, tiles, static_cast<int>(heads),
+                                shared.weights + (j - r0) * token_rows, key_tile, key_scale, member, partial);
+                        __syncthreads();
+                        if (scores && sees && member < N && first_pool + member < hi)
+                            held.logits(j)[first_pool + member - base] =
+                                key_present[member] != 0 ? kp::wgmma_logit<HEAD_DIM>(partial, member) : minus_infinity;
+                        __syncthreads();  // the next token's sums and the next chain's stores wait for these reads
+                    }
                 }
             }
             for (int call = 0; call < (MMA == kp::kMmaWgmma ? 0 : kCalls); ++call) {
@@ -144,36 +209,65 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                 kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, hi, request, cache, page_stride, pages,
                                                               cache_block_size, cache_block_table, table_columns,
                                                               table_stride, g, t, keys, scales, present);
-                float sums[NT][2];
-                kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q_token, q_head_stride, heads, w_token, keys, scales,
-                                                             lane, sums);
-                // Lane (g, t) keeps keys 2 t and 2 t + 1 of tile g, as the scorer writes them.
-                if (g < NT) {
+#pragma unroll 1
+                for (int j = r0; j < r1; ++j) {
+                    if (token_visible[j] <= pool_topk || first_pool >= token_visible[j]) continue;  // warp-uniform
+                    const long long token = first_token + j;
+                    float sums[NT][2];
+                    kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q + token * q_token_stride, q_head_stride, heads,
+                                                                 weights + token * weights_stride, keys, scales,
+                                                                 lane, sums);
+                    // Lane (g, t) keeps keys 2 t and 2 t + 1 of tile g, as the scorer writes them.
+                    float* const chunk_logits = held.logits(j);
+                    if (g < NT) {
 #pragma unroll
-                    for (int n = 0; n < NT; ++n)
-                        if (n == g)
+                        for (int n = 0; n < NT; ++n)
+                            if (n == g)
 #pragma unroll
-                            for (int e = 0; e < 2; ++e)
-                                chunk_logits[first_pool - base + 8 * n + 2 * t + e] =
-                                    present[n][e] ? sums[n][e] : minus_infinity;
+                                for (int e = 0; e < 2; ++e)
+                                    chunk_logits[first_pool - base + 8 * n + 2 * t + e] =
+                                        present[n][e] ? sums[n][e] : minus_infinity;
+                    }
                 }
             }
             __syncthreads();
-            const int count = hi - base < kp::kSelectChunk ? static_cast<int>(hi - base) : kp::kSelectChunk;
-            kp::SelectTile<1> tile;
+#pragma unroll 1
+            for (int j = r0; j < r1; ++j) {
+                const long long end = token_visible[j] < hi ? token_visible[j] : hi;  // token j's candidates here
+                if (token_visible[j] <= pool_topk || end <= base) continue;     // uniform in the block
+                const int count = end - base < kp::kSelectChunk ? static_cast<int>(end - base) : kp::kSelectChunk;
+                const float* const chunk_logits = held.logits(j);
+                kp::SelectTile<1> tile;
 #pragma unroll
-            for (int e = 0; e < kp::kSelectPerThread; ++e) {
-                const int offset = kp::tile_offset<1>(0, e);
-                tile.keys[0][e] = offset < count ? kp::order_key(chunk_logits[offset]) : 0u;
+                for (int e = 0; e < kp::kSelectPerThread; ++e) {
+                    const int offset = kp::tile_offset<1>(0, e);
+                    tile.keys[0][e] = offset < count ? kp::order_key(chunk_logits[offset]) : 0u;
+                }
+                kp::SelectState state = token_state[j];
+                kp::offer_tile(held.buffer(j), state, tile, count, k,  // its barriers free the chunk's logits
+                               [base](int, int e) { return static_cast<int>(base + kp::tile_offset<1>(0, e)); });
+                if (threadIdx.x == 0) token_state[j] = state;  // read next after the next chunk's barriers
             }
-            kp::offer_tile(buffer, state, tile, count, k,  // its barriers free chunk_logits
-                           [base](int, int e) { return static_cast<int>(base + kp::tile_offset<1>(0, e)); });
         }
-        kp::finish_selection(buffer, state, k);
-        if (!kp::gather_splits(buffer, state, workspace, num_tokens, token, split, splits, pool_topk)) return;
+        r0 = r1;
     }
-    const long long selected = all ? visible : (state.count < k ? state.count : k);
-    kp::write_selection<PAGED, COMPACT>(buffer, all, selected, token, input_row_offsets, cache_lengths, batch,
-                                        num_tokens, kpool, pool_topk, block_table, max_blocks, block_table_stride,
-                                        block_size, positions, width, counts);
+
+    __syncthreads();  // the last offer's state put back
+#pragma unroll 1
+    for (int j = 0; j < tokens; ++j) {
+        const long long token = first_token + j;
+        const long long visible = token_visible[j];
+        const bool all = visible <= pool_topk;  // every candidate, nothing scored
+        if (all && split != 0) continue;        // one block writes the row
+        kp::SelectState state = token_state[j];
+        kp::SelectBuffer<CAP>& buffer = held.buffer(j);
+        if (!all) {
+            kp::finish_selection(buffer, state, k);
+            if (!kp::gather_splits(buffer, state, workspace, num_tokens, token, split, splits, pool_topk)) continue;
+        }
+        const long long selected = all ? visible : (state.count < k ? state.count : k);
+        kp::write_selection<PAGED, COMPACT>(buffer, all, selected, token, input_row_offsets, cache_lengths, batch,
+                                            num_tokens, kpool, pool_topk, block_table, max_blocks,
+                                            block_table_stride, block_size, positions, width, counts);
+    }
 }

@@ -294,11 +294,12 @@ struct WgmmaScorerShared {
     __device__ __forceinline__ int* key_present(int i) const { return present + i * N; }
 };
 
-// The fused select's dynamic shared memory on this path, in this order:
-// for each of its two warpgroups a key tile, the keys' scales and presence
-// and the warps' partial sums, then the token's weights and its query rows,
-// each in whole M-tiles of 64 rows (ops/index_select_fp8.py sizes the
-// launch by the same sum: index_select_shared_bytes).
+// The fused select's dynamic shared memory on this path, after its
+// selection buffers (kp::SelectGroupShared), in this order: for each of its
+// two warpgroups a key tile, the keys' scales and presence and the warps'
+// partial sums, then the weights and the query rows of the block's `tokens`
+// tokens, each token's in whole M-tiles of 64 rows (ops/index_select_fp8.py
+// sizes the launch by the same sum: index_select_shared_bytes).
 constexpr int kWgmmaSelectGroups = 2;
 
 template <int HEAD_DIM>
@@ -308,10 +309,11 @@ struct WgmmaSelectShared {
     unsigned char* base;
     float* weights;
     unsigned char* queries;
-    __device__ __forceinline__ WgmmaSelectShared(unsigned char* dynamic, long long heads)
+    __device__ __forceinline__ WgmmaSelectShared(unsigned char* dynamic, long long heads, int tokens)
         : base(dynamic),
           weights(reinterpret_cast<float*>(dynamic + kWgmmaSelectGroups * kGroupBytes)),
-          queries(reinterpret_cast<unsigned char*>(weights + (heads + kWgmmaRows - 1) / kWgmmaRows * kWgmmaRows)) {}
+          queries(reinterpret_cast<unsigned char*>(weights +
+                                                   tokens * ((heads + kWgmmaRows - 1) / kWgmmaRows * kWgmmaRows))) {}
     __device__ __forceinline__ unsigned char* key_tile(int group) const { return base + group * kGroupBytes; }
     __device__ __forceinline__ float* key_scale(int group) const {
         return reinterpret_cast<float*>(key_tile(group) + kWgmmaKeyBytes);

@@ -367,7 +367,7 @@ def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
 def select_cases() -> list[Case]:
     """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes. The
     longest loop (a chunk of 1024 candidates: scored and offered, or read and offered) counted once a chunk a
-    block: the same upper bound as the scorer's."""
+    block, for each token of the fused call's group: the same upper bound as the scorer's."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -383,8 +383,9 @@ def select_cases() -> list[Case]:
         chunks = -(-shape.pools // 1024)
         arrays = (q, weights, cache, table, offsets, lengths)
         launch = launched(INDEX_SELECT_FP8, *arrays, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
-        splits = launch.geometry.grid // shape.tokens
-        fused = Case("index_select_fp8", shape.name, select_bytes(shape), launch, repeats=-(-chunks // splits))
+        splits, group = int(launch.values["splits"]), int(launch.values["group_tokens"])
+        repeats = -(-chunks // splits) * group
+        fused = Case("index_select_fp8", shape.name, select_bytes(shape), launch, repeats=repeats)
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written

@@ -74,6 +74,87 @@ def test_every_tensor_core_path_gives_the_scorers_bits(mma):
     _same(_emulate_with(SELECT, mma)(*case.args, kpool=1, pool_topk=300), want)
 
 
+def _rising_case(counts: tuple[int, ...], cache_lengths: tuple[int, ...]):
+    """Equal keys, queries and weights, each pool's scale rising with its id (kpool 1): a pool's logit rises with
+    its position, so each token's best are the last pools it sees, and a pool it does not see would beat them."""
+    rng = np.random.default_rng(len(counts))
+    case = index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, counts=counts, cache_lengths=cache_lengths)
+    pages, size = case.cache.shape[:2]
+    flat = case.cache.reshape(pages, -1)
+    flat[:, : size * 64] = 0x38  # e4m3 1.0
+    scales = np.ones((pages, size), np.float32)
+    for b, length in enumerate(cache_lengths):
+        pools = np.arange(length + counts[b])
+        scales[case.cache_block_table[b, pools // size], pools % size] = 1 + pools / 8192  # exact in float32
+    flat[:, size * 64 :] = scales.view(np.uint8).reshape(pages, -1)
+    case.q[...] = 0x38
+    case.weights[...] = 1.0
+    return case
+
+
+@pytest.mark.usefixtures("emulated_scorer_path")
+@pytest.mark.parametrize("backend", BACKENDS, ids=["emulate", "reference"])
+def test_a_requests_tokens_share_its_keys_but_select_only_the_pools_each_sees(backend):
+    # Blocks of up to 4 tokens, one request's tokens scoring its keys together (a run), runs that start
+    # mid-block (11 tokens of 3 requests: groups of 4, the last request's first token in the second group): each
+    # token's row is its own last pool_topk pools, ending at the one pool the token before it did not see.
+    counts, lengths = (4, 3, 4), (3000, 40, 2000)
+    case = _rising_case(counts, lengths)
+    got = backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=16)
+    _same(got, two_step(backend, case, pool_topk=16))
+    token = 0
+    for b, count in enumerate(counts):
+        for local in range(count):
+            visible = lengths[b] + local + 1
+            np.testing.assert_array_equal(got[token, :16], np.arange(visible - 16, visible), err_msg=f"token {token}")
+            token += 1
+
+
+def test_a_block_takes_a_requests_mean_tokens_as_far_as_its_shared_memory_holds():
+    from kpool_cupy.emulator.launch import recording
+    from kpool_cupy.kernel.geometry import index_select_shared_bytes, select_group_tokens
+
+    # A decode step's next_n; a prefill's first 4; fewer where the buffers of pool_topk 2048 or 4096 do not fit
+    # 99 KiB on the mma.sync paths or 227 KiB on sm_90a.
+    assert [select_group_tokens(n, 64, 64, 128, MMA_E4M3, 512) for n in (64, 128, 192, 256, 512)] == [1, 2, 3, 4, 4]
+    assert select_group_tokens(2048, 1, 64, 128, MMA_E4M3, 4096) == 2
+    assert select_group_tokens(2048, 1, 64, 128, MMA_WGMMA, 4096) == 3
+    assert select_group_tokens(5, 0, 64, 128, MMA_E4M3, 512) == 1  # no request: nothing to share
+    # 11 tokens of 3 requests: blocks of 4 tokens, each token's pools split as select_splits says.
+    case = _rising_case((4, 3, 4), (3000, 40, 2000))
+    with recording() as launches:
+        emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=16)
+    (launch,) = launches
+    assert launch.grid == 3 * select_splits(11, 16)
+    assert launch.shared_bytes == index_select_shared_bytes(4, 64, MMA_E4M3, 512, 4)
+
+
+_GROUP_BYTES_PROBE = """
+extern "C" __global__ void group_bytes(long long* out) {
+    out[0] = kp::SelectGroupShared<512>::kBufferBytes;
+    out[1] = kp::SelectGroupShared<1024>::kBufferBytes;
+    out[2] = kp::SelectGroupShared<2048>::kBufferBytes;
+    out[3] = kp::SelectGroupShared<4096>::kBufferBytes;
+    out[4] = kp::SelectGroupShared<512>::kTokenBytes - kp::SelectGroupShared<512>::kBufferBytes;
+    out[5] = kp::kSelectGroupTokens;
+}
+"""
+
+
+def test_the_launch_sizes_the_groups_shared_memory_as_the_kernel_lays_it_out():
+    # The host sizes a block's dynamic shared memory (kernel.geometry.index_select_shared_bytes) by a mirror of
+    # kp::SelectGroupShared: a smaller figure would let a token's buffer run past the launch's memory. The
+    # kernel's own constants, read on the emulator, against the mirror.
+    from kpool_cupy.emulator.launch import launch_code
+    from kpool_cupy.kernel.geometry import SELECT_CHUNK, SELECT_GROUP_TOKENS, select_buffer_bytes
+    from kpool_cupy.kernel.sources import kernel_source
+
+    out = np.zeros(6, np.int64)
+    launch_code(kernel_source("kpool_index_select.cu") + _GROUP_BYTES_PROBE, "group_bytes", 1, 1, (out,))
+    want = [select_buffer_bytes(cap) for cap in (512, 1024, 2048, 4096)] + [4 * SELECT_CHUNK, SELECT_GROUP_TOKENS]
+    assert out.tolist() == want
+
+
 @pytest.mark.usefixtures("emulated_scorer_path")
 def test_nan_keys_and_missing_pages_select_as_the_two_calls_do():
     # NaN bytes in some keys make NaN logits (last in the order); a page past the cache scores -inf

@@ -10,8 +10,9 @@ def plan_launch(spec: Any, operands: dict[str, Any], options: dict[str, Any]) ->
     """The launch kpool_cupy's plan makes for this call, as a bare CuPy launch, or why there is none.
 
     The plan (kpool_cupy.backends.cupy_plans) was made by an earlier call with
-    the same signature; calling ``plan.function(plan.grid, plan.block, args)``
-    directly is the floor CuPy itself sets for this launch.
+    the same signature; calling ``plan.function(plan.grid, plan.block, args,
+    shared_mem=plan.shared_bytes)`` directly is the floor CuPy itself sets for
+    this launch.
     """
     import cupy
 
@@ -27,6 +28,6 @@ def plan_launch(spec: Any, operands: dict[str, Any], options: dict[str, Any]) ->
     args = tuple(arrays[slot] if slot >= 0 else constant for slot, constant in pairs)
 
     def launch() -> None:
-        plan.function(plan.grid, plan.block, args)
+        plan.function(plan.grid, plan.block, args, shared_mem=plan.shared_bytes)
 
     return launch

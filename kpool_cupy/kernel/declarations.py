@@ -416,7 +416,7 @@ INDEX_SELECT_FP8 = Kernel(
         *longs("batch", "num_tokens", "kpool", "pool_topk"),
         *_EXPANSION,
         Param("workspace", "unsigned char*"),
-        Param("splits", "long long"),
+        *longs("splits", "group_tokens"),
     ),
     aligned=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q,
 )

@@ -130,15 +130,43 @@ def index_logits_shared_bytes(heads: int, head_dim: int, tokens_per_block: int, 
     return (WGMMA_STAGES + 1) * (WGMMA_KEY_BYTES + 8 * keys) + 16 * keys + rows * (4 + head_dim)
 
 
-def index_select_shared_bytes(heads: int, head_dim: int, mma: int) -> int:
-    """The fused select's dynamic shared memory a block (kp::WgmmaSelectShared): none on the mma.sync paths; on
-    the wgmma path, for each of 2 warpgroups a key tile and its keys' scales, presence and 4 warps' partial sums,
-    then the token's weights and query rows in whole M-tiles of 64."""
+SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates a selecting block takes a step
+SELECT_GROUP_TOKENS = 4  # kp::kSelectGroupTokens: the most tokens a block of the fused select selects for
+# The dynamic shared memory the fused select's group of tokens may take a block: 227 KiB on sm_90 (the wgmma path
+# runs there only); 99 KiB on the mma.sync paths, the least a GPU they run on gives (sm_86, sm_89, sm_120), so a
+# launch's group is the same on every GPU and on the emulator.
+SELECT_SHARED_LIMIT = {MMA_WGMMA: 227 * 1024}
+SELECT_SHARED_LIMIT_MMA_SYNC = 99 * 1024
+
+
+def select_buffer_bytes(cap: int) -> int:
+    """kp::SelectGroupShared<CAP>::kBufferBytes: a kp::SelectBuffer<CAP> (CAP + a chunk of keys and ids, a
+    256-bin histogram, 2 found counts, 2 x 8 warp totals, all 4-byte) at a multiple of 128 bytes."""
+    size = 8 * (cap + SELECT_CHUNK) + 4 * 256 + 4 * 2 + 4 * 2 * (SELECT_THREADS // 32)
+    return -(-size // 128) * 128
+
+
+def index_select_shared_bytes(heads: int, head_dim: int, mma: int, cap: int, tokens: int) -> int:
+    """The fused select's dynamic shared memory a block of ``tokens`` tokens (kp::SelectGroupShared, then
+    kp::WgmmaSelectShared): each token's selection buffer and chunk of logits; on the wgmma path then, for each
+    of 2 warpgroups, a key tile and its keys' scales, presence and 4 warps' partial sums, and each token's weights
+    and query rows in whole M-tiles of 64."""
+    held = tokens * (select_buffer_bytes(cap) + 4 * SELECT_CHUNK)
     if mma != MMA_WGMMA:
-        return 0
+        return held
     keys = WGMMA_KEY_BYTES // head_dim
     rows = -(-heads // WGMMA_ROWS) * WGMMA_ROWS
-    return 2 * (WGMMA_KEY_BYTES + (1 + 1 + 4) * 4 * keys) + rows * (4 + head_dim)
+    return held + 2 * (WGMMA_KEY_BYTES + (1 + 1 + 4) * 4 * keys) + tokens * rows * (4 + head_dim)
+
+
+def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, mma: int, cap: int) -> int:
+    """Tokens a block of the fused select scores and selects for, from shapes alone: a request's mean tokens
+    (a decode step's next_n; 4 at most, for a prefill), as many as the shared memory holds (1 always fits)."""
+    wanted = max(1, min(SELECT_GROUP_TOKENS, -(-num_tokens // batch) if batch > 0 else 1))
+    limit = SELECT_SHARED_LIMIT.get(mma, SELECT_SHARED_LIMIT_MMA_SYNC)
+    while wanted > 1 and index_select_shared_bytes(heads, head_dim, mma, cap, wanted) > limit:
+        wanted -= 1
+    return wanted
 
 
 def index_block_pools(head_dim: int, mma: int) -> int:

@@ -9,7 +9,14 @@ from typing import Any
 import numpy as np
 
 from ..kernel.declarations import INDEX_SELECT_FP8
-from ..kernel.geometry import LARGE_BATCH, SELECT_THREADS, LaunchGeometry, index_select_shared_bytes, select_geometry
+from ..kernel.geometry import (
+    LARGE_BATCH,
+    SELECT_THREADS,
+    LaunchGeometry,
+    index_select_shared_bytes,
+    select_geometry,
+    select_group_tokens,
+)
 from ..kernel.requests import token_visibility
 from ..pool_offsets import check_kpool
 from .families import expansion, split_selection
@@ -83,12 +90,15 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     values |= {"table_columns": table.shape[1], "table_stride": table.strides[0] // 4}
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
     values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool, "pool_topk": call.pool_topk}
-    values |= {"workspace": o["workspace"], "splits": splits}
+    cap = select_cap(call.pool_topk)
+    group = select_group_tokens(call.num_tokens, call.batch, call.heads, call.head_dim, mma, cap)
+    values |= {"workspace": o["workspace"], "splits": splits, "group_tokens": group}
     vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
-    template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": select_cap(call.pool_topk)}
+    template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": cap}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
-    shared = index_select_shared_bytes(call.heads, call.head_dim, mma)
-    geometry = LaunchGeometry(call.num_tokens * splits, SELECT_THREADS, call.num_tokens, shared_bytes=shared)
+    shared = index_select_shared_bytes(call.heads, call.head_dim, mma, cap, group)
+    blocks = -(-call.num_tokens // group) * splits
+    geometry = LaunchGeometry(blocks, SELECT_THREADS, call.num_tokens, shared_bytes=shared)
     return Launch(INDEX_SELECT_FP8, template, values, geometry, o)
 
 
@@ -157,7 +167,7 @@ SPEC = OpSpec(
     **expansion.SELECTING,
     kernel=INDEX_SELECT_FP8,
     large_launch=lambda head_dim: select_geometry(LARGE_BATCH),
-    large_dynamic_shared=lambda head_dim, mma: index_select_shared_bytes(64, head_dim, mma),
+    large_dynamic_shared=lambda head_dim, mma: index_select_shared_bytes(64, head_dim, mma, 512, 1),
     check_head_dim=check_scorer_head_dim,
     example=example,
 )
