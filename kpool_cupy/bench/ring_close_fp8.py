@@ -25,7 +25,7 @@ from typing import Any
 from ..dtypes import element_dtype
 from .fp8 import fp8_row_bytes
 from .lifecycle import device_rotation
-from .tail_fp8 import time_fused_and_unfused
+from .tail_fp8 import fused_and_unfused, time_fused_and_unfused
 
 BATCHES = (1, 64, 512)  # as the FP8 decode step's records
 CHUNK = 16  # tokens a request brings: a short chunk, since the close reads only its first kpool - from_ring
@@ -125,20 +125,7 @@ def bench_ring_close_fp8(shape: RingCloseShape, samples: int) -> dict[str, Any]:
     count = rotated["sets"]
     sets, out = _close_sets(shape, count)
 
-    def fused(i: int) -> Any:
-        kpool_cupy.kpool_ring_close_fp8(
-            **sets[i], out=out["values"][i], out_scale=out["scales"][i], closed=out["closed"][i], validate=False
-        )
-        return out["values"][i]
-
-    def unfused(i: int) -> Any:
-        pooled = out["pooled"][i]
-        kpool_cupy.kpool_ring_close(**sets[i], out=pooled, closed=out["closed"][i], validate=False)
-        kpool_cupy.hadamard_quant_fp8(
-            pooled, out=out["unfused_values"][i], out_scale=out["unfused_scales"][i], validate=False
-        )
-        return out["unfused_values"][i]
-
+    fused, unfused = fused_and_unfused(kpool_cupy.kpool_ring_close_fp8, kpool_cupy.kpool_ring_close, sets, out)
     copy, implementations = time_fused_and_unfused(fused, unfused, out, nbytes, count, samples)
     return {
         "name": f"ring-close-fp8 {shape.name}",

@@ -100,23 +100,7 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     count = rotated["sets"]
     sets, out = _step_sets(shape, count)
 
-    def fused(i: int) -> Any:
-        kpool_cupy.kpool_tail_update_fp8(
-            **sets[i], out=out["values"][i], out_scale=out["scales"][i], closed=out["closed"][i], validate=False
-        )
-        return out["values"][i]
-
-    def unfused(i: int) -> Any:
-        pooled = out["pooled"][i]
-        kpool_cupy.kpool_tail_update(**sets[i], out=pooled, closed=out["closed"][i], validate=False)
-        kpool_cupy.hadamard_quant_fp8(
-            pooled.reshape(requests * pools, head_dim),
-            out=out["unfused_values"][i].reshape(requests * pools, head_dim),
-            out_scale=out["unfused_scales"][i].reshape(requests * pools),
-            validate=False,
-        )
-        return out["unfused_values"][i]
-
+    fused, unfused = fused_and_unfused(kpool_cupy.kpool_tail_update_fp8, kpool_cupy.kpool_tail_update, sets, out)
     # The ring rows a step stashes are the same tokens either way, so set 0's ring is the same for both.
     copy, implementations = time_fused_and_unfused(fused, unfused, out, nbytes, count, samples)
     return {
@@ -133,6 +117,33 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
         "copy": copy,
         "implementations": implementations,
     }
+
+
+def fused_and_unfused(
+    fused_op: Callable[..., Any], plain_op: Callable[..., Any], sets: list[dict[str, Any]], out: dict[str, Any]
+) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
+    """Calls of input set i: ``fused_op`` (an FP8 ring form) into ``out``'s FP8 rows, scales and closed ids, and
+    the unfused sequence, ``plain_op`` (its plain form) into bf16 rows (``out["pooled"]``), then
+    ``hadamard_quant_fp8`` of those rows into ``out``'s unfused FP8 rows. Each returns its FP8 rows."""
+    import kpool_cupy
+
+    def fused(i: int) -> Any:
+        fused_op(**sets[i], out=out["values"][i], out_scale=out["scales"][i], closed=out["closed"][i], validate=False)
+        return out["values"][i]
+
+    def unfused(i: int) -> Any:
+        pooled = out["pooled"][i]
+        plain_op(**sets[i], out=pooled, closed=out["closed"][i], validate=False)
+        head_dim = pooled.shape[-1]
+        kpool_cupy.hadamard_quant_fp8(
+            pooled.reshape(-1, head_dim),
+            out=out["unfused_values"][i].reshape(-1, head_dim),
+            out_scale=out["unfused_scales"][i].reshape(-1),
+            validate=False,
+        )
+        return out["unfused_values"][i]
+
+    return fused, unfused
 
 
 def time_fused_and_unfused(
