@@ -52,6 +52,20 @@ def _row(rng, width: int, kind: str) -> np.ndarray:
     raise ValueError(kind)
 
 
+@pytest.mark.parametrize("backend", [emulate, reference], ids=["emulate", "reference"])
+def test_a_short_last_split_merges_with_the_full_ones(backend):
+    # A rising row whose last split holds fewer than k candidates, the row's best: the merge must still take
+    # the rest of the k from the split before. (A merge that started from a threshold, the largest least key
+    # of the lists, must take it from full lists only: this short list's least key is above the row's k-th.
+    # Seen failing with such a threshold taken from every list.)
+    k = 512
+    width = 2 * index_topk.TOPK_TILE + 100  # 3 tiles over 2 splits: 8,192 candidates, then 100
+    logits, offsets, lengths = _one_request(np.arange(width, dtype=np.float32)[None, :])
+    assert topk_splits(1, width, k) == 2
+    got = backend.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=k)
+    np.testing.assert_array_equal(got[0], np.arange(width - k, width))
+
+
 @pytest.mark.parametrize("kind", ["normal", "rising", "falling", "equal", "nan"])
 @pytest.mark.parametrize("pool_topk", [7, 512])
 def test_split_rows_have_the_bits_of_one_block_rows_and_the_model(monkeypatch, kind, pool_topk):
