@@ -36,7 +36,7 @@
 
 namespace kp {
 
-constexpr int kSelectGroupTokens = 4;  // the most tokens a block selects for (ops/index_select_fp8.py: MAX_GROUP)
+constexpr int kSelectGroupTokens = 4;  // the most tokens a block selects for (kernel/geometry.py: SELECT_GROUP_TOKENS)
 
 // The selection's part of the fused select's dynamic shared memory, first in
 // it: `tokens` buffers, each at a multiple of 128 bytes, then each token's

@@ -74,40 +74,59 @@ def test_every_tensor_core_path_gives_the_scorers_bits(mma):
     _same(_emulate_with(SELECT, mma)(*case.args, kpool=1, pool_topk=300), want)
 
 
-def _rising_case(counts: tuple[int, ...], cache_lengths: tuple[int, ...]):
+def _rising_case(counts: tuple[int, ...], cache_lengths: tuple[int, ...], heads: int = 4, head_dim: int = 64):
     """Equal keys, queries and weights, each pool's scale rising with its id (kpool 1): a pool's logit rises with
     its position, so each token's best are the last pools it sees, and a pool it does not see would beat them."""
     rng = np.random.default_rng(len(counts))
-    case = index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, counts=counts, cache_lengths=cache_lengths)
+    case = index_case(rng, heads=heads, head_dim=head_dim, kpool=1, block_size=16, counts=counts,
+                      cache_lengths=cache_lengths)  # fmt: skip
     pages, size = case.cache.shape[:2]
     flat = case.cache.reshape(pages, -1)
-    flat[:, : size * 64] = 0x38  # e4m3 1.0
+    flat[:, : size * head_dim] = 0x38  # e4m3 1.0
     scales = np.ones((pages, size), np.float32)
     for b, length in enumerate(cache_lengths):
         pools = np.arange(length + counts[b])
         scales[case.cache_block_table[b, pools // size], pools % size] = 1 + pools / 8192  # exact in float32
-    flat[:, size * 64 :] = scales.view(np.uint8).reshape(pages, -1)
+    flat[:, size * head_dim :] = scales.view(np.uint8).reshape(pages, -1)
     case.q[...] = 0x38
     case.weights[...] = 1.0
     return case
 
 
+# More than 128 tokens (one split a token, so blocks take groups): 3 ragged requests first, so runs start
+# mid-group (the second group holds request 1's 3 tokens and request 2's first), then 30 requests of 4 whose
+# groups straddle two requests each; 131 tokens of 33 requests, groups of 4.
+GROUPED_COUNTS = (4, 3, 4, *(4,) * 30)
+GROUPED_LENGTHS = (3000, 40, 2000, *(700 + 37 * b for b in range(30)))
+
+
 @pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("backend", BACKENDS, ids=["emulate", "reference"])
-def test_a_requests_tokens_share_its_keys_but_select_only_the_pools_each_sees(backend):
-    # Blocks of up to 4 tokens, one request's tokens scoring its keys together (a run), runs that start
-    # mid-block (11 tokens of 3 requests: groups of 4, the last request's first token in the second group): each
-    # token's row is its own last pool_topk pools, ending at the one pool the token before it did not see.
-    counts, lengths = (4, 3, 4), (3000, 40, 2000)
-    case = _rising_case(counts, lengths)
-    got = backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=16)
-    _same(got, two_step(backend, case, pool_topk=16))
+@pytest.mark.parametrize(("heads", "head_dim", "pool_topk"), [(4, 64, 16), (20, 256, 600)])
+def test_a_requests_tokens_share_its_keys_but_select_only_the_pools_each_sees(backend, heads, head_dim, pool_topk):
+    # Each token's row is its own last pool_topk pools, ending at the one pool the token before it did not see;
+    # at pool_topk 600 a token that sees no more (request 1, 40 pools) takes them all.
+    case = _rising_case(GROUPED_COUNTS, GROUPED_LENGTHS, heads, head_dim)
+    got = backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk)
+    _same(got, two_step(backend, case, pool_topk=pool_topk))
     token = 0
-    for b, count in enumerate(counts):
+    for b, count in enumerate(GROUPED_COUNTS):
         for local in range(count):
-            visible = lengths[b] + local + 1
-            np.testing.assert_array_equal(got[token, :16], np.arange(visible - 16, visible), err_msg=f"token {token}")
+            visible = GROUPED_LENGTHS[b] + local + 1
+            want = np.arange(max(visible - pool_topk, 0), visible)
+            np.testing.assert_array_equal(got[token, : len(want)], want, err_msg=f"token {token}")
             token += 1
+
+
+@pytest.mark.usefixtures("emulated_scorer_path")
+def test_grouped_tokens_each_score_with_their_own_query_and_weights():
+    # Random queries, weights and keys: a token that took another token of its group's query rows or weights
+    # would select other pools than the two calls.
+    rng = np.random.default_rng(31)
+    case = index_case(rng, heads=20, head_dim=128, kpool=1, block_size=16, counts=GROUPED_COUNTS,
+                      cache_lengths=GROUPED_LENGTHS)  # fmt: skip
+    options = {"pool_topk": 100, "compact": True}
+    _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, **options), two_step(emulate, case, **options))
 
 
 def test_a_block_takes_a_requests_mean_tokens_as_far_as_its_shared_memory_holds():
@@ -115,17 +134,18 @@ def test_a_block_takes_a_requests_mean_tokens_as_far_as_its_shared_memory_holds(
     from kpool_cupy.kernel.geometry import index_select_shared_bytes, select_group_tokens
 
     # A decode step's next_n; a prefill's first 4; fewer where the buffers of pool_topk 2048 or 4096 do not fit
-    # 99 KiB on the mma.sync paths or 227 KiB on sm_90a.
-    assert [select_group_tokens(n, 64, 64, 128, MMA_E4M3, 512) for n in (64, 128, 192, 256, 512)] == [1, 2, 3, 4, 4]
-    assert select_group_tokens(2048, 1, 64, 128, MMA_E4M3, 4096) == 2
-    assert select_group_tokens(2048, 1, 64, 128, MMA_WGMMA, 4096) == 3
-    assert select_group_tokens(5, 0, 64, 128, MMA_E4M3, 512) == 1  # no request: nothing to share
-    # 11 tokens of 3 requests: blocks of 4 tokens, each token's pools split as select_splits says.
-    case = _rising_case((4, 3, 4), (3000, 40, 2000))
+    # 99 KiB on the mma.sync paths or 227 KiB on sm_90a; one where a token's pools are split over blocks.
+    group = [select_group_tokens(n, 64, 64, 128, MMA_E4M3, 512, 1) for n in (64, 128, 192, 256, 512)]
+    assert group == [1, 2, 3, 4, 4]
+    assert select_group_tokens(2048, 1, 64, 128, MMA_E4M3, 4096, 1) == 2
+    assert select_group_tokens(2048, 1, 64, 128, MMA_WGMMA, 4096, 1) == 3
+    assert select_group_tokens(5, 0, 64, 128, MMA_E4M3, 512, 1) == 1  # no request: nothing to share
+    assert select_group_tokens(128, 64, 64, 128, MMA_E4M3, 512, 2) == 1
+    case = _rising_case(GROUPED_COUNTS, GROUPED_LENGTHS)
     with recording() as launches:
         emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=16)
     (launch,) = launches
-    assert launch.grid == 3 * select_splits(11, 16)
+    assert select_splits(131, 16) == 1 and launch.grid == 33  # ceil(131 / 4) groups
     assert launch.shared_bytes == index_select_shared_bytes(4, 64, MMA_E4M3, 512, 4)
 
 
@@ -229,8 +249,12 @@ def test_workspace_sizes_and_refusals():
 
 @pytest.mark.usefixtures("emulated_scorer_path")
 def test_the_same_under_the_reversed_thread_schedule(monkeypatch):
+    # A token a block, its pools split over blocks (3 tokens); then groups of 4 tokens, one split (131 tokens):
+    # each token's state handed from offer to offer through shared memory.
     rng = np.random.default_rng(6)
-    case = index_case(rng, heads=8, kpool=1, block_size=16, counts=(1, 2), cache_lengths=(6000, 2000))
-    want = two_step(emulate, case, pool_topk=700, compact=True)
+    split = index_case(rng, heads=8, kpool=1, block_size=16, counts=(1, 2), cache_lengths=(6000, 2000))
+    grouped = index_case(rng, heads=8, kpool=1, block_size=16, counts=GROUPED_COUNTS, cache_lengths=GROUPED_LENGTHS)
+    wants = [two_step(emulate, case, pool_topk=700, compact=True) for case in (split, grouped)]
     monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
-    _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=700, compact=True), want)
+    for case, want in zip((split, grouped), wants, strict=True):
+        _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=700, compact=True), want)

@@ -132,11 +132,14 @@ def index_logits_shared_bytes(heads: int, head_dim: int, tokens_per_block: int, 
 
 SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates a selecting block takes a step
 SELECT_GROUP_TOKENS = 4  # kp::kSelectGroupTokens: the most tokens a block of the fused select selects for
-# The dynamic shared memory the fused select's group of tokens may take a block: 227 KiB on sm_90 (the wgmma path
-# runs there only); 99 KiB on the mma.sync paths, the least a GPU they run on gives (sm_86, sm_89, sm_120), so a
-# launch's group is the same on every GPU and on the emulator.
-SELECT_SHARED_LIMIT = {MMA_WGMMA: 227 * 1024}
-SELECT_SHARED_LIMIT_MMA_SYNC = 99 * 1024
+# The dynamic shared memory the fused select's group of tokens may take a block: the shared memory a block may opt
+# into, 227 KiB on sm_90 (the wgmma path runs there only) and 99 KiB on the mma.sync paths (the least a GPU they
+# run on gives: sm_86, sm_89, sm_120), so a launch's group is the same on every GPU of a path and on the emulator;
+# less SELECT_STATIC_RESERVE for the kernel's static shared memory, which counts against the same limit (1 KiB
+# on every architecture: tests/test_select_sass.py).
+SELECT_STATIC_RESERVE = 2 * 1024
+SELECT_SHARED_LIMIT = {MMA_WGMMA: 227 * 1024 - SELECT_STATIC_RESERVE}
+SELECT_SHARED_LIMIT_MMA_SYNC = 99 * 1024 - SELECT_STATIC_RESERVE
 
 
 def select_buffer_bytes(cap: int) -> int:
@@ -159,9 +162,13 @@ def index_select_shared_bytes(heads: int, head_dim: int, mma: int, cap: int, tok
     return held + 2 * (WGMMA_KEY_BYTES + (1 + 1 + 4) * 4 * keys) + tokens * rows * (4 + head_dim)
 
 
-def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, mma: int, cap: int) -> int:
+def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, mma: int, cap: int, splits: int) -> int:
     """Tokens a block of the fused select scores and selects for, from shapes alone: a request's mean tokens
-    (a decode step's next_n; 4 at most, for a prefill), as many as the shared memory holds (1 always fits)."""
+    (a decode step's next_n; 4 at most, for a prefill), as many as the shared memory holds (1 always fits). One
+    where a token's pools are split over blocks (``splits`` > 1: 128 tokens or fewer): there the grid is about
+    as many blocks as the GPU holds, and a group would cut it by its size."""
+    if splits > 1:
+        return 1
     wanted = max(1, min(SELECT_GROUP_TOKENS, -(-num_tokens // batch) if batch > 0 else 1))
     limit = SELECT_SHARED_LIMIT.get(mma, SELECT_SHARED_LIMIT_MMA_SYNC)
     while wanted > 1 and index_select_shared_bytes(heads, head_dim, mma, cap, wanted) > limit:

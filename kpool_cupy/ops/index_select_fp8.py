@@ -91,7 +91,7 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     values |= {name: o[name] for name in ("input_row_offsets", "cache_lengths")}
     values |= {"batch": call.batch, "num_tokens": call.num_tokens, "kpool": call.kpool, "pool_topk": call.pool_topk}
     cap = select_cap(call.pool_topk)
-    group = select_group_tokens(call.num_tokens, call.batch, call.heads, call.head_dim, mma, cap)
+    group = select_group_tokens(call.num_tokens, call.batch, call.heads, call.head_dim, mma, cap, splits)
     values |= {"workspace": o["workspace"], "splits": splits, "group_tokens": group}
     vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
     template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": cap}
