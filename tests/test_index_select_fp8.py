@@ -102,7 +102,10 @@ GROUPED_LENGTHS = (3000, 40, 2000, *(700 + 37 * b for b in range(30)))
 
 @pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("backend", BACKENDS, ids=["emulate", "reference"])
-@pytest.mark.parametrize(("heads", "head_dim", "pool_topk"), [(4, 64, 16), (20, 256, 600)])
+@pytest.mark.parametrize(
+    ("heads", "head_dim", "pool_topk"),
+    [(4, 64, 16), pytest.param(20, 256, 600, marks=pytest.mark.slow)],  # the default tier's time: one config
+)
 def test_a_requests_tokens_share_its_keys_but_select_only_the_pools_each_sees(backend, heads, head_dim, pool_topk):
     # Each token's row is its own last pool_topk pools, ending at the one pool the token before it did not see;
     # at pool_topk 600 a token that sees no more (request 1, 40 pools) takes them all.
