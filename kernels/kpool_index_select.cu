@@ -95,8 +95,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
     KP_DYNAMIC_SHARED(dynamic);
     const kp::SelectGroupShared<CAP> held{dynamic, slots};
 
-    // The scorer's rule for each token, one thread a token: the request, the pools it sees (0 for a token of no
-    // usable request), and whether it takes them all (at most pool_topk: nothing scored).
+    // The scorer's rule for each token, one thread a token: the request, and the pools it sees (0 for a token of
+    // no usable request). A token that sees at most pool_topk takes them all: nothing scored.
     __shared__ long long token_request[kp::kSelectGroupTokens];
     __shared__ long long token_visible[kp::kSelectGroupTokens];
     // Each token's selection state between its offers: every thread takes a copy for an offer, thread 0 puts it
@@ -123,8 +123,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
     __syncthreads();
 
     for (int r0 = 0; r0 < tokens;) {
-        // A run: the group's next tokens of one request. Its range is its last scoring token's pools (a token
-        // sees no fewer pools than the one before it).
+        // A run: the group's next tokens of one request. Its range is the most pools a scoring token of it sees
+        // (its last one's, where the offsets are sorted).
         const long long request = token_request[r0];
         int r1 = r0 + 1;
         while (r1 < tokens && token_request[r1] == request) ++r1;
