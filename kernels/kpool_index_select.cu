@@ -121,6 +121,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
         token_visible[threadIdx.x] = visible;
     }
     __syncthreads();
+    // Whether token j takes candidates at and past pool `pool` (it sees more than pool_topk, and past `pool`).
+    const auto takes = [&](int j, long long pool) { return token_visible[j] > pool_topk && pool < token_visible[j]; };
 
     for (int r0 = 0; r0 < tokens;) {
         // A run: the group's next tokens of one request. Its range is the most pools a scoring token of it sees
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
         while (r1 < tokens && token_request[r1] == request) ++r1;
         long long longest = 0;
         for (int j = r0; j < r1; ++j)
-            if (token_visible[j] > pool_topk && token_visible[j] > longest) longest = token_visible[j];
+            if (takes(j, longest)) longest = token_visible[j];
         if (longest == 0) {  // every token of the run takes all its pools
             r0 = r1;
             continue;
@@ -186,8 +188,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                     kp_fence_proxy_async();
                     __syncthreads();
                     for (int j = r0; j < r1; ++j) {
-                        // Uniform in the block: whether token j takes candidates from this chain.
-                        const bool sees = token_visible[j] > pool_topk && first_pool < token_visible[j];
+                        const bool sees = takes(j, first_pool);  // uniform in the block
                         if (scores && sees)
                             kp::wgmma_head_sums<HEAD_DIM>(
                                 shared.queries + (j - r0) * token_rows * HEAD_DIM, tiles, static_cast<int>(heads),
@@ -211,7 +212,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
                                                               table_stride, g, t, keys, scales, present);
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
-                    if (token_visible[j] <= pool_topk || first_pool >= token_visible[j]) continue;  // warp-uniform
+                    if (!takes(j, first_pool)) continue;  // uniform in the warp
                     const long long token = first_token + j;
                     float sums[NT][2];
                     kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q + token * q_token_stride, q_head_stride, heads,
@@ -233,8 +234,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads)
             __syncthreads();
 #pragma unroll 1
             for (int j = r0; j < r1; ++j) {
+                if (!takes(j, base)) continue;  // uniform in the block
                 const long long end = token_visible[j] < hi ? token_visible[j] : hi;  // token j's candidates here
-                if (token_visible[j] <= pool_topk || end <= base) continue;     // uniform in the block
                 const int count = end - base < kp::kSelectChunk ? static_cast<int>(end - base) : kp::kSelectChunk;
                 const float* const chunk_logits = held.logits(j);
                 kp::SelectTile<1> tile;
