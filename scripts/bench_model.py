@@ -49,7 +49,6 @@ from kpool_cupy.bench.fp8 import (  # noqa: E402
     SLOTS,
     compress_fp8_bytes,
     fp8_cases,
-    fp8_row_bytes,
     hadamard_quant_bytes,
     paged_destinations,
     query_batches,
@@ -68,6 +67,7 @@ from kpool_cupy.bench.lifecycle import (  # noqa: E402
 )
 from kpool_cupy.bench.ring_close_fp8 import (  # noqa: E402
     RingCloseShape,
+    ring_close_bytes,
     ring_close_fp8_bytes,
     ring_close_fp8_shapes,
 )
@@ -302,14 +302,13 @@ def _close_operands(shape: RingCloseShape) -> tuple[tuple[np.ndarray, ...], dict
 
 def ring_close_cases() -> list[Case]:
     """bench.ring_close_fp8's fused close, and the plain close its unfused sequence starts with (credited with its
-    own bytes: the members read, one bf16 row written)."""
+    own bytes: bench.ring_close_fp8.ring_close_bytes)."""
     cases = []
     for shape in ring_close_fp8_shapes():
         arrays, a = _close_operands(shape)
-        row = shape.head_dim * element_dtype(shape.dtype).itemsize
-        plain = ring_close_fp8_bytes(shape) - shape.requests * (fp8_row_bytes(shape.head_dim) - row)
         out = device_like((shape.requests, shape.head_dim), element_dtype(shape.dtype))
-        cases.append(Case("ring_close", shape.name, plain, launched(RING_CLOSE, *arrays, **a, out=out)))
+        launch = launched(RING_CLOSE, *arrays, **a, out=out)
+        cases.append(Case("ring_close", shape.name, ring_close_bytes(shape), launch))
         values = device_like((shape.requests, shape.head_dim), np.uint8)
         scales = device_like((shape.requests,), np.float32)
         launch = launched(RING_CLOSE_FP8, *arrays, **a, out=values, out_scale=scales)

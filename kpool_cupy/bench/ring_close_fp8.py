@@ -25,7 +25,7 @@ from typing import Any
 from ..dtypes import element_dtype
 from .fp8 import fp8_row_bytes
 from .lifecycle import device_rotation
-from .tail_fp8 import fused_and_unfused, time_fused_and_unfused
+from .tail_fp8 import time_fused_and_unfused
 
 BATCHES = (1, 64, 512)  # as the FP8 decode step's records
 CHUNK = 16  # tokens a request brings: a short chunk, since the close reads only its first kpool - from_ring
@@ -60,12 +60,19 @@ def ring_close_fp8_shapes(quick: bool = False) -> list[RingCloseShape]:
     return [RingCloseShape(r) for r in (BATCHES[1:] if quick else BATCHES)]
 
 
-def ring_close_fp8_bytes(shape: RingCloseShape) -> int:
-    """The least the fused close moves: each request's kpool members' k and gate rows read (ring rows and chunk
-    tokens alike) and one FP8 row written (head_dim bytes and a float32 scale). The offsets, lengths, slots,
-    closed ids and ape are not counted."""
+def ring_close_bytes(shape: RingCloseShape) -> int:
+    """The least the plain close moves: each request's kpool members' k and gate rows read (ring rows and chunk
+    tokens alike) and one pooled row written in their dtype. The offsets, lengths, slots, closed ids and ape are
+    not counted."""
     row = shape.head_dim * element_dtype(shape.dtype).itemsize
-    return shape.requests * (shape.kpool * 2 * row + fp8_row_bytes(shape.head_dim))
+    return shape.requests * (shape.kpool * 2 * row + row)
+
+
+def ring_close_fp8_bytes(shape: RingCloseShape) -> int:
+    """The least the fused close moves: the plain close's, with one FP8 row (head_dim bytes and a float32 scale)
+    written in place of each pooled row."""
+    row = shape.head_dim * element_dtype(shape.dtype).itemsize
+    return ring_close_bytes(shape) + shape.requests * (fp8_row_bytes(shape.head_dim) - row)
 
 
 def ring_close_unfused_bytes(shape: RingCloseShape) -> int:
@@ -125,8 +132,8 @@ def bench_ring_close_fp8(shape: RingCloseShape, samples: int) -> dict[str, Any]:
     count = rotated["sets"]
     sets, out = _close_sets(shape, count)
 
-    fused, unfused = fused_and_unfused(kpool_cupy.kpool_ring_close_fp8, kpool_cupy.kpool_ring_close, sets, out)
-    copy, implementations = time_fused_and_unfused(fused, unfused, out, nbytes, count, samples)
+    ops = (kpool_cupy.kpool_ring_close_fp8, kpool_cupy.kpool_ring_close)
+    copy, implementations = time_fused_and_unfused(*ops, sets, out, nbytes, samples)
     return {
         "name": f"ring-close-fp8 {shape.name}",
         "requests": requests,

@@ -100,9 +100,9 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     count = rotated["sets"]
     sets, out = _step_sets(shape, count)
 
-    fused, unfused = fused_and_unfused(kpool_cupy.kpool_tail_update_fp8, kpool_cupy.kpool_tail_update, sets, out)
     # The ring rows a step stashes are the same tokens either way, so set 0's ring is the same for both.
-    copy, implementations = time_fused_and_unfused(fused, unfused, out, nbytes, count, samples)
+    ops = (kpool_cupy.kpool_tail_update_fp8, kpool_cupy.kpool_tail_update)
+    copy, implementations = time_fused_and_unfused(*ops, sets, out, nbytes, samples)
     return {
         "name": f"tail-update-fp8 {shape.name}",
         "requests": requests,
@@ -119,12 +119,20 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     }
 
 
-def fused_and_unfused(
-    fused_op: Callable[..., Any], plain_op: Callable[..., Any], sets: list[dict[str, Any]], out: dict[str, Any]
-) -> tuple[Callable[[int], Any], Callable[[int], Any]]:
-    """Calls of input set i: ``fused_op`` (an FP8 ring form) into ``out``'s FP8 rows, scales and closed ids, and
-    the unfused sequence, ``plain_op`` (its plain form) into bf16 rows (``out["pooled"]``), then
-    ``hadamard_quant_fp8`` of those rows into ``out``'s unfused FP8 rows. Each returns its FP8 rows."""
+def time_fused_and_unfused(
+    fused_op: Callable[..., Any],
+    plain_op: Callable[..., Any],
+    sets: list[dict[str, Any]],
+    out: dict[str, Any],
+    nbytes: int,
+    samples: int,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An FP8 ring form against its unfused sequence on the input sets ``sets``, and the copy of ``nbytes``:
+    ``fused_op`` into ``out``'s FP8 rows, scales and closed ids; ``plain_op`` (its plain form) into bf16 rows
+    (``out["pooled"]``), then ``hadamard_quant_fp8`` of those rows into ``out``'s unfused FP8 rows. The unfused
+    rows and scales of set 0 are compared byte for byte with the fused ones first."""
+    import cupy
+
     import kpool_cupy
 
     def fused(i: int) -> Any:
@@ -143,22 +151,7 @@ def fused_and_unfused(
         )
         return out["unfused_values"][i]
 
-    return fused, unfused
-
-
-def time_fused_and_unfused(
-    fused: Callable[[int], Any],
-    unfused: Callable[[int], Any],
-    out: dict[str, Any],
-    nbytes: int,
-    count: int,
-    samples: int,
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The copy of ``nbytes`` and both sequences timed on ``count`` input sets, the unfused one's FP8 rows of set
-    0 (``out["unfused_values"]``, ``out["unfused_scales"]``) compared byte for byte with the fused one's first
-    (``out["values"]``, ``out["scales"]``)."""
-    import cupy
-
+    count = len(sets)
     fused(0)
     unfused(0)
     differing = sum(
