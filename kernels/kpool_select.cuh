@@ -411,17 +411,32 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
 // finish selects again over the lists in split order (ascending pool id) and
 // writes the row.
 //
+// The merge starts from a threshold, so few of the lists' entries enter
+// its buffer and it seldom cuts back (without one, a 1 x 32K row split 32
+// ways offers 16K entries to a 1.5K buffer: about a dozen cuts). Each list
+// publishes two keys beside its count, and the token's k-th largest key is
+// at or above both of these bounds:
+// - a full list's least key (the list holds k keys at or above it; this
+//   one finds it when the best lie in one split, as rising logits put them);
+// - the least of the lists' m-th largest keys, m = ceil(k / splits), taken
+//   over the lists that hold m (when those lists number at least k / m:
+//   their m best each are k keys at or above it; this one finds it when the
+//   best are spread over the splits, as random logits spread them).
+// Every key at or above the larger bound enters; the rest cannot be selected.
+//
 // Where the workspace keeps what: a counter per token in the first
 // kSelectCounterBytes, a fixed region whatever num_tokens (candidates are
 // split only for 128 tokens or fewer), so a buffer reused across batch
 // sizes finds zero counters where the last call left them; then per token
-// and split a count, pool_topk keys and pool_topk ids
+// and split a head of kSplitHeadWords words (count, least key of a full
+// list, m-th largest key), pool_topk keys and pool_topk ids
 // (ops/families/split_selection.py's workspace_bytes lays it out the same).
 constexpr long long kSelectCounterBytes = 512;
+constexpr int kSplitHeadWords = 4;  // count, least key, m-th largest key, unused: 16 bytes a list
 
 struct SelectWorkspace {
     unsigned int* counters;
-    int* counts;
+    unsigned int* heads;
     unsigned int* keys;
     int* ids;
 };
@@ -434,32 +449,68 @@ __device__ __forceinline__ SelectWorkspace select_workspace(unsigned char* base,
     SelectWorkspace w;
     w.counters = reinterpret_cast<unsigned int*>(base);
     base += kSelectCounterBytes;
-    w.counts = reinterpret_cast<int*>(base);
-    base += align16(lists * 4);
+    w.heads = reinterpret_cast<unsigned int*>(base);
+    base += lists * kSplitHeadWords * 4;
     w.keys = reinterpret_cast<unsigned int*>(base);
     base += align16(lists * pool_topk * 4);
     w.ids = reinterpret_cast<int*>(base);
     return w;
 }
 
+// The rank of the key each list publishes as its second bound: the lists'
+// m best each, over at least k / m lists, are k keys.
+__device__ __forceinline__ int split_bound_rank(long long splits, long long pool_topk) {
+    return static_cast<int>((pool_topk + splits - 1) / splits);
+}
+
 // Writes this split's best (the buffer's first min(count, pool_topk)
-// entries) to its list; true, in every thread of the block, for the last of
-// the token's splits to finish, which then merges. The counter is an
-// atomicInc that wraps back to 0 at the last split, so the counters stay
-// zero between calls. Every thread of the block calls it together.
+// entries) to its list, and its head: the count, the least key when the
+// list is full (else 0) and its m-th largest key when it holds m (else 0).
+// True, in every thread of the block, for the last of the token's splits
+// to finish, which then merges. The counter is an atomicInc that wraps back
+// to 0 at the last split, so the counters stay zero between calls. Every
+// thread of the block calls it together.
 template <int CAP>
-__device__ __forceinline__ bool publish_split(const SelectBuffer<CAP>& buffer, const SelectState& state,
+__device__ __forceinline__ bool publish_split(SelectBuffer<CAP>& buffer, const SelectState& state,
                                               const SelectWorkspace& w, long long token, long long split,
                                               long long splits, long long pool_topk) {
     __shared__ unsigned int last_of_token;
+    __shared__ unsigned int warp_least[kSelectWarps];
     const long long list = token * splits + split;
     const int k = static_cast<int>(pool_topk);
     const int held = state.count < k ? state.count : k;
+    unsigned int least = 0xffffffffu;
     for (int i = static_cast<int>(threadIdx.x); i < held; i += kSelectThreads) {
-        w.keys[list * pool_topk + i] = buffer.keys[i];
+        const unsigned int key = buffer.keys[i];
+        w.keys[list * pool_topk + i] = key;
         w.ids[list * pool_topk + i] = buffer.ids[i];
+        least = key < least ? key : least;
     }
-    if (threadIdx.x == 0) w.counts[list] = held;
+#pragma unroll
+    for (int mask = 16; mask > 0; mask /= 2) {
+        const unsigned int other = __shfl_xor_sync(0xffffffffu, least, mask);
+        least = other < least ? other : least;
+    }
+    if (threadIdx.x % 32 == 0) warp_least[threadIdx.x / 32] = least;
+    const int m = split_bound_rank(splits, pool_topk);
+    unsigned int mth = 0u;
+    if (held >= m) {  // the same in every thread
+        SelectTile<1> none;
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
+        none.enter = 0u;
+        unsigned int greater;
+        mth = kth_largest_key(buffer, held, none, m, &greater);
+    }
+    __syncthreads();  // warp_least is written
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int warp = 0; warp < kSelectWarps; ++warp) least = warp_least[warp] < least ? warp_least[warp] : least;
+        unsigned int* head = w.heads + list * kSplitHeadWords;
+        head[0] = static_cast<unsigned int>(held);
+        head[1] = held == k ? least : 0u;
+        head[2] = mth;
+    }
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0)
@@ -467,7 +518,7 @@ __device__ __forceinline__ bool publish_split(const SelectBuffer<CAP>& buffer, c
                         static_cast<unsigned int>(splits - 1);
     __syncthreads();
     const bool last = last_of_token != 0u;
-    __syncthreads();  // last_of_token is read before a later call writes it
+    __syncthreads();  // last_of_token and warp_least are read before a later call writes them
     if (last) __threadfence();
     return last;
 }
@@ -475,12 +526,67 @@ __device__ __forceinline__ bool publish_split(const SelectBuffer<CAP>& buffer, c
 // The most splits a token's candidates take (ops/families/split_selection.py's MAX_SPLITS: the host never
 // launches more; lists past it would be left out).
 constexpr int kSelectMaxSplits = 64;
+static_assert(kSelectMaxSplits <= 2 * 32 && kSelectThreads >= kSelectMaxSplits, "warps 0 and 1 read the heads");
+
+// Of a warp's lists (one a lane): the largest least key of a full list, the
+// least m-th largest key of a list that holds m, and how many lists hold m,
+// reduced over the warp. Every lane of the warp calls it together.
+__device__ __forceinline__ void reduce_bounds(unsigned int& least, unsigned int& mth, unsigned int& holding) {
+#pragma unroll
+    for (int mask = 16; mask > 0; mask /= 2) {
+        const unsigned int other_least = __shfl_xor_sync(0xffffffffu, least, mask);
+        const unsigned int other_mth = __shfl_xor_sync(0xffffffffu, mth, mask);
+        least = other_least > least ? other_least : least;
+        mth = other_mth < mth ? other_mth : mth;
+        holding += __shfl_xor_sync(0xffffffffu, holding, mask);
+    }
+}
+
+// The merge's starting state: no candidate yet, and the threshold of the
+// bounds above (none when both are 0), from the heads of the token's lists;
+// their counts into list_counts, each clamped to pool_topk (garbage only
+// after garbage). The heads are loaded together, one list a thread (warps
+// 0 and 1). Every thread of the block calls it together.
+__device__ __forceinline__ SelectState merge_threshold(const SelectWorkspace& w, long long token, long long splits,
+                                                       long long pool_topk, int (&list_counts)[kSelectMaxSplits]) {
+    __shared__ unsigned int warp_bounds[2][3];
+    const int k = static_cast<int>(pool_topk);
+    const int lists = splits < kSelectMaxSplits ? static_cast<int>(splits) : kSelectMaxSplits;
+    const int m = split_bound_rank(splits, pool_topk);
+    const int s = static_cast<int>(threadIdx.x);
+    unsigned int least = 0u, mth = 0xffffffffu, holding = 0u;
+    if (s < lists) {
+        const unsigned int* head = w.heads + (token * splits + s) * kSplitHeadWords;
+        const int read = static_cast<int>(kp_load_cg(head));
+        const unsigned int list_least = kp_load_cg(head + 1), list_mth = kp_load_cg(head + 2);
+        const int count = read < 0 ? 0 : (read > k ? k : read);
+        list_counts[s] = count;
+        least = count == k ? list_least : 0u;
+        holding = count >= m ? 1u : 0u;
+        mth = count >= m ? list_mth : 0xffffffffu;
+    }
+    reduce_bounds(least, mth, holding);  // in every warp (converged shuffles); warps past the lists add nothing
+    if (threadIdx.x % 32 == 0 && threadIdx.x < 64) {
+        warp_bounds[threadIdx.x / 32][0] = least;
+        warp_bounds[threadIdx.x / 32][1] = mth;
+        warp_bounds[threadIdx.x / 32][2] = holding;
+    }
+    __syncthreads();
+    unsigned int seed = warp_bounds[0][0] > warp_bounds[1][0] ? warp_bounds[0][0] : warp_bounds[1][0];
+    const unsigned int spread = warp_bounds[0][1] < warp_bounds[1][1] ? warp_bounds[0][1] : warp_bounds[1][1];
+    const long long lists_holding = static_cast<long long>(warp_bounds[0][2]) + warp_bounds[1][2];
+    if (lists_holding * m >= k && spread > seed) seed = spread;
+    __syncthreads();  // warp_bounds is read before a later call writes it
+    SelectState start;
+    start.cut = seed > 0u;  // a key above seed - 1: at or above the seed
+    start.threshold = seed - 1u;
+    return start;
+}
 
 // The best of the token's lists, in split order (ascending pool id, each
 // list's ids above the last's): left in the buffer as select_best leaves
-// it. The counts come first, all at once; then each chunk of a list, its
-// keys and ids loaded together. A count read back is clamped to pool_topk
-// (garbage only after garbage). Every thread of the block calls it
+// it. First the threshold (merge_threshold), then each chunk of a list, its
+// keys and ids loaded together. Every thread of the block calls it
 // together.
 template <int CAP>
 __device__ __forceinline__ SelectState merge_splits(SelectBuffer<CAP>& buffer, const SelectWorkspace& w,
@@ -488,12 +594,7 @@ __device__ __forceinline__ SelectState merge_splits(SelectBuffer<CAP>& buffer, c
     __shared__ int list_counts[kSelectMaxSplits];
     const int k = static_cast<int>(pool_topk);
     const int lists = splits < kSelectMaxSplits ? static_cast<int>(splits) : kSelectMaxSplits;
-    if (static_cast<int>(threadIdx.x) < lists) {
-        const int count = kp_load_cg(w.counts + token * splits + threadIdx.x);
-        list_counts[threadIdx.x] = count < 0 ? 0 : (count > k ? k : count);
-    }
-    __syncthreads();
-    SelectState merged;
+    SelectState merged = merge_threshold(w, token, splits, pool_topk, list_counts);
     for (int s = 0; s < lists; ++s) {
         const int count = list_counts[s];
         const long long from = token * splits + s;

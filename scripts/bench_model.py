@@ -99,7 +99,7 @@ from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.ops.index_topk import TOPK_TILE, index_topk_workspace_bytes  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
 from kpool_cupy.tools.load_depth import load_depth  # noqa: E402
-from kpool_cupy.tools.sass import parse_instructions, summarize_sass  # noqa: E402
+from kpool_cupy.tools.sass import loop_spans, parse_instructions, summarize_sass  # noqa: E402
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 
 # NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
@@ -182,6 +182,9 @@ class Case:
     member_bytes: int = 0
     repeats: int = 0  # times a thread runs its longest loop (the scorer: its walk's steps), 0: once at most
     mma_repeats: int = 0  # times it runs the innermost loop around its first mma (the scorer: every head tile)
+    # The loop `repeats` counts: the longest, or the outermost around the first mma (the fused select's chunk loop,
+    # which its per-token finish, merge and row writing outgrow)
+    repeated_loop: str = "longest"
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -364,9 +367,10 @@ def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
 
 
 def select_cases() -> list[Case]:
-    """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes. The
-    longest loop (a chunk of 1024 candidates: scored and offered, or read and offered) counted once a chunk a
-    block, for each token of the fused call's group: the same upper bound as the scorer's."""
+    """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes. The loop of a
+    chunk of 1024 candidates (scored and offered: the outermost loop around the fused call's first mma; read and
+    offered: kpool_index_topk's longest) counted once a chunk a block, for each token of the fused call's group:
+    the same upper bound as the scorer's."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -384,7 +388,8 @@ def select_cases() -> list[Case]:
         launch = launched(INDEX_SELECT_FP8, *arrays, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         splits, group = int(launch.values["splits"]), int(launch.values["group_tokens"])
         repeats = -(-chunks // splits) * group
-        fused = Case("index_select_fp8", shape.name, select_bytes(shape), launch, repeats=repeats)
+        fused = Case("index_select_fp8", shape.name, select_bytes(shape), launch, repeats=repeats,
+                     repeated_loop="around first mma")  # fmt: skip
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written
@@ -466,15 +471,10 @@ def cases() -> list[Case]:
 
 
 def _loops(sass: str) -> tuple[list[int], list[tuple[int, int]]]:
-    """The instructions' addresses, and each loop's span: a backward branch's target to the branch."""
+    """The instructions' addresses, and each loop's span (tools/sass.py's ``loop_spans``: a backward branch's
+    target to the branch, within the body)."""
     addresses = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]{4,})\*/", sass, re.MULTILINE)]
-    labels = {m.group(1): int(m.group(2), 16) for m in re.finditer(r"^(\.L\w+):\s*\n\s*/\*([0-9a-f]+)\*/", sass, re.M)}
-    spans = []
-    for match in re.finditer(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BRA\s+`\((\.L\w+)\)", sass, re.MULTILINE):
-        at, target = int(match.group(1), 16), labels.get(match.group(2))
-        if target is not None and target < at:
-            spans.append((target, at))
-    return addresses, spans
+    return addresses, loop_spans(*parse_instructions(sass))
 
 
 def loop_body(sass: str) -> int:
@@ -492,6 +492,17 @@ def mma_loop_body(sass: str) -> int:
     first = int(found.group(1), 16)
     around = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
     return min(around, default=0)
+
+
+def outer_mma_loop_body(sass: str) -> int:
+    """Instructions in the outermost loop around the first tensor-core instruction (0: none in a loop)."""
+    addresses, spans = _loops(sass)
+    found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
+    if found is None:
+        return 0
+    first = int(found.group(1), 16)
+    around = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
+    return max(around, default=0)
 
 
 _LOAD_BYTES = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
@@ -520,6 +531,7 @@ class Variant:
     outstanding: int
     mma_loop_body: int = 0
     shared_bytes: int = 0
+    outer_mma_loop_body: int = 0
 
 
 @functools.cache
@@ -534,6 +546,7 @@ def variant(source: str, instance: str, arch: str = "sm_90") -> Variant:
         outstanding_bytes(sass),
         mma_loop_body(sass),
         summary.shared_bytes,
+        outer_mma_loop_body(sass),
     )
 
 
@@ -572,7 +585,8 @@ def predict(
             per_thread += max(0, (case.kpool - chunk) // chunk - 1) * v.loop_body
     if case.repeats:
         # The longest loop (the scorer's walk, with its token and head loops inside once) once per repeat.
-        per_thread += (case.repeats - 1) * v.loop_body
+        body = v.outer_mma_loop_body if case.repeated_loop == "around first mma" else v.loop_body
+        per_thread += (case.repeats - 1) * body
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.

@@ -149,9 +149,9 @@ def test_workspace_sizes_and_refusals():
     assert index_topk_workspace_bytes(129, 1 << 20, 512) == 0  # more rows than counters: a block a row
     assert index_topk_workspace_bytes(4, 4096, 512) == 0  # rows of one split
     assert index_topk_workspace_bytes(0, 1 << 17, 512) == 0
-    # One 128K-pool row at top 512: 16 splits of 8,192 logits (16 x 512 keys and ids merged).
+    # One 128K-pool row at top 512: 16 splits of 8,192 logits (16 x 512 keys and ids merged, a 16-byte head each).
     assert topk_splits(1, 1 << 17, 512) == 16
-    assert index_topk_workspace_bytes(1, 1 << 17, 512) == 512 + 16 * 4 + 16 * 512 * 8
+    assert index_topk_workspace_bytes(1, 1 << 17, 512) == 512 + 16 * 16 + 16 * 512 * 8
     logits, offsets, lengths = _one_request(np.random.default_rng(11).standard_normal((2, 9000)).astype(np.float32))
     needed = index_topk_workspace_bytes(2, 9000, 100)
     assert needed > 0
@@ -193,3 +193,121 @@ def test_a_tile_smaller_than_pool_topk_starts_from_no_threshold(monkeypatch):
         logits, offsets, lengths = _one_request(-np.arange(width, dtype=np.float32)[None, :])
         call = {"kpool": 1, "pool_topk": k}
         _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), model(logits, offsets, lengths, **call))
+
+
+_MERGE_PROBE = """
+// Each block publishes the list the host gave it as its split's best; the last merges: its starting state out.
+extern "C" __global__ void merge_probe(const unsigned int* keys, const int* counts, long long splits,
+                                       long long pool_topk, unsigned char* workspace, unsigned int* out) {
+    KP_THREADS_COOPERATE(true);
+    __shared__ kp::SelectBuffer<512> buffer;
+    __shared__ int list_counts[kp::kSelectMaxSplits];
+    const long long split = blockIdx.x;
+    kp::SelectState state;
+    state.count = counts[split];
+    for (int i = static_cast<int>(threadIdx.x); i < state.count; i += kp::kSelectThreads) {
+        buffer.keys[i] = keys[split * pool_topk + i];
+        buffer.ids[i] = i;
+    }
+    __syncthreads();
+    const kp::SelectWorkspace w = kp::select_workspace(workspace, 1, splits, pool_topk);
+    if (!kp::publish_split(buffer, state, w, 0, split, splits, pool_topk)) return;
+    const kp::SelectState start = kp::merge_threshold(w, 0, splits, pool_topk, list_counts);
+    if (threadIdx.x == 0) {
+        out[0] = start.cut ? 1u : 0u;
+        out[1] = start.threshold;
+    }
+}
+"""
+
+
+def _merge_start(lists: list[np.ndarray], k: int) -> tuple[np.ndarray, int | None]:
+    """The heads the kernel publishes for these lists (count, least key, m-th key) and the merge's threshold (None:
+    no cut), run on the emulator."""
+    from kpool_cupy.emulator.launch import launch_code
+    from kpool_cupy.kernel.sources import kernel_source
+
+    splits = len(lists)
+    keys = np.zeros((splits, k), np.uint32)
+    for s, entries in enumerate(lists):
+        keys[s, : len(entries)] = entries
+    counts = np.array([len(entries) for entries in lists], np.int32)
+    workspace = np.zeros(split_selection.workspace_bytes(1, splits, k), np.uint8)
+    out = np.zeros(2, np.uint32)
+    code = kernel_source("kpool_index_topk.cu") + _MERGE_PROBE
+    launch_code(code, "merge_probe", splits, 256, (keys, counts, np.int64(splits), np.int64(k), workspace, out))
+    assert not workspace[: split_selection.COUNTER_BYTES].any()  # the counter wrapped back to 0
+    heads = workspace[split_selection.COUNTER_BYTES :][: splits * split_selection.HEAD_BYTES].view(np.uint32)
+    return heads.reshape(splits, 4)[:, :3], (int(out[1]) if out[0] else None)
+
+
+def _bound(lists: list[np.ndarray], k: int) -> int:
+    """The merge's bound, written from its definition: a full list's least key; the least m-th largest key of
+    the lists holding m, m = ceil(k / splits), where those lists hold k keys among their m best."""
+    m = -(-k // len(lists))
+    least = max((int(entries.min()) for entries in lists if len(entries) == k), default=0)
+    mths = [int(np.sort(entries)[::-1][m - 1]) for entries in lists if len(entries) >= m]
+    spread = min(mths) if len(mths) * m >= k else 0
+    return max(least, spread)
+
+
+def _check_merge_start(lists: list[np.ndarray], k: int) -> int:
+    """The heads and the threshold against the definitions; a threshold that keeps the k best of the lists.
+    Returns how many of the lists' entries the threshold lets into the merge."""
+    heads, threshold = _merge_start(lists, k)
+    m = -(-k // len(lists))
+    for (count, least, mth), entries in zip(heads.tolist(), lists, strict=True):
+        assert count == len(entries)
+        assert least == (int(entries.min()) if len(entries) == k else 0)
+        assert mth == (int(np.sort(entries)[::-1][m - 1]) if len(entries) >= m else 0)
+    seed = _bound(lists, k)
+    assert threshold == (seed - 1 if seed else None)
+    every = np.concatenate(lists)
+    entering = int((every >= seed).sum())
+    assert entering >= min(k, every.size)  # no key of the k best is left out
+    if every.size >= k:
+        assert seed <= np.sort(every)[::-1][k - 1]
+    return entering
+
+
+def _split_lists(row: np.ndarray, splits: int, k: int) -> list[np.ndarray]:
+    """Each split's best k keys (any order: the bounds do not depend on it)."""
+    return [np.sort(part)[::-1][:k] for part in np.array_split(row, splits)]
+
+
+def test_the_merge_lets_in_few_more_than_k_of_a_spread_row():
+    # The fused select's 1 x 32K-pool row at top 512 over 32 splits: each list holds half its split, 16,384
+    # entries in all, which a 1,536-entry buffer would cut back about a dozen times. Started from the lists' 16th
+    # largest keys, the merge takes in no more than the buffer holds (it cuts once, at the end).
+    rng = np.random.default_rng(12)
+    row = rng.integers(1 << 31, 1 << 32, 32 * 1024, dtype=np.uint64).astype(np.uint32)
+    entering = _check_merge_start(_split_lists(row, 32, 512), 512)
+    assert 512 <= entering <= 512 + BUFFER_SLACK
+
+
+def test_the_merge_takes_only_the_best_list_of_a_rising_row():
+    # Rising keys: the last split holds the k best, its least key is the row's k-th, and only its k enter.
+    row = np.arange(1, 8 * 600 + 1, dtype=np.uint32)
+    assert _check_merge_start(_split_lists(row, 8, 600), 600) == 600
+
+
+def test_the_merge_bounds_at_the_edges_of_their_rules():
+    rng = np.random.default_rng(13)
+
+    def keys(n: int) -> np.ndarray:
+        return rng.integers(1, 1 << 32, n, dtype=np.uint64).astype(np.uint32)
+
+    # k = 7 over 3 lists: m = 3 (three lists of 3 hold 9 >= 7; two would hold 6).
+    _check_merge_start([keys(7), keys(7), keys(7)], 7)
+    # Too few lists hold m: no spread bound, only the full list's least key.
+    _check_merge_start([keys(7), keys(2), keys(1)], 7)
+    # A short list above every full one (the short last split of a rising row): its least key is no bound.
+    _check_merge_start([np.arange(10, 17, dtype=np.uint32), np.arange(100, 103, dtype=np.uint32)], 7)
+    # No list full and too few entries to bound: no threshold at all.
+    _, threshold = _merge_start([keys(3), keys(2)], 7)
+    assert threshold is None
+    # Ties at the k-th key across lists, and NaN keys (0).
+    tied = [np.array([5, 5, 5, 9, 0, 5, 5], np.uint32), np.array([5, 5, 5, 5, 5, 5, 5], np.uint32)]
+    _check_merge_start(tied, 7)
+    # As many lists as a split row takes, each holding only its m-th and a few more.
+    _check_merge_start([keys(split_selection.MAX_SPLITS // 8 + 3) for _ in range(split_selection.MAX_SPLITS)], 512)

@@ -44,8 +44,8 @@ def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
     """Bytes of ``workspace`` ``kpool_index_select_fp8`` needs for ``num_tokens`` query tokens selecting
     ``pool_topk`` pools each, whatever the context length: 0 when a token's pools are not split over blocks
     (more than 128 tokens), else the counters (the first ``COUNTER_BYTES``, whatever num_tokens, so one
-    zeroed buffer serves every batch size) and, per token and split, pool_topk keys and ids
-    (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
+    zeroed buffer serves every batch size) and, per token and split, a head of 16 bytes and pool_topk keys and
+    ids (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
     return split_selection.checked_workspace_bytes(num_tokens, pool_topk, select_splits)
 
 

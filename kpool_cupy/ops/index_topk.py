@@ -44,8 +44,8 @@ def index_topk_workspace_bytes(num_tokens: int, pools: int, pool_topk: int) -> i
     """Bytes of ``workspace`` ``kpool_index_topk`` needs for logits of ``num_tokens`` rows of ``pools`` columns
     selecting ``pool_topk`` each: 0 when each row is one block's (more than 128 rows, or rows of at most
     max(4096, 16 pool_topk) logits), else the counters (the first 512 bytes, whatever num_tokens, so one zeroed
-    buffer serves every call) and, per row and split, pool_topk keys and ids (kernels/kpool_select.cuh's
-    ``kp::select_workspace``)."""
+    buffer serves every call) and, per row and split, a head of 16 bytes and pool_topk keys and ids
+    (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
     check_integer("pools", pools, 0)
     return split_selection.checked_workspace_bytes(
         num_tokens, pool_topk, lambda tokens, topk: topk_splits(tokens, int(pools), topk)

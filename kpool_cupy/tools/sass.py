@@ -125,11 +125,19 @@ def parse_instructions(text: str) -> tuple[list[Instruction], dict[str, int]]:
 
 
 def loop_spans(instructions: list[Instruction], labels: dict[str, int]) -> list[tuple[int, int]]:
-    """Each backward branch's [target, branch] address range: the loops' bodies."""
+    """Each backward branch's [target, branch] address range: the loops' bodies.
+
+    A branch after the body's last unpredicated EXIT is no loop's: ptxas puts
+    code out of line there (a warp shuffle's fallback for a warp it cannot
+    prove converged) and branches back to where the body left off, a span
+    that would cover most of the kernel.
+    """
+    exits = [i.address for i in instructions if i.opcode[0] == "EXIT" and not i.predicated]
+    body_end = max(exits) if exits else max((i.address for i in instructions), default=0)
     spans = []
     for instruction in instructions:
         target = branch_target(instruction, labels) if instruction.opcode[0] == "BRA" else None
-        if target is not None and target < instruction.address:
+        if target is not None and target < instruction.address <= body_end:
             spans.append((target, instruction.address))
     return spans
 

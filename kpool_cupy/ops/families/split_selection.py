@@ -3,8 +3,8 @@
 For a few tokens, a token's candidates are split over several blocks: each selects its split's best into a list
 of the workspace, and the last of the token's blocks to finish selects again over the lists. The workspace holds a
 counter per token (a fixed region at its start, whatever num_tokens, so one zeroed buffer serves every batch size;
-the kernel leaves the counters zero) and, per token and split, a count, pool_topk keys and pool_topk ids
-(``kp::select_workspace``)."""
+the kernel leaves the counters zero) and, per token and split, a head (its count and the two keys that give the
+merge its threshold), pool_topk keys and pool_topk ids (``kp::select_workspace``)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ MAX_SPLITS = 64
 COUNTER_BYTES = 4 * (TARGET_BLOCKS // 2)
 # The last block of a token selects again over splits x pool_topk candidates: at most this many.
 MAX_MERGED = 16384
+# A list's head: its count, its least key when full, its ceil(pool_topk / splits)-th largest key, a word unused
+# (kp::kSplitHeadWords).
+HEAD_BYTES = 16
 
 WORKSPACE = Operand("workspace", "[bytes] uint8: counters and per-split lists; zeroed", True, True, scratch=True)
 
@@ -46,7 +49,7 @@ def workspace_bytes(num_tokens: int, splits: int, pool_topk: int) -> int:
     if splits == 1:
         return 0
     lists = num_tokens * splits
-    return COUNTER_BYTES + _align16(4 * lists) + _align16(4 * lists * pool_topk) + 4 * lists * pool_topk
+    return COUNTER_BYTES + HEAD_BYTES * lists + _align16(4 * lists * pool_topk) + 4 * lists * pool_topk
 
 
 def checked_workspace_bytes(num_tokens: Any, pool_topk: Any, splits: Callable[[int, int], int]) -> int:
