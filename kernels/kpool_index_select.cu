@@ -64,8 +64,10 @@ struct SelectGroupShared {
 // cache pages, the query rows 16-byte aligned). CAP, IO, IC, PAGED,
 // COMPACT: as kpool_index_topk. group_tokens: the tokens a block selects
 // for (1 to kSelectGroupTokens; the dynamic shared memory holds as many).
+// On sm_90a, 2 blocks an SM: at most 128 registers. The mma.sync paths
+// take more than 128 and hold 1; their 0 leaves ptxas unbounded.
 template <int HEAD_DIM, int MMA, int VECTOR, int CAP, typename IO, typename IC, bool PAGED, bool COMPACT>
-__global__ void __launch_bounds__(kp::kSelectThreads)
+__global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 : 0)
     kpool_index_select_fp8(const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride,
                            long long heads, const float* __restrict__ weights, long long weights_stride,
                            const unsigned char* __restrict__ cache, long long page_stride, long long pages,

@@ -284,20 +284,20 @@ __device__ __forceinline__ void cut_back(SelectBuffer<CAP>& buffer, SelectState&
     state.threshold = threshold;
 }
 
-// One tile of candidates, all with higher ids than any offered before: the
-// first `count` offsets of the tile hold candidates, id_of(j, e) the id of
-// entry e of this thread's group j. Those that can still be selected join the buffer in id order, or,
-// when they would not fit, the buffer and they are cut back to the k best.
-// Every thread of the block calls it together.
+// One tile of candidates, all with higher ids than any offered before: bit
+// 4 j + e of `held` set where entry e of this thread's group j holds a
+// candidate, id_of(j, e) its id. Those that can still be selected join the
+// buffer in id order, or, when they would not fit, the buffer and they are
+// cut back to the k best. Every thread of the block calls it together.
 template <int CAP, int GROUPS, typename IdOf>
-__device__ __forceinline__ void offer_tile(SelectBuffer<CAP>& buffer, SelectState& state, SelectTile<GROUPS>& tile,
-                                           int count, int k, IdOf id_of) {
+__device__ __forceinline__ void offer_held(SelectBuffer<CAP>& buffer, SelectState& state, SelectTile<GROUPS>& tile,
+                                           unsigned int held, int k, IdOf id_of) {
     tile.enter = 0u;
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j)
 #pragma unroll
         for (int e = 0; e < kSelectPerThread; ++e) {
-            const bool offered = tile_offset<GROUPS>(j, e) < count && (!state.cut || tile.keys[j][e] > state.threshold);
+            const bool offered = has_bit(held, j, e) && (!state.cut || tile.keys[j][e] > state.threshold);
             tile.enter |= static_cast<unsigned int>(offered) << (kSelectPerThread * j + e);
         }
     unsigned int before[GROUPS];
@@ -321,6 +321,19 @@ __device__ __forceinline__ void offer_tile(SelectBuffer<CAP>& buffer, SelectStat
     }
     state.count += static_cast<int>(total);
     __syncthreads();
+}
+
+// offer_held for a tile whose first `count` offsets hold candidates.
+template <int CAP, int GROUPS, typename IdOf>
+__device__ __forceinline__ void offer_tile(SelectBuffer<CAP>& buffer, SelectState& state, SelectTile<GROUPS>& tile,
+                                           int count, int k, IdOf id_of) {
+    unsigned int held = 0u;
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e)
+            held |= static_cast<unsigned int>(tile_offset<GROUPS>(j, e) < count) << (kSelectPerThread * j + e);
+    offer_held(buffer, state, tile, held, k, id_of);
 }
 
 // After the last tile: the buffer's first min(count, k) entries are the k
@@ -412,8 +425,9 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
 // writes the row.
 //
 // The merge starts from a threshold, so few of the lists' entries enter
-// its buffer and it seldom cuts back (without one, a 1 x 32K row split 32
-// ways offers 16K entries to a 1.5K buffer: about a dozen cuts). Each list
+// its buffer and it seldom cuts back (a 1 x 32K row split 32 ways at top
+// 512 offers 16K entries to a 1.5K buffer: without the threshold, 3 cuts
+// on random keys and 11 on rising ones; with it, 1 and none). Each list
 // publishes two keys beside its count, and the token's k-th largest key is
 // at or above both of these bounds:
 // - a full list's least key (the list holds k keys at or above it; this
@@ -583,34 +597,44 @@ __device__ __forceinline__ SelectState merge_threshold(const SelectWorkspace& w,
     return start;
 }
 
+// Groups a thread takes of the merge's tiles: 2 x kSelectChunk list slots
+// loaded at once, so the 16,384 slots of 32 lists of 512 take 8 round
+// trips, not one a list (4 groups spill kpool_index_topk on sm_90).
+constexpr int kSelectMergeGroups = 2;
+
 // The best of the token's lists, in split order (ascending pool id, each
 // list's ids above the last's): left in the buffer as select_best leaves
-// it. First the threshold (merge_threshold), then each chunk of a list, its
-// keys and ids loaded together. Every thread of the block calls it
-// together.
+// it. First the threshold (merge_threshold); then the lists' slots (list s,
+// entry i at s * pool_topk + i, a candidate where i < its count) a tile at
+// a time, each thread's keys and ids loaded together. Every thread of the
+// block calls it together.
 template <int CAP>
 __device__ __forceinline__ SelectState merge_splits(SelectBuffer<CAP>& buffer, const SelectWorkspace& w,
                                                     long long token, long long splits, long long pool_topk) {
+    constexpr int kTile = kSelectMergeGroups * kSelectChunk;
     __shared__ int list_counts[kSelectMaxSplits];
     const int k = static_cast<int>(pool_topk);
     const int lists = splits < kSelectMaxSplits ? static_cast<int>(splits) : kSelectMaxSplits;
     SelectState merged = merge_threshold(w, token, splits, pool_topk, list_counts);
-    for (int s = 0; s < lists; ++s) {
-        const int count = list_counts[s];
-        const long long from = token * splits + s;
-        for (int chunk = 0; chunk < count; chunk += kSelectChunk) {
-            const int rest = count - chunk < kSelectChunk ? count - chunk : kSelectChunk;
-            const long long entries = from * pool_topk + chunk;
-            SelectTile<1> tile;
-            int ids[kSelectPerThread];
+    const unsigned int* keys = w.keys + token * splits * pool_topk;
+    const int* ids = w.ids + token * splits * pool_topk;
+    const int slots = lists * k;  // at most kSelectMaxSplits x 4096
+    for (int tile_first = 0; tile_first < slots; tile_first += kTile) {
+        SelectTile<kSelectMergeGroups> tile;
+        int tile_ids[kSelectMergeGroups][kSelectPerThread];
+        unsigned int held = 0u;
+#pragma unroll
+        for (int j = 0; j < kSelectMergeGroups; ++j)
 #pragma unroll
             for (int e = 0; e < kSelectPerThread; ++e) {
-                const int offset = tile_offset<1>(0, e);
-                tile.keys[0][e] = offset < rest ? kp_load_cg(w.keys + entries + offset) : 0u;
-                ids[e] = offset < rest ? kp_load_cg(w.ids + entries + offset) : -1;
+                const int slot = tile_first + tile_offset<kSelectMergeGroups>(j, e);
+                const int list = slot < slots ? slot / k : 0;
+                const bool in_list = slot < slots && slot - list * k < list_counts[list];
+                tile.keys[j][e] = in_list ? kp_load_cg(keys + slot) : 0u;
+                tile_ids[j][e] = in_list ? kp_load_cg(ids + slot) : -1;
+                held |= static_cast<unsigned int>(in_list) << (kSelectPerThread * j + e);
             }
-            offer_tile(buffer, merged, tile, rest, k, [&ids](int, int e) { return ids[e]; });
-        }
+        offer_held(buffer, merged, tile, held, k, [&tile_ids](int j, int e) { return tile_ids[j][e]; });
     }
     finish_selection(buffer, merged, k);
     return merged;

@@ -311,3 +311,24 @@ def test_the_merge_bounds_at_the_edges_of_their_rules():
     _check_merge_start(tied, 7)
     # As many lists as a split row takes, each holding only its m-th and a few more.
     _check_merge_start([keys(split_selection.MAX_SPLITS // 8 + 3) for _ in range(split_selection.MAX_SPLITS)], 512)
+
+
+def test_a_reused_workspace_leaves_nothing_of_the_last_call_in_the_merge():
+    # The merge reads a list's slots up to its count only. A first call fills both lists of a 2-split row; the
+    # second, on the same workspace, sees 50 candidates in its last split, so the slots past them still hold the
+    # first call's keys, larger than any of the second's: one read past the count would select it (an id the
+    # row does not even have).
+    k = 512
+    width = 2 * index_topk.TOPK_TILE + 600
+    assert topk_splits(1, width, k) == 2
+    workspace = np.zeros(index_topk_workspace_bytes(1, width, k), np.uint8)
+    first = np.arange(width, dtype=np.float32)[None, :]
+    logits, offsets, lengths = _one_request(first)
+    emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=k, workspace=workspace)
+    seen = 2 * index_topk.TOPK_TILE + 50
+    second = first - np.float32(1e6)
+    lengths = np.array([seen - 1], np.int32)  # the token sees seen pools: the cache holds seen - 1
+    call = {"kpool": 1, "pool_topk": k}
+    got = emulate.kpool_index_topk(second, offsets, lengths, workspace=workspace, **call)
+    _same(got, model(second, offsets, lengths, **call))
+    np.testing.assert_array_equal(got[0], np.arange(seen - k, seen))

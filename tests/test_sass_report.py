@@ -91,6 +91,29 @@ def test_the_end_of_kernel_self_branch_by_address_and_with_encodings():
     assert parse_sass(by_address) == SNIPPET_COUNTS
 
 
+# After the body's EXIT, ptxas's out-of-line fallback of a shuffle in a warp it cannot prove converged: entered
+# by a forward branch from the body, it branches back to where the body left off.
+OUT_OF_LINE = SNIPPET.replace(
+    """        /*0110*/                   EXIT ;
+.L_x_3:""",
+    """        /*0110*/                   EXIT ;
+.L_x_6:
+        /*0114*/                   WARPSYNC.COLLECTIVE R61, `(.L_x_7) ;
+.L_x_7:
+        /*0118*/                   BRA `(.L_x_1) ;
+.L_x_3:""",
+)
+
+
+def test_loops_are_the_bodys_backward_branches_not_out_of_line_returns():
+    # The snippet's loop: 0x40-0x80 (the predicated branch back; the spin at 0xb0 branches to itself). The
+    # out-of-line code's branch back to 0x90 would span 0x90-0x118, two stores and the EXIT: no loop (the model
+    # would count its body once a repeat; the spill and division checks would find loops that are not).
+    instructions, labels = sass.parse_instructions(OUT_OF_LINE)
+    assert 0x118 in [i.address for i in instructions]
+    assert sass.loop_spans(instructions, labels) == [(0x40, 0x80)]
+
+
 def test_without_an_exp_every_load_comes_before_it_and_no_branch_is_in_the_softmax():
     no_exp = SNIPPET.replace("MUFU.EX2", "MUFU.RCP")
     assert parse_sass(no_exp) == dataclasses.replace(
