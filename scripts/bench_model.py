@@ -483,26 +483,24 @@ def loop_body(sass: str) -> int:
     return max((sum(start <= a <= end for a in addresses) for start, end in spans), default=0)
 
 
-def mma_loop_body(sass: str) -> int:
-    """Instructions in the innermost loop around the first tensor-core instruction (0: none in a loop)."""
+def _loops_around_first_mma(sass: str) -> list[int]:
+    """The instructions in each loop around the first tensor-core instruction."""
     addresses, spans = _loops(sass)
     found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
     if found is None:
-        return 0
+        return []
     first = int(found.group(1), 16)
-    around = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
-    return min(around, default=0)
+    return [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
+
+
+def mma_loop_body(sass: str) -> int:
+    """Instructions in the innermost loop around the first tensor-core instruction (0: none in a loop)."""
+    return min(_loops_around_first_mma(sass), default=0)
 
 
 def outer_mma_loop_body(sass: str) -> int:
     """Instructions in the outermost loop around the first tensor-core instruction (0: none in a loop)."""
-    addresses, spans = _loops(sass)
-    found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
-    if found is None:
-        return 0
-    first = int(found.group(1), 16)
-    around = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
-    return max(around, default=0)
+    return max(_loops_around_first_mma(sass), default=0)
 
 
 _LOAD_BYTES = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
