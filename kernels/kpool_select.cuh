@@ -516,10 +516,14 @@ __device__ __forceinline__ bool publish_split(SelectBuffer<CAP>& buffer, const S
         unsigned int greater;
         mth = kth_largest_key(buffer, held, none, m, &greater);
     }
-    __syncthreads();  // warp_least is written
     if (threadIdx.x == 0) {
+        // A full list (held == k >= m) has been through kth_largest_key, whose barriers make warp_least whole;
+        // no other list's least key is published, so warp_least is read only then.
+        if (held == k) {
 #pragma unroll
-        for (int warp = 0; warp < kSelectWarps; ++warp) least = warp_least[warp] < least ? warp_least[warp] : least;
+            for (int warp = 0; warp < kSelectWarps; ++warp)
+                least = warp_least[warp] < least ? warp_least[warp] : least;
+        }
         unsigned int* head = w.heads + list * kSplitHeadWords;
         head[0] = static_cast<unsigned int>(held);
         head[1] = held == k ? least : 0u;
