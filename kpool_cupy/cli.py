@@ -300,7 +300,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     click.echo(f"64-bit stores       {summary.eight_byte_stores} (FP8 value rows, 8 bytes a thread)")
     click.echo(f"byte stores         {summary.byte_stores} (FP8 values where rows are not 8-byte aligned)")
     click.echo(f"scalar loads        {summary.scalar_loads} (index reads and the unaligned fallback)")
-    click.echo(f"shuffles (bfly)     {summary.butterfly_shuffles} (the rotation's and the row maximum's)")
+    click.echo(f"shuffles (bfly)     {summary.butterfly_shuffles} (FP8 rotation and row maximum; split selection)")
     click.echo(f"local memory        {'yes' if summary.local_memory else 'none'}")
     if out_file:
         with open(out_file, "w") as handle:

@@ -189,14 +189,14 @@ def test_check_cases_grow_linearly_with_kpool():
         ("tail_update_fp8", True, True),
         ("expand_topk", False, False),
         ("hadamard_quant_fp8", True, True),
-        ("index_topk", False, False),
+        ("index_topk", True, False),  # the split merge's bounds, reduced over warps
     ],
 )
 def test_ptx_reports_every_kernel_family_with_its_store_widths_and_shuffles(op, shuffles, eight_byte_stores):
     # Every op's kernel, FP8 writers and the query side included: the FP8
     # epilogue's butterflies and 8-byte value stores show, the plain kernels'
-    # 16-byte paths show no shuffle. The selections' variant is its buffer for pool_topk 512 (it failed
-    # for want of CAP).
+    # 16-byte paths show no shuffle; the top-k's do, for its split merge's bounds. The selections' variant is
+    # its buffer for pool_topk 512 (it failed for want of CAP).
     result = CliRunner().invoke(main, ["ptx", "--op", op, "--head-dim", "64", "--kpool", "4"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith(f"kpool_{op} bfloat16")
