@@ -14,6 +14,8 @@ import pytest
 from model import make_batch
 
 from kpool_cupy import emulate
+from kpool_cupy.emulator import toolchain
+from kpool_cupy.kernel.sources import kernel_source
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,12 +46,73 @@ def test_flags_are_part_of_the_cache_key(monkeypatch, tmp_path):
     assert len(built) == 2, built
 
 
+def _gcc() -> str:
+    cxx = toolchain.compiler()
+    if "Free Software Foundation" not in toolchain._compiler_identity(cxx):
+        pytest.skip("the emulator precompiles its headers with GCC only")
+    return cxx
+
+
+def test_builds_read_the_emulator_headers_precompiled_once_per_flags(monkeypatch, tmp_path):
+    cxx = _gcc()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(toolchain, "_loaded", {})  # build, not reuse this process's libraries
+    monkeypatch.delenv(emulate.FLAGS_VARIABLE, raising=False)
+    for kpool in (2, 3):  # two builds, one precompile
+        emulate.kpool_compress(*make_batch([8], [0], head_dim=8, kpool=kpool).args())
+    cache = tmp_path / "kpool-cupy" / "emulate"
+    assert len(list(cache.glob("*.so"))) == 2
+    (compiled,) = cache.glob("emulator-*.h.gch")
+    header = compiled.with_suffix("")
+    assert header.read_text() == kernel_source(toolchain.EMULATOR_HEADER)
+    # GCC takes the .gch under the builds' flags (-H marks a precompiled header it read with "!").
+    flags = [*toolchain.BASE_FLAGS, *toolchain.LAST_FLAGS]
+    source = tmp_path / "probe.cpp"
+    source.write_text(f'#include "{header}"\nint probe() {{ return 0; }}\n')
+    done = subprocess.run([cxx, *flags, "-H", "-fsyntax-only", str(source)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert f"! {compiled}" in done.stderr.splitlines(), done.stderr[:2000]
+    # Other flags, another precompile.
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKPOOL_TEST_FLAG=1")
+    emulate.kpool_compress(*make_batch([8], [0], head_dim=8, kpool=2).args())
+    assert len(list(cache.glob("emulator-*.h.gch"))) == 2
+
+
+def test_the_compiler_runs_without_the_processs_preload(monkeypatch, tmp_path):
+    # A sanitizer runtime preloaded into Python (the AddressSanitizer runs
+    # below) would load into every compiler process and double its time.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(toolchain, "_loaded", {})  # build, not reuse this process's libraries
+    monkeypatch.setenv("LD_PRELOAD", "")  # a name the loader skips, present in os.environ
+    commands = []
+    real_run = subprocess.run
+
+    def recording_run(command, *args, **kwargs):
+        commands.append((command, kwargs.get("env")))
+        return real_run(command, *args, **kwargs)
+
+    monkeypatch.setattr(toolchain.subprocess, "run", recording_run)
+    emulate.kpool_compress(*make_batch([8], [0], head_dim=8, kpool=5).args())
+    builds = [(command, env) for command, env in commands if "-o" in command]
+    assert builds
+    for command, env in builds:
+        assert env is not None and "LD_PRELOAD" not in env, command
+        assert env.get("XDG_CACHE_HOME") == str(tmp_path)  # the rest of the environment is kept
+
+
 def _libasan() -> str | None:
     cxx = shutil.which(os.environ.get("CXX", "c++"))
     if cxx is None:
         return None
     path = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
     return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+# The sanitized builds' flags: -O1, which the sanitizer's documentation
+# suggests for reasonable speed. The first sweep below took 2m46s at the
+# builds' -O2 and 2m17s at -O1 (2026-12-06, one core each), most of it
+# compiling.
+SANITIZER_FLAGS = "-O1 -fsanitize=address -fno-omit-frame-pointer -g"
 
 
 # Run in a subprocess with libasan preloaded: an instrumented library cannot
@@ -101,7 +164,7 @@ def _run_sanitized(script: str, tmp_path: Path, libasan: str) -> subprocess.Comp
         XDG_CACHE_HOME=str(tmp_path),
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     )
-    env[emulate.FLAGS_VARIABLE] = "-fsanitize=address -fno-omit-frame-pointer -g"
+    env[emulate.FLAGS_VARIABLE] = SANITIZER_FLAGS
     return subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=SANITIZED_TIMEOUT_S
     )

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from model import BF16
-from test_emulator_build import _libasan
+from test_emulator_build import SANITIZER_FLAGS, _libasan
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code, recording
@@ -308,7 +308,7 @@ def _sanitized_env(tmp_path: Path, libasan: str) -> dict[str, str]:
         XDG_CACHE_HOME=str(tmp_path),
         PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
     )
-    env[emulate.FLAGS_VARIABLE] = "-fsanitize=address -fno-omit-frame-pointer -g"
+    env[emulate.FLAGS_VARIABLE] = SANITIZER_FLAGS
     return env
 
 

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from double import run_on_double
 from kernel_text import kernel_code
-from test_emulator_build import _libasan
+from test_emulator_build import SANITIZER_FLAGS, _libasan
 
 from kpool_cupy import emulate
 from kpool_cupy.backends import cupy_plans
@@ -365,7 +365,7 @@ def test_address_sanitizer_sees_a_read_past_the_launchs_bytes(tmp_path):
         "ASAN_OPTIONS": "detect_leaks=0",
         "XDG_CACHE_HOME": str(tmp_path),
         "PYTHONPATH": str(ROOT),
-        emulate.FLAGS_VARIABLE: "-fsanitize=address -fno-omit-frame-pointer -g",
+        emulate.FLAGS_VARIABLE: SANITIZER_FLAGS,
     }
     inside = _touch(99, 100, env=env)
     assert inside.returncode == 0 and "returned 255" in inside.stdout, inside.stdout + inside.stderr[-3000:]

@@ -17,7 +17,10 @@
 #define __global__
 #define __device__
 #define __host__
-#define __forceinline__ inline __attribute__((always_inline))
+// Plain inline: GCC's own choice compiles a selection kernel in half the time
+// always_inline took (1.7 s against 3.6 s), for about a tenth more run time.
+// Where a call is inlined does not change a value (-ffp-contract=off).
+#define __forceinline__ inline
 #define __launch_bounds__(...)
 // __restrict__ is spelled the same by g++ and clang++.
 
