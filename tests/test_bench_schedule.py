@@ -167,7 +167,10 @@ def test_the_fp8_ring_close_record_times_both_and_finds_the_same_bytes():
 @pytest.mark.slow
 def test_the_short_records_come_before_the_sweep_and_each_is_saved():
     # The JSON a cut run leaves: the host costs, the empty kernel, the decode
-    # side and the FP8 records are saved before the sweep's first shape.
+    # side, the FP8, scorer, selection and backward records are saved before
+    # the sweep's first shape. The order is the question, so the scorer's,
+    # the selections' and the backward's records and the decode step's host
+    # costs are stand-ins here (the end-to-end runs on the double make them).
     _on_the_double(
         """
         import contextlib
@@ -175,13 +178,21 @@ def test_the_short_records_come_before_the_sweep_and_each_is_saved():
         from kpool_cupy.bench.lifecycle import DecodeShape
         from kpool_cupy.bench.shapes import sweep
 
+        def stand_in(name):
+            return lambda quick, samples: iter([{"name": name}])
+
         run.run_lifecycle = lambda quick, samples: iter([lifecycle.bench_tail_update(DecodeShape(4, 1), samples)])
         run.run_fp8 = lambda quick, samples: iter(())
         run.run_tail_fp8 = lambda quick, samples: iter([tail_fp8.bench_tail_update_fp8(DecodeShape(4, 2), samples)])
+        run.run_ring_close_fp8 = lambda quick, samples: iter(())
+        run.run_index, run.run_select = stand_in("index"), stand_in("select")
+        run.run_topk, run.run_backward = stand_in("topk"), stand_in("backward")
+        run.decode_step_host_costs = lambda repeats, quick: [{"op": "stand-in"}]
         saved = []
         run.run_sweep(sweep(True)[:1], ["kpool-cupy"], 1, contextlib.nullcontext, True,
                       lambda partial: saved.append(sorted(partial)))
         first_shape = next(i for i, keys in enumerate(saved) if "shapes" in keys)
-        assert {"host", "empty_kernel", "host_fp8_decode", "lifecycle", "fp8"} <= set(saved[first_shape - 1]), saved
+        before = {"host", "empty_kernel", "host_fp8_decode", "lifecycle", "fp8", "index", "select", "backward"}
+        assert before <= set(saved[first_shape - 1]), saved
         """
     )
