@@ -6,6 +6,7 @@ Each instantiation is built once into a per-user cache folder
 of the cache key, so a test can build with ``-fsanitize=address``. A build's
 text is kernels/emulator/kpool_emulator.h (the host's CUDA built-ins, fibers
 and grid launch), then the kernel text NVRTC would get, then the C entry points.
+With GCC the first part is read precompiled (``_precompiled_header``).
 """
 
 from __future__ import annotations
