@@ -144,11 +144,12 @@ def load_variant(source_file: str, kernel_name: str) -> ctypes.CDLL:
     return load_code(kernel_source(source_file), kernel_name)
 
 
-def _compiler_environment() -> dict[str, str]:
-    # The process's environment without LD_PRELOAD: a sanitizer runtime
+def _compile(cxx: str, arguments: list[str]) -> subprocess.CompletedProcess[str]:
+    # In the process's environment without LD_PRELOAD: a sanitizer runtime
     # preloaded into Python (the AddressSanitizer runs) would otherwise load
     # into every compiler process, which then takes about twice as long.
-    return {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    environment = {name: value for name, value in os.environ.items() if name != "LD_PRELOAD"}
+    return subprocess.run([cxx, *arguments], capture_output=True, text=True, check=False, env=environment)
 
 
 def _private(target: Path) -> Path:
@@ -180,13 +181,7 @@ def _precompiled_header(cxx: str, flags: list[str]) -> Path | None:
     private_text.write_text(text)
     os.replace(private_text, header)  # the header before its .gch: a .gch found has its header beside it
     private = _private(compiled)
-    done = subprocess.run(
-        [cxx, *flags, "-x", "c++-header", "-o", str(private), str(header)],
-        capture_output=True,
-        text=True,
-        check=False,
-        env=_compiler_environment(),
-    )
+    done = _compile(cxx, [*flags, "-x", "c++-header", "-o", str(private), str(header)])
     if done.returncode != 0:
         private.unlink(missing_ok=True)
         return None
@@ -204,13 +199,7 @@ def _build(cxx: str, flags: list[str], text: str, target: Path) -> None:
         source = Path(work) / "kernel.cpp"
         source.write_text(text)
         private = _private(target)
-        done = subprocess.run(
-            [cxx, *flags, "-o", str(private), str(source)],
-            capture_output=True,
-            text=True,
-            check=False,
-            env=_compiler_environment(),
-        )
+        done = _compile(cxx, [*flags, "-o", str(private), str(source)])
         if done.returncode != 0:
             private.unlink(missing_ok=True)
             raise RuntimeError(
