@@ -102,6 +102,11 @@ def _shim(code: str, kernel_name: str) -> str:
     )
 
 
+def _cache_key(text: str, cxx: str, flags: list[str]) -> str:
+    # A cached file's name: the text it is built from, the compiler and its version, the flags.
+    return hashlib.sha256("\0".join([text, cxx, _compiler_identity(cxx), *flags]).encode()).hexdigest()[:32]
+
+
 _build_lock = threading.Lock()
 _loaded: dict[str, ctypes.CDLL] = {}
 
@@ -120,7 +125,7 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
     cxx = compiler()
     flags = [*BASE_FLAGS, *user_flags(), *LAST_FLAGS]
     text = _shim(code, kernel_name)
-    key = hashlib.sha256("\0".join([text, cxx, _compiler_identity(cxx), *flags]).encode()).hexdigest()[:32]
+    key = _cache_key(text, cxx, flags)
     with _build_lock:
         if key in _loaded:
             return _loaded[key]
@@ -169,8 +174,7 @@ def _precompiled_header(cxx: str, flags: list[str]) -> Path | None:
     if "Free Software Foundation" not in _compiler_identity(cxx):
         return None
     text = kernel_source(EMULATOR_HEADER)
-    key = hashlib.sha256("\0".join([text, cxx, _compiler_identity(cxx), *flags]).encode()).hexdigest()[:32]
-    header = cache_dir() / f"emulator-{key}.h"
+    header = cache_dir() / f"emulator-{_cache_key(text, cxx, flags)}.h"
     compiled = header.with_name(header.name + ".gch")
     if '"' in str(header) or "\n" in str(header):
         return None  # not a path an #include line can quote
