@@ -13,7 +13,8 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from test_emulator_build import ROOT, _libasan, _run_sanitized
+import sanitized
+from sanitized import ROOT
 
 _SANITIZED_BACKWARD_RUN = textwrap.dedent(
     """
@@ -46,30 +47,29 @@ _SANITIZED_BACKWARD_RUN = textwrap.dedent(
 )
 
 
-def _sanitized(tmp_path, seed: int, count: int, only: tuple[bool, bool] | None):
-    libasan = _libasan()
+def _sanitized(seed: int, count: int, only: tuple[bool, bool] | None):
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
     script = _SANITIZED_BACKWARD_RUN.format(tests=str(ROOT / "tests"), seed=seed, count=count, only=only)
-    done = _run_sanitized(script, tmp_path, libasan)
+    done = sanitized.run(script, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
+    sanitized.assert_instrumented(done.stdout)
     return done.stdout
 
 
-def test_address_sanitizer_sees_a_garbage_backward_call(tmp_path):
+def test_address_sanitizer_sees_a_garbage_backward_call():
     # The default tier's one call (three instrumented builds, about 10 s): streamed pools (kpool 9, read
     # member by member) of held requests, more of them than grad_pooled has rows (a kernel without its row
     # check reads past grad_pooled here), reaching the kernels.
-    stdout = _sanitized(tmp_path, seed=1, count=8, only=(True, True))
+    stdout = _sanitized(seed=1, count=8, only=(True, True))
     assert "kinds: [(True, True)]" in stdout, stdout
 
 
 @pytest.mark.slow
-def test_address_sanitizer_sees_no_access_outside_the_backward_arrays_on_garbage(tmp_path):
+def test_address_sanitizer_sees_no_access_outside_the_backward_arrays_on_garbage():
     # 16 garbage calls, every one run (each new variant an instrumented build; about 50 s): held and streamed
     # pools, grad_pooled shorter than valid offsets' pools and not.
-    stdout = _sanitized(tmp_path, seed=1, count=16, only=None)
+    stdout = _sanitized(seed=1, count=16, only=None)
     assert "kinds: [(False, False), (False, True), (True, False), (True, True)]" in stdout, stdout

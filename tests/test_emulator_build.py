@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sanitized
 from model import make_batch
 
 from kpool_cupy import emulate
@@ -100,23 +100,7 @@ def test_the_compiler_runs_without_the_processs_preload(monkeypatch, tmp_path):
         assert env.get("XDG_CACHE_HOME") == str(tmp_path)  # the rest of the environment is kept
 
 
-def _libasan() -> str | None:
-    cxx = shutil.which(os.environ.get("CXX", "c++"))
-    if cxx is None:
-        return None
-    path = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
-    return path if os.path.isabs(path) and os.path.exists(path) else None
-
-
-# The sanitized builds' flags: -O1, which the sanitizer's documentation
-# suggests for reasonable speed. The first sweep below took 2m46s at the
-# builds' -O2 and 2m17s at -O1 (2026-12-06, one core each), most of it
-# compiling.
-SANITIZER_FLAGS = "-O1 -fsanitize=address -fno-omit-frame-pointer -g"
-
-
-# Run in a subprocess with libasan preloaded: an instrumented library cannot
-# load into a Python that was started without the sanitizer runtime.
+# A sanitized child's script (tests/sanitized.py): compress, the lifecycle and expand over garbage.
 _SANITIZED_RUN = textwrap.dedent(
     """
     import runpy, sys
@@ -143,48 +127,27 @@ _SANITIZED_RUN = textwrap.dedent(
     name = COMPRESS.instance(KT=dt, GT=dt, OT=dt, HEAD_DIM=16, KPOOL=3)
     ring = TAIL_UPDATE.instance(T=dt, G=dt, OT=dt, HEAD_DIM=16, KPOOL=3)
     paged = EXPAND_TOPK.instance(KPOOL=3, IPID=np.int32, IO=np.uint32, IC=np.int64, PAGED=True, COMPACT=True)
-    libraries = [emulate.load_variant(COMPRESS.source, name), emulate.load_variant(TAIL_UPDATE.source, ring)]
-    libraries.append(emulate.load_variant(EXPAND_TOPK.source, paged))
-    print("instrumented:", all(b"__asan_report" in open(lib._name, "rb").read() for lib in libraries))
+    for source, instance in ((COMPRESS.source, name), (TAIL_UPDATE.source, ring), (EXPAND_TOPK.source, paged)):
+        emulate.load_variant(source, instance)  # among the libraries the control reads
     """
 )
 
 
-# A guard against a hang, not a budget: the longest sanitized run (300
-# garbage calls of every family, about 200 instrumented builds) took 263 s
-# on a quiet machine and 437 s on a busy one.
-SANITIZED_TIMEOUT_S = 3600
-
-
-def _run_sanitized(script: str, tmp_path: Path, libasan: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env.update(
-        LD_PRELOAD=libasan,
-        ASAN_OPTIONS="detect_leaks=0",  # CPython keeps its arenas to exit; leaks are not the question
-        XDG_CACHE_HOME=str(tmp_path),
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    env[emulate.FLAGS_VARIABLE] = SANITIZER_FLAGS
-    return subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=SANITIZED_TIMEOUT_S
-    )
-
-
 @pytest.mark.slow
-def test_address_sanitizer_sees_no_access_outside_the_arrays_on_garbage(tmp_path):
+def test_address_sanitizer_sees_no_access_outside_the_arrays_on_garbage():
     # Hundreds of garbage offset sets with validate=False (tests/garbage.py),
     # and expand's garbage block tables and block sizes, compacting or not.
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
     script = _SANITIZED_RUN.format(tests=str(ROOT / "tests"), runner=str(ROOT / "tests" / "run_garbage.py"), count=300)
-    done = _run_sanitized(script, tmp_path, libasan)
+    done = sanitized.run(script, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
     # 300 compress, 300 lifecycle, 150 expand with a table or compact, 75 lifecycle on split rings.
     assert "garbage calls: 825" in done.stdout
-    # Control: the library that ran really carries the sanitizer.
-    assert "instrumented: True" in done.stdout
+    # Control: the libraries that ran (compress's, tail update's and expand's among them) carry the sanitizer.
+    sanitized.assert_instrumented(done.stdout, at_least=3)
 
 
 # The FP8 family of tests/run_garbage.py on its own: its 40 or so
@@ -203,7 +166,7 @@ _SANITIZED_FP8_RUN = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_path):
+def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage():
     # kpool_compress_fp8 with garbage slots (-1, other negatives, past the
     # cache, +-2^62, int32 and int64), garbage block tables (negative, past
     # the cache, INT32_MAX, no columns, padded or reversed rows), caches of
@@ -212,20 +175,18 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage(tmp_
     # strides (tests/garbage.py, fp8_garbage_cases); ring close and tail
     # update into FP8 rows or a cache over ring and index garbage, on one
     # ring array or a split pair (fp8_ring_garbage_cases).
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
     script = _SANITIZED_FP8_RUN.format(runner=str(ROOT / "tests" / "run_garbage.py"), count=120)
-    done = _run_sanitized(script, tmp_path, libasan)
+    done = sanitized.run(script, libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
     # 50 kpool_compress_fp8, 10 hadamard_quant_fp8, 30 ring close and tail update, 5 each of the scorer, the
     # selection and the fused selection.
     assert "garbage calls: 105" in done.stdout
     # Control: every library that ran was built with the sanitizer.
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert len(built) > 20, built
-    assert all(b"__asan_report" in path.read_bytes() for path in built)
+    sanitized.assert_instrumented(done.stdout, at_least=20)
 
 
 # One garbage call of the FP8 kernels, expand and the scorer, which between
@@ -259,24 +220,23 @@ _SANITIZED_FAMILIES_RUN = textwrap.dedent(
 )
 
 
-def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family(tmp_path):
+def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family():
     # compress (its FP8 form: the pooling and the sink), ring (ring close's
     # and tail update's FP8 forms), expand (a garbage block table), the
     # query side, the scorer, the selection and the fused selection
     # (garbage offsets, tables, caches, logits widths and workspaces), each
     # with validate=False over garbage indices and each reaching its kernel
     # (a call that launches nothing proves nothing).
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    done = _run_sanitized(_SANITIZED_FAMILIES_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
+    done = sanitized.run(_SANITIZED_FAMILIES_RUN.format(tests=str(ROOT / "tests")), libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
     families = "['hadamard_quant_fp8', 'kpool_compress_fp8', 'kpool_expand_topk', 'kpool_index_logits_fp8', "
     families += "'kpool_index_select_fp8', 'kpool_index_topk', 'kpool_ring_close_fp8', 'kpool_tail_update_fp8']"
     assert f"families: {families}" in done.stdout, done.stdout
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
+    sanitized.assert_instrumented(done.stdout)
 
 
 # The scorer's and the fused select's sm_90a path (KPOOL_CUPY_EMULATE_MMA=wgmma) on inputs that reach the walk,
@@ -322,18 +282,17 @@ _SANITIZED_WGMMA_RUN = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays(tmp_path):
-    libasan = _libasan()
+def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays():
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    done = _run_sanitized(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), tmp_path, libasan)
+    done = sanitized.run(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
     # 9 near-valid calls of each and the garbage calls that reach a kernel (a max_pools of 0 or no token launches
     # none).
     assert int(done.stdout.split("wgmma launches:")[1]) >= 18 + 5, done.stdout
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
+    sanitized.assert_instrumented(done.stdout)
 
 
 _OUT_OF_BOUNDS = textwrap.dedent(
@@ -363,12 +322,12 @@ _OUT_OF_BOUNDS = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_address_sanitizer_control_catches_a_planted_overrun(tmp_path):
+def test_address_sanitizer_control_catches_a_planted_overrun():
     # Proves the harness above can fail: a planted overrun is reported.
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    done = _run_sanitized(_OUT_OF_BOUNDS, tmp_path, libasan)
+    done = sanitized.run(_OUT_OF_BOUNDS, libasan)
     assert done.returncode != 0
     assert "AddressSanitizer" in done.stderr and "heap-buffer-overflow" in done.stderr, done.stderr[-4000:]
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sanitized
 from model import BF16
-from test_emulator_build import SANITIZER_FLAGS, _libasan
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code, recording
@@ -300,35 +300,23 @@ def test_existing_kernels_run_the_sequential_loop_and_fibers_give_the_same_bits(
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), f"output {i} differs under fibers"
 
 
-def _sanitized_env(tmp_path: Path, libasan: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        LD_PRELOAD=libasan,
-        ASAN_OPTIONS="detect_leaks=0",
-        XDG_CACHE_HOME=str(tmp_path),
-        PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-    )
-    env[emulate.FLAGS_VARIABLE] = SANITIZER_FLAGS
-    return env
-
-
 @pytest.mark.slow
-def test_cooperation_under_address_sanitizer(tmp_path, fibers):
+def test_cooperation_under_address_sanitizer(fibers):
     # Every test above (the fiber switches annotated for the sanitizer, the
     # aborts included) in a Python with libasan preloaded and kernels built
     # -fsanitize=address; then two planted overruns on fibers must be seen.
     if fibers == "ucontext":
         pytest.skip("runs both fiber kinds itself")
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    env = _sanitized_env(tmp_path, libasan)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow", __file__]
-    # A guard against a hang: 153 s here on a busy machine.
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800, cwd=ROOT)
+    env = sanitized.environment(libasan)
+    arguments = ["-q", "-p", "no:cacheprovider", "-m", "not slow", __file__]
+    tests = f"import sys, pytest\nsys.exit(pytest.main({arguments!r}))"
+    # A guard against a hang: 153 s here on a busy machine, cold.
+    done = sanitized.run(tests, libasan, timeout=1800)
     assert done.returncode == 0 and "AddressSanitizer" not in done.stdout + done.stderr, done.stdout[-4000:]
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert len(built) > 10 and all(b"__asan_report" in path.read_bytes() for path in built)
+    sanitized.assert_instrumented(done.stdout, at_least=10)
     # Controls: a read past a local array on a fiber's stack, a write past an output.
     stderr = _run_failing("overrun_stack", 32, "(np.array([8], np.int32), np.zeros(32, np.float32))", env)
     assert "AddressSanitizer: stack-buffer-overflow" in stderr, stderr[-3000:]

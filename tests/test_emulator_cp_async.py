@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import sanitized
 from kernel_text import kernel_code, line_of, probe_build
-from test_emulator_build import _libasan, _run_sanitized
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code, recording
@@ -234,19 +234,18 @@ _SANITIZED_RING = textwrap.dedent(
 )
 
 
-def test_address_sanitizer_sees_no_access_outside_the_arrays(tmp_path):
+def test_address_sanitizer_sees_no_access_outside_the_arrays():
     # The ring under AddressSanitizer: its missing tiles name one past the
     # ends of two heap arrays, the fibers switch at every barrier, and the
     # copies' bookkeeping (vectors, the thread-local blocks' list) runs on
     # the fibers' stacks.
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    done = _run_sanitized(_SANITIZED_RING.format(tests=str(ROOT / "tests")), tmp_path, libasan)
+    done = sanitized.run(_SANITIZED_RING.format(tests=str(ROOT / "tests")), libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0 and "problem: ''" in done.stdout, done.stdout + done.stderr[-4000:]
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert built and all(b"__asan_report" in path.read_bytes() for path in built), built
+    sanitized.assert_instrumented(done.stdout)
 
 
 _FAILING = textwrap.dedent(

@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import sanitized
 from double import run_on_double
 from kernel_text import kernel_code
-from test_emulator_build import SANITIZER_FLAGS, _libasan
 
 from kpool_cupy import emulate
 from kpool_cupy.backends import cupy_plans
@@ -352,31 +352,24 @@ def test_nvrtc_declares_every_name_extern_shared_1024_byte_aligned():
 
 
 @pytest.mark.slow
-def test_address_sanitizer_sees_a_read_past_the_launchs_bytes(tmp_path):
+def test_address_sanitizer_sees_a_read_past_the_launchs_bytes():
     # The buffer is exactly the launch's bytes, so a read one byte past 100
     # is a heap-buffer-overflow; a touch of a 0-byte launch is a SEGV the
     # sanitizer reports; a right kernel runs clean.
-    libasan = _libasan()
+    libasan = sanitized.libasan()
     if libasan is None:
         pytest.skip("the host compiler has no AddressSanitizer runtime")
-    env = {
-        **os.environ,
-        "LD_PRELOAD": libasan,
-        "ASAN_OPTIONS": "detect_leaks=0",
-        "XDG_CACHE_HOME": str(tmp_path),
-        "PYTHONPATH": str(ROOT),
-        emulate.FLAGS_VARIABLE: SANITIZER_FLAGS,
-    }
-    inside = _touch(99, 100, env=env)
+    script = _TOUCH.format(tests=str(ROOT / "tests"), offset=99, touch=1, shared=100)
+    inside = sanitized.run(script, libasan, timeout=TIMEOUT_S)
     assert inside.returncode == 0 and "returned 255" in inside.stdout, inside.stdout + inside.stderr[-3000:]
+    sanitized.assert_instrumented(inside.stdout)  # control: the kernel that ran carries the sanitizer
+    env = sanitized.environment(libasan)
     past = _touch(100, 100, env=env)
     assert "AddressSanitizer: heap-buffer-overflow" in past.stderr, past.stderr[-3000:]
     # Older runtimes say "to the right of", newer ones "after".
     assert re.search(r"0 bytes (to the right of|after) 100-byte region", past.stderr), past.stderr[-3000:]
     none = _touch(0, 0, env=env)
     assert "AddressSanitizer: SEGV" in none.stderr, none.stderr[-3000:]
-    built = list((tmp_path / "kpool-cupy" / "emulate").glob("*.so"))
-    assert built and all(b"__asan_report" in path.read_bytes() for path in built)
 
 
 @pytest.mark.gpu
