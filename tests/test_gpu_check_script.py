@@ -127,6 +127,12 @@ def _log_names(path: Path) -> set[str]:
         return {Path(member.name).name for member in tar.getmembers() if member.isfile()}
 
 
+def _log_text(path: Path, name: str) -> str:
+    with tarfile.open(path) as tar:
+        (member,) = [m for m in tar.getmembers() if m.isfile() and Path(m.name).name == name]
+        return tar.extractfile(member).read().decode()
+
+
 def _step_rows(summary: str) -> dict[str, list[str]]:
     """The summary's step table: name, exit, limit, seconds, last line (split in words)."""
     lines = summary.splitlines()
@@ -193,6 +199,8 @@ def test_a_smoke_run_on_the_double_passes_within_the_file_budget(tmp_path):
     assert "passed" in " ".join(rows["pytest-gpu"][4:])  # pytest's last line
     sweep = json.loads((out / "bench.json").read_text())
     assert sweep["complete"] is True and sweep["lifecycle"]
+    # The benchmark's records and printed table, as `kpool-cupy bench --quick` on its own makes them.
+    _assert_the_quick_benchmark(sweep, _log_text(out / "logs.tar.gz", "bench.log"))
     # The records the GPU run adds: the launch floor, the FP8 decode step and its hot call's host cost.
     assert sweep["empty_kernel"]["calls_per_replay"] >= 32 and "call_us" in sweep["host_fp8_decode"]
     tail = [r["name"] for r in sweep["fp8"] if r["name"].startswith("tail-update-fp8")]
@@ -202,6 +210,74 @@ def test_a_smoke_run_on_the_double_passes_within_the_file_budget(tmp_path):
     cold = json.loads((out / "bench-compile.json").read_text())
     assert cold["complete"] is True and cold["lifecycle"] == []
     assert {name for shape in cold["shapes"] for name in shape["implementations"]} == {"kpool-cupy", "torch-compile"}
+
+
+def _assert_the_quick_benchmark(results: dict, stdout: str) -> None:
+    """The quick benchmark's records and table on the double (the smoke run's bench step)."""
+    assert results["environment"]["gpu"] == "NumPy double"
+    for shape in results["shapes"]:
+        implementations = shape["implementations"]
+        assert implementations["kpool-cupy"]["median_ms"] > 0
+        # The upstream-geometry kernel pools with the same helper: the same bits.
+        assert implementations["upstream-geometry"]["max_abs_diff_vs_kpool_cupy"] == 0.0
+    assert {r["name"].split()[0] for r in results["lifecycle"]} == {"tail-update", "expand-topk"}
+    lifecycle = {r["name"]: r for r in results["lifecycle"]}
+    assert {"tail-update decode-512x2-ring8", "expand-topk 512x512 paged-64"} <= set(lifecycle)
+    for name, record in lifecycle.items():
+        difference = record["implementations"]["cupy-composite"]["max_abs_diff_vs_kpool_cupy"]
+        if name.startswith("expand-topk"):
+            assert difference == 0.0, name  # positions and cache slots: integers, equal
+        else:  # pooled bfloat16 rows: a rounding apart at most (exp and a division against exp2 and a reciprocal)
+            assert difference < 0.1, (name, difference)
+    assert results["complete"] is True
+    for record in [*results["shapes"], *results["lifecycle"]]:
+        # Issue 10: a copy of N bytes reads N and writes N; the roof moves the
+        # kernel's bytes, so it copies half of them.
+        copy = record["copy"]
+        assert copy["bytes_moved"] == 2 * copy["bytes_copied"] and abs(copy["bytes_moved"] - record["bytes"]) <= 1
+        # Three L2 sizes of rotation for every shape, the double's L2 read from its device attributes.
+        rotated = record["rotation"]
+        assert rotated["over_l2"] >= 3 and rotated["capped"] is None, (record["name"], rotated)
+        assert rotated["l2_bytes"] == 2**20 and rotated["l2_source"] == "device attribute L2CacheSize"
+        assert rotated["sets"] == record["input_sets"] and rotated["bytes"] == rotated["sets"] * record["bytes"]
+        # kpool-cupy and the copy replay a captured round: the capture saw no sync and no array operation.
+        assert copy["timing"] == "graph"
+        implementations = record["implementations"]
+        assert implementations["kpool-cupy"]["timing"] == "graph", implementations["kpool-cupy"]
+        assert implementations["kpool-cupy"]["time_over_kpool_cupy"] == 1.0
+        # The composite cannot be captured on the double (it runs NumPy at once): its method is recorded, with why.
+        composite = implementations["cupy-composite"]
+        assert composite["timing"] == "events-around-python" and "capture failed" in composite["timing_note"]
+        for entry in implementations.values():
+            if "median_ms" in entry:
+                assert entry["timing"] in ("graph", "events-around-python")
+                assert entry["time_over_kpool_cupy"] == entry["median_ms"] / implementations["kpool-cupy"]["median_ms"]
+                assert entry["fraction_of_copy"] > 0
+    for shape in results["shapes"]:
+        assert shape["implementations"]["upstream-geometry"]["timing"] == "graph"
+    host = results["host"]
+    assert host["shape"] == "decode-512x4"
+    assert host["call_us_validate_on"] > 0 and host["call_us_validate_off"] > 0 and host["graph_replay_us"] > 0
+    # The bare launch is built from the package's plan and writes the package's bits.
+    assert host["bare_launch_matches"] is True and host["bare_launch_us"] > 0
+    assert host["overhead_over_bare_us"] == host["call_us_validate_off"] - host["bare_launch_us"]
+    assert "x kpool" in stdout and "rotation: 2 input sets" in stdout
+    assert "bare CuPy launch of the same kernel and arguments" in stdout
+    # torch has no CUDA device on the double: the torch op's row and host cost
+    # give the reason the other torch rows give, and the run goes on.
+    why = results["shapes"][0]["implementations"]["torch-eager"]["skipped"]
+    assert why in ("torch has no CUDA device", "torch is not installed")
+    assert all(s["implementations"]["torch.ops.kpool"] == {"skipped": why} for s in results["shapes"])
+    assert host["torch_op"] == why and "call_us_torch_op" not in host
+    # The decode step's ops, each with the host record's keys; each hot call served by a plan, so a bare launch.
+    step = {r["op"]: r for r in host["decode_step"]}
+    assert set(step) == {"tail_update_fp8", "hadamard_quant_fp8", "index_select_fp8", "index_logits_fp8 + index_topk"}
+    for record in step.values():
+        assert record["call_us_validate_on"] > 0 and record["call_us_validate_off"] > 0 and record["bare_launch_us"] > 0
+        assert record["overhead_over_bare_us"] == record["call_us_validate_off"] - record["bare_launch_us"]
+        assert record["torch_op"] == why
+    assert "host per op of a decode step" in stdout
+    assert f"  through torch.ops.kpool.compress.out: {why}" in stdout
 
 
 @pytest.mark.slow
