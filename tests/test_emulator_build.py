@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -291,7 +292,8 @@ def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays():
     assert done.returncode == 0, done.stderr[-4000:]
     # 9 near-valid calls of each and the garbage calls that reach a kernel (a max_pools of 0 or no token launches
     # none).
-    assert int(done.stdout.split("wgmma launches:")[1]) >= 18 + 5, done.stdout
+    launches = re.search(r"^wgmma launches: (\d+)$", done.stdout, re.MULTILINE)
+    assert launches and int(launches.group(1)) >= 18 + 5, done.stdout
     sanitized.assert_instrumented(done.stdout)
 
 
