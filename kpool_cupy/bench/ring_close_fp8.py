@@ -24,8 +24,7 @@ from typing import Any
 
 from ..dtypes import element_dtype
 from .fp8 import fp8_row_bytes
-from .lifecycle import device_rotation
-from .tail_fp8 import time_fused_and_unfused
+from .tail_fp8 import bench_fused_and_unfused, fused_and_unfused_outputs
 
 BATCHES = (1, 64, 512)  # as the FP8 decode step's records
 CHUNK = 16  # tokens a request brings: a short chunk, since the close reads only its first kpool - from_ring
@@ -96,14 +95,6 @@ def _close_sets(shape: RingCloseShape, count: int) -> tuple[list[dict[str, Any]]
     # Each prefix ends from_ring members into a pool, at positions that differ per request and set.
     lengths = (rng.integers(0, 4096, (count, requests)) * kpool + shape.from_ring).astype(cupy.int32)
     slots = cupy.arange(requests, dtype=cupy.int32)
-    outputs = {
-        "values": cupy.empty((count, requests, head_dim), dtype=cupy.uint8),
-        "scales": cupy.empty((count, requests), dtype=cupy.float32),
-        "closed": cupy.empty((count, requests), dtype=cupy.int32),
-        "pooled": cupy.empty((count, requests, head_dim), dtype=dtype),
-        "unfused_values": cupy.empty((count, requests, head_dim), dtype=cupy.uint8),
-        "unfused_scales": cupy.empty((count, requests), dtype=cupy.float32),
-    }
     sets = [
         {
             "tail": tail[i],
@@ -116,7 +107,7 @@ def _close_sets(shape: RingCloseShape, count: int) -> tuple[list[dict[str, Any]]
         }
         for i in range(count)
     ]
-    return sets, outputs
+    return sets, fused_and_unfused_outputs(count, (requests,), head_dim, dtype)
 
 
 def bench_ring_close_fp8(shape: RingCloseShape, samples: int) -> dict[str, Any]:
@@ -127,28 +118,22 @@ def bench_ring_close_fp8(shape: RingCloseShape, samples: int) -> dict[str, Any]:
     requests, head_dim = shape.requests, shape.head_dim
     row = head_dim * element_dtype(shape.dtype).itemsize
     allocated = requests * (2 * shape.kpool * row + 2 * shape.chunk * row + row + 2 * fp8_row_bytes(head_dim) + 12)
-    nbytes = ring_close_fp8_bytes(shape)
-    rotated = device_rotation(nbytes, allocated)
-    count = rotated["sets"]
-    sets, out = _close_sets(shape, count)
-
-    ops = (kpool_cupy.kpool_ring_close_fp8, kpool_cupy.kpool_ring_close)
-    copy, implementations = time_fused_and_unfused(*ops, sets, out, nbytes, samples)
-    return {
-        "name": f"ring-close-fp8 {shape.name}",
+    fields = {
         "requests": requests,
         "chunk": shape.chunk,
         "from_ring": shape.from_ring,
         "head_dim": head_dim,
         "kpool": shape.kpool,
         "dtype": shape.dtype,
-        "bytes": nbytes,
-        "bytes_unfused": ring_close_unfused_bytes(shape),
-        "input_sets": count,
-        "rotation": rotated,
-        "copy": copy,
-        "implementations": implementations,
     }
+    return bench_fused_and_unfused(
+        f"ring-close-fp8 {shape.name}",
+        fields,
+        (kpool_cupy.kpool_ring_close_fp8, kpool_cupy.kpool_ring_close),
+        lambda count: _close_sets(shape, count),
+        (ring_close_fp8_bytes(shape), ring_close_unfused_bytes(shape), allocated),
+        samples,
+    )
 
 
 def run_ring_close_fp8(quick: bool, samples: int) -> Iterator[dict[str, Any]]:

@@ -69,19 +69,26 @@ def _step_sets(shape: DecodeShape, count: int) -> tuple[list[dict[str, Any]], di
     gate = rng.standard_normal((count, requests, next_n, head_dim), dtype=cupy.float32).astype(dtype)
     ape = rng.standard_normal((kpool, head_dim), dtype=cupy.float32)  # shared by every call, like the weights
     slots = cupy.arange(requests, dtype=cupy.int32)
-    outputs = {
-        "values": cupy.empty((count, requests, pools, head_dim), dtype=cupy.uint8),
-        "scales": cupy.empty((count, requests, pools), dtype=cupy.float32),
-        "closed": cupy.empty((count, requests, pools), dtype=cupy.int32),
-        "pooled": cupy.empty((count, requests, pools, head_dim), dtype=dtype),
-        "unfused_values": cupy.empty((count, requests, pools, head_dim), dtype=cupy.uint8),
-        "unfused_scales": cupy.empty((count, requests, pools), dtype=cupy.float32),
-    }
     sets = [
         {"tail": tail[i], "k": k[i], "gate": gate[i], "ape": ape, "positions": positions[i], "slot_idx": slots}
         for i in range(count)
     ]
-    return sets, outputs
+    return sets, fused_and_unfused_outputs(count, (requests, pools), head_dim, dtype)
+
+
+def fused_and_unfused_outputs(count: int, rows: tuple[int, ...], head_dim: int, dtype: Any) -> dict[str, Any]:
+    """What ``bench_fused_and_unfused`` writes, for each of ``count`` input sets: ``rows`` FP8 rows and scales of
+    the fused op and of the unfused sequence, their closed ids, and the plain op's pooled rows in ``dtype``."""
+    import cupy
+
+    return {
+        "values": cupy.empty((count, *rows, head_dim), dtype=cupy.uint8),
+        "scales": cupy.empty((count, *rows), dtype=cupy.float32),
+        "closed": cupy.empty((count, *rows), dtype=cupy.int32),
+        "pooled": cupy.empty((count, *rows, head_dim), dtype=dtype),
+        "unfused_values": cupy.empty((count, *rows, head_dim), dtype=cupy.uint8),
+        "unfused_scales": cupy.empty((count, *rows), dtype=cupy.float32),
+    }
 
 
 def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
@@ -95,23 +102,46 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     allocated = requests * (
         2 * shape.ring * row + 2 * shape.next_n * row + pools * row + 2 * pools * fp8_row_bytes(head_dim)
     ) + requests * (4 * shape.next_n + 8 * pools)
-    nbytes = tail_fp8_bytes(shape)
-    rotated = device_rotation(nbytes, allocated)
-    count = rotated["sets"]
-    sets, out = _step_sets(shape, count)
-
-    # The ring rows a step stashes are the same tokens either way, so set 0's ring is the same for both.
-    ops = (kpool_cupy.kpool_tail_update_fp8, kpool_cupy.kpool_tail_update)
-    copy, implementations = time_fused_and_unfused(*ops, sets, out, nbytes, samples)
-    return {
-        "name": f"tail-update-fp8 {shape.name}",
+    fields = {
         "requests": requests,
         "next_n": shape.next_n,
         "head_dim": head_dim,
         "kpool": shape.kpool,
         "dtype": shape.dtype,
+    }
+    # The ring rows a step stashes are the same tokens either way, so set 0's ring is the same for both.
+    return bench_fused_and_unfused(
+        f"tail-update-fp8 {shape.name}",
+        fields,
+        (kpool_cupy.kpool_tail_update_fp8, kpool_cupy.kpool_tail_update),
+        lambda count: _step_sets(shape, count),
+        (tail_fp8_bytes(shape), tail_unfused_bytes(shape), allocated),
+        samples,
+    )
+
+
+def bench_fused_and_unfused(
+    name: str,
+    fields: dict[str, Any],
+    ops: tuple[Callable[..., Any], Callable[..., Any]],
+    make_sets: Callable[[int], tuple[list[dict[str, Any]], dict[str, Any]]],
+    sizes: tuple[int, int, int],
+    samples: int,
+) -> dict[str, Any]:
+    """The record of an FP8 ring form (``ops``: it and its plain form) against its unfused sequence: ``sizes``
+    are the bytes credited to both, the bytes the unfused sequence moves, and the bytes a set allocates (which
+    decide how many sets rotate); ``make_sets(count)`` makes the sets and ``fused_and_unfused_outputs``'s
+    outputs. ``fields`` (the shape) follow the name."""
+    nbytes, unfused_bytes, allocated = sizes
+    rotated = device_rotation(nbytes, allocated)
+    count = rotated["sets"]
+    sets, out = make_sets(count)
+    copy, implementations = _time_fused_and_unfused(*ops, sets, out, nbytes, samples)
+    return {
+        "name": name,
+        **fields,
         "bytes": nbytes,
-        "bytes_unfused": tail_unfused_bytes(shape),
+        "bytes_unfused": unfused_bytes,
         "input_sets": count,
         "rotation": rotated,
         "copy": copy,
@@ -119,7 +149,7 @@ def bench_tail_update_fp8(shape: DecodeShape, samples: int) -> dict[str, Any]:
     }
 
 
-def time_fused_and_unfused(
+def _time_fused_and_unfused(
     fused_op: Callable[..., Any],
     plain_op: Callable[..., Any],
     sets: list[dict[str, Any]],
