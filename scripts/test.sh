@@ -3,8 +3,10 @@
 # themselves where CuPy has no device.
 #
 #   scripts/test.sh           the default tier: everything but the long sweeps
-#                             and sanitized runs marked `slow` (under 5 minutes here)
-#   scripts/test.sh --full    everything, as CI runs it (under 20 minutes here)
+#                             and sanitized runs marked `slow` (under 5 minutes here
+#                             with a warm build cache; about 6.5 from an empty one)
+#   scripts/test.sh --full    everything, as CI runs it (under 20 minutes here warm;
+#                             about 20.5 from an empty cache)
 #
 # Extra arguments go to pytest. The tests run on two worker processes
 # (pytest-xdist): most of the suite's time is compiling and sanitized
