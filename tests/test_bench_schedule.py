@@ -165,6 +165,26 @@ def test_the_fp8_ring_close_record_times_both_and_finds_the_same_bytes():
 
 
 @pytest.mark.slow
+def test_the_backward_record_times_the_kernel_by_graph_replay_against_the_copy():
+    # The quick backward record, timed for real on the double: the GPU script's smoke run benches without it.
+    _on_the_double(
+        """
+        from kpool_cupy.bench import backward
+
+        (shape,) = backward.backward_shapes(quick=True)
+        record = backward.bench_backward(shape, samples=1)
+        assert record["name"] == "backward B2x32 D128 k4" and record["kind"] == "backward", record
+        ours = record["implementations"]["kpool-cupy"]
+        assert ours["timing"] == "graph" and ours["time_over_kpool_cupy"] == 1.0 and ours["working_bytes"] == 0, ours
+        copy = record["copy"]
+        assert copy["timing"] == "graph" and copy["bytes_moved"] == 2 * copy["bytes_copied"], copy
+        assert abs(copy["bytes_moved"] - record["bytes"]) <= 1 and ours["fraction_of_copy"] > 0, record
+        assert set(record["implementations"]["torch-eager-autograd"]) == {"skipped"}  # no CUDA torch here
+        """
+    )
+
+
+@pytest.mark.slow
 def test_the_short_records_come_before_the_sweep_and_each_is_saved():
     # The JSON a cut run leaves: the host costs, the empty kernel, the decode
     # side, the FP8, scorer, selection and backward records are saved before

@@ -187,7 +187,7 @@ def test_address_sanitizer_sees_no_access_outside_the_fp8_arrays_on_garbage():
     # selection and the fused selection.
     assert "garbage calls: 105" in done.stdout
     # Control: every library that ran was built with the sanitizer.
-    sanitized.assert_instrumented(done.stdout, at_least=20)
+    sanitized.assert_instrumented(done.stdout, at_least=21)
 
 
 # One garbage call of the FP8 kernels, expand and the scorer, which between
