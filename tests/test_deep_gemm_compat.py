@@ -11,6 +11,8 @@ CPU (64 heads of 128, 64-entry pages, next_n 1 and 2).
 
 from __future__ import annotations
 
+import re
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -129,11 +131,13 @@ def test_the_metadata_and_the_logits_call_refuse_bad_arguments_by_name():
         call(tq, tc, tw, tl.float(), tt, None, max_model_len)
     with pytest.raises(ValueError, match=r"^Invalid block_tables: expected shape \[2, max_blocks\]"):
         call(tq, tc, tw, tl, tt[:1], None, max_model_len)
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected a positive integer"):
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected an integer >= 1, got 0$"):
         call(tq, tc, tw, tl, tt, None, 0)
+    with pytest.raises(TypeError, match=r"^Invalid max_model_len: expected an integer, got float$"):  # a type
+        call(tq, tc, tw, tl, tt, None, 256.0)
     with pytest.raises(TypeError, match=r"^Invalid weights: expected dtype float32"):  # the scorer's own check
         call(tq, tc, tw.double(), tl, tt, None, max_model_len)
-    with pytest.raises(ValueError, match=r"^Invalid num_sms: expected a positive integer"):
+    with pytest.raises(ValueError, match=r"^Invalid num_sms: expected an integer >= 1"):
         deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 0)
 
 
@@ -203,10 +207,26 @@ def test_the_flat_call_refuses_bad_arguments_by_deep_gemms_names():
     call = deep_gemm.fp8_mqa_logits
     with pytest.raises(TypeError, match=r"^Invalid kv: expected a pair \(values \[N, D\], scales \[N\]\)"):
         call(tq, tv, tw, ks, ke)
-    with pytest.raises(ValueError, match=r"^Invalid kv\[0\]: expected float8_e4m3fn \[N, 128\]"):
+    with pytest.raises(ValueError, match=r"^Invalid kv\[0\]: expected shape \[N, 128\] \(q's head_dim\)"):
         call(tq, (tv[:, :64], ts), tw, ks, ke)
-    with pytest.raises(ValueError, match=r"^Invalid kv\[1\]: expected float32 \[160\]"):
+    with pytest.raises(ValueError, match=r"^Invalid kv\[1\]: expected shape \[160\] \(a scale a key\)"):
         call(tq, (tv, ts[:-1]), tw, ks, ke)
+    # Dtypes are TypeErrors (docs/validation.md), as the scorer's own are: a hostile round found ValueErrors.
+    with pytest.raises(TypeError, match=r"^Invalid kv\[0\]: expected dtype float8_e4m3fn \(or uint8"):
+        call(tq, (tv.float(), ts), tw, ks, ke)
+    with pytest.raises(TypeError, match=r"^Invalid kv\[1\]: expected dtype float32, got float16$"):
+        call(tq, (tv, ts.half()), tw, ks, ke)
+    # A tensor on another device than q is named (torch's meta device stands in for a GPU here): the hostile
+    # round found torch's own errors from the copy and the mask instead.
+    elsewhere = {
+        "cu_seqlen_ks": lambda: call(tq, (tv, ts), tw, ks.to("meta"), ke),
+        "kv[0]": lambda: call(tq, (tv.to("meta"), ts), tw, ks, ke),
+        "kv[1]": lambda: call(tq, (tv, ts.to("meta")), tw, ks, ke),
+    }
+    for name, refused in elsewhere.items():
+        wanted = rf"^Invalid {re.escape(name)}: expected a tensor on cpu like q, got one on meta$"
+        with pytest.raises(ValueError, match=wanted):
+            refused()
     with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ks: expected shape \[48\]"):
         call(tq, (tv, ts), tw, ks[:-1], ke)
     with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ke: expected values in \[0, 160\] .*, got 161 at 38$"):
@@ -231,6 +251,16 @@ def test_adapter_refusals_name_what_the_caller_passed_and_no_call_wraps_or_crash
     two_d = torch.from_numpy(np.repeat(lens[:, None], 2, axis=1) + 64)
     with pytest.raises(ValueError, match=r"its request r is token \(r // next_n, r % next_n\)"):
         deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, two_d, tt, None, 320, validate=True)
+    # The upper bound as passed too: past it, the scorer named the derived cache_lengths' value (context_lens -
+    # next_n) and range.
+    huge = torch.tensor([2**62 + 2, int(lens[1])], dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^Invalid context_lens: expected values in \[2, 4611686018427387905\] "
+                       r".*, got 4611686018427387906 at 0$"):  # fmt: skip
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, huge, tt, None, max_model_len, validate=True)
+    huge = torch.tensor([[1, 2], [3, 2**62 + 1]], dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"^Invalid context_lens: expected values in \[1, 4611686018427387904\] "
+                       r".*, got 4611686018427387905 at \(1, 1\)$"):  # fmt: skip
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, huge, tt, None, max_model_len, validate=True)
     wide = torch.tensor([2**32 + int(lens[0]), int(lens[1])], dtype=torch.int64)  # not the same as lens
     with pytest.raises(ValueError, match=r"^Invalid max_model_len: "):
         deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, wide, tt, None, max_model_len, validate=True)

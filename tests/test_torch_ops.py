@@ -307,6 +307,17 @@ def test_a_torch_dtype_that_is_no_output_dtype_is_named():
         kt.kpool_compress(*map(_tensor, args), out_dtype=torch.complex64)
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e5m2, torch.complex32], ids=["float8_e5m2", "complex32"])
+def test_the_ops_name_an_out_dtype_numpy_has_no_dtype_for(dtype):
+    # A hostile round's finding: through torch.ops a torch dtype NumPy lacks said "no NumPy dtype for ...",
+    # naming no argument, where the wrapper and every backend name out_dtype.
+    args, _ = calls(BF16)["kpool_compress"]
+    with pytest.raises(TypeError, match=r"^Invalid out_dtype: expected one of bfloat16, float16, float32, got torch"):
+        torch.ops.kpool.compress(*map(_tensor, args), out_dtype=dtype)
+    with pytest.raises(TypeError, match=r"^Invalid out_dtype: expected uint8 or float8_e4m3fn"):
+        torch.ops.kpool.hadamard_quant_fp8(torch.zeros(4, 64), out_dtype=dtype)
+
+
 def test_a_ring_written_in_place_bumps_its_version_and_refuses_grad():
     # As torch's own in-place ops do: a graph that saved the ring refuses a
     # stale backward, and a ring autograd tracks is not written behind its back.

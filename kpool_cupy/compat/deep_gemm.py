@@ -40,7 +40,7 @@ import torch
 import kpool_cupy.torch as kt
 
 from ..ops.families.scoring import LENGTHS_HINT
-from ..ops.framework.checks import check_bool, check_nowhere, dtype_fail, fail
+from ..ops.framework.checks import MAX_CACHE_LENGTH, check_bool, check_integer, check_nowhere, dtype_fail, fail
 
 # The scorer's arguments by DeepGEMM's names: a refusal names what the caller passed.
 _DEEP_GEMM_NAMES = {
@@ -99,15 +99,25 @@ def _query(q: Any, ndim: int, shape: str) -> torch.Tensor:
 
 
 def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise fail(name, "a positive integer", repr(value))
-    return value
+    check_integer(name, value, 1)  # a TypeError for a non-integer, as the package's own integer options
+    return int(value)
+
+
+def _beside(name: str, tensor: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on q's device (what this call reads itself; the scorer checks what it is given)."""
+    if tensor.device != q.device:
+        raise fail(name, f"a tensor on {q.device} like q", f"one on {tensor.device}")
+    return tensor
+
+
+def _dtype_name(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
 
 
 def _context_lens(context_lens: Any, batch: int, next_n: int) -> torch.Tensor:
     _tensor("context_lens", context_lens)
     if context_lens.dtype not in (torch.int32, torch.int64):
-        raise dtype_fail("context_lens", "dtype int32 (or int64)", str(context_lens.dtype).removeprefix("torch."))
+        raise dtype_fail("context_lens", "dtype int32 (or int64)", _dtype_name(context_lens))
     if tuple(context_lens.shape) not in ((batch,), (batch, next_n)):
         wanted = f"shape [{batch}] or [{batch}, {next_n}] (q's batch and next_n)"
         raise fail("context_lens", wanted, f"shape {tuple(context_lens.shape)}")
@@ -119,7 +129,7 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int, n
     device, zeros. :func:`fp8_paged_mqa_logits` here plans its launch from shapes and ignores it."""
     _tensor("context_lens", context_lens)
     if context_lens.dtype not in (torch.int32, torch.int64):
-        raise dtype_fail("context_lens", "dtype int32 (or int64)", str(context_lens.dtype).removeprefix("torch."))
+        raise dtype_fail("context_lens", "dtype int32 (or int64)", _dtype_name(context_lens))
     if context_lens.ndim not in (1, 2):
         raise fail("context_lens", "shape [B] or [B, next_n]", f"shape {tuple(context_lens.shape)}")
     _positive("block_size", block_size)
@@ -178,7 +188,10 @@ def fp8_paged_mqa_logits(
     tokens = batch * next_n
     if validate:  # as passed: the derived cache_lengths would name values the caller never gave
         rule = "the step's tokens included" if lengths.ndim == 1 else "a token sees at least its own key"
-        _within("context_lens", lengths, next_n if lengths.ndim == 1 else 1, None, rule)
+        low = next_n if lengths.ndim == 1 else 1
+        # The scorer's cache_lengths (these less `low`) stay below MAX_CACHE_LENGTH; int32 lengths always do.
+        high = MAX_CACHE_LENGTH - 1 + low if lengths.dtype == torch.int64 else None
+        _within("context_lens", lengths, low, high, rule)
     # The lengths keep their dtype (int64 ones past 2^31 stay whole; the scorer takes both).
     if lengths.ndim == 1:  # request b's next_n tokens at positions context_lens[b] - next_n + j
         offsets = torch.arange(0, tokens + 1, next_n, dtype=torch.int32, device=device)
@@ -205,7 +218,7 @@ def fp8_paged_mqa_logits(
 def _window(name: str, value: Any, tokens: int) -> torch.Tensor:
     _tensor(name, value)
     if value.dtype not in (torch.int32, torch.int64):
-        raise dtype_fail(name, "dtype int32 (or int64)", str(value.dtype).removeprefix("torch."))
+        raise dtype_fail(name, "dtype int32 (or int64)", _dtype_name(value))
     if tuple(value.shape) != (tokens,):
         raise fail(name, f"shape [{tokens}] (q's tokens)", f"shape {tuple(value.shape)}")
     return value
@@ -245,13 +258,18 @@ def fp8_mqa_logits(
     tokens, _, head_dim = q.shape
     if not isinstance(kv, (tuple, list)) or len(kv) != 2:
         raise dtype_fail("kv", "a pair (values [N, D], scales [N])", type(kv).__name__)
-    values, scales = _tensor("kv[0]", kv[0]), _tensor("kv[1]", kv[1])
-    if values.ndim != 2 or values.shape[1] != head_dim or values.dtype not in (torch.float8_e4m3fn, torch.uint8):
-        raise fail("kv[0]", f"float8_e4m3fn [N, {head_dim}] (q's head_dim)", f"{values.dtype} {tuple(values.shape)}")
+    values, scales = _beside("kv[0]", _tensor("kv[0]", kv[0]), q), _beside("kv[1]", _tensor("kv[1]", kv[1]), q)
+    if values.dtype not in (torch.float8_e4m3fn, torch.uint8):
+        raise dtype_fail("kv[0]", "dtype float8_e4m3fn (or uint8 e4m3fn bytes)", _dtype_name(values))
+    if values.ndim != 2 or values.shape[1] != head_dim:
+        raise fail("kv[0]", f"shape [N, {head_dim}] (q's head_dim)", f"shape {tuple(values.shape)}")
     keys = values.shape[0]
-    if scales.dtype != torch.float32 or tuple(scales.shape) not in ((keys,), (keys, 1)):
-        raise fail("kv[1]", f"float32 [{keys}] (a scale a key)", f"{scales.dtype} {tuple(scales.shape)}")
-    starts, ends = _window("cu_seqlen_ks", cu_seqlen_ks, tokens), _window("cu_seqlen_ke", cu_seqlen_ke, tokens)
+    if scales.dtype != torch.float32:
+        raise dtype_fail("kv[1]", "dtype float32", _dtype_name(scales))
+    if tuple(scales.shape) not in ((keys,), (keys, 1)):
+        raise fail("kv[1]", f"shape [{keys}] (a scale a key)", f"shape {tuple(scales.shape)}")
+    starts = _beside("cu_seqlen_ks", _window("cu_seqlen_ks", cu_seqlen_ks, tokens), q)
+    ends = _beside("cu_seqlen_ke", _window("cu_seqlen_ke", cu_seqlen_ke, tokens), q)
     check_bool("clean_logits", clean_logits)
     check_bool("validate", validate)
     if validate:  # the windows as passed; the scorer's own checks would name what this call derives
