@@ -348,9 +348,12 @@ __device__ __forceinline__ bool request_rows(const IO* input_row_offsets, const 
 }
 
 // Pools a query token sees: (cached + local + 1) / kpool, the positions
-// before and at its own, without overflow for any cached >= 0 and local >= 0.
+// before and at its own, for any cached >= 0 and local >= 0 without
+// overflow: a count past 2^63 - 1 (kpool 1 and a garbage length a few
+// tokens from it) is 2^63 - 1, every pool there is.
 __device__ __forceinline__ long long pools_visible(long long cached, long long local, long long kpool) {
-    return cached / kpool + (cached % kpool + local + 1) / kpool;
+    const long long whole = cached / kpool, rest = (cached % kpool + local + 1) / kpool;
+    return whole > 9223372036854775807LL - rest ? 9223372036854775807LL : whole + rest;
 }
 
 // The pools `token` sees, 0 where no request's usable rows hold it (the

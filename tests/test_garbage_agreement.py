@@ -375,6 +375,30 @@ def test_seed_tail_at_the_int64_limit_writes_nothing(module):
     assert (tail[0] == 7).all()
 
 
+@pytest.mark.parametrize("cached", [2**63 - 1, 2**63 - 2], ids=["2^63-1", "2^63-2"])
+def test_lengths_at_the_int64_limit_see_every_pool_the_arrays_hold_at_kpool_one(cached):
+    # A hostile round's finding: at kpool 1 a token's pool count, cached + local + 1, overflowed int64 (undefined
+    # in C++) for a garbage length within a few tokens of 2^63 (validate=False); the emulated top-k then picked
+    # pools for some tokens and the reference none. The count now saturates: each token sees every pool there
+    # is, cut at the logits' width, max_pools and the table's reach as always, on both backends.
+    offsets, lengths = np.array([0, 3], np.int64), np.array([cached], np.int64)
+    heads, head_dim = 1, 64
+    q = np.full((3, heads, head_dim), 0x38, np.uint8)  # e4m3 1.0
+    weights = np.ones((3, heads), np.float32)
+    page = np.concatenate([np.full(4 * head_dim, 0x38, np.uint8), np.ones(4, np.float32).view(np.uint8)])
+    cache = page.reshape(1, 4, head_dim + 4)  # one page: 4 keys of 1.0, then their scales, 1.0
+    table = np.zeros((1, 1), np.int32)
+    scoring = (q, weights, cache, table, offsets, lengths)
+    for module in (emulate, reference):
+        picked = module.kpool_index_topk(np.zeros((3, 3), np.float32), offsets, lengths, kpool=1, pool_topk=2,
+                                         validate=False)  # fmt: skip
+        np.testing.assert_array_equal(picked, [[0, 1]] * 3)  # all tied: the lowest ids
+        logits = module.kpool_index_logits_fp8(*scoring, kpool=1, max_pools=6, validate=False)
+        assert (logits[:, :4] == head_dim).all() and np.isneginf(logits[:, 4:]).all()  # pools 4, 5: past the table
+        fused = module.kpool_index_select_fp8(*scoring, kpool=1, pool_topk=2, validate=False)
+        np.testing.assert_array_equal(fused, [[0, 1]] * 3)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk", range(2))
 def test_fp8_ring_garbage_writes_the_same_bytes(chunk):

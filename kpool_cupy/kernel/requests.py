@@ -35,8 +35,10 @@ def request_rows(offsets: np.ndarray, cached: np.ndarray, request: np.ndarray, t
 
 
 def pools_visible(cached: np.ndarray, local: np.ndarray, kpool: int) -> np.ndarray:
-    """``kp::pools_visible``: (cached + local + 1) // kpool without overflow."""
-    return cached // kpool + (cached % kpool + local + 1) // kpool
+    """``kp::pools_visible``: (cached + local + 1) // kpool without overflow, 2^63 - 1 where it would pass it."""
+    whole, rest = cached // kpool, (cached % kpool + local + 1) // kpool
+    top = np.iinfo(np.int64).max
+    return np.where(whole > top - rest, top, whole + rest)
 
 
 def token_visibility(

@@ -318,8 +318,10 @@ def check_workspace(workspace: Any) -> None:
     require_array("workspace", workspace)
     if np.dtype(workspace.dtype) != UINT8:
         raise dtype_fail("workspace", "dtype uint8", str(np.dtype(workspace.dtype)))
-    if workspace.ndim != 1 or (workspace.size > 1 and workspace.strides[0] != 1):
+    if workspace.ndim != 1:
         raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(workspace.shape)}")
+    if workspace.size > 1 and workspace.strides[0] != 1:
+        raise fail("workspace", "a contiguous 1-D array", f"strides {tuple(workspace.strides)}")
     address = data_pointer(workspace)
     if address % 16:  # kernels keep 4-byte words (counters, float32 sums) there: a GPU faults on a misaligned one
         raise fail("workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16")
