@@ -28,8 +28,18 @@ def test_the_size_is_the_partials_for_every_pool_the_tokens_can_complete():
     # 4096 tokens of 128 at kpool 4: 1024 pools, 16 a block of 256 threads, a float32 [4, 128] partial a block.
     assert kpool_cupy.compress_backward_workspace_bytes(4096, 128, 4) == 64 * 4 * 128 * 4
     assert kpool_cupy.compress_backward_workspace_bytes(3, 128, 4) == 0  # no complete pool: nothing to sum
-    with pytest.raises(ValueError, match=r"^Invalid kpool: expected an integer >= 1, got 0"):
+    # Sizes of calls no op takes are refused, naming the argument, as the other sizing functions refuse theirs (a
+    # hostile round found head_dim 12 sized at 192 bytes and kpool 2000 at 0).
+    with pytest.raises(ValueError, match=r"^Invalid kpool: expected an integer in \[1, 1024\], got 0$"):
         kpool_cupy.compress_backward_workspace_bytes(16, 128, 0)
+    with pytest.raises(ValueError, match=r"^Invalid kpool: expected an integer in \[1, 1024\], got 2000$"):
+        kpool_cupy.compress_backward_workspace_bytes(16, 128, 2000)
+    for head_dim in (12, 8192, 0):
+        with pytest.raises(ValueError, match=rf"^Invalid head_dim: expected a positive multiple of 8 up to 4096, got "
+                           rf"{head_dim}$"):  # fmt: skip
+            kpool_cupy.compress_backward_workspace_bytes(16, head_dim, 4)
+    with pytest.raises(TypeError, match=r"^Invalid head_dim: expected an integer, got float$"):
+        kpool_cupy.compress_backward_workspace_bytes(16, 128.0, 4)
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.__name__.rpartition(".")[2])

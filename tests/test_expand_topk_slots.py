@@ -85,6 +85,19 @@ def test_a_block_past_the_table_is_an_error_when_validated_and_minus_one_when_no
 
 
 @pytest.mark.parametrize("module", BACKENDS, ids=IDS)
+@pytest.mark.parametrize("big", [2**40, 2**61, 2**62, 2**63 - 1], ids=["2^40", "2^61", "2^62", "2^63-1"])
+def test_an_id_whose_positions_pass_int32_is_minus_one_validated_or_not(module, big):
+    # As the docstring says (-1 in all its columns, like a -1 id), with validate=True too: the table check skips
+    # it as the kernel does. A hostile round found the check multiplying such ids by kpool in int64, so 2^40 was
+    # refused and 2^61, 2^62 (whose products wrapped) accepted.
+    ids = np.array([[1], [big]], np.int64)
+    args = (ids, np.array([0, 2], np.int64), np.array([5], np.int64))
+    table = np.array([[0, 1, 2, 3]], np.int32)
+    got = module.kpool_expand_topk(*args, kpool=4, block_table=table, block_size=4)
+    np.testing.assert_array_equal(got, [[4, 5, 6, 7], [-1, -1, -1, -1]])
+
+
+@pytest.mark.parametrize("module", BACKENDS, ids=IDS)
 def test_slots_near_the_int32_limit_are_minus_one_not_wrapped(module):
     table = np.array([[2**31 // 8]], np.int32)  # page * 8 is 2^31: past int32
     got = module.kpool_expand_topk(

@@ -25,7 +25,7 @@ from ..dtypes import INT32_MAX, signed_index
 from ..kernel.codes import Fp8Target
 from ..kernel.geometry import APE_SLICES, CHANNELS_PER_THREAD, chunk_members
 from ..kernel.pages import FP8_PAGES
-from ..kernel.requests import find_request, request_rows
+from ..kernel.requests import find_request, ids_with_positions, request_rows
 from ..ops.framework.spec import Launch, is_pair
 from .reference_epilogue import epilogue, rotate
 from .reference_epilogue import hadamard_quant as query_epilogue
@@ -474,8 +474,7 @@ def expand_pool_ids(call: Any, o: dict[str, Any], ids: np.ndarray, kpool: int) -
     positions = o["positions"]
     pool_topk, batch = call.pool_topk, call.batch
     tokens = positions.shape[0]
-    fits = (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)  # the last position included
-    first = np.where(fits, ids * kpool, -1)[..., None]
+    first = np.where(ids_with_positions(ids, kpool), ids * kpool, -1)[..., None]
     values = np.full((tokens, call.width), -1, np.int64)
     values[:, : pool_topk * kpool] = np.where(first >= 0, first + np.arange(kpool), -1).reshape(tokens, -1)
     # The token's request, where its rows hold the token (the tail and the block table need it).

@@ -1,7 +1,8 @@
-"""Which request a token belongs to and how many pools it sees, on the host, step for step as the kernels.
+"""Which request a token belongs to and which pools it sees, on the host, step for step as the kernels.
 
-``kp::find_request`` and ``kp::request_rows`` (kernels/kpool_common.cuh)
-and ``kp::pools_visible`` (kernels/kpool_index.cuh) for many items at once.
+``kp::find_request``, ``kp::request_rows`` and ``kp::pools_visible``
+(kernels/kpool_common.cuh), and which pool ids an expansion turns into
+positions (kernels/kpool_expand.cuh), for many items at once.
 The reference kernels run them, and an op that sizes a result from the
 offsets without validating them does too: unsorted or out-of-range garbage
 lands where the kernel lands, never outside an array.
@@ -10,6 +11,8 @@ lands where the kernel lands, never outside an array.
 from __future__ import annotations
 
 import numpy as np
+
+from ..dtypes import INT32_MAX
 
 
 def find_request(offsets: np.ndarray, batch: int, items: np.ndarray) -> np.ndarray:
@@ -59,3 +62,9 @@ def token_visibility(
     placed = usable & (tokens >= begin) & (tokens < end)
     visible = np.where(placed, pools_visible(np.where(placed, cached, 0), tokens - begin, kpool), 0)
     return request, placed, visible
+
+
+def ids_with_positions(ids: np.ndarray, kpool: int) -> np.ndarray:
+    """The pool ids (int64) an expansion turns into positions: those whose last position, ``id * kpool + kpool -
+    1``, fits int32. Every other id, -1 included, expands to -1 in all its columns."""
+    return (ids >= 0) & (ids <= (INT32_MAX - (kpool - 1)) // kpool)

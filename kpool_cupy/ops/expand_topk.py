@@ -10,6 +10,7 @@ import numpy as np
 from ..dtypes import INDEX_DTYPES, signed_index
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import LARGE_BATCH, expand_geometry
+from ..kernel.requests import ids_with_positions
 from ..pool_offsets import check_kpool
 from .families import expansion
 from .framework.checks import (
@@ -74,7 +75,9 @@ def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, l
     """Every selected position (and tail position) of a token inside its request's block table (host arrays)."""
     tokens = np.arange(call.total_tokens)
     request = np.searchsorted(offsets, tokens, side="right") - 1
-    last = np.where(ids >= 0, ids.astype(np.int64) * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
+    # An id whose positions pass int32 expands to -1 as a -1 id does (the kernel's rule): no block to check.
+    ids = ids.astype(np.int64)
+    last = np.where(ids_with_positions(ids, call.kpool), ids * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
     if call.tail:  # the tail: visible - 1 at most, none when visible % kpool == 0
         visible = lengths[request] + tokens - offsets[request] + 1
         last = np.maximum(last, np.where(visible % call.kpool > 0, visible - 1, -1))
