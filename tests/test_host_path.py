@@ -118,6 +118,78 @@ def test_the_plan_gives_the_full_paths_bits_with_new_data_at_new_addresses():
     assert "ok" in done.stdout
 
 
+def test_a_cupy_stream_is_entered_on_its_device_and_one_of_another_device_refused_plan_or_not():
+    # A hostile round's findings (the double now keeps CuPy's rule that a stream is entered only while its own
+    # device is current): the call entered a CuPy stream before the arrays' device, so with another device
+    # current a valid call raised CuPy's RuntimeError, planned or not; and a plan replayed into a stream of
+    # another device, which the full path refuses by name.
+    done = _run(
+        """
+        host = batch(1)
+        want = emulate.kpool_compress(*host, offsets, cache)
+        k, gate, ape = on_device(*host)
+        mine = cupy.cuda.Stream(non_blocking=True)  # device 0's, like the arrays
+        with cupy.cuda.Device(1):
+            theirs = cupy.cuda.Stream(non_blocking=True)
+            for call in range(2):  # the full path, then the plan
+                out = cupy.zeros(want.shape, BFLOAT16)
+                got = kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                                out=out, validate=False, stream=mine)
+                mine.synchronize()
+                assert np.asarray(got).tobytes() == want.tobytes(), call
+        assert len(cupy_plans._plans) == 1, cupy_plans._plans.keys()
+        try:
+            kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                      out=cupy.zeros(want.shape, BFLOAT16), validate=False, stream=theirs)
+        except ValueError as error:
+            assert str(error).startswith("Invalid stream: expected a stream of device 0 like k"), error
+        else:
+            raise AssertionError("a stream of device 1 was taken for arrays of device 0")
+        assert not [e for e in cupy.cuda.launch_log if e[1] == theirs.ptr]
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("option", "planned", "refused"),
+    [
+        ("validate", False, 0),
+        ("rotate", False, 0),
+        ("total_pools", 1, True),
+        ("total_pools", 1, 1.0),
+    ],
+)
+def test_an_option_equal_to_a_planned_one_but_of_another_type_is_refused_plan_or_not(option, planned, refused):
+    # A hostile round's finding: plans were keyed by the options' values, and 0 == False, 1 == True == 1.0 in
+    # Python, so after a plan a call with validate=0 or total_pools=True replayed where the full path refuses.
+    done = _run(
+        f"""
+        k, gate, ape = on_device(*batch(1))
+        n = int(pools[-1])
+        options = dict(validate=False)
+        options[{option!r}] = {planned!r}
+        for _ in range(2):
+            kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                      out=cupy.zeros((n, 128), BFLOAT16), **options)
+        assert len(cupy_plans._plans) == 1, cupy_plans._plans.keys()
+        options[{option!r}] = {refused!r}
+        try:
+            kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools,
+                                      out=cupy.zeros((n, 128), BFLOAT16), **options)
+        except TypeError as error:
+            assert str(error).startswith("Invalid {option}: expected"), error
+        else:
+            raise AssertionError("{option}={refused!r} was replayed")
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
 @pytest.mark.slow
 def test_the_plan_keeps_the_overlap_rule_and_a_new_alignment_is_a_new_signature():
     done = _run(

@@ -166,11 +166,7 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     # full path. The current stream or a CuPy stream can take the plan.
     key = plan_key(spec, flat.arrays, options, cupy.ndarray)
     if key is not None and (stream is None or isinstance(stream, cupy.cuda.Stream)):
-        if stream is None:
-            result = plans.replay(key, flat.arrays, cupy)
-        else:
-            with stream:
-                result = plans.replay(key, flat.arrays, cupy)
+        result = plans.replay(key, flat.arrays, cupy, stream)  # the stream entered inside its device
         if result is not plans.MISS:
             return result
     with on_device(flat.names, flat.arrays, stream) as (cupy, device_id, placed):

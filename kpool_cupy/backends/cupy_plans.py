@@ -21,6 +21,7 @@ counts them): one function, loops, no helpers.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -56,7 +57,8 @@ MAX_PLANS = 4096
 
 def signature(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], ndarray: type) -> tuple[Any, ...] | None:
     """The key of a call's plan, or None when some operand is not a CuPy array (DLPack inputs take the full path)."""
-    key: list[Any] = [spec.name, *options.values()]
+    # Each option with its type: 0 == False and 1 == True == 1.0 in Python, and the full path refuses some of them.
+    key: list[Any] = [spec.name, *((type(value), value) for value in options.values())]
     for array in arrays:
         if array is None:
             key.append(None)
@@ -155,14 +157,16 @@ def forget_all() -> None:
         _plans.clear()
 
 
-def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any) -> Any:
-    """Launch the plan of ``key`` with this call's arrays and return its results, or MISS.
+def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any = None) -> Any:
+    """Launch the plan of ``key`` with this call's arrays on ``stream`` (a CuPy stream; None: the current one)
+    and return its results, or MISS.
 
-    MISS when there is no plan, or when an output's bytes may meet another
-    operand's: the full path then applies the overlap rule exactly.
+    MISS when there is no plan, when the stream is another device's, or when
+    an output's bytes may meet another operand's: the full path then applies
+    its rule exactly.
     """
     plan = _plans.get(key)
-    if plan is None:
+    if plan is None or (stream is not None and stream.device_id != plan.device_id):
         return MISS
     extents = plan.extents
     for w in plan.written:
@@ -182,7 +186,7 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any) -> Any:
     for position in range(len(slots)):
         if slots[position] >= 0:
             arguments[position] = arrays[slots[position]]
-    with cupy.cuda.Device(plan.device_id):
+    with cupy.cuda.Device(plan.device_id), stream if stream is not None else contextlib.nullcontext():
         plan.function(plan.grid, plan.block, tuple(arguments), shared_mem=plan.shared_bytes)
     if plan.results is None:
         return None

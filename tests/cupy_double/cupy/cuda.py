@@ -32,7 +32,8 @@ launch_log: collections.deque = collections.deque(maxlen=10000)
 _handles = itertools.count(0x1000, 0x10)  # fake cudaStream_t values, never 0
 _queues: dict[int, _Queue] = {}
 _queues_lock = threading.Lock()
-_local = threading.local()  # .stack: the current streams of this thread; .in_work: running queued work
+_local = threading.local()  # .stack: the current streams of this thread; .devices: its entered devices;
+# .in_work: running queued work
 _allocator: object = "memory pool"
 
 
@@ -142,14 +143,25 @@ def _wait_for(stream: Stream | None) -> None:
 COMPUTE_CAPABILITY = "90"  # what Device.compute_capability says; tests may set another
 
 
+def current_device() -> int:
+    """The device this thread has entered last (CuPy's current device; 0 until one is entered)."""
+    devices = getattr(_local, "devices", None)
+    return devices[-1] if devices else 0
+
+
 class Device:
     def __init__(self, device: int | None = None) -> None:
-        self.id = 0 if device is None else int(device)
+        self.id = current_device() if device is None else int(device)
 
     def __enter__(self) -> Device:
+        devices = getattr(_local, "devices", None)
+        if devices is None:
+            devices = _local.devices = []
+        devices.append(self.id)
         return self
 
     def __exit__(self, *exc) -> bool:
+        _local.devices.pop()
         return False
 
     @property
@@ -194,13 +206,18 @@ class Stream:
     def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False, ptr: int | None = None):
         self.ptr = 0 if null else (next(_handles) if ptr is None else int(ptr))
         self._queue = _queue(self.ptr, non_blocking)
-        self.device_id = 0
+        self.device_id = current_device()  # as CuPy: a stream belongs to the device current when it is made
 
     @classmethod
     def from_external(cls, obj) -> Stream:
         return cls(ptr=int(obj.__cuda_stream__()[1]))
 
     def __enter__(self) -> Stream:
+        if self.ptr != 0 and self.device_id != current_device():  # CuPy's check_stream_device_match
+            raise RuntimeError(
+                f"The device that the stream is created on ({self.device_id}) does not match with the current "
+                f"device ({current_device()})"
+            )
         stack = getattr(_local, "stack", None)
         if stack is None:
             stack = _local.stack = []
