@@ -10,6 +10,7 @@ import pytest
 from model import BF16, F16, F32
 
 from kpool_cupy import emulate, reference
+from kpool_cupy.tools.accuracy import allowed_error, compare
 
 BACKENDS = {"emulate": emulate.kpool_compress, "reference": reference.kpool_compress}
 KEYS = np.array([1.0, 2.0, 4.0, 8.0], np.float32)  # member m's key in every channel
@@ -70,6 +71,25 @@ def test_subnormals_flush_to_zero_as_on_the_gpu(backend, dtype):
     # Normal keys whose mean is subnormal: 2^-125 / 4 = 2^-127.
     assert np.all(pool(backend, [0.0] * 4, keys=[2.0**-125, 0, 0, 0], dtype=dtype) == 0)
     assert np.all(pool(backend, [0.0] * 4, keys=[2.0**-124, 0, 0, 0], dtype=dtype) == 2.0**-126)  # the smallest normal
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+@pytest.mark.parametrize("dtype", [BF16, F32], ids=["bf16", "f32"])
+def test_what_flushes_to_zero_stays_within_the_documented_bound(backend, dtype):
+    # A hostile round's finding: the README's bound (tools/accuracy) allowed a subnormal spacing near zero, so
+    # a mean of 1e-38 written as zero, as the paragraph on subnormals says it is, failed the package's own
+    # check. The bound now carries (2 kpool + 1) 2^-126 for what flush-to-zero drops.
+    cases = [
+        ([2.0**-130] * 4, 2.0**-130),  # subnormal keys read as zero
+        ([2.0**-125, 0, 0, 0], 2.0**-127),  # normal keys, a subnormal mean written as zero
+        ([2.0**-125, 2.0**-125, 2.0**-125, 0], 3 * 2.0**-127),  # partial sums and products below 2^-126
+    ]
+    for keys, mean in cases:
+        got = pool(backend, [0.0] * 4, keys=keys, dtype=dtype)
+        verdict = compare(got, np.full(got.shape, mean), dtype, 4, max(keys))
+        assert verdict["ok"], (keys, verdict)
+    # Away from zero the floor is nothing: the bound at 1.0 is the one it always was.
+    assert allowed_error(np.array([1.0]), F32, 4, 1.0)[0] == 2.0**-23 + 16 * 2.0**-23 + 9 * 2.0**-126
 
 
 @pytest.mark.parametrize("backend", sorted(BACKENDS))

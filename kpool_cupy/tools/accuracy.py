@@ -25,7 +25,8 @@ def allowed_error(
     """Per-element bound on |got - want| for a kernel result against the float64 answer, on any backend.
 
     With K the largest |key| and L the largest |logit| (gate + ape) of the
-    pool, one ulp of the output dtype plus K * 2^-23 * (2 kpool + L + 8):
+    pool, one ulp of the output dtype plus K * 2^-23 * (2 kpool + L + 8) plus
+    (2 kpool + 1) * 2^-126:
 
     - rounding once to the output dtype is half an ulp, and the float32 error
       before it can tip a value across a rounding midpoint: one ulp;
@@ -38,10 +39,16 @@ def allowed_error(
       at most 2^-24 of the total: kpool 2^-23 K; a streamed pool's rescale
       between chunks errs like one more exp2 per chunk: at most kpool 2^-23 K;
     - the reciprocal (1 ulp on the GPU's rcp.approx) and the multiply by it:
-      2^-22 K.
+      2^-22 K;
+    - flush-to-zero (the README's "Subnormals"), each loss below 2^-126 and
+      none scaled up (the reciprocal of the weights' sum is at most 1): a
+      member's key read as zero or its step of the weighted sum flushed, one
+      per member; a chunk's rescaled sums, at most one per member; the
+      result written as zero: (2 kpool + 1) 2^-126.
     """
     arithmetic = (2 * kpool + max_abs_logit + 8) * 2.0**-23 * max_abs_key
-    return ulp(want, dtype) + arithmetic
+    flushed = (2 * kpool + 1) * 2.0**-126
+    return ulp(want, dtype) + arithmetic + flushed
 
 
 def compare(
