@@ -98,6 +98,19 @@ def test_an_id_whose_positions_pass_int32_is_minus_one_validated_or_not(module, 
 
 
 @pytest.mark.parametrize("module", BACKENDS, ids=IDS)
+@pytest.mark.parametrize("cached", [2**31 - 3, 2**31 + 1], ids=["tail-to-int32", "tail-past-int32"])
+def test_tail_positions_past_int32_are_minus_one_validated_or_not(module, cached):
+    # The review of the id fix: the table check still asked a block for tail positions past int32, which the
+    # kernel writes as -1 (2^31 + 1 cached: the tail is 2^31 only). A 2048-column table of 2^20-slot blocks
+    # covers every position up to 2^31 - 1.
+    args = (np.array([[-1]], np.int32), np.array([0, 1], np.int32), np.array([cached], np.int64))
+    options = dict(kpool=4, always_select_tail=True, block_table=np.zeros((1, 2048), np.int32), block_size=2**20)
+    want = module.kpool_expand_topk(*args, **options, validate=False)
+    np.testing.assert_array_equal(module.kpool_expand_topk(*args, **options), want)
+    assert (want[0, 4:] >= 0).sum() == (2 if cached < 2**31 else 0)
+
+
+@pytest.mark.parametrize("module", BACKENDS, ids=IDS)
 def test_slots_near_the_int32_limit_are_minus_one_not_wrapped(module):
     table = np.array([[2**31 // 8]], np.int32)  # page * 8 is 2^31: past int32
     got = module.kpool_expand_topk(

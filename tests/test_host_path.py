@@ -153,6 +153,30 @@ def test_a_cupy_stream_is_entered_on_its_device_and_one_of_another_device_refuse
     assert "ok" in done.stdout
 
 
+def test_the_null_stream_given_as_stream_replays_its_plan():
+    # The review of the stream fix: CuPy's Stream.null (and ptds, and get_current_stream()'s default) have
+    # device_id -1, "the current device"; read as a device of its own, every such call missed its plan and
+    # took the full path again.
+    done = _run(
+        """
+        from kpool_cupy.backends import cupy as backend
+        k, gate, ape = on_device(*batch(1))
+        out = cupy.zeros((int(pools[-1]), 128), BFLOAT16)
+        full = []
+        entered = backend.on_device
+        backend.on_device = lambda *a, **kw: full.append(1) or entered(*a, **kw)
+        assert cupy.cuda.Stream.null.device_id == -1  # as in CuPy
+        for _ in range(4):
+            kpool_cupy.kpool_compress(k, gate, ape, d_offsets, d_cache, pool_row_offsets=d_pools, out=out,
+                                      validate=False, stream=cupy.cuda.Stream.null)
+        assert len(full) == 1 and len(cupy_plans._plans) == 1, (len(full), cupy_plans._plans.keys())
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
 @pytest.mark.parametrize(
     ("option", "planned", "refused"),
     [

@@ -161,12 +161,13 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any
     """Launch the plan of ``key`` with this call's arrays on ``stream`` (a CuPy stream; None: the current one)
     and return its results, or MISS.
 
-    MISS when there is no plan, when the stream is another device's, or when
-    an output's bytes may meet another operand's: the full path then applies
-    its rule exactly.
+    MISS when there is no plan, when the stream is another device's (a
+    ``device_id`` of -1, CuPy's null and per-thread streams, is the current
+    device's), or when an output's bytes may meet another operand's: the full
+    path then applies its rule exactly.
     """
     plan = _plans.get(key)
-    if plan is None or (stream is not None and stream.device_id != plan.device_id):
+    if plan is None or (stream is not None and stream.device_id >= 0 and stream.device_id != plan.device_id):
         return MISS
     extents = plan.extents
     for w in plan.written:

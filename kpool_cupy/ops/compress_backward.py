@@ -195,9 +195,9 @@ def compress_backward_workspace_bytes(total_tokens: int, head_dim: int, kpool: i
     float32 ``[blocks, kpool, head_dim]`` (0 with fewer tokens than kpool). One buffer of this size serves any
     call with at most that many tokens; its contents need no clearing."""
     check_integer("total_tokens", total_tokens, 0)
-    check_integer("head_dim", head_dim, 0)  # the type; the values compress takes below
-    if not 0 < head_dim <= MAX_HEAD_DIM or head_dim % 8:
-        raise fail("head_dim", f"a positive multiple of 8 up to {MAX_HEAD_DIM}", int(head_dim))
+    check_integer("head_dim", head_dim, 8, MAX_HEAD_DIM)  # and a multiple of 8, as compress takes
+    if head_dim % 8:
+        raise fail("head_dim", f"a multiple of 8 in [8, {MAX_HEAD_DIM}]", int(head_dim))
     check_kpool(kpool)
     return workspace_bytes(int(total_tokens), int(head_dim), int(kpool))
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import INDEX_DTYPES, signed_index
+from ..dtypes import INDEX_DTYPES, INT32_MAX, signed_index
 from ..kernel.declarations import EXPAND_TOPK
 from ..kernel.geometry import LARGE_BATCH, expand_geometry
 from ..kernel.requests import ids_with_positions
@@ -78,9 +78,11 @@ def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, l
     # An id whose positions pass int32 expands to -1 as a -1 id does (the kernel's rule): no block to check.
     ids = ids.astype(np.int64)
     last = np.where(ids_with_positions(ids, call.kpool), ids * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
-    if call.tail:  # the tail: visible - 1 at most, none when visible % kpool == 0
+    if call.tail:  # the tail: visible - 1 at most, none when visible % kpool == 0; past int32, -1 as in the kernel
         visible = lengths[request] + tokens - offsets[request] + 1
-        last = np.maximum(last, np.where(visible % call.kpool > 0, visible - 1, -1))
+        partial = visible % call.kpool
+        tail = (partial > 0) & (visible - partial <= INT32_MAX)
+        last = np.maximum(last, np.where(tail, np.minimum(visible - 1, INT32_MAX), -1))
     expansion.check_blocks_reach(call, last, lambda t: (
         f"a block for every selected position (position {int(last[t])} of token {t}, request "
         f"{int(request[t])}, is in block {int(last[t]) // call.block_size})"

@@ -44,7 +44,10 @@ def allowed_error(
       none scaled up (the reciprocal of the weights' sum is at most 1): a
       member's key read as zero or its step of the weighted sum flushed, one
       per member; a chunk's rescaled sums, at most one per member; the
-      result written as zero: (2 kpool + 1) 2^-126.
+      result written as zero: (2 kpool + 1) 2^-126. A weight or a rescale
+      factor that flushes (a logit difference past about 87) loses a term of
+      at most K 2^-126 (kpool K 2^-126 for a rescale), a relative error far
+      inside the arithmetic term above, which holds it.
     """
     arithmetic = (2 * kpool + max_abs_logit + 8) * 2.0**-23 * max_abs_key
     flushed = (2 * kpool + 1) * 2.0**-126

@@ -206,14 +206,16 @@ class Stream:
     def __init__(self, null: bool = False, non_blocking: bool = False, ptds: bool = False, ptr: int | None = None):
         self.ptr = 0 if null else (next(_handles) if ptr is None else int(ptr))
         self._queue = _queue(self.ptr, non_blocking)
-        self.device_id = current_device()  # as CuPy: a stream belongs to the device current when it is made
+        # As CuPy: a stream belongs to the device current when it is made; the null and per-thread streams
+        # say -1, whichever device is current.
+        self.device_id = -1 if null or ptds else current_device()
 
     @classmethod
     def from_external(cls, obj) -> Stream:
         return cls(ptr=int(obj.__cuda_stream__()[1]))
 
     def __enter__(self) -> Stream:
-        if self.ptr != 0 and self.device_id != current_device():  # CuPy's check_stream_device_match
+        if self.device_id >= 0 and self.device_id != current_device():  # CuPy's check_stream_device_match
             raise RuntimeError(
                 f"The device that the stream is created on ({self.device_id}) does not match with the current "
                 f"device ({current_device()})"
