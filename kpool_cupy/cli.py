@@ -136,7 +136,7 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
             results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, progress, op)
         else:
             results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, op=op)
-    except (ValueError, TypeError, RuntimeError, ImportError) as error:
+    except (ValueError, TypeError, RuntimeError, ImportError, OSError) as error:  # OSError: the build cache
         if as_json:  # a script reading stdout gets one JSON object whatever happened
             click.echo(json.dumps({"backend": backend, "op": op, "ok": False, "error": str(error), "cases": []}))
             sys.exit(1)

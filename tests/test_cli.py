@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -210,3 +213,17 @@ def test_ptx_compiles_the_fused_selects_variant_for_its_buffer():
     result = CliRunner().invoke(main, ["ptx", "--op", "index_select_fp8"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("kpool_index_select_fp8 bfloat16, head_dim 128, pool_topk up to 512, sm_90")
+
+
+def test_check_json_is_one_object_when_the_build_cache_cannot_be_made(tmp_path):
+    # A hostile round's finding: an OSError (here the cache folder under a plain file) escaped as a traceback,
+    # leaving --json's stdout empty. A process of its own: this one may hold the variants loaded already.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "kpool_cupy", "check", "--backend", "emulate", "--json"],
+        env={**os.environ, "XDG_CACHE_HOME": str(blocker / "cache")}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout)  # one object and nothing else
+    assert report["ok"] is False and "a-file" in report["error"], report
