@@ -75,8 +75,8 @@ def check_blocks_cover(call: ExpandCall, ids: np.ndarray, offsets: np.ndarray, l
     """Every selected position (and tail position) of a token inside its request's block table (host arrays)."""
     tokens = np.arange(call.total_tokens)
     request = np.searchsorted(offsets, tokens, side="right") - 1
-    # An id whose positions pass int32 expands to -1 as a -1 id does (the kernel's rule): no block to check.
-    ids = ids.astype(np.int64)
+    # An id (int64, from signed_index) whose positions pass int32 expands to -1 as a -1 id does (the kernel's
+    # rule): no block to check.
     last = np.where(ids_with_positions(ids, call.kpool), ids * call.kpool + call.kpool - 1, -1).max(axis=1, initial=-1)
     if call.tail:  # the tail: visible - 1 at most, none when visible % kpool == 0; past int32, -1 as in the kernel
         visible = lengths[request] + tokens - offsets[request] + 1
