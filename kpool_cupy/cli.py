@@ -13,8 +13,9 @@ import click
 
 from .dtypes import MAX_KPOOL, dtype_name, element_dtype
 from .kernel.geometry import MAX_HEAD_DIM
+from .kernel.nvrtc import ARCH_FORMS
 from .tools.op_checks import OP_CHECKS
-from .tools.self_check import BACKENDS, pick_backend, run_check
+from .tools.self_check import BACKENDS, check_settings, pick_backend, run_check
 from .tools.variants import OP_KERNELS as OP_NAMES
 from .tools.variants import SELECT_POOL_TOPK
 
@@ -102,15 +103,30 @@ class _JsonUsageErrors(click.Command):
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = "--json" in args
         try:
-            return super().parse_args(ctx, args)
+            rest = super().parse_args(ctx, args)
+            self.check_together(ctx)
+            return rest
         except click.UsageError as error:
             if not wants_json:
                 raise
             click.echo(json.dumps({"ok": False, "error": error.format_message(), "cases": []}))
             ctx.exit(2)
 
+    def check_together(self, ctx: click.Context) -> None:
+        """Usage rules between options, after each option's own: a ``click.UsageError``."""
 
-@main.command(cls=_JsonUsageErrors)
+
+class _CheckUsage(_JsonUsageErrors):
+    def check_together(self, ctx: click.Context) -> None:
+        # The op's own head_dim and kpool rules (the scorer's head_dims, ring close's kpool 2 or more).
+        op, head_dim, kpool = (ctx.params[name] for name in ("op", "head_dim", "kpool"))
+        try:
+            check_settings(op, head_dim, kpool, names=("--head-dim", "--kpool"))
+        except ValueError as error:
+            raise click.UsageError(str(error), ctx=ctx) from error
+
+
+@main.command(cls=_CheckUsage)
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
@@ -141,7 +157,10 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
             click.echo(json.dumps({"backend": backend, "op": op, "ok": False, "error": str(error), "cases": []}))
             sys.exit(1)
         raise click.ClickException(str(error)) from error
-    unit = OP_CHECKS[op][1]
+    unit = OP_CHECKS[op].unit
+    # The settings the op takes; the others changed only the random batches.
+    settings = {"dtype": dtype_name(element_dtype(dtype)), "head_dim": head_dim, "kpool": kpool}
+    taken = {name: value if name in OP_CHECKS[op].takes else None for name, value in settings.items()}
     checked = [r for r in results if r.status != "skipped"]
     ok = bool(checked) and all(r.ok for r in results)
     if as_json:
@@ -161,14 +180,15 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
             }
             for r in results
         ]
-        configuration = {"dtype": dtype_name(element_dtype(dtype)), "head_dim": head_dim, "kpool": kpool, "seed": seed}
+        configuration = {**taken, "seed": seed}
         described = {"op": op, "unit": unit}
         click.echo(
             json.dumps({"backend": chosen, "reason": reason, **described, **configuration, "ok": ok, "cases": cases})
         )
     else:
         click.echo(f"backend {chosen}: {reason}")
-        click.echo(f"kpool_{op}, {dtype}, head_dim {head_dim}, kpool {kpool}, seed {seed}")
+        shown = [dtype if taken["dtype"] else None, *(f"{n} {v}" for n, v in taken.items() if n != "dtype" and v)]
+        click.echo(", ".join([f"kpool_{op}", *filter(None, shown), f"seed {seed}"]))
         columns = (
             f"{'requests':>9}{'tokens':>8}{unit:>10}{'max abs err':>13}{'max ulp':>9}{'err/bound':>11}{'unequal':>9}"
         )
@@ -211,7 +231,7 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         sm_arch(value)
     except ValueError as error:
-        raise click.BadParameter(f"expected 'sm_NN', 'sm_NNa' or 'compute_NN', got {value!r}") from error
+        raise click.BadParameter(f"expected {ARCH_FORMS}, got {value!r}") from error
     return value
 
 

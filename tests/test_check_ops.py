@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -17,7 +18,7 @@ from kpool_cupy.tools.cases import check_cases
 from kpool_cupy.tools.op_check_parts import Backend
 from kpool_cupy.tools.op_checks import OP_CHECKS
 from kpool_cupy.tools.ring_op_checks import within_closed_ids
-from kpool_cupy.tools.variants import OP_KERNELS
+from kpool_cupy.tools.variants import OP_KERNELS, OP_SPECS
 
 OPS = list(OP_CHECKS)
 
@@ -152,9 +153,12 @@ def test_a_usage_error_under_json_is_one_json_object(bad):
 
 @pytest.mark.parametrize("op", ["ring_close", "ring_close_fp8"])
 def test_ring_close_at_kpool_1_is_refused_not_reported_as_nothing_checked(op):
+    # A usage error (exit 2, naming the flag) as every other bad --kpool; the Python call names its argument.
     result = CliRunner().invoke(main, ["check", "--backend", "reference", "--op", op, "--kpool", "1", "--json"])
     report = json.loads(result.output)
-    assert result.exit_code == 1 and report["error"].startswith("Invalid kpool: expected at least 2")
+    assert result.exit_code == 2 and report["error"].startswith("Invalid --kpool: expected at least 2"), report
+    with pytest.raises(ValueError, match=r"^Invalid kpool: expected at least 2"):
+        self_check.run_check("reference", BF16, 64, 1, 0, op=op)
 
 
 ROTATION = "head_dim a power of two from 8 to 256 (the Hadamard rotation)"
@@ -170,9 +174,56 @@ ROTATION = "head_dim a power of two from 8 to 256 (the Hadamard rotation)"
     ],
 )
 def test_check_refuses_a_head_dim_the_op_does_not_take(op, head_dim, rule):
-    # It ran the scorer at 128 and reported the head_dim asked for, with ok: true.
+    # It ran the scorer at 128 and reported the head_dim asked for, with ok: true. Now a usage error before
+    # any work (exit 2, the flag named), as the README has every bad --head-dim.
     args = ["check", "--backend", "reference", "--op", op, "--head-dim", str(head_dim), "--json"]
     result = CliRunner().invoke(main, args)
     report = json.loads(result.output)
-    assert result.exit_code == 1 and report["ok"] is False, result.output
-    assert report["error"] == f"Invalid head_dim: expected {rule}, got {head_dim}", report["error"]
+    assert result.exit_code == 2 and report["ok"] is False, result.output
+    assert report["error"] == f"Invalid --head-dim: expected {rule}, got {head_dim}", report["error"]
+    text = CliRunner().invoke(main, args[:-1])
+    assert text.exit_code == 2 and text.output.startswith("Usage:"), text.output
+    with pytest.raises(ValueError, match="^" + re.escape(f"Invalid head_dim: expected {rule}, got {head_dim}")):
+        self_check.run_check("reference", BF16, head_dim, 4, 0, op=op)
+
+
+@pytest.mark.parametrize(
+    ("op", "absent"),
+    [("expand_topk", {"dtype", "head_dim"}), ("index_topk", {"dtype", "head_dim"}),
+     ("index_logits_fp8", {"dtype"}), ("hadamard_quant_fp8", {"kpool"}), ("seed_tail", set())],
+)  # fmt: skip
+def test_a_report_names_only_the_settings_the_op_takes(op, absent):
+    # `check --op expand_topk --dtype float32 --head-dim 4096` reported a dtype and a head_dim the op has not:
+    # they change only the random batches. JSON gives them as null; the table's header leaves them out.
+    args = ["check", "--backend", "reference", "--op", op, "--dtype", "float32", "--head-dim", "64", "--kpool", "3"]
+    report = json.loads(CliRunner().invoke(main, [*args, "--json"]).output)
+    given = {"dtype": "float32", "head_dim": 64, "kpool": 3}
+    assert {n: report[n] for n in given} == {n: None if n in absent else v for n, v in given.items()}, report
+    header = CliRunner().invoke(main, args).output.splitlines()[1]
+    parts = {"dtype": ", float32,", "head_dim": "head_dim 64", "kpool": "kpool 3"}
+    assert {n for n, part in parts.items() if part not in header + ","} == absent, header
+
+
+def test_the_settings_an_op_takes_are_its_kernel_template_and_signature():
+    # What a report keeps (OpCheck.takes) is what the op is built or called with: an element type and HEAD_DIM
+    # in its kernel's template, kpool as an argument or ape's rows.
+    for op, check in OP_CHECKS.items():
+        template = {t.name for t in OP_KERNELS[op].template}
+        arguments = {p.name for p in OP_SPECS[op].parameters}
+        takes = {
+            "dtype": bool(template & {"T", "KT", "GT", "G", "OT", "DT"}),
+            "head_dim": "HEAD_DIM" in template,
+            "kpool": bool(arguments & {"kpool", "ape"}),
+        }
+        assert check.takes == {name for name, taken in takes.items() if taken}, op
+
+
+@pytest.mark.parametrize(("op", "names"), [("compress", 0), ("compress_fp8", 2), ("ring_close", 3)])
+def test_a_case_is_named_for_its_extras_only_where_the_op_reads_them(op, names):
+    # `oversized-out`, `float32-out` and `explicit-pool-offsets` named ring, index and expand cases that pass no
+    # out= and no pool_row_offsets=; such a case goes by its batch's name.
+    results = self_check.run_check("reference", BF16, 64, 2, 0, op=op)
+    extras = {"oversized-out", "float32-out", "explicit-pool-offsets"}
+    batches = {"two-requests", "two-more-requests", "one-request-mid-pool"}
+    got = {r.name for r in results}
+    assert len(got & batches) == names and len(got & extras) == 3 - names and len(got) == len(results), got

@@ -24,7 +24,10 @@ from .declarations import COMPRESS
 from .geometry import MAX_HEAD_DIM
 from .sources import CUPY_ADDS, NVRTC_OPTIONS, kernel_source
 
-_ARCH = re.compile(r"^(?:sm|compute)_(\d+[a-z]?)$")
+# NVRTC's architectures: sm_NN or compute_NN, with 'a' (arch-specific: sm_90a) or 'f' (family-specific:
+# sm_100f) or no suffix. Whether NVRTC knows that number is NVRTC's to say.
+_ARCH = re.compile(r"^(?:sm|compute)_(\d+[af]?)$")
+ARCH_FORMS = "'sm_NN', 'sm_NNa', 'sm_NNf' or 'compute_NN'"
 
 
 def check_variant(head_dim: int, kpool: int) -> None:
@@ -52,7 +55,7 @@ def _nvrtc() -> Any:
 def arch_number(arch: str) -> str:
     match = _ARCH.match(arch)
     if match is None:
-        raise ValueError(f"Invalid arch: expected 'sm_NN' or 'compute_NN', got {arch!r}")
+        raise ValueError(f"Invalid arch: expected {ARCH_FORMS}, got {arch!r}")
     return match.group(1)
 
 

@@ -21,6 +21,14 @@ class Case:
     input_row_offsets: np.ndarray
     cache_lengths: np.ndarray
     extra: dict[str, Any] = field(default_factory=dict)  # pool_row_offsets= / out= keyword arguments
+    batch: str = ""  # what the batch is without its extras (the name where it has none)
+
+    def __post_init__(self) -> None:
+        self.batch = self.batch or self.name
+
+    def name_for(self, reads: frozenset[str]) -> str:
+        """The case's name for a check that reads the extras ``reads``: the batch's where it reads not all."""
+        return self.name if set(self.extra) <= reads else self.batch
 
     @property
     def requests(self) -> int:
@@ -109,17 +117,20 @@ def check_cases(head_dim: int, kpool: int, dtype: np.dtype, seed: int) -> list[C
     from ..pool_offsets import pool_row_offsets
 
     oversized = _batch(rng, "oversized-out", [4 * kpool + 1, 2 * kpool], phases(2), head_dim, kpool, dtype)
+    oversized.batch = "two-requests"
     pools = int(pool_row_offsets(oversized.input_row_offsets, oversized.cache_lengths, kpool)[-1])
     oversized.extra["out"] = np.full((pools + 5, head_dim), SENTINEL, dtype=dtype)
     cases.append(oversized)
 
     explicit = _batch(rng, "explicit-pool-offsets", [3 * kpool, 2 * kpool + 1], phases(2), head_dim, kpool, dtype)
+    explicit.batch = "two-more-requests"
     explicit.extra["pool_row_offsets"] = pool_row_offsets(
         explicit.input_row_offsets, explicit.cache_lengths, kpool
     ).astype(np.uint32)
     cases.append(explicit)
 
     float_out = _batch(rng, "float32-out", [6 * kpool + 1], [kpool - 1], head_dim, kpool, dtype)
+    float_out.batch = "one-request-mid-pool"
     pools = int(pool_row_offsets(float_out.input_row_offsets, float_out.cache_lengths, kpool)[-1])
     float_out.extra["out"] = np.full((pools, head_dim), SENTINEL, dtype=FLOAT32)
     cases.append(float_out)

@@ -13,6 +13,7 @@ is made of in ``op_check_parts``; ``OP_CHECKS`` lists them all.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -276,21 +277,36 @@ def _fp8(check: Callable[..., Verdict]) -> Callable[[Backend, Case, int, np.rand
     return fused
 
 
-# Each op's check, by the op's name without ``kpool_`` (as under torch.ops.kpool), and what its rows are.
-OP_CHECKS: dict[str, tuple[Callable[[Backend, Case, int, np.random.Generator], Verdict], str]] = {
-    "compress": (check_compress, "pools"),
-    "ring_close": (check_ring_close, "pools"),
-    "seed_tail": (check_seed_tail, "ring rows"),
-    "tail_update": (check_tail_update, "pools"),
-    "expand_topk": (check_expand_topk, "ids"),
-    "compress_fp8": (check_compress_fp8, "pools"),
-    "ring_close_fp8": (_fp8(check_ring_close), "pools"),
-    "tail_update_fp8": (_fp8(check_tail_update), "pools"),
-    "hadamard_quant_fp8": (check_hadamard_quant_fp8, "rows"),
-    "index_logits_fp8": (check_index_logits_fp8, "tokens"),
-    "index_topk": (check_index_topk, "tokens"),
-    "index_select_fp8": (check_index_select_fp8, "tokens"),
-    "compress_backward": (check_compress_backward, "pools"),
+@dataclass(frozen=True)
+class OpCheck:
+    """An op's check: ``run`` one case, ``unit`` what its rows are; the case extras it reads (``out=``,
+    ``pool_row_offsets=``; a case whose extras it does not read is reported under its batch's name), and the
+    check's settings the op takes (the others change only the random batches, so a report leaves them out)."""
+
+    run: Callable[[Backend, Case, int, np.random.Generator], Verdict]
+    unit: str
+    reads: frozenset[str] = frozenset()
+    takes: frozenset[str] = frozenset({"dtype", "head_dim", "kpool"})
+
+
+_POOL_OFFSETS = frozenset({"pool_row_offsets"})
+_NO_ROWS = frozenset({"head_dim", "kpool"})  # index arrays and FP8 bytes only: no dtype
+
+# Each op's check, by the op's name without ``kpool_`` (as under torch.ops.kpool).
+OP_CHECKS: dict[str, OpCheck] = {
+    "compress": OpCheck(check_compress, "pools", frozenset({"out", "pool_row_offsets"})),
+    "ring_close": OpCheck(check_ring_close, "pools"),
+    "seed_tail": OpCheck(check_seed_tail, "ring rows"),
+    "tail_update": OpCheck(check_tail_update, "pools"),
+    "expand_topk": OpCheck(check_expand_topk, "ids", takes=frozenset({"kpool"})),
+    "compress_fp8": OpCheck(check_compress_fp8, "pools", _POOL_OFFSETS),
+    "ring_close_fp8": OpCheck(_fp8(check_ring_close), "pools"),
+    "tail_update_fp8": OpCheck(_fp8(check_tail_update), "pools"),
+    "hadamard_quant_fp8": OpCheck(check_hadamard_quant_fp8, "rows", takes=frozenset({"dtype", "head_dim"})),
+    "index_logits_fp8": OpCheck(check_index_logits_fp8, "tokens", takes=_NO_ROWS),
+    "index_topk": OpCheck(check_index_topk, "tokens", takes=frozenset({"kpool"})),
+    "index_select_fp8": OpCheck(check_index_select_fp8, "tokens", takes=_NO_ROWS),
+    "compress_backward": OpCheck(check_compress_backward, "pools", _POOL_OFFSETS),
 }
 
 

@@ -87,11 +87,11 @@ class CaseResult:
 
 def check_case(backend: Backend, case: Case, kpool: int, op: str, rng: np.random.Generator) -> CaseResult:
     """One case of ``op`` on one backend (see tools/op_checks.py for what is compared)."""
-    check, _ = OP_CHECKS[op]
-    verdict = check(backend, case, kpool, rng)
+    check = OP_CHECKS[op]
+    verdict = check.run(backend, case, kpool, rng)
     accuracy = verdict.accuracy or {}
     return CaseResult(
-        name=case.name,
+        name=case.name_for(check.reads),
         requests=case.requests,
         tokens=case.tokens,
         pools=verdict.rows,
@@ -105,6 +105,20 @@ def check_case(backend: Backend, case: Case, kpool: int, op: str, rng: np.random
     )
 
 
+def check_settings(op: str, head_dim: int, kpool: int, names: tuple[str, str] = ("head_dim", "kpool")) -> None:
+    """The op's own rules for the check's ``head_dim`` and ``kpool``, before any case (a check never runs a
+    setting other than the one it reports); a ValueError naming ``names[0]`` or ``names[1]``."""
+    if op not in OP_CHECKS:
+        raise ValueError(f"Invalid op: expected one of {', '.join(OP_CHECKS)}, got {op!r}")
+    if op.startswith("ring_close") and kpool < 2:
+        raise ValueError(
+            f"Invalid {names[1]}: expected at least 2 for {op} (at kpool 1 no pool is left pending), got {kpool}"
+        )
+    head_dim_rule = OP_SPECS[op].check_head_dim
+    if head_dim_rule is not None and "head_dim" in OP_CHECKS[op].takes:
+        head_dim_rule(names[0], head_dim)
+
+
 def run_check(
     backend: str,
     dtype: np.dtype,
@@ -115,15 +129,7 @@ def run_check(
     op: str = "compress",
 ) -> list[CaseResult]:
     """Every check case of ``op`` on ``backend``; ``progress`` wraps the cases (a progress bar, or nothing)."""
-    if op not in OP_CHECKS:
-        raise ValueError(f"Invalid op: expected one of {', '.join(OP_CHECKS)}, got {op!r}")
-    if op.startswith("ring_close") and kpool < 2:
-        raise ValueError(
-            f"Invalid kpool: expected at least 2 for {op} (at kpool 1 no pool is left pending), got {kpool}"
-        )
-    head_dim_rule = OP_SPECS[op].check_head_dim
-    if head_dim_rule is not None:  # the op's own rule, before any case: a check never runs a head_dim it reports
-        head_dim_rule("head_dim", head_dim)
+    check_settings(op, head_dim, kpool)
     chosen = backend_for(backend)
     rng = np.random.default_rng([seed, 1])  # the ring noise, selected ids and round_scale choices
     with progress(check_cases(head_dim, kpool, dtype, seed)) as cases:
