@@ -16,8 +16,8 @@ from .kernel.geometry import MAX_HEAD_DIM
 from .kernel.nvrtc import ARCH_FORMS
 from .tools.op_checks import OP_CHECKS
 from .tools.self_check import BACKENDS, check_settings, pick_backend, run_check
+from .tools.variants import ELEMENTS, SELECT_POOL_TOPK
 from .tools.variants import OP_KERNELS as OP_NAMES
-from .tools.variants import SELECT_POOL_TOPK
 
 # Every spelling kpool_cupy's Python functions accept, so the CLI and the API agree.
 DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32")
@@ -257,10 +257,11 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
 def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, out_file: str | None) -> None:
     """Compile one op's variant through NVRTC (no GPU needed) and report its memory path."""
     # What the op's kernel is built for, from its template: seed tail and the query side take no kpool,
-    # expand no head_dim.
+    # expand no head_dim, the indexer's ops and expand no element type.
     template = {t.name for t in OP_NAMES[op].template}
-    sizes = "".join(
+    built_for = "".join(
         [
+            *([f" {dtype}"] if template & set(ELEMENTS) else []),
             *([f", head_dim {head_dim}"] if "HEAD_DIM" in template else []),
             *([f", kpool {kpool}"] if "KPOOL" in template else []),
             *([f", pool_topk up to {SELECT_POOL_TOPK}"] if "CAP" in template else []),
@@ -276,7 +277,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
             raise click.ClickException(str(error)) from error
         machine = report.machine
         # Static counts: a loop's body counts once, NOP padding and the end-of-kernel self-branch not at all.
-        click.echo(f"kpool_{op} {dtype}{sizes}, {sm_arch(arch)} SASS")
+        click.echo(f"kpool_{op}{built_for}, {sm_arch(arch)} SASS")
         softmax = machine.exps > 0  # the ops that pool; seed tail, expand and the query side have no softmax
         rows = [
             ("registers", machine.registers),
@@ -312,7 +313,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
         summary = summarize(head_dim, kpool, dtype, arch, op=op)
     except (ValueError, TypeError, RuntimeError) as error:
         raise click.ClickException(str(error)) from error
-    click.echo(f"kpool_{op} {dtype}{sizes}, {arch}")
+    click.echo(f"kpool_{op}{built_for}, {arch}")
     click.echo(f"registers           {summary.registers}")
     click.echo(f"spill stores/loads  {summary.spill_stores} / {summary.spill_loads} bytes")
     click.echo(f"128-bit loads       {summary.vector_loads}")

@@ -18,7 +18,7 @@ from kpool_cupy.tools.cases import check_cases
 from kpool_cupy.tools.op_check_parts import Backend
 from kpool_cupy.tools.op_checks import OP_CHECKS
 from kpool_cupy.tools.ring_op_checks import within_closed_ids
-from kpool_cupy.tools.variants import OP_KERNELS, OP_SPECS
+from kpool_cupy.tools.variants import ELEMENTS, OP_KERNELS, OP_SPECS
 
 OPS = list(OP_CHECKS)
 
@@ -211,7 +211,7 @@ def test_the_settings_an_op_takes_are_its_kernel_template_and_signature():
         template = {t.name for t in OP_KERNELS[op].template}
         arguments = {p.name for p in OP_SPECS[op].parameters}
         takes = {
-            "dtype": bool(template & {"T", "KT", "GT", "G", "OT", "DT"}),
+            "dtype": bool(template & set(ELEMENTS)),
             "head_dim": "HEAD_DIM" in template,
             "kpool": bool(arguments & {"kpool", "ape"}),
         }

@@ -214,6 +214,22 @@ def fake_summary(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize(
+    ("op", "header"),
+    [
+        ("compress", "kpool_compress float16, head_dim 64, kpool 4, sm_90 SASS"),
+        ("hadamard_quant_fp8", "kpool_hadamard_quant_fp8 float16, head_dim 64, sm_90 SASS"),
+        ("index_logits_fp8", "kpool_index_logits_fp8, head_dim 64, sm_90 SASS"),
+        ("index_topk", "kpool_index_topk, pool_topk up to 512, sm_90 SASS"),
+        ("expand_topk", "kpool_expand_topk, kpool 4, sm_90 SASS"),
+    ],
+)
+def test_the_report_header_names_what_the_kernel_is_built_for(op, header, fake_summary):
+    # It printed --dtype for the indexer's ops and expand, whose kernels take no element type.
+    result = CliRunner().invoke(main, ["ptx", "--sass", "--op", op, "--dtype", "float16", "--head-dim", "64"])
+    assert result.exit_code == 0 and result.output.splitlines()[0] == header, result.output
+
+
 def test_ptx_sass_prints_each_count_on_its_line(fake_summary):
     result = CliRunner().invoke(main, ["ptx", "--sass", "--head-dim", "64", "--kpool", "8", "--arch", "compute_90"])
     assert result.exit_code == 0, result.output

@@ -20,7 +20,7 @@ from ..ops.families.selection import select_cap
 # Each op's kernel, by the op's name without ``kpool_`` (as under torch.ops.kpool), from the op list.
 OP_SPECS = {spec.name.removeprefix("kpool_"): spec for spec in OPS if spec.kernel}
 OP_KERNELS: dict[str, Kernel] = {name: spec.kernel for name, spec in OP_SPECS.items() if spec.kernel}
-_ELEMENTS = ("T", "G", "KT", "GT", "OT", "DT")
+ELEMENTS = ("T", "G", "KT", "GT", "OT", "DT")  # the template names of element types (what --dtype sets)
 SELECT_POOL_TOPK = 512  # the selections' variant: the buffer that holds this many (select_cap)
 
 
@@ -37,7 +37,7 @@ def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_9
         spec.check_head_dim("head_dim", head_dim)
     names = {t.name for t in kernel.template}
     element = element_dtype(dtype)
-    template = {name: element for name in _ELEMENTS if name in names}
+    template = {name: element for name in ELEMENTS if name in names}
     template |= {name: value for name, value in (("HEAD_DIM", head_dim), ("KPOOL", kpool)) if name in names}
     if "MMA" in names:
         template["MMA"] = arch_tensor_core(arch)
