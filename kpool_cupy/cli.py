@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .dtypes import MAX_KPOOL, dtype_name, element_dtype
-from .kernel.geometry import MAX_HEAD_DIM
+from .kernel.geometry import HEAD_DIM_RULE, takes_head_dim
 from .kernel.nvrtc import ARCH_FORMS
 from .tools.op_checks import OP_CHECKS
 from .tools.self_check import BACKENDS, check_settings, pick_backend, run_check
@@ -24,8 +24,8 @@ DTYPES = ("bfloat16", "bf16", "float16", "fp16", "float32")
 
 
 def _head_dim(ctx: click.Context, param: click.Parameter, value: int) -> int:
-    if value % 8 or not 8 <= value <= MAX_HEAD_DIM:
-        raise click.BadParameter(f"expected a positive multiple of 8 up to {MAX_HEAD_DIM}, got {value}")
+    if not takes_head_dim(value):
+        raise click.BadParameter(f"expected {HEAD_DIM_RULE}, got {value}")
     return value
 
 

@@ -13,6 +13,7 @@ from kpool_cupy.kernel.declarations import KERNELS, Kernel
 from kpool_cupy.kernel.geometry import (
     EXPAND_SPAN,
     EXPAND_THREADS,
+    MAX_HEAD_DIM,
     STREAM_BYTES,
     TARGET_THREADS_PER_BLOCK,
     WHOLE_POOL_BYTES,
@@ -21,7 +22,6 @@ from kpool_cupy.kernel.geometry import (
     group_geometry,
 )
 from kpool_cupy.kernel.sources import kernels_dir
-from kpool_cupy.ops.framework.checks import MAX_HEAD_DIM
 
 _ENUM = re.compile(r"enum\s+(\w+)\s*:\s*int\s*\{([^}]*)\}")
 

@@ -87,8 +87,7 @@ def test_expand_kernel_does_not_spill():
 def test_largest_accepted_head_dim_fits_one_block_in_registers(kernel, kpool, dtype):
     # At MAX_HEAD_DIM a pool's threads fill one block on their own; the block's
     # registers must fit an SM's 65536, or the launch fails with out-of-resources.
-    from kpool_cupy.kernel.geometry import group_geometry
-    from kpool_cupy.ops.framework.checks import MAX_HEAD_DIM
+    from kpool_cupy.kernel.geometry import MAX_HEAD_DIM, group_geometry
 
     report = kernel_ptxas_report(kernel.source, _one_dtype(kernel, dtype, MAX_HEAD_DIM, kpool))
     block = group_geometry(MAX_HEAD_DIM, 1).block

@@ -8,6 +8,9 @@ cover the same work items.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from .declarations import MMA_F16, MMA_WGMMA
 
@@ -17,6 +20,25 @@ CHANNELS_PER_THREAD = 8  # kp::kChannelsPerThread in kernels/kpool_common.cuh
 # at most (tests/test_ptx.py). 8192 would need 1024-thread blocks at 64
 # registers, and the launch would fail.
 MAX_HEAD_DIM = 4096
+# Every kernel's head_dim rule (an op may take fewer: the scorer's, the rotation's), in an error's words.
+HEAD_DIM_RULE = f"a positive multiple of {CHANNELS_PER_THREAD} up to {MAX_HEAD_DIM}"
+
+
+def takes_head_dim(head_dim: int) -> bool:
+    """Whether ``head_dim`` (an integer) keeps ``HEAD_DIM_RULE``: whole threads of 8 channels, one block's
+    worth at most."""
+    return 0 < head_dim <= MAX_HEAD_DIM and head_dim % CHANNELS_PER_THREAD == 0
+
+
+def check_head_dim(name: str, head_dim: Any) -> None:
+    """A head_dim given as a number (a sizing function's, the tools' variants), not read off an array: an integer
+    (a TypeError naming ``name`` otherwise) that keeps ``HEAD_DIM_RULE`` (a ValueError otherwise)."""
+    if isinstance(head_dim, bool) or not isinstance(head_dim, (int, np.integer)):
+        raise TypeError(f"Invalid {name}: expected an integer, got {type(head_dim).__name__}")
+    if not takes_head_dim(int(head_dim)):
+        raise ValueError(f"Invalid {name}: expected {HEAD_DIM_RULE}, got {head_dim}")
+
+
 # kp::kWholePoolBytes and kp::kStreamBytes: a thread loads a whole pool at
 # once up to the first, else chunks of the second (tests/test_kernel_codes.py
 # compares them with the header).

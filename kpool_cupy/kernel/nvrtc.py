@@ -21,7 +21,7 @@ from typing import Any
 from ..dtypes import element_dtype
 from ..pool_offsets import check_kpool
 from .declarations import COMPRESS
-from .geometry import MAX_HEAD_DIM
+from .geometry import check_head_dim
 from .sources import CUPY_ADDS, NVRTC_OPTIONS, kernel_source
 
 # NVRTC's architectures: sm_NN or compute_NN, with 'a' (arch-specific: sm_90a) or 'f' (family-specific:
@@ -31,14 +31,7 @@ ARCH_FORMS = "'sm_NN', 'sm_NNa', 'sm_NNf' or 'compute_NN'"
 
 
 def check_variant(head_dim: int, kpool: int) -> None:
-    if (
-        isinstance(head_dim, bool)
-        or not isinstance(head_dim, int)
-        or head_dim <= 0
-        or head_dim % 8
-        or head_dim > MAX_HEAD_DIM
-    ):
-        raise ValueError(f"Invalid head_dim: expected a positive multiple of 8 up to {MAX_HEAD_DIM}, got {head_dim!r}")
+    check_head_dim("head_dim", head_dim)
     check_kpool(kpool)
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from ..dtypes import FLOAT32, dtype_name
 from ..kernel import codes
 from ..kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE
-from ..kernel.geometry import MAX_HEAD_DIM, LaunchGeometry, ape_sum_geometry, group_geometry
+from ..kernel.geometry import LaunchGeometry, ape_sum_geometry, check_head_dim, group_geometry
 from ..pool_offsets import check_kpool
 from .families.pooling import (
     ACCUMULATE,
@@ -195,9 +195,7 @@ def compress_backward_workspace_bytes(total_tokens: int, head_dim: int, kpool: i
     float32 ``[blocks, kpool, head_dim]`` (0 with fewer tokens than kpool). One buffer of this size serves any
     call with at most that many tokens; its contents need no clearing."""
     check_integer("total_tokens", total_tokens, 0)
-    check_integer("head_dim", head_dim, 8, MAX_HEAD_DIM)  # and a multiple of 8, as compress takes
-    if head_dim % 8:
-        raise fail("head_dim", f"a multiple of 8 in [8, {MAX_HEAD_DIM}]", int(head_dim))
+    check_head_dim("head_dim", head_dim)
     check_kpool(kpool)
     return workspace_bytes(int(total_tokens), int(head_dim), int(kpool))
 

@@ -10,13 +10,12 @@ import numpy as np
 from ..dtypes import ELEMENT_CTYPES, INDEX_DTYPES, INT32, INT32_MAX, dtype_name, signed_index
 from ..kernel import codes
 from ..kernel.declarations import TAIL_UPDATE, TAIL_UPDATE_FP8
-from ..kernel.geometry import LARGE_BATCH, spread_geometry
+from ..kernel.geometry import HEAD_DIM_RULE, LARGE_BATCH, spread_geometry, takes_head_dim
 from .families.destinations import Destination, into_pooled_rows, launch_template, returned
 from .families.fp8_form import PlainOp, RowsRule, fp8_docs, fp8_form
 from .families.fp8_target import check_rotation_head_dim
 from .families.rings import check_closed, check_slot_values, check_slots, check_tail
 from .framework.checks import (
-    MAX_HEAD_DIM,
     OUTPUT_DTYPES,
     as_size,
     check_ape,
@@ -82,8 +81,8 @@ def check_tail_update_args(a: CallArgs) -> TailUpdateCall:
     """Check everything about a call that needs no array contents."""
     _check_step_tokens("k", a.k, tuple(ELEMENT_CTYPES))
     requests, next_n, head_dim = (as_size(d) for d in a.k.shape)
-    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
-        raise fail("k", f"head_dim (k.shape[2]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
+    if not takes_head_dim(head_dim):
+        raise fail("k", f"head_dim (k.shape[2]) {HEAD_DIM_RULE}", head_dim)
     if a.rotate:
         check_rotation_head_dim("k", head_dim)
     _check_step_tokens("gate", a.gate, tuple(ELEMENT_CTYPES))

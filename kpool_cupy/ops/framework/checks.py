@@ -15,7 +15,7 @@ import numpy as np
 
 from ...dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, UINT8, dtype_name, element_dtype
 from ...kernel.codes import data_pointer
-from ...kernel.geometry import MAX_HEAD_DIM
+from ...kernel.geometry import HEAD_DIM_RULE, takes_head_dim
 from .spec import Operand, spread
 
 # Cache lengths at or above this would overflow 64-bit position arithmetic
@@ -166,8 +166,8 @@ def check_keys(k: Any, gate: Any, *, same_dtype: bool = False) -> int:
     elements = tuple(ELEMENT_CTYPES)
     check_rows("k", k, elements)
     head_dim = as_size(k.shape[1])
-    if head_dim <= 0 or head_dim % 8 != 0 or head_dim > MAX_HEAD_DIM:
-        raise fail("k", f"head_dim (k.shape[1]) a positive multiple of 8 up to {MAX_HEAD_DIM}", head_dim)
+    if not takes_head_dim(head_dim):
+        raise fail("k", f"head_dim (k.shape[1]) {HEAD_DIM_RULE}", head_dim)
     check_rows("gate", gate, (np.dtype(k.dtype),) if same_dtype else elements)
     if tuple(gate.shape) != tuple(k.shape):
         raise fail("gate", f"shape {tuple(k.shape)} like k", f"shape {tuple(gate.shape)}")
