@@ -189,7 +189,7 @@ def test_float32_overflow_is_not_within_the_bound():
     flat = case.cache.reshape(pages, -1)
     flat[:, 4 * 128 :] = np.full((pages, 4), 1e36, np.float32).view(np.uint8).reshape(pages, -1)
     case.q[:] = 0x38
-    flat[:, : 4 * 128] = 0x50  # key values 4: dot 512, s * dot 5e38 > 3.4e38
+    flat[:, : 4 * 128] = 0x50  # key values 8: dot 1024, s * dot 1e39 > 3.4e38
     case.weights[:] = 1e-6
     with np.errstate(over="ignore"):
         want = reference.kpool_index_logits_fp8(*case.args, kpool=1)
@@ -198,6 +198,12 @@ def test_float32_overflow_is_not_within_the_bound():
     assert np.isfinite(want).all() and np.isposinf(got).all()
     verdict = index_logits_agree(got, want, bound)
     assert not verdict["ok"] and not verdict["same_inf"], verdict
+    # Heads of both signs past the range (1e39 and -1.5e39): the float64 sum rounds to -inf, the kernel's +inf
+    # and -inf make NaN (as the README says).
+    case.weights[:] = np.array([1.0, -1.5], np.float32)
+    with np.errstate(over="ignore"):
+        assert np.isneginf(reference.kpool_index_logits_fp8(*case.args, kpool=1)).all()
+        assert np.isnan(emulate.kpool_index_logits_fp8(*case.args, kpool=1)).all()
 
 
 def test_garbage_offsets_without_max_pools_size_the_result_as_the_kernel_reads_them():
