@@ -178,6 +178,14 @@ def test_a_subnormal_scale_reads_as_zero_within_the_bound():
     got = emulate.kpool_index_logits_fp8(*case.args, kpool=1)
     assert (got == 0).all() and (want > 2.0**-126).all(), (got, want)
     _check(case, got, want)
+    # A subnormal weight (normal scale 1): read as zero by the kernel, kept by the reference; the bound's
+    # 2^-126 sum |w| term covers it (the README's words for the bound named no such term).
+    flat[:, 4 * 128 :] = np.full((pages, 4), 1.0, np.float32).view(np.uint8).reshape(pages, -1)
+    case.weights[:] = np.float32(2.0**-130)
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=1)
+    got = emulate.kpool_index_logits_fp8(*case.args, kpool=1)
+    assert (got == 0).all() and (want == 4 * 128 * 2.0**-130).all(), (got, want)
+    _check(case, got, want)
 
 
 def test_float32_overflow_is_not_within_the_bound():
