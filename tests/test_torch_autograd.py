@@ -324,7 +324,16 @@ def test_the_out_overload_and_the_ops_without_a_gradient_still_refuse_one():
     tail = torch.zeros(2, 2, 5, HEAD_DIM, dtype=torch.bfloat16)  # kpool + next_n - 1 rows
     step = torch.randn(1, 2, HEAD_DIM).to(torch.bfloat16)
     positions, slots = torch.tensor([[2, 3]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
-    pooled, _ = kt.kpool_tail_update(tail, step, step, leaves[2], positions, slots)
+    pooled, closed = kt.kpool_tail_update(tail, step, step, leaves[2], positions, slots)
+    with pytest.raises(RuntimeError, match=r"kpool::tail_update is not differentiable"):
+        pooled.float().sum().backward()
+    # Its results are its own tensors (a hostile round: a view of the Function's input, which in-place changes
+    # refuse): an inference step may scale them in place, and the backward still names the op.
+    want = pooled.detach() * 2
+    pooled, closed = kt.kpool_tail_update(tail, step, step, leaves[2], positions, slots)
+    pooled.mul_(2)
+    closed.add_(1)  # ids: never tracked
+    assert torch.equal(pooled.detach(), want) and not pooled._is_view() and not closed.requires_grad
     with pytest.raises(RuntimeError, match=r"kpool::tail_update is not differentiable"):
         pooled.float().sum().backward()
 

@@ -34,23 +34,35 @@ def qualified(spec_or_name: OpSpec | str, overload: str = "") -> str:
 
 
 class _NoGradient(torch.autograd.Function):
-    """Passes an op's result through; its backward calls ``kpool::no_gradient``, which raises when it runs.
+    """Runs an op below autograd, its inputs that require grad (``anchors``) linked to its float results by a
+    backward that calls ``kpool::no_gradient``, which raises when it runs.
 
     The raise is an op, not Python in ``backward``: torch.compile traces the
     backward of a model whose ape is a Parameter (without running it), and
-    only running a backward is an error.
+    only running a backward is an error. The op runs inside ``forward`` so that
+    its results are its own tensors, which the caller may change in place (a
+    result passed through would be a view of the Function's input).
     """
 
     @staticmethod
-    def forward(ctx: Any, name: str, result: torch.Tensor, *anchors: torch.Tensor) -> torch.Tensor:
+    def forward(
+        ctx: Any, name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *anchors: torch.Tensor
+    ) -> Any:
         ctx.name = name
         ctx.save_for_backward(*anchors)
-        return result.view_as(result)
+        # In grad mode, as the call was (a Function's forward runs without): the kernels refuse to write in
+        # place a tensor autograd tracks only in grad mode. Below autograd, nothing here is recorded.
+        with torch.enable_grad(), torch._C._AutoDispatchBelowAutograd():
+            result = op(*args, **kwargs)
+        results = result if isinstance(result, tuple) else (result,)
+        ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point()))
+        return result
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        gradients = torch.ops.kpool.no_gradient(grads[0], list(ctx.saved_tensors), ctx.name)
-        return (None, None, *gradients)
+        grad = next(g for g in grads if isinstance(g, torch.Tensor) and g.is_floating_point())
+        gradients = torch.ops.kpool.no_gradient(grad, list(ctx.saved_tensors), ctx.name)
+        return (None, None, None, None, *gradients)
 
 
 NO_GRADIENT_SCHEMA = "(Tensor grad, Tensor[] inputs, str op) -> Tensor[]"
@@ -69,15 +81,12 @@ def _autograd_kernel(name: str, op: Any) -> Any:
     raises (an op registered without one would hand back a silent None gradient)."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        with torch._C._AutoDispatchBelowAutograd():
-            result = op(*args, **kwargs)
         inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (list, tuple)) else [v])]
         anchors = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-        if not anchors or not torch.is_grad_enabled():
-            return result
-        results = result if isinstance(result, tuple) else (result,)
-        wrapped = tuple(_NoGradient.apply(name, r, *anchors) if r.is_floating_point() else r for r in results)
-        return wrapped if isinstance(result, tuple) else wrapped[0]
+        if anchors and torch.is_grad_enabled():
+            return _NoGradient.apply(name, op, args, kwargs, *anchors)
+        with torch._C._AutoDispatchBelowAutograd():
+            return op(*args, **kwargs)
 
     return kernel
 
