@@ -27,6 +27,24 @@ def _array_module(array: Any) -> Any:
     return np
 
 
+def check_pool_row_offsets_args(input_row_offsets: Any, cache_lengths: Any, kpool: Any) -> None:
+    """What :func:`pool_row_offsets` checks without reading an element: ``kpool``, and the arrays' dtypes,
+    ranks and lengths (anything with ``dtype``, ``ndim`` and ``shape``: torch's fake kernel passes metadata)."""
+    check_kpool(kpool)
+    for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
+        if np.dtype(array.dtype) not in INDEX_DTYPES:
+            raise TypeError(
+                f"Invalid {name}: expected dtype int32, uint32 or int64, got {getattr(array, 'dtype', type(array))}"
+            )
+        if array.ndim != 1:
+            raise ValueError(f"Invalid {name}: expected a 1-D array, got shape {tuple(array.shape)}")
+    if cache_lengths.shape[0] + 1 != input_row_offsets.shape[0]:
+        raise ValueError(
+            f"Invalid cache_lengths: expected length {input_row_offsets.shape[0] - 1} "
+            f"(len(input_row_offsets) - 1), got length {cache_lengths.shape[0]}"
+        )
+
+
 def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> Any:
     """Output row offsets ``[batch + 1]`` (int64) of each request's complete pools.
 
@@ -47,20 +65,9 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
         Offsets or lengths of the wrong rank or length, or ``kpool`` outside
         [1, 1024].
     """
-    check_kpool(kpool)
     for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
         check_array_kind(name, array)
-        if np.dtype(array.dtype) not in INDEX_DTYPES:
-            raise TypeError(
-                f"Invalid {name}: expected dtype int32, uint32 or int64, got {getattr(array, 'dtype', type(array))}"
-            )
-        if array.ndim != 1:
-            raise ValueError(f"Invalid {name}: expected a 1-D array, got shape {tuple(array.shape)}")
-    if cache_lengths.shape[0] + 1 != input_row_offsets.shape[0]:
-        raise ValueError(
-            f"Invalid cache_lengths: expected length {input_row_offsets.shape[0] - 1} "
-            f"(len(input_row_offsets) - 1), got length {cache_lengths.shape[0]}"
-        )
+    check_pool_row_offsets_args(input_row_offsets, cache_lengths, kpool)
     xp = _array_module(input_row_offsets)
     offsets = input_row_offsets.astype(xp.int64)
     cached = cache_lengths.astype(xp.int64)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -238,6 +239,37 @@ def test_pool_row_offsets_is_the_packages():
     offsets, cache = np.array([0, 5, 11, 11], np.int64), np.array([2, 7, 3], np.int32)
     got = torch.ops.kpool.pool_row_offsets(_tensor(offsets), _tensor(cache), 4)
     _same(got, np.asarray(__import__("kpool_cupy").pool_row_offsets(offsets, cache, 4)))
+
+
+@pytest.mark.parametrize(
+    ("offsets", "cache", "kpool", "error"),
+    [
+        ("meta", "cpu", 4, "Invalid cache_lengths: expected a tensor on meta like input_row_offsets, got one on cpu"),
+        ("cpu", "meta", 4, "Invalid cache_lengths: expected a tensor on cpu like input_row_offsets, got one on meta"),
+        ("meta", "meta", 0, "Invalid kpool: expected an integer in [1, 1024], got 0"),
+        ("meta", "float", 4, "Invalid cache_lengths: expected dtype int32, uint32 or int64, got float32"),
+        ("2-D", "meta", 4, "Invalid input_row_offsets: expected a 1-D array, got shape (1, 4)"),
+        ("meta", "short", 4, "Invalid cache_lengths: expected length 3 (len(input_row_offsets) - 1), got length 2"),
+    ],
+)
+def test_pool_row_offsets_on_fake_tensors_checks_what_the_real_call_checks(offsets, cache, kpool, error):
+    # A meta tensor beside a CPU one reached the fake kernel, which checked nothing and returned an
+    # uninitialized CPU tensor; it took any kpool, dtype, rank and length too (a hostile round).
+    base, lengths = torch.tensor([0, 2, 5, 9], dtype=torch.int32), torch.tensor([1, 0, 3], dtype=torch.int32)
+    made = {
+        "cpu": lambda t: t, "meta": lambda t: t.to("meta"), "float": lambda t: t.float().to("meta"),
+        "2-D": lambda t: t[None].to("meta"), "short": lambda t: t[:2].to("meta"),
+    }  # fmt: skip
+    with pytest.raises((ValueError, TypeError)) as raised:
+        torch.ops.kpool.pool_row_offsets(made[offsets](base), made[cache](lengths), kpool)
+    assert str(raised.value) == error
+    real = {"kpool": 0, "float": lambda t: t.float(), "2-D": lambda t: t[None], "short": lambda t: t[:2]}
+    if offsets != "cpu" and cache != "cpu":  # the same refusal on CPU tensors
+        with pytest.raises(type(raised.value), match=re.escape(error)):
+            torch.ops.kpool.pool_row_offsets(
+                real.get(offsets, lambda t: t)(base), real.get(cache, lambda t: t)(lengths), kpool
+            )
+    assert torch.ops.kpool.pool_row_offsets(base.to("meta"), lengths.to("meta"), 4).shape == (4,)
 
 
 class _Indexer(torch.nn.Module):

@@ -41,7 +41,7 @@ def gather_arguments(overload: Overload, args: tuple[Any, ...], kwargs: dict[str
     return given
 
 
-def _check_devices(given: dict[str, Any], operands: tuple[str, ...]) -> torch.device:
+def check_devices(given: dict[str, Any], operands: tuple[str, ...]) -> torch.device:
     """The device of the first tensor; a ValueError naming any other tensor elsewhere."""
     tensors = [(name, t) for name in operands for t in _tensors(given.get(name))]
     first_name, first = tensors[0]
@@ -131,7 +131,7 @@ def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         function = getattr(cpu_module(), spec.name)  # the reference, or the emulator (cpu_backend)
         given = gather_arguments(overload, args, kwargs)
-        _check_devices(given, tuple(o.name for o in overload.operands))
+        check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
         _check_writable(written)
         arrays, options = arguments(spec, given, to_numpy)
@@ -160,7 +160,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         import kpool_cupy
 
         given = gather_arguments(overload, args, kwargs)
-        device = _check_devices(given, tuple(o.name for o in overload.operands))
+        device = check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
         _check_writable(written)
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
@@ -234,7 +234,7 @@ def _unbacked_sizes(spec: OpSpec) -> Callable[[Any], dict[str, Any]]:
 def fake_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         given = gather_arguments(overload, args, kwargs)
-        device = _check_devices(given, tuple(o.name for o in overload.operands))
+        device = check_devices(given, tuple(o.name for o in overload.operands))
         if not overload.results:  # an .out overload: the checks alone (no size to make, none to return)
             spec.describe(*arguments(spec, given, metadata))
             return None

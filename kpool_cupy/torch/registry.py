@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from ..ops.framework.spec import OpSpec
-from ..pool_offsets import pool_row_offsets
-from .kernels import cpu_kernel, cuda_kernel, fake_kernel, gather_arguments
+from ..pool_offsets import check_pool_row_offsets_args, pool_row_offsets
+from .kernels import check_devices, cpu_kernel, cuda_kernel, fake_kernel, gather_arguments
 from .schema import NAMESPACE, POOL_ROW_OFFSETS_SCHEMA, SPECS, Overload, op_name, overloads
-from .tensors import from_cupy, from_numpy, to_cupy, to_numpy
+from .tensors import from_cupy, from_numpy, metadata, to_cupy, to_numpy
 
 _library: torch.library.Library | None = None
 _lock = threading.Lock()
@@ -209,7 +209,12 @@ def _pool_row_offsets_cuda(input_row_offsets: torch.Tensor, cache_lengths: torch
 
 
 def _pool_row_offsets_fake(input_row_offsets: torch.Tensor, cache_lengths: torch.Tensor, kpool: int) -> torch.Tensor:
-    return torch.empty(input_row_offsets.shape, dtype=torch.int64, device=input_row_offsets.device)
+    # The real kernels' checks on what a fake tensor has (a meta tensor beside a CPU one lands here too: it
+    # made an uninitialized CPU result).
+    given = {"input_row_offsets": input_row_offsets, "cache_lengths": cache_lengths}
+    device = check_devices(given, tuple(given))
+    check_pool_row_offsets_args(*(metadata(name, tensor) for name, tensor in given.items()), kpool)
+    return torch.empty(input_row_offsets.shape, dtype=torch.int64, device=device)
 
 
 def register() -> None:
