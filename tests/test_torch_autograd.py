@@ -346,3 +346,40 @@ def test_a_second_derivative_is_refused_naming_the_backward_op():
     (d_k,) = torch.autograd.grad((pooled * pooled).sum(), leaves[0], create_graph=True)
     with pytest.raises(RuntimeError, match=r"kpool::compress_backward is not differentiable"):
         d_k.sum().backward()
+
+
+def test_forward_mode_ad_is_refused_naming_the_op_not_dropped():
+    # A hostile round: forward-mode AD through compress gave zero derivatives (jacfwd, jvp) or a None tangent
+    # (make_dual), with no error: the op ran below autograd and dropped the tangent.
+    import torch.autograd.forward_ad as fwad
+    import torch.func
+
+    k, gate, ape, offsets, cached = batch(F32)
+
+    def pooled(e):
+        return torch.ops.kpool.compress(k, gate, e, offsets, cached)
+
+    for tracked in (False, True):  # the dual input with and without requires_grad
+        with fwad.dual_level():
+            dual = fwad.make_dual(ape.clone().requires_grad_(tracked), torch.ones_like(ape))
+            with pytest.raises(RuntimeError, match=r"^kpool::compress has no forward-mode derivative"):
+                pooled(dual)
+            plain = pooled(ape)  # no tangent on any input: the call runs as always
+            assert fwad.unpack_dual(plain).tangent is None
+    _same_bits(plain, reference.kpool_compress(*(_host(t) for t in (k, gate, ape, offsets, cached))), "dual level")
+    with fwad.dual_level():  # an op without a gradient refuses a tangent by its own name
+        x = torch.randn(6, 128)
+        with pytest.raises(RuntimeError, match=r"^kpool::hadamard_quant_fp8 is not differentiable: forward-mode"):
+            kt.hadamard_quant_fp8(fwad.make_dual(x, torch.ones_like(x)))
+    # torch.func's transforms of a derivative cannot reach the op's Function: a refusal that names the op
+    # (torch's own message named none); vmap of the op itself runs.
+    for transform in (
+        lambda: torch.func.jvp(pooled, (ape,), (torch.ones_like(ape),)),
+        lambda: torch.func.jacfwd(pooled)(ape),
+        lambda: torch.func.grad(lambda e: pooled(e).sum())(ape),
+        lambda: torch.func.vjp(pooled, ape),
+    ):
+        with pytest.raises(RuntimeError, match=r"^kpool::compress under a torch\.func transform"):
+            transform()
+    batched = torch.func.vmap(pooled)(torch.stack([ape, 2 * ape]))
+    _same_bits(batched[1], reference.kpool_compress(*(_host(t) for t in (k, gate, 2 * ape, offsets, cached))), "vmap")

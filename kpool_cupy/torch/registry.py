@@ -45,24 +45,30 @@ class _NoGradient(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(
-        ctx: Any, name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *anchors: torch.Tensor
-    ) -> Any:
-        ctx.name = name
-        ctx.save_for_backward(*anchors)
+    def forward(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *anchors: torch.Tensor) -> Any:
         # In grad mode, as the call was (a Function's forward runs without): the kernels refuse to write in
         # place a tensor autograd tracks only in grad mode. Below autograd, nothing here is recorded.
         with torch.enable_grad(), torch._C._AutoDispatchBelowAutograd():
-            result = op(*args, **kwargs)
-        results = result if isinstance(result, tuple) else (result,)
+            return op(*args, **kwargs)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.name = inputs[0]
+        ctx.save_for_backward(*inputs[4:])
+        results = output if isinstance(output, tuple) else (output,)
         ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point()))
-        return result
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         grad = next(g for g in grads if isinstance(g, torch.Tensor) and g.is_floating_point())
         gradients = torch.ops.kpool.no_gradient(grad, list(ctx.saved_tensors), ctx.name)
-        return (None, None, None, None, *gradients)
+        needs = ctx.needs_input_grad[4:]
+        return (None, None, None, None, *(g if need else None for g, need in zip(gradients, needs, strict=True)))
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        raise RuntimeError(f"{ctx.name} is not differentiable: forward-mode AD (jvp, jacfwd, make_dual) gets no "
+                           "derivative through it")  # fmt: skip
 
 
 NO_GRADIENT_SCHEMA = "(Tensor grad, Tensor[] inputs, str op) -> Tensor[]"
@@ -76,14 +82,37 @@ def _no_gradient_fake(grad: torch.Tensor, inputs: list[torch.Tensor], op: str) -
     return [torch.empty_like(t) for t in inputs]
 
 
+def forward_ad_active() -> bool:
+    """Whether forward-mode AD is on (``forward_ad.dual_level``, which ``torch.func.jvp`` and ``jacfwd`` enter
+    too): a tangent the op would drop silently may ride on an input, so the call goes through a Function whose
+    ``jvp`` refuses it. A module global, cheap enough for every call."""
+    return torch.autograd.forward_ad._current_level >= 0
+
+
+def check_no_transform(name: str) -> None:
+    """A call whose derivative a torch.func transform (grad, vjp, jacrev, jvp, jacfwd) would take: a
+    RuntimeError naming the op. Its Function runs inside the op's autograd kernel, where the transforms cannot
+    reach it (torch raises its own "could not find kernel for HigherOrderOperator custom_function_call")."""
+    if torch._C._are_functorch_transforms_active():
+        raise RuntimeError(
+            f"{name} under a torch.func transform: its derivative is torch.autograd's only "
+            "(backward, torch.autograd.grad); vmap of the op itself runs"
+        )
+
+
 def _autograd_kernel(name: str, op: Any) -> Any:
     """Runs the op below autograd; when an input requires grad, its float results carry a backward that
     raises (an op registered without one would hand back a silent None gradient)."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (list, tuple)) else [v])]
-        anchors = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+        tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+        if forward_ad_active():  # a tangent may ride on any float input: the Function's jvp refuses it
+            check_no_transform(name)
+            return _NoGradient.apply(name, op, args, kwargs, *(t for t in tensors if t.is_floating_point()))
+        anchors = [t for t in tensors if t.requires_grad]
         if anchors and torch.is_grad_enabled():
+            check_no_transform(name)
             return _NoGradient.apply(name, op, args, kwargs, *anchors)
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
@@ -102,11 +131,19 @@ class _Differentiable(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx: Any, rule: _Gradient, keyword: dict[str, Any], *inputs: Any) -> Any:
+    def forward(rule: _Gradient, keyword: dict[str, Any], *inputs: Any) -> Any:
         with torch._C._AutoDispatchBelowAutograd():
-            result = rule.forward(*inputs, **keyword)
-        rule.setup_context(ctx, inputs, keyword)
-        return result
+            return rule.forward(*inputs, **keyword)
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        rule, keyword, *tensors = inputs
+        rule.setup_context(ctx, tuple(tensors), keyword)
+
+    @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        raise RuntimeError(f"{ctx.rule.name} has no forward-mode derivative (jvp, jacfwd, make_dual): use reverse "
+                           "mode (backward, torch.autograd.grad)")  # fmt: skip
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> Any:
@@ -143,7 +180,9 @@ class _Gradient:
 
     def kernel(self, *args: Any, **kwargs: Any) -> Any:
         """The overload's autograd kernel: the Function where an input requires grad in grad mode."""
-        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+        tracked = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+        if tracked or forward_ad_active():  # forward AD: the Function's jvp refuses a tangent
+            check_no_transform(self.name)
             return _Differentiable.apply(self, kwargs, *args)
         with torch._C._AutoDispatchBelowAutograd():
             return self.forward(*args, **kwargs)
