@@ -132,3 +132,48 @@ def test_a_first_batch_equal_to_next_n_compiles_twice_without_duck_sizing():
             compiled(*_arguments(_select, requests, None))
     torch._dynamo.reset()  # the graphs compiled without duck sizing stay with this test
     assert counter.frame_count <= 2, counter.frame_count
+
+
+def _sized_compress(k, gate, ape, offsets, cache, total_pools):
+    return kt.kpool_compress(k, gate, ape, offsets, cache, total_pools=total_pools)
+
+
+def _sized_score(tail, q, weights, cache, table, offsets, lengths, max_pools):
+    return kt.kpool_index_logits_fp8(q, weights, cache, table, offsets, lengths, kpool=KPOOL, max_pools=max_pools)
+
+
+def test_a_size_option_that_changes_compiles_once():
+    # total_pools and max_pools were `int?` in the schemas: a graph per value, the 9th a hard error under
+    # fullgraph=True, and a total_pools from .item() did not trace (a hostile round). As `SymInt?` they stay
+    # symbolic: one graph over twelve values, each row count as given, equal to eager.
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    g = torch.Generator().manual_seed(3)
+    k, offsets = torch.randn(30, HEAD_DIM, generator=g), torch.tensor([0, 9, 10, 24, 30], dtype=torch.int32)
+    cache, ape = torch.tensor([3, 2, 0, 5], dtype=torch.int32), torch.randn(KPOOL, HEAD_DIM, generator=g)
+    scoring = _score_arguments(5, g)
+    for step, arguments, values in (
+        (_sized_compress, (k, 3 * k, ape, offsets, cache), range(5, 17)),  # 5 pools built; more rows left alone
+        (_sized_score, (None, *scoring), range(INDEX_POOLS, INDEX_POOLS + 12)),
+    ):
+        torch._dynamo.reset()
+        counter = CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(step, backend=counter, dynamic=True, fullgraph=True)
+        for value in values:
+            got, want = compiled(*arguments, value), step(*arguments, value)
+            assert got.shape == want.shape and got.shape[-1 if step is _sized_score else 0] == value
+            rows = slice(None) if step is _sized_score else slice(0, 5)  # compress leaves rows past its pools
+            assert torch.equal(got[rows], want[rows]), value
+        assert counter.frame_count == 1, (step.__name__, counter.frame_count)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True):  # a count read from a tensor, inside the graph
+
+        def from_data(k, gate, ape, offsets, cache):
+            rows = torch.ops.kpool.pool_row_offsets(offsets, cache, KPOOL)
+            total = rows[-1].item()
+            return kt.kpool_compress(k, gate, ape, offsets, cache, pool_row_offsets=rows, validate=False,
+                                     total_pools=total)  # fmt: skip
+
+        got = torch.compile(from_data, backend="aot_eager", fullgraph=True)(k, 3 * k, ape, offsets, cache)
+    assert torch.equal(got, kt.kpool_compress(k, 3 * k, ape, offsets, cache))
+    torch._dynamo.reset()

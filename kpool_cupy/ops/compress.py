@@ -31,6 +31,7 @@ from .families.pooling import (
     token_fields,
 )
 from .framework.checks import (
+    as_size,
     check_index,
     check_integer,
     check_out,
@@ -54,7 +55,7 @@ def check_compress_args(a: CallArgs) -> CompressCall:
         **token_fields(a, head_dim, kpool, batch),
         out_dtype=check_out_dtype(a.out_dtype, a.out, np.dtype(a.k.dtype)),
         rotate=bool(a.rotate),
-        given_pools=None if given is None else int(given),
+        given_pools=None if given is None else as_size(given),
     )
 
 
@@ -130,7 +131,7 @@ accumulate
 """
 
 OUT = Operand("out", "[>= total_pools, head_dim] bfloat16, float16 or float32", True, True, rows_of="k")
-TOTAL_POOLS = Option("total_pools", "int | None", None, check=check_total_pools)
+TOTAL_POOLS = Option("total_pools", "int | None", None, kind="size", check=check_total_pools)
 PARAMETERS = (*POOLING_INPUTS, OUT, VALIDATE, OUT_DTYPE, ROTATE, TOTAL_POOLS)
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 

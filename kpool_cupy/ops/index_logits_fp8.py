@@ -57,7 +57,7 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
     num_tokens, heads, head_dim, pages, block_size, batch = check_scoring_inputs(a)
     if a.max_pools is not None:
         check_max_pools(a.max_pools)
-    max_pools = None if a.max_pools is None else int(a.max_pools)
+    max_pools = None if a.max_pools is None else as_size(a.max_pools)
     if a.out is not None:
         check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
         check_writable_rows("out", a.out)
@@ -150,7 +150,7 @@ float32; a GPU's tensor cores add them in their own order and width."""
 REFERENCE_DOC = """:func:`kpool_cupy.kpool_index_logits_fp8` in NumPy: exact e4m3 values, float64 sums, one rounding."""
 DOCS = {"emulate": EMULATE_DOC, "reference": REFERENCE_DOC}  # the GPU's is the def's (functions.py)
 
-MAX_POOLS_OPTION = Option("max_pools", "int | None", None, check=check_max_pools)
+MAX_POOLS_OPTION = Option("max_pools", "int | None", None, kind="size", check=check_max_pools)
 # Written whole: a logit where a token sees the pool, -inf past its pools.
 LOGITS_OUT = Operand("out", "[num_tokens, max_pools] float32", True, True, rows_of="", dtype="float32", filled="always")
 PARAMETERS = (*SCORING_PARAMETERS, MAX_POOLS_OPTION, LOGITS_OUT, VALIDATE)

@@ -37,7 +37,9 @@ NAMESPACE = "kpool"
 # Option annotations (or kinds, where the annotation does not say) as schema
 # types; a new one must be added here on purpose (a KeyError at import names
 # it). A dtype option takes a torch dtype; the wrappers take names too.
-_OPTION_TYPES = {"bool": "bool", "int": "int", "int | None": "int?", "str": "str", "dtype": "ScalarType?"}
+_OPTION_TYPES = {
+    "bool": "bool", "int": "int", "int | None": "int?", "str": "str", "dtype": "ScalarType?", "size": "SymInt?",
+}  # fmt: skip
 
 
 @dataclass(frozen=True)

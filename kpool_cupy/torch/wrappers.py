@@ -78,6 +78,10 @@ def _option(option: Option, value: Any) -> Any:
         return bool(value)
     if value is None:
         return None
+    if option.kind == "size" and isinstance(value, int) and not isinstance(value, bool):
+        # As it is: under torch.compile a symbolic size (int() would fix the graph to one value). The op
+        # checks its range, in its fake kernel too.
+        return value
     if option.check is not None:
         option.check(value)
     return int(value) if option.annotation in ("int", "int | None") else value

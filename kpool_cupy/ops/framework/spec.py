@@ -88,7 +88,8 @@ class Option:
     """A keyword-only scalar parameter, such as ``validate`` or ``kpool``.
 
     ``kind`` says what the value is where ``annotation`` does not: ``"dtype"``
-    (a dtype or its name). ``check`` is the op's own check of a value that
+    (a dtype or its name), ``"size"`` (an integer that sizes a result, which
+    torch.compile may keep symbolic: ``SymInt`` in a torch schema). ``check`` is the op's own check of a value that
     is not None, for a frontend that converts the value before the op sees
     it (torch's schema types): the same error there as from the op.
     """
