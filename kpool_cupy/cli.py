@@ -63,7 +63,11 @@ def _op_option(help: str) -> Callable[..., Any]:
 # The bench's switches, each a set of records on by default (``--fp8/--no-fp8``), in the order of ``--help``.
 _RECORD_SWITCHES = (
     ("decode-side", "Also time the tail update and expand top-k against their composites."),
-    ("fp8", "Also time kpool_compress_fp8 into a paged cache against the unfused sequence, and hadamard_quant_fp8."),
+    (
+        "fp8",
+        "Also time kpool_compress_fp8 into a paged cache against the unfused sequence, the FP8 tail update (and "
+        "its host cost) and ring close, and hadamard_quant_fp8.",
+    ),
     ("sweep", "Time kpool_compress over the sweep's shapes (the records above run first either way)."),
     ("index", "Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite."),
     (
@@ -333,7 +337,12 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
 @_file_option("--json", _output_file, "Write all numbers here.")
 @_file_option("--plot", _plot_file, "Draw each shape's fractions of the copy and ratios to kpool-cupy here (PNG).")
 @_file_option("--table", _output_file, "Write the table here too, rewritten after every record.")
-@click.option("--quick", is_flag=True, help="Three head_dim-128 shapes instead of the whole sweep.")
+@click.option(
+    "--quick",
+    is_flag=True,
+    help="Three head_dim-128 shapes instead of the whole sweep, and fewer, smaller records of every other kind "
+    "(the scorer's, the selections' and the backward's at toy sizes).",
+)
 @click.option(
     "--samples", type=click.IntRange(min=1), default=30, show_default=True, help="Timed samples per implementation."
 )

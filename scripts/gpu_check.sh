@@ -60,12 +60,14 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 #
 # Sized from the GPU runs so far (H200, driver 580.159.04, CuPy 14.2.0,
 # CUDA 13.0, 2026-12-04; docs/benchmarks.md): seconds each step took there,
-# with margin; bench gets the rest. In the first run the bench step was cut
-# at its old 110 s inside the FP8 decode records, while every other step
-# used under half of its old limit; in the second every step finished (177 s
-# in all, bench 113 s). The scorer's records, added since, took 57 s in a
-# call of their own (docs/gpu-runs/2026-12-04-h200/index-bench.json); the
-# whole script has not run with them.
+# with margin; bench gets the rest. In the first run's first try
+# (first-try-summary.txt) the bench step was cut at its old 110 s inside the
+# FP8 decode records, while every other step used under half of its old
+# limit; in its second try every step finished (177 s in all, bench 113 s).
+# The scorer's records, added since, took 57 s in a call of their own
+# (docs/gpu-runs/2026-12-04-h200/index-bench.json). In the second run
+# (docs/gpu-runs/2026-12-04-h200-backward) the bench step was cut at its
+# 187 s.
 #
 # NVRTC, measured on this CPU-only machine (scripts/gpu_variants.py time:
 # NVRTC 12.9, 2 cores, 2026-12-04), for the 339 variants of
