@@ -381,5 +381,17 @@ def test_forward_mode_ad_is_refused_naming_the_op_not_dropped():
     ):
         with pytest.raises(RuntimeError, match=r"^kpool::compress under a torch\.func transform"):
             transform()
+    # Only a tangent that reaches the op is refused: jvp and jacfwd with respect to something else run (a
+    # review found every kpool op refused inside them), and so does a no-grad op in a dual level, whose ring
+    # requires grad, under no_grad (its in-place write is refused only in grad mode, as outside a dual level).
+    x = torch.randn(3)
+    weighted = torch.func.jvp(lambda z: z * pooled(ape).sum(), (x,), (torch.ones_like(x),))[1]
+    assert torch.equal(weighted, pooled(ape).sum().expand(3))
+    assert torch.equal(torch.func.jacfwd(lambda z: z * pooled(ape).sum())(x), torch.diag(weighted))
+    tail = torch.zeros(2, 2, 5, HEAD_DIM, requires_grad=True)  # kpool + next_n - 1 rows
+    step = torch.randn(1, 2, HEAD_DIM)
+    positions, slots = torch.tensor([[2, 3]], dtype=torch.int32), torch.tensor([1], dtype=torch.int32)
+    with fwad.dual_level(), torch.no_grad():
+        kt.kpool_tail_update(tail, step, step, ape, positions, slots)
     batched = torch.func.vmap(pooled)(torch.stack([ape, 2 * ape]))
     _same_bits(batched[1], reference.kpool_compress(*(_host(t) for t in (k, gate, 2 * ape, offsets, cached))), "vmap")

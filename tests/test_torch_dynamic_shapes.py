@@ -9,6 +9,8 @@ symbolic (``ops.framework.checks.as_size``, ``torch.tensors.SymbolicMetadata``).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -165,6 +167,21 @@ def test_a_size_option_that_changes_compiles_once():
             rows = slice(None) if step is _sized_score else slice(0, 5)  # compress leaves rows past its pools
             assert torch.equal(got[rows], want[rows]), value
         assert counter.frame_count == 1, (step.__name__, counter.frame_count)
+    # Eager, a bad size is refused as the reference refuses it, past int64 too (the wrapper passes a size on
+    # as it is, and torch's SymInt parser refused 2^63 in its own words before the op's check).
+    from kpool_cupy import reference
+
+    for step, arguments, name in (
+        (reference.kpool_compress, (k, 3 * k, ape, offsets, cache), "total_pools"),
+        (reference.kpool_index_logits_fp8, scoring, "max_pools"),
+    ):
+        sized = kt.kpool_compress if name == "total_pools" else kt.kpool_index_logits_fp8
+        options = {} if name == "total_pools" else {"kpool": KPOOL}
+        for bad in (-1, 2**31, 2**63, -(2**64), 2.0, True):
+            with pytest.raises((ValueError, TypeError)) as want:
+                step(*(t.numpy() for t in arguments), **options, **{name: bad})
+            with pytest.raises(type(want.value), match="^" + re.escape(str(want.value)) + "$"):
+                sized(*arguments, **options, **{name: bad})
     torch._dynamo.reset()
     with torch._dynamo.config.patch(capture_scalar_outputs=True):  # a count read from a tensor, inside the graph
 

@@ -45,16 +45,18 @@ class _NoGradient(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *anchors: torch.Tensor) -> Any:
-        # In grad mode, as the call was (a Function's forward runs without): the kernels refuse to write in
-        # place a tensor autograd tracks only in grad mode. Below autograd, nothing here is recorded.
-        with torch.enable_grad(), torch._C._AutoDispatchBelowAutograd():
+    def forward(
+        name: str, op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], grad_mode: bool, *anchors: torch.Tensor
+    ) -> Any:
+        # In the call's grad mode (a Function's forward runs without): the kernels refuse to write in place a
+        # tensor autograd tracks only in grad mode. Below autograd, nothing here is recorded.
+        with torch.set_grad_enabled(grad_mode), torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.name = inputs[0]
-        ctx.save_for_backward(*inputs[4:])
+        ctx.save_for_backward(*inputs[5:])
         results = output if isinstance(output, tuple) else (output,)
         ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point()))
 
@@ -62,8 +64,8 @@ class _NoGradient(torch.autograd.Function):
     def backward(ctx: Any, *grads: Any) -> Any:
         grad = next(g for g in grads if isinstance(g, torch.Tensor) and g.is_floating_point())
         gradients = torch.ops.kpool.no_gradient(grad, list(ctx.saved_tensors), ctx.name)
-        needs = ctx.needs_input_grad[4:]
-        return (None, None, None, None, *(g if need else None for g, need in zip(gradients, needs, strict=True)))
+        needs = ctx.needs_input_grad[5:]
+        return (None,) * 5 + tuple(g if need else None for g, need in zip(gradients, needs, strict=True))
 
     @staticmethod
     def jvp(ctx: Any, *tangents: Any) -> Any:
@@ -82,11 +84,14 @@ def _no_gradient_fake(grad: torch.Tensor, inputs: list[torch.Tensor], op: str) -
     return [torch.empty_like(t) for t in inputs]
 
 
-def forward_ad_active() -> bool:
-    """Whether forward-mode AD is on (``forward_ad.dual_level``, which ``torch.func.jvp`` and ``jacfwd`` enter
-    too): a tangent the op would drop silently may ride on an input, so the call goes through a Function whose
-    ``jvp`` refuses it. A module global, cheap enough for every call."""
-    return torch.autograd.forward_ad._current_level >= 0
+def carries_tangent(tensors: list[torch.Tensor]) -> bool:
+    """Whether a forward-mode tangent rides on one of ``tensors`` (``forward_ad.make_dual``; ``torch.func.jvp``
+    and ``jacfwd`` make them too): the op would drop it silently, so the call goes through a Function whose
+    ``jvp`` refuses it. Outside a dual level (a module global, cheap for every call) none can."""
+    if torch.autograd.forward_ad._current_level < 0:
+        return False
+    unpack = torch.autograd.forward_ad.unpack_dual
+    return any(t.is_floating_point() and unpack(t).tangent is not None for t in tensors)
 
 
 def check_no_transform(name: str) -> None:
@@ -107,13 +112,15 @@ def _autograd_kernel(name: str, op: Any) -> Any:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (list, tuple)) else [v])]
         tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
-        if forward_ad_active():  # a tangent may ride on any float input: the Function's jvp refuses it
+        grad_mode = torch.is_grad_enabled()
+        if carries_tangent(tensors):  # the Function's jvp refuses the tangent
             check_no_transform(name)
-            return _NoGradient.apply(name, op, args, kwargs, *(t for t in tensors if t.is_floating_point()))
+            duals = (t for t in tensors if t.is_floating_point())
+            return _NoGradient.apply(name, op, args, kwargs, grad_mode, *duals)
         anchors = [t for t in tensors if t.requires_grad]
-        if anchors and torch.is_grad_enabled():
+        if anchors and grad_mode:
             check_no_transform(name)
-            return _NoGradient.apply(name, op, args, kwargs, *anchors)
+            return _NoGradient.apply(name, op, args, kwargs, grad_mode, *anchors)
         with torch._C._AutoDispatchBelowAutograd():
             return op(*args, **kwargs)
 
@@ -180,8 +187,9 @@ class _Gradient:
 
     def kernel(self, *args: Any, **kwargs: Any) -> Any:
         """The overload's autograd kernel: the Function where an input requires grad in grad mode."""
-        tracked = torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
-        if tracked or forward_ad_active():  # forward AD: the Function's jvp refuses a tangent
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        tracked = torch.is_grad_enabled() and any(a.requires_grad for a in tensors)
+        if tracked or carries_tangent(tensors):  # a tangent: the Function's jvp refuses it
             check_no_transform(self.name)
             return _Differentiable.apply(self, kwargs, *args)
         with torch._C._AutoDispatchBelowAutograd():

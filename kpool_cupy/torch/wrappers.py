@@ -78,9 +78,10 @@ def _option(option: Option, value: Any) -> Any:
         return bool(value)
     if value is None:
         return None
-    if option.kind == "size" and isinstance(value, int) and not isinstance(value, bool):
-        # As it is: under torch.compile a symbolic size (int() would fix the graph to one value). The op
-        # checks its range, in its fake kernel too.
+    traced_size = option.kind == "size" and torch.compiler.is_compiling()
+    if traced_size and isinstance(value, int) and not isinstance(value, bool):
+        # As it is: traced, a symbolic size (int() would fix the graph to one value, a comparison on one read
+        # from the data fails the trace). The op's fake kernel checks its range.
         return value
     if option.check is not None:
         option.check(value)

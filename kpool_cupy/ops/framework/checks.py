@@ -41,19 +41,19 @@ def check_nowhere(bad: np.ndarray, name: str, expected: str, got: Callable[..., 
 
 def check_integer(name: str, value: Any, low: int, high: int | None = None, *, or_none: bool = False) -> None:
     """An integer (a TypeError naming ``name`` otherwise; "or None" where None is taken, and checked by the
-    caller) in ``[low, high]``, or ``>= low`` with no ``high`` (a ValueError otherwise)."""
-    if not isinstance(value, (int, np.integer)) and hasattr(value, "node"):  # a torch.SymInt (a "size" option
-        # in a fake kernel): its range where known, with no guard that fixes its value
+    caller) in ``[low, high]``, or ``>= low`` with no ``high`` (a ValueError otherwise). A torch.SymInt (a
+    "size" option in a torch fake kernel) is checked where its range is known, with no guard on its value."""
+    expected = f"an integer in [{low}, {high}]" if high is not None else "a non-negative integer" if low == 0 else (
+        f"an integer >= {low}")  # fmt: skip
+    if type(value).__name__ == "SymInt":  # only torch makes one
         if definitely(value < low) or (high is not None and definitely(value > high)):
             hint = getattr(value.node, "hint", None)  # the value the trace was made with, where it has one
-            shown = value if hint is None else hint
-            raise fail(name, f"an integer in [{low}, {high}]" if high is not None else f"an integer >= {low}", shown)
+            raise fail(name, expected, value if hint is None else hint)
         return
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise dtype_fail(name, "an integer or None" if or_none else "an integer", type(value).__name__)
     if int(value) < low or (high is not None and int(value) > high):
-        raise fail(name, f"an integer in [{low}, {high}]" if high is not None else "a non-negative integer"
-                   if low == 0 else f"an integer >= {low}", int(value))  # fmt: skip
+        raise fail(name, expected, int(value))
 
 
 def check_bool(name: str, value: Any) -> None:
