@@ -54,6 +54,15 @@ def _fused_out_over_gate(a):
     a["k"], a["gate"], a["out"] = fused[:, :128], fused[:, 128:256], fused[:3, 192:320]
 
 
+def _one_byte_in(array: np.ndarray) -> np.ndarray:
+    """A copy of ``array`` starting one byte past an address its element size divides."""
+    buffer = np.zeros(array.nbytes + array.itemsize, np.uint8)
+    start = (-buffer.ctypes.data) % array.itemsize + 1
+    moved = buffer[start : start + array.nbytes].view(array.dtype).reshape(array.shape)
+    moved[...] = array
+    return moved
+
+
 def _narrow(a):
     a["k"], a["gate"], a["ape"] = a["k"][:, :12], a["gate"][:, :12], a["ape"][:, :12]
 
@@ -65,6 +74,7 @@ MUTATIONS = {
     "k-dtype": _set(k=lambda a: a["k"].astype(np.int16)),
     "k-last-dim": _set(k=lambda a: np.asfortranarray(a["k"])),
     "k-row-stride": _set(k=lambda a: np.lib.stride_tricks.as_strided(a["k"], (a["k"].shape[0] - 1, 128), (257, 2))),
+    "k-unaligned": _set(k=lambda a: _one_byte_in(a["k"])),
     "k-head-dim-zero": _set(k=lambda a: a["k"][:, :0]),
     "k-head-dim-not-8": _narrow,
     "k-head-dim-too-large": _wide,

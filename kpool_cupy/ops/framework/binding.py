@@ -19,7 +19,7 @@ from typing import Any, Literal, TypedDict
 
 import numpy as np
 
-from .checks import check_bool, check_no_overlap
+from .checks import check_aligned, check_bool, check_no_overlap
 from .engine_forms import AFTER_CHECKS, BEFORE_CHECKS, given_back, read_forms
 from .results import cache_target, remaining_results
 from .spec import REQUIRED, Backend, Operand, OpSpec, Option
@@ -235,6 +235,7 @@ def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: di
     check_bool_options(spec, options)
     checked, behind = read_forms(spec.operands, spec.named(arrays), BEFORE_CHECKS)
     call = spec.check(checked, options)
+    check_aligned(spec.operands, checked)
     check_no_overlap(spec.operands, checked)
     named, viewed = read_forms(spec.operands, checked, AFTER_CHECKS)
     return given_back(spec.run(backend, call, named, **options), behind | viewed)

@@ -317,6 +317,27 @@ def check_no_overlap(operands: tuple[Operand, ...], arrays: dict[str, Any]) -> N
                 raise fail(name, f"memory that {other} does not use", f"an array sharing bytes with {other}")
 
 
+def check_aligned(operands: tuple[Operand, ...], arrays: dict[str, Any]) -> None:
+    """Refuse an array whose first element is not aligned to its element size (metadata only).
+
+    Every kernel loads an element at its natural alignment at least; a view
+    that starts between elements (a byte offset into a buffer) would make a
+    misaligned access, which a GPU faults on (and which is undefined in the
+    emulator's C++). Strides are whole elements already, so the first
+    element decides. A byte array (FP8 bytes) is always aligned; a paged
+    cache's float32 scales have their own check.
+    """
+    flat = spread(operands, tuple(arrays[o.name] for o in operands))  # a split ring is two arrays
+    for name, array in zip(flat.names, flat.arrays, strict=True):
+        if array is None or not array.size:
+            continue
+        size = np.dtype(array.dtype).itemsize
+        address = data_pointer(array)
+        if address % size:
+            raise fail(name, f"a first element aligned to its {size} bytes",
+                       f"an address {address % size} bytes past a multiple of {size}")  # fmt: skip
+
+
 def check_workspace(workspace: Any) -> None:
     """A caller's workspace (an op's scratch), when given: a writable, contiguous, 16-byte aligned uint8 vector
     (its size is checked when the call runs: it depends on sizes torch.compile keeps symbolic)."""
