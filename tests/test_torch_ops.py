@@ -235,6 +235,23 @@ def test_opcheck_with_a_parameter_ape_checks_the_autograd_registration():
     assert set(result.values()) == {"SUCCESS"}, result
 
 
+@pytest.mark.parametrize("spec", [s for s in OPS if s.conditional_results], ids=lambda s: s.name)
+@pytest.mark.parametrize("compact", [False, True])
+def test_given_outputs_come_back_as_the_packages_function_returns_them(spec, compact):
+    # With out= and without compact the wrappers returned (out, None) where the package returns out alone (a
+    # hostile round); with compact, (out, counts) as the package does.
+    args, kwargs = calls(F32)[spec.name]
+    kwargs = {**kwargs, "compact": compact}
+    want = getattr(reference, spec.name)(*args, **kwargs)
+    wrapper = getattr(kt, spec.name)
+    first = want[0] if compact else want
+    out = torch.full(first.shape, 7, dtype=torch.int32 if first.dtype == np.int32 else torch.int64)
+    given = {"out": out} | ({"counts": torch.zeros(want[1].shape, dtype=torch.int32)} if compact else {})
+    got = wrapper(*(_tensor(a) for a in args), **kwargs, **given)
+    assert (isinstance(got, tuple) and len(got) == 2 and got[0] is out) if compact else got is out, type(got)
+    _same(got, want)
+
+
 def test_pool_row_offsets_is_the_packages():
     offsets, cache = np.array([0, 5, 11, 11], np.int64), np.array([2, 7, 3], np.int32)
     got = torch.ops.kpool.pool_row_offsets(_tensor(offsets), _tensor(cache), 4)

@@ -155,7 +155,10 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     # traces under torch.compile), then the .out overload.
     _missing_outputs(spec, tensors, options)
     op.out(*positional, **keyword, **{o.name: tensors[o.name] for o in outputs})
-    written = [tensors[o.name] for o in outputs]  # the results, in order (out is pooled)
+    # The results, in order (out is pooled), as the package's function returns them: a conditional one
+    # (expand's counts) only with its option set.
+    wanted = {name: options[option] for name, option in spec.conditional_results.items()}
+    written = [tensors[o.name] for o in outputs if wanted.get(o.name, True)]
     return written[0] if len(written) == 1 else tuple(written)
 
 
