@@ -38,6 +38,8 @@ def check_pool_row_offsets_args(input_row_offsets: Any, cache_lengths: Any, kpoo
             )
         if array.ndim != 1:
             raise ValueError(f"Invalid {name}: expected a 1-D array, got shape {tuple(array.shape)}")
+    if input_row_offsets.shape[0] == 0:  # as every op says it
+        raise ValueError("Invalid input_row_offsets: expected length batch + 1 >= 1, got length 0")
     if cache_lengths.shape[0] + 1 != input_row_offsets.shape[0]:
         raise ValueError(
             f"Invalid cache_lengths: expected length {input_row_offsets.shape[0] - 1} "

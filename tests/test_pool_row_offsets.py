@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kpool_cupy import pool_row_offsets
+from kpool_cupy import pool_row_offsets, reference
 
 
 def brute_force(offsets, cache, kpool):
@@ -56,3 +56,13 @@ def test_index_dtypes_are_the_kernels():
 def test_length_mismatch_names_cache_lengths():
     with pytest.raises(ValueError, match="cache_lengths"):
         pool_row_offsets(np.array([0, 4, 8], np.int32), np.array([0], np.int32), 4)
+
+
+def test_empty_offsets_name_input_row_offsets_as_every_op_does():
+    # It said "Invalid cache_lengths: expected length -1 (len(input_row_offsets) - 1), got length 0".
+    wanted = r"^Invalid input_row_offsets: expected length batch \+ 1 >= 1, got length 0$"
+    with pytest.raises(ValueError, match=wanted):
+        pool_row_offsets(np.zeros(0, np.int32), np.zeros(0, np.int32), 4)
+    with pytest.raises(ValueError, match=wanted):  # an op's own words
+        keys, none = np.zeros((0, 8), np.float32), np.zeros(0, np.int32)
+        reference.kpool_compress(keys, keys, np.zeros((4, 8), np.float32), none, none)

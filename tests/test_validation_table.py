@@ -10,6 +10,8 @@ from model import BF16, make_batch
 from validation_tables import Row, table
 
 from kpool_cupy import emulate, reference
+from kpool_cupy.ops import OPS
+from kpool_cupy.ops.framework.examples import example_batch
 
 BACKENDS = ("all", "host", "cupy", "multi-gpu")
 
@@ -171,6 +173,18 @@ def test_gpu_path_before_any_cuda_call(row: Row):
     import kpool_cupy
 
     _expect(kpool_cupy.kpool_compress, bad_call(row.id), row.argument, row.error)
+
+
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_a_host_array_on_the_gpu_path_names_the_ops_cpu_backends(spec):
+    # The hint named kpool_compress's whatever op was called (a hostile round).
+    pytest.importorskip("cupy")
+    import kpool_cupy
+
+    args, kwargs = spec.example(example_batch())
+    with pytest.raises(TypeError, match=rf"host arrays go to kpool_cupy\.reference\.{spec.name} or "
+                                        rf"kpool_cupy\.emulate\.{spec.name}$"):  # fmt: skip
+        getattr(kpool_cupy, spec.name)(*args, **kwargs)
 
 
 @pytest.mark.gpu

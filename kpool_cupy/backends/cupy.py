@@ -169,7 +169,7 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
         result = plans.replay(key, flat.arrays, cupy, stream)  # the stream entered inside its device
         if result is not plans.MISS:
             return result
-    with on_device(flat.names, flat.arrays, stream) as (cupy, device_id, placed):
+    with on_device(flat.names, flat.arrays, stream, spec.name) as (cupy, device_id, placed):
         backend = CupyBackend(cupy, device_id)
         result = execute(spec, backend, gather(spec.operands, arrays, placed), options)
         if key is not None and not backend.host_work and len(backend.launched) == 1:

@@ -28,28 +28,31 @@ def import_cupy() -> Any:
     return cupy
 
 
-def _host_array_error(name: str, array: Any) -> TypeError:
+def _host_array_error(name: str, array: Any, op: str | None) -> TypeError:
     kind = f"{type(array).__module__}.{type(array).__name__}"
+    where = (
+        f"kpool_cupy.reference.{op} or kpool_cupy.emulate.{op}" if op else "kpool_cupy.reference or kpool_cupy.emulate"
+    )
     return TypeError(
         f"Invalid {name}: expected a CUDA array (CuPy, or an object with __dlpack__ or __cuda_array_interface__ "
-        f"on a GPU), got host array {kind}; host arrays go to kpool_cupy.reference.kpool_compress "
-        "or kpool_cupy.emulate.kpool_compress"
+        f"on a GPU), got host array {kind}; host arrays go to {where}"
     )
 
 
-def check_device_array(name: str, array: Any) -> None:
-    """TypeError unless ``array`` is None or a CUDA array; touches no device, so it runs first."""
+def check_device_array(name: str, array: Any, op: str | None = None) -> None:
+    """TypeError unless ``array`` is None or a CUDA array; touches no device, so it runs first. ``op``: the
+    function called, which the error names with its CPU backends."""
     if array is None:
         return
     cupy = import_cupy()
     if isinstance(array, cupy.ndarray):
         return
     if isinstance(array, np.ndarray):
-        raise _host_array_error(name, array)
+        raise _host_array_error(name, array, op)
     if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
         device_type, _ = array.__dlpack_device__()
         if int(device_type) not in _DLPACK_CUDA_DEVICES:
-            raise _host_array_error(name, array)
+            raise _host_array_error(name, array, op)
         return
     if not hasattr(array, "__cuda_array_interface__"):
         raise TypeError(
@@ -128,7 +131,7 @@ def resolve_stream(stream: Any) -> Any:
 
 @contextlib.contextmanager
 def on_device(
-    names: tuple[str, ...], given: tuple[Any, ...], stream: Any
+    names: tuple[str, ...], given: tuple[Any, ...], stream: Any, op: str | None = None
 ) -> Iterator[tuple[Any, int, tuple[Any, ...]]]:
     """Check, convert and place the arrays of one GPU call; yields (cupy, device id, CuPy views in order).
 
@@ -141,7 +144,7 @@ def on_device(
     if stream is not None and not isinstance(stream, cupy.cuda.Stream):
         _external_stream(stream)
     for name, array in zip(names, given, strict=True):
-        check_device_array(name, array)
+        check_device_array(name, array, op)
     first = names[0]
     device_id = device_of(given[0])
     on = stream_device(stream) if stream is not None else None
