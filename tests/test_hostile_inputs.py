@@ -13,6 +13,8 @@ from model import BF16, F32
 
 import kpool_cupy
 from kpool_cupy import emulate, reference
+from kpool_cupy.ops import OPS
+from kpool_cupy.ops.framework.examples import example_batch
 
 BACKENDS = {"emulate": emulate, "reference": reference}
 
@@ -178,3 +180,41 @@ def test_the_host_array_hint_names_the_op_called(backend):
     offsets, lengths = np.array([0, 2], np.int32), np.array([0], np.int32)
     with pytest.raises(TypeError, match=r"^Invalid logits: .*\(device arrays go to kpool_cupy\.kpool_index_topk\)$"):
         BACKENDS[backend].kpool_index_topk([[0.0, 1.0]] * 2, offsets, lengths, kpool=2, pool_topk=1)
+
+
+class _NoIndexing(np.ndarray):
+    """A subclass whose indexing fails: the reference indexed it, the emulator read its buffer."""
+
+    def __getitem__(self, item):
+        raise IndexError("the subclass's own indexing")
+
+
+class _Doubling(np.ndarray):
+    """A subclass whose ufuncs double it: the reference computed with them, the emulator read the bare bytes."""
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        inputs = tuple(np.asarray(i) * 2 if isinstance(i, _Doubling) else i for i in inputs)
+        return getattr(ufunc, method)(*inputs, **kwargs)
+
+
+@pytest.mark.parametrize("subclass", [_NoIndexing, _Doubling])
+def test_an_ndarray_subclass_is_read_as_its_bare_buffer_on_both_backends(subclass):
+    # A hostile round on array forms: the two backends disagreed (or the reference raised the subclass's own
+    # error) for any subclass but a masked array or a matrix, which are refused. An output of a subclass comes
+    # back as the caller's array, written in place.
+    k, gate = _rows(12, dtype=F32), _rows(12, dtype=F32, seed=1)
+    ape, offsets, cached = np.zeros((4, 16), np.float32), np.array([0, 12], np.int32), np.array([0], np.int32)
+    for backend in BACKENDS.values():
+        want = backend.kpool_compress(k, gate, ape, offsets, cached)  # each backend's own bits for plain arrays
+        got = backend.kpool_compress(k.view(subclass), gate.view(subclass), ape.view(subclass), offsets, cached)
+        assert type(got) is np.ndarray and np.array_equal(got, want)
+        out = np.full(want.shape, 7, np.float32).view(subclass)
+        assert backend.kpool_compress(k, gate, ape, offsets, cached, out=out) is out
+        assert np.array_equal(out.view(np.ndarray), want)
+    # The scorer's weights (the round's case: doubled logits on the reference, none on the emulator).
+    spec = next(s for s in OPS if s.name == "kpool_index_logits_fp8")
+    args, kwargs = spec.example(example_batch())
+    for backend in BACKENDS.values():
+        want = backend.kpool_index_logits_fp8(*args, **kwargs)
+        moved = [a.view(subclass) if a is args[1] else a for a in args]
+        assert np.array_equal(backend.kpool_index_logits_fp8(*moved, **kwargs), want)

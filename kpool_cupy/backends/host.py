@@ -11,6 +11,7 @@ import numpy as np
 from ..arrays import check_array_kind
 from ..kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from ..ops.framework.binding import Binding, execute
+from ..ops.framework.engine_forms import given_back
 from ..ops.framework.spec import Backend, OpSpec, spread
 
 # Which GPU path the emulator runs for the scorer and the fused select: the e4m3 mma.sync of sm_89 and newer
@@ -67,6 +68,19 @@ def check_host_arrays(backend: str, op: str, names: tuple[str, ...], arrays: tup
             )
 
 
+def _plain(value: Any, behind: dict[int, Any]) -> Any:
+    """``value`` with each ndarray subclass (a memmap, a user's class) as a plain ndarray of the same memory, so
+    both backends read the bare buffer: the reference computes with NumPy, which would take a subclass's own
+    operators and indexing. An output comes back as the caller's array (``behind``)."""
+    if isinstance(value, tuple):
+        return tuple(_plain(v, behind) for v in value)
+    if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
+        view = value.view(np.ndarray)
+        behind[id(view)] = value
+        return view
+    return value
+
+
 def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Binding:
     """The binding of a CPU backend: NumPy arrays only, then the op's call flow on ``backend(extras)``."""
 
@@ -74,6 +88,8 @@ def host_binding(name: str, backend: Callable[[dict[str, Any]], Backend]) -> Bin
         chosen = backend(extras)  # checks the backend's own options first
         placed = spread(spec.operands, arrays)  # a split ring's two arrays are checked one by one
         check_host_arrays(name, spec.name, placed.names, placed.arrays)
-        return execute(spec, chosen, arrays, options)
+        behind: dict[int, Any] = {}
+        plain = tuple(_plain(a, behind) for a in arrays)
+        return given_back(execute(spec, chosen, plain, options), behind)
 
     return Binding(name, f"kpool_cupy.{name}", array="np.ndarray", result="np.ndarray", options=(), call=call)
