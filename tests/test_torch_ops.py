@@ -252,6 +252,21 @@ def test_given_outputs_come_back_as_the_packages_function_returns_them(spec, com
     _same(got, want)
 
 
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "mkldnn", "quantized", "nested"])
+def test_a_tensor_that_is_not_dense_is_refused_by_name(layout):
+    # A hostile round: the wrappers passed it on and torch's dispatcher said it had no kernel for SparseCPU.
+    args, kwargs = calls(F32)["kpool_compress"]
+    tensors = [_tensor(a) for a in args]
+    ape = tensors[2]
+    tensors[2] = {
+        "sparse_coo": ape.to_sparse, "sparse_csr": ape.to_sparse_csr, "mkldnn": ape.to_mkldnn,
+        "quantized": lambda: torch.quantize_per_tensor(ape, 0.1, 0, torch.qint8),
+        "nested": lambda: torch.nested.nested_tensor([ape, ape]),
+    }[layout]()  # fmt: skip
+    with pytest.raises(TypeError, match=r"^Invalid ape: expected a dense tensor \(torch\.strided\), got a "):
+        kt.kpool_compress(*tensors, **kwargs)
+
+
 def test_pool_row_offsets_is_the_packages():
     offsets, cache = np.array([0, 5, 11, 11], np.int64), np.array([2, 7, 3], np.int32)
     got = torch.ops.kpool.pool_row_offsets(_tensor(offsets), _tensor(cache), 4)

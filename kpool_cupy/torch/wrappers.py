@@ -28,6 +28,11 @@ from .tensors import metadata, numpy_dtype, torch_dtype
 def _check_tensor(name: str, value: Any) -> None:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"Invalid {name}: expected a torch.Tensor, got {type(value).__module__}.{type(value).__name__}")
+    # The kernels read a dense tensor's memory: another layout reached torch's dispatcher, which has no kernel
+    # for it ("Could not run 'kpool::compress' with arguments from the 'SparseCPU' backend").
+    if value.layout != torch.strided or value.is_quantized or value.is_nested:
+        kind = "quantized" if value.is_quantized else "nested" if value.is_nested else str(value.layout)
+        raise TypeError(f"Invalid {name}: expected a dense tensor (torch.strided), got a {kind} one")
 
 
 def _as_operand(spec: OpSpec, name: str, value: Any) -> Any:
