@@ -59,8 +59,8 @@ def test_every_op_has_arguments_to_move():
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
 @pytest.mark.parametrize(("op", "argument", "shown", "call"), CASES, ids=[f"{c[0]}-{c[2]}" for c in CASES])
 def test_a_misaligned_argument_is_refused_by_name(backend, op, argument, shown, call):
-    wanted = f"Invalid {shown}: expected a first element aligned to its "
-    with pytest.raises(ValueError, match="^" + re.escape(wanted) + r"\d+ bytes, got an address"):
+    wanted = f"Invalid {shown}: expected a first element at a multiple of "
+    with pytest.raises(ValueError, match="^" + re.escape(wanted) + r"\d+ bytes \(its element size\), got address 0x"):
         getattr(BACKENDS[backend], op)(**call)
 
 

@@ -14,7 +14,7 @@ from model import BF16, F32
 import kpool_cupy
 from kpool_cupy import emulate, reference
 from kpool_cupy.ops import OPS
-from kpool_cupy.ops.framework.examples import example_batch
+from kpool_cupy.ops.framework.examples import example_batch, named
 
 BACKENDS = {"emulate": emulate, "reference": reference}
 
@@ -211,6 +211,16 @@ def test_an_ndarray_subclass_is_read_as_its_bare_buffer_on_both_backends(subclas
         out = np.full(want.shape, 7, np.float32).view(subclass)
         assert backend.kpool_compress(k, gate, ape, offsets, cached, out=out) is out
         assert np.array_equal(out.view(np.ndarray), want)
+    # A split ring's two arrays, as a tuple or a list (a review found the list passed on as subclasses).
+    spec = next(s for s in OPS if s.name == "kpool_ring_close")
+    call = named(spec.operand_names, spec.example(example_batch(split=True)))
+    for backend in BACKENDS.values():
+        want = backend.kpool_ring_close(**{n: v.copy() if isinstance(v, np.ndarray) else v for n, v in call.items()})
+        for pair in (tuple, list):
+            given = {n: v.copy() if isinstance(v, np.ndarray) else v for n, v in call.items()}
+            given["tail"] = pair(a.copy().view(subclass) for a in call["tail"])
+            got = backend.kpool_ring_close(**given)
+            assert all(np.array_equal(g, w) for g, w in zip(got, want, strict=True))
     # The scorer's weights (the round's case: doubled logits on the reference, none on the emulator).
     spec = next(s for s in OPS if s.name == "kpool_index_logits_fp8")
     args, kwargs = spec.example(example_batch())

@@ -72,8 +72,8 @@ def _plain(value: Any, behind: dict[int, Any]) -> Any:
     """``value`` with each ndarray subclass (a memmap, a user's class) as a plain ndarray of the same memory, so
     both backends read the bare buffer: the reference computes with NumPy, which would take a subclass's own
     operators and indexing. An output comes back as the caller's array (``behind``)."""
-    if isinstance(value, tuple):
-        return tuple(_plain(v, behind) for v in value)
+    if isinstance(value, (tuple, list)):  # a split ring's pair, either way
+        return type(value)(_plain(v, behind) for v in value)
     if isinstance(value, np.ndarray) and type(value) is not np.ndarray:
         view = value.view(np.ndarray)
         behind[id(view)] = value

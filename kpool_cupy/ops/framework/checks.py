@@ -334,8 +334,9 @@ def check_aligned(operands: tuple[Operand, ...], arrays: dict[str, Any]) -> None
         size = np.dtype(array.dtype).itemsize
         address = data_pointer(array)
         if address % size:
-            raise fail(name, f"a first element aligned to its {size} bytes",
-                       f"an address {address % size} bytes past a multiple of {size}")  # fmt: skip
+            raise fail(
+                name, f"a first element at a multiple of {size} bytes (its element size)", f"address {address:#x}"
+            )
 
 
 def check_workspace(workspace: Any) -> None:
