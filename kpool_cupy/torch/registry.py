@@ -107,7 +107,8 @@ def check_no_transform(name: str) -> None:
 
 def _autograd_kernel(name: str, op: Any) -> Any:
     """Runs the op below autograd; when an input requires grad, its float results carry a backward that
-    raises (an op registered without one would hand back a silent None gradient)."""
+    raises (an op registered without one would hand back a silent None gradient), and a forward-mode tangent on
+    an input is refused (it would be dropped: a silent zero derivative)."""
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         inputs = [t for v in (*args, *kwargs.values()) for t in (v if isinstance(v, (list, tuple)) else [v])]
