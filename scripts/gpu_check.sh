@@ -126,8 +126,14 @@ summary() {  # the whole summary.txt, from what is done so far
     echo "== precompile"
     grep -E "^(precompiled|FAILED)" "$logs/precompile.log" 2>/dev/null
     echo "== check"
-    grep '^{"backend"' "$logs/check.log" 2>/dev/null | sed -E \
-        's/^.*"op": "([^"]*)".*"dtype": "([^"]*)", "head_dim": ([0-9]+), "kpool": ([0-9]+), "seed": [0-9]+, "ok": ([a-z]+).*$/\1 \2, head_dim \3, kpool \4: ok \5/'
+    # Each report's op, the settings it takes (a setting the op does not take is null) and its verdict.
+    grep '^{"backend"' "$logs/check.log" 2>/dev/null | "$py" -c '
+import json, sys
+for line in sys.stdin:
+    r = json.loads(line)
+    taken = [r["dtype"] or ""] + [f"{n} {r[n]}" for n in ("head_dim", "kpool") if r[n] is not None]
+    op, ok = r["op"], str(r["ok"]).lower()
+    print(f"{op} " + ", ".join(t for t in taken if t) + f": ok {ok}")'
     grep -E '^index check:' "$logs/check.log" 2>/dev/null  # scripts/gpu_index_check.py's verdict, with every failed row
     echo "== memcheck"
     grep -E "ERROR SUMMARY|garbage calls per op|strided|check cases|never called" "$logs/memcheck.log" 2>/dev/null

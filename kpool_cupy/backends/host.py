@@ -10,8 +10,7 @@ import numpy as np
 
 from ..arrays import check_array_kind
 from ..kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
-from ..ops.framework.binding import Binding, execute
-from ..ops.framework.engine_forms import given_back
+from ..ops.framework.binding import Binding, execute, given_back
 from ..ops.framework.spec import Backend, OpSpec, spread
 
 # Which GPU path the emulator runs for the scorer and the fused select: the e4m3 mma.sync of sm_89 and newer
