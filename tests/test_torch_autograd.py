@@ -348,6 +348,7 @@ def test_a_second_derivative_is_refused_naming_the_backward_op():
         d_k.sum().backward()
 
 
+@pytest.mark.filterwarnings("ignore:.torch.jit.script. is deprecated:DeprecationWarning")  # torch.func's own imports
 def test_forward_mode_ad_is_refused_naming_the_op_not_dropped():
     # A hostile round: forward-mode AD through compress gave zero derivatives (jacfwd, jvp) or a None tangent
     # (make_dual), with no error: the op ran below autograd and dropped the tangent.

@@ -252,6 +252,7 @@ def test_given_outputs_come_back_as_the_packages_function_returns_them(spec, com
     _same(got, want)
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # torch's beta, prototype and deprecation notes on making them
 @pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr", "mkldnn", "quantized", "nested"])
 def test_a_tensor_that_is_not_dense_is_refused_by_name(layout):
     # A hostile round: the wrappers passed it on and torch's dispatcher said it had no kernel for SparseCPU.
