@@ -11,6 +11,7 @@ the outputs; one with ``cache`` (the FP8 ops) runs ``.cache`` or, with
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -122,6 +123,14 @@ def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, A
         tensors[o.name] = torch.zeros((*lead, *width), dtype=dtype, device=given.device)
 
 
+def _returned(spec: OpSpec, options: dict[str, Any], results: Iterable[tuple[str, Any]]) -> Any:
+    """``results`` (name, tensor) as the package's function returns them: a conditional one (expand's counts)
+    only with its option set; one alone, several as a tuple."""
+    wanted = {name: options[option] for name, option in spec.conditional_results.items()}
+    kept = [tensor for name, tensor in results if wanted.get(name, True)]
+    return kept[0] if len(kept) == 1 else tuple(kept)
+
+
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
     tensors = {o.name: _as_operand(spec, o.name, a) for o, a in zip(spec.operands, arrays, strict=True)}
     for o in spec.operands:  # inputs that go with another operand: the overload that takes them says
@@ -153,18 +162,12 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
         result = op.default(*positional, **keyword)
         if not spec.conditional_results:
             return result
-        wanted = {name: options[option] for name, option in spec.conditional_results.items()}
-        kept = [r for name, r in zip(all_results(spec), result, strict=True) if wanted.get(name, True)]
-        return kept[0] if len(kept) == 1 else tuple(kept)
+        return _returned(spec, options, zip(all_results(spec), result, strict=True))
     # Some output given: the others allocated here (torch ops only, so this
     # traces under torch.compile), then the .out overload.
     _missing_outputs(spec, tensors, options)
     op.out(*positional, **keyword, **{o.name: tensors[o.name] for o in outputs})
-    # The results, in order (out is pooled), as the package's function returns them: a conditional one
-    # (expand's counts) only with its option set.
-    wanted = {name: options[option] for name, option in spec.conditional_results.items()}
-    written = [tensors[o.name] for o in outputs if wanted.get(o.name, True)]
-    return written[0] if len(written) == 1 else tuple(written)
+    return _returned(spec, options, ((o.name, tensors[o.name]) for o in outputs))  # in order: out is pooled
 
 
 BINDING = Binding(
