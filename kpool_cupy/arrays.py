@@ -47,8 +47,40 @@ def is_cupy_array(array: Any) -> bool:
     return type(array).__module__.split(".")[0] == "cupy"
 
 
-def check_array_kind(name: str, array: Any) -> None:
-    """A NumPy or CuPy array, or a TypeError naming ``name``.
+def is_torch_tensor(array: Any) -> bool:
+    """Whether ``array`` is a torch tensor (or a subclass from torch, a Parameter), told without importing torch."""
+    return type(array).__module__.split(".")[0] == "torch"
+
+
+# DLPack's device types (dlpack.h's DLDeviceType): memory a CUDA kernel may touch (kDLCUDA, kDLCUDAManaged),
+# and host memory the CPU backends could read once NumPy views it (kDLCPU, kDLCUDAHost).
+DLPACK_CUDA_DEVICES = (2, 13)
+DLPACK_HOST_DEVICES = (1, 3)
+
+
+def array_home(array: Any) -> str:
+    """Which door of the package an array goes through, told without importing its framework or touching a
+    device: ``"torch"`` (kpool_cupy.torch takes CPU and CUDA tensors), ``"device"`` (CuPy or another
+    framework's CUDA array: the GPU functions of kpool_cupy), ``"host"`` (NumPy, or another framework's host
+    array, which the CPU backends take once ``numpy.asarray`` makes it NumPy's) or ``""`` (none the package
+    knows: a list, a scalar, a ROCm array)."""
+    if is_torch_tensor(array):
+        return "torch"
+    if isinstance(array, np.ndarray):
+        return "host"
+    if is_cupy_array(array) or hasattr(array, "__cuda_array_interface__"):
+        return "device"
+    if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
+        device_type = int(array.__dlpack_device__()[0])
+        if device_type in DLPACK_CUDA_DEVICES:
+            return "device"
+        if device_type in DLPACK_HOST_DEVICES:
+            return "host"
+    return ""
+
+
+def check_array_kind(name: str, array: Any, torch_op: str | None = None) -> None:
+    """A NumPy or CuPy array, or a TypeError naming ``name`` (and ``torch_op``, where a torch tensor goes).
 
     NumPy subclasses that change what the elements mean are refused: a masked
     array's mask and a matrix's 2-D-only rules would be ignored by a kernel
@@ -61,7 +93,10 @@ def check_array_kind(name: str, array: Any) -> None:
         )
     if isinstance(array, np.ndarray) or is_cupy_array(array):
         return
+    if torch_op is not None and is_torch_tensor(array):
+        hint = f"torch tensors go to {torch_op}"
+    else:
+        hint = "other frameworks' arrays convert without a copy through numpy.from_dlpack or cupy.from_dlpack"
     raise TypeError(
-        f"Invalid {name}: expected a NumPy or CuPy array, got {type(array).__module__}.{type(array).__name__} "
-        "(other frameworks' arrays convert without a copy through numpy.from_dlpack or cupy.from_dlpack)"
+        f"Invalid {name}: expected a NumPy or CuPy array, got {type(array).__module__}.{type(array).__name__} ({hint})"
     )

@@ -68,7 +68,7 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
         [1, 1024].
     """
     for name, array in (("input_row_offsets", input_row_offsets), ("cache_lengths", cache_lengths)):
-        check_array_kind(name, array)
+        check_array_kind(name, array, torch_op="torch.ops.kpool.pool_row_offsets")
     check_pool_row_offsets_args(input_row_offsets, cache_lengths, kpool)
     xp = _array_module(input_row_offsets)
     offsets = input_row_offsets.astype(xp.int64)

@@ -179,7 +179,20 @@ def test_the_host_array_hint_names_the_op_called(backend):
     # Issue 36's hostile round: every op's host-array error sent the caller to kpool_cupy.kpool_compress.
     offsets, lengths = np.array([0, 2], np.int32), np.array([0], np.int32)
     with pytest.raises(TypeError, match=r"^Invalid logits: .*\(device arrays go to kpool_cupy\.kpool_index_topk\)$"):
+        BACKENDS[backend].kpool_index_topk(_CudaArray(), offsets, lengths, kpool=2, pool_topk=1)
+    # A list is no device array: the hint says how to make the NumPy array the backend takes.
+    with pytest.raises(TypeError, match=r"^Invalid logits: .*got builtins\.list \(numpy\.asarray\(x\) makes one\)$"):
         BACKENDS[backend].kpool_index_topk([[0.0, 1.0]] * 2, offsets, lengths, kpool=2, pool_topk=1)
+
+
+class _CudaArray:
+    """Stands for a CUDA array of any framework: all a CPU backend reads of it is its DLPack device."""
+
+    def __dlpack__(self, **kwargs):
+        raise AssertionError("a CPU backend must not import a device array")
+
+    def __dlpack_device__(self):
+        return (2, 0)
 
 
 class _NoIndexing(np.ndarray):

@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-# DLPack device types whose memory a CUDA kernel may touch: CUDA, CUDA managed.
-_DLPACK_CUDA_DEVICES = (2, 13)
+from ..arrays import DLPACK_CUDA_DEVICES, is_torch_tensor
 
 
 def import_cupy() -> Any:
@@ -30,12 +29,20 @@ def import_cupy() -> Any:
 
 def _host_array_error(name: str, array: Any, op: str | None) -> TypeError:
     kind = f"{type(array).__module__}.{type(array).__name__}"
-    where = (
-        f"kpool_cupy.reference.{op} or kpool_cupy.emulate.{op}" if op else "kpool_cupy.reference or kpool_cupy.emulate"
-    )
+    if is_torch_tensor(array):  # a CPU tensor: the torch ops run it on the CPU backends
+        what, where = "CPU tensors", f"kpool_cupy.torch.{op}" if op else "kpool_cupy.torch"
+    else:
+        what = "host arrays"
+        where = (
+            f"kpool_cupy.reference.{op} or kpool_cupy.emulate.{op}"
+            if op
+            else "kpool_cupy.reference or kpool_cupy.emulate"
+        )
+        if not isinstance(array, np.ndarray):  # another framework's: the CPU backends take NumPy's arrays
+            where += " as a NumPy array (numpy.asarray(x))"
     return TypeError(
         f"Invalid {name}: expected a CUDA array (CuPy, or an object with __dlpack__ or __cuda_array_interface__ "
-        f"on a GPU), got host array {kind}; host arrays go to {where}"
+        f"on a GPU), got host array {kind}; {what} go to {where}"
     )
 
 
@@ -51,7 +58,7 @@ def check_device_array(name: str, array: Any, op: str | None = None) -> None:
         raise _host_array_error(name, array, op)
     if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
         device_type, _ = array.__dlpack_device__()
-        if int(device_type) not in _DLPACK_CUDA_DEVICES:
+        if int(device_type) not in DLPACK_CUDA_DEVICES:
             raise _host_array_error(name, array, op)
         return
     if not hasattr(array, "__cuda_array_interface__"):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import check_array_kind
+from ..arrays import array_home, check_array_kind
 from ..kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from ..ops.framework.binding import Binding, execute, given_back
 from ..ops.framework.spec import Backend, OpSpec, spread
@@ -55,15 +55,23 @@ class HostMemory:
 
 
 def check_host_arrays(backend: str, op: str, names: tuple[str, ...], arrays: tuple[Any, ...]) -> None:
-    """The CPU backends take plain NumPy arrays; name the first argument that is not one, and where a device
-    array goes instead (the op's GPU function)."""
+    """The CPU backends take plain NumPy arrays; name the first argument that is not one, and where it goes
+    instead: a torch tensor to the op's torch function, a CUDA array to the op's GPU function, anything else
+    through ``numpy.asarray``."""
     for name, array in zip(names, arrays, strict=True):
         if isinstance(array, np.ndarray):
             check_array_kind(name, array)  # a masked array or a matrix is refused here
         elif array is not None:
+            home = array_home(array)
+            if home == "torch":
+                hint = f"torch tensors go to kpool_cupy.torch.{op}"
+            elif home == "device":
+                hint = f"device arrays go to kpool_cupy.{op}"
+            else:  # another framework's host array (JAX's views without a copy), a list
+                hint = "numpy.asarray(x) makes one"
             raise TypeError(
                 f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type(array).__module__}."
-                f"{type(array).__name__} (device arrays go to kpool_cupy.{op})"
+                f"{type(array).__name__} ({hint})"
             )
 
 

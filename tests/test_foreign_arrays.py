@@ -1,0 +1,113 @@
+"""Another framework's arrays at the wrong door: each error names a door that takes them, never one that sends
+them back (a torch CPU tensor went from the GPU path to kpool_cupy.reference and back, a JAX CPU array too)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import kpool_cupy
+from kpool_cupy import emulate, reference
+from kpool_cupy.ops import OPS
+from kpool_cupy.ops.framework.examples import example_batch
+
+CPU_BACKENDS = {"emulate": emulate, "reference": reference}
+
+
+class HostDLPack:
+    """A host array of some other framework (JAX's CPU arrays look like this): DLPack on kDLCPU, ``__array__``."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+    def __array__(self, dtype=None, copy=None):
+        return self.array
+
+
+class CudaDLPack(HostDLPack):
+    """The same on a CUDA device (kDLCUDA): only the GPU path may read it."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def _first(spec):
+    args, kwargs = spec.example(example_batch())
+    return spec.operand_names[0], args, kwargs
+
+
+def _with_first(args, first):
+    return (first, *args[1:])
+
+
+@pytest.mark.parametrize("backend", sorted(CPU_BACKENDS))
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_cpu_backends_send_each_foreign_array_where_it_goes(backend, spec):
+    module = CPU_BACKENDS[backend]
+    name, args, kwargs = _first(spec)
+    call = getattr(module, spec.name)
+    prefix = rf"^Invalid {name}: expected a NumPy array for kpool_cupy\.{backend}, got "
+    with pytest.raises(TypeError, match=prefix + rf".*CudaDLPack \(device arrays go to kpool_cupy\.{spec.name}\)$"):
+        call(*_with_first(args, CudaDLPack(args[0])), **kwargs)
+    # A host array of another framework is one numpy.asarray away: the hint works as written. (A list is
+    # test_hostile_inputs' case; a ring op reads a list as a split ring's pair.)
+    kind = re.escape(f"{__name__}.HostDLPack")
+    with pytest.raises(TypeError, match=prefix + kind + r" \(numpy\.asarray\(x\) makes one\)$"):
+        call(*_with_first(args, HostDLPack(args[0])), **kwargs)
+    _, fresh, fresh_kwargs = _first(spec)  # the example anew: some ops write their first operand (a ring)
+    converted = np.asarray(HostDLPack(fresh[0]))
+    assert _bytes(call(*_with_first(fresh, converted), **fresh_kwargs)) == _bytes(call(*args, **kwargs))
+
+
+@pytest.mark.parametrize("backend", sorted(CPU_BACKENDS))
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_cpu_backends_send_torch_tensors_to_the_torch_op(backend, spec):
+    torch = pytest.importorskip("torch")
+    import kpool_cupy.torch as kt
+
+    name, args, kwargs = _first(spec)
+    tensor = torch.zeros(3)
+    match = rf"^Invalid {name}: .*got torch\.Tensor \(torch tensors go to kpool_cupy\.torch\.{spec.name}\)$"
+    with pytest.raises(TypeError, match=match):
+        getattr(CPU_BACKENDS[backend], spec.name)(*_with_first(args, tensor), **kwargs)
+    assert callable(getattr(kt, spec.name))  # the door named exists
+
+
+@pytest.mark.parametrize("spec", OPS, ids=lambda s: s.name)
+def test_gpu_path_sends_host_arrays_of_other_frameworks_where_they_go(spec):
+    # These errors come before the GPU path touches a device: they hold wherever CuPy imports.
+    pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    name, args, kwargs = _first(spec)
+    call = getattr(kpool_cupy, spec.name)
+    prefix = rf"^Invalid {name}: expected a CUDA array .*got host array "
+    with pytest.raises(TypeError, match=prefix + rf"torch\.Tensor; CPU tensors go to kpool_cupy\.torch\.{spec.name}$"):
+        call(*_with_first(args, torch.zeros(3)), **kwargs)
+    where = rf"kpool_cupy\.reference\.{spec.name} or kpool_cupy\.emulate\.{spec.name}"
+    with pytest.raises(TypeError, match=prefix + rf".*HostDLPack; host arrays go to {where} as a NumPy array "
+                                        r"\(numpy\.asarray\(x\)\)$"):  # fmt: skip
+        call(*_with_first(args, HostDLPack(args[0])), **kwargs)
+
+
+def _bytes(result) -> bytes:
+    results = result if isinstance(result, tuple) else (result,)
+    return b"".join(np.asarray(r).tobytes() for r in results)
+
+
+def test_pool_row_offsets_sends_torch_tensors_to_its_torch_op():
+    torch = pytest.importorskip("torch")
+    import kpool_cupy.torch  # registers torch.ops.kpool
+
+    offsets, lengths = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    with pytest.raises(TypeError, match=r"^Invalid input_row_offsets: .*got torch\.Tensor "
+                                        r"\(torch tensors go to torch\.ops\.kpool\.pool_row_offsets\)$"):  # fmt: skip
+        kpool_cupy.pool_row_offsets(offsets, lengths, 4)
+    assert torch.ops.kpool.pool_row_offsets(offsets, lengths, 4).tolist() == [0, 1]  # the door named takes them
