@@ -42,7 +42,8 @@ _NUMPY_DTYPES = {
     torch.complex64: np.dtype(np.complex64),
     torch.complex128: np.dtype(np.complex128),
 }
-_TORCH_DTYPES = {numpy: dtype for dtype, numpy in _NUMPY_DTYPES.items()}
+# By name: torch 2.11's dynamo cannot hash a NumPy dtype (a dict keyed by them breaks the trace).
+_TORCH_DTYPES = {numpy.name: dtype for dtype, numpy in _NUMPY_DTYPES.items()}
 # The dtypes NumPy holds only as ml_dtypes', and the torch dtype of the same width each is viewed through.
 _VIEWED = {torch.bfloat16: torch.int16, torch.float8_e4m3fn: torch.uint8}
 
@@ -54,9 +55,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return _NUMPY_DTYPES[dtype]
 
 
-def torch_dtype(dtype: np.dtype) -> torch.dtype:
-    """The torch dtype of a NumPy dtype."""
-    return _TORCH_DTYPES[np.dtype(dtype)]
+def torch_dtype(dtype: np.dtype | str) -> torch.dtype:
+    """The torch dtype of a NumPy dtype or its name."""
+    return _TORCH_DTYPES[dtype if isinstance(dtype, str) else np.dtype(dtype).name]
 
 
 def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
@@ -72,7 +73,7 @@ def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """A NumPy array's memory as a CPU tensor."""
-    dtype = _TORCH_DTYPES.get(np.dtype(array.dtype))
+    dtype = _TORCH_DTYPES.get(array.dtype.name)
     if dtype in _VIEWED:
         return torch.from_numpy(array.view(_NUMPY_DTYPES[_VIEWED[dtype]])).view(dtype)
     return torch.from_numpy(array)

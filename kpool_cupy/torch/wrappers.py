@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import torch
 
 from ..ops.framework.binding import Binding
@@ -119,7 +118,7 @@ def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, A
             spec.describe(*arguments(spec, tensors | options, metadata))
             raise fail(o.name, f"an array with {partner.name}", "None")
         width = (tensors[o.rows_of].shape[-1],) if o.rows_of else ()
-        dtype = torch_dtype(np.dtype(o.dtype)) if o.dtype else chosen or tensors[o.rows_of].dtype
+        dtype = torch_dtype(o.dtype) if o.dtype else chosen or tensors[o.rows_of].dtype
         tensors[o.name] = torch.zeros((*lead, *width), dtype=dtype, device=given.device)
 
 

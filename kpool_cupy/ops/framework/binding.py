@@ -173,7 +173,8 @@ def backend_caller(spec: OpSpec, binding: Binding) -> Callable[[tuple[Any, ...],
     call = binding.call
 
     def call_backend(arrays: tuple[Any, ...], options: dict[str, Any], given: dict[str, Any]) -> Any:
-        if given.keys() <= accepted.keys() and required <= given.keys():
+        # Membership tests, not set comparisons of dict views: torch 2.11's dynamo cannot trace `<=` on those.
+        if all(name in accepted for name in given) and all(name in given for name in required):
             return call(spec, arrays, options, accepted | given)
         unknown = sorted(given.keys() - accepted.keys())
         if unknown:
