@@ -1,13 +1,43 @@
-"""Shared fixtures; tests marked `gpu` skip where CuPy has no usable device."""
+"""Shared fixtures; tests marked `gpu` skip where CuPy has no usable device; tests that use torch are marked
+`torch` (scripts/torch_versions.sh runs them on other torch releases)."""
 
 from __future__ import annotations
+
+import inspect
+import re
+import types
 
 import pytest
 
 from kpool_cupy.backends.cupy import gpu_status
 
+# A test's own import of torch: `pytest.importorskip("torch")`, `import torch`, kpool_cupy's torch modules.
+_IMPORTS_TORCH = re.compile(
+    r"""importorskip\(\s*["']torch["']|^\s*import torch\b|^\s*import kpool_cupy\.(torch|compat)\b"""
+    r"|^\s*from kpool_cupy(\.compat)? import (torch|deep_gemm)\b|^\s*from kpool_cupy\.(torch|compat)\b",
+    re.MULTILINE,
+)
+
+
+def _torch_module(value: object) -> bool:
+    name = value.__name__ if isinstance(value, types.ModuleType) else ""
+    return name.split(".")[0] == "torch" or name.startswith(("kpool_cupy.torch", "kpool_cupy.compat"))
+
+
+def uses_torch(item: pytest.Item) -> bool:
+    """Whether a test uses torch: its module holds torch (or kpool_cupy's torch modules) at the top, or the test
+    imports it itself."""
+    module = getattr(item, "module", None)
+    if module is not None and any(_torch_module(v) for v in vars(module).values()):
+        return True
+    function = getattr(item, "function", None)
+    return function is not None and bool(_IMPORTS_TORCH.search(inspect.getsource(function)))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if uses_torch(item):
+            item.add_marker(pytest.mark.torch)
     usable, why = gpu_status()
     if usable:
         return

@@ -1,0 +1,73 @@
+"""The torch releases CI runs the torch tests on are the ends of the `torch` extra's range, and the `torch`
+marker picks the tests that use torch (scripts/torch_versions.sh runs those)."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+
+from conftest import uses_torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _default_versions() -> list[str]:
+    script = (ROOT / "scripts" / "torch_versions.sh").read_text()
+    found = re.search(r'^versions="\$\{KPOOL_TORCH_VERSIONS-([^}]*)\}"$', script, re.MULTILINE)
+    assert found, "scripts/torch_versions.sh sets its default releases in one line"
+    return found.group(1).split()
+
+
+def _release(text: str) -> tuple[int, int]:
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
+def test_ci_runs_the_torch_tests_on_the_extras_oldest_and_newest_release():
+    extra = re.findall(r'^torch = \["torch([^"]*)"\]$', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+    assert len(extra) == 1, "one torch extra, one requirement (tomllib is Python 3.11's; the tests run on 3.10)"
+    low, below = re.search(r">=\s*([\d.]+)", extra[0]), re.search(r"<\s*([\d.]+)", extra[0])
+    assert low and below, f"the torch extra states both ends: {extra[0]}"
+    versions = _default_versions()
+    assert _release(versions[0]) == _release(low.group(1))
+    newest, past = _release(versions[-1]), _release(below.group(1))
+    assert (newest[0], newest[1] + 1) == past, f"{versions[-1]} is the newest release below {below.group(1)}"
+
+
+def test_the_full_tier_runs_the_torch_versions_after_the_suite():
+    script = (ROOT / "scripts" / "test.sh").read_text()
+    suite = script.index("python -m pytest")
+    assert script.index("torch_versions.sh", suite) > suite
+    assert "bash scripts/test.sh --full" in (ROOT / ".ci" / "run").read_text()
+
+
+def _item(function: types.FunctionType, **module_globals: object) -> types.SimpleNamespace:
+    return types.SimpleNamespace(module=types.SimpleNamespace(**module_globals), function=function)
+
+
+def _imports_torch():
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    return torch
+
+
+def _imports_the_torch_ops():
+    import kpool_cupy.torch as kt
+
+    return kt
+
+
+def _names_torch_in_a_string():
+    return "torch.ops.kpool is registered by kpool_cupy.torch"
+
+
+def test_the_torch_marker_takes_tests_that_import_torch_and_no_others():
+    assert uses_torch(_item(_imports_torch))
+    assert uses_torch(_item(_imports_the_torch_ops))
+    assert not uses_torch(_item(_names_torch_in_a_string))
+    held = types.ModuleType("torch")  # a module that imported torch at its top
+    assert uses_torch(_item(_names_torch_in_a_string, torch=held))
+    assert uses_torch(_item(_names_torch_in_a_string, kt=types.ModuleType("kpool_cupy.torch")))
+    assert not uses_torch(_item(_names_torch_in_a_string, np=types.ModuleType("numpy")))
