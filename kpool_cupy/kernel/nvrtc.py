@@ -45,6 +45,11 @@ def _nvrtc() -> Any:
     return nvrtc
 
 
+def require_nvrtc() -> None:
+    """A RuntimeError saying which extra to install where CuPy's NVRTC bindings are missing."""
+    _nvrtc()
+
+
 def arch_number(arch: str) -> str:
     match = _ARCH.match(arch)
     if match is None:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..kernel.declarations import COMPRESS
-from ..kernel.nvrtc import arch_number, code_ptx, compress_instance, kernel_ptx, parse_ptxas_log
+from ..kernel.nvrtc import arch_number, code_ptx, compress_instance, kernel_ptx, parse_ptxas_log, require_nvrtc
 
 # The wheel that carries each tool, as nvidia/cu13/bin/<tool> under site-packages.
 WHEELS = {"ptxas": "nvidia-cuda-nvcc", "nvdisasm": "nvidia-cuda-nvdisasm"}
@@ -202,11 +202,27 @@ def find_tool(tool: str) -> str:
     on_path = shutil.which(tool)
     if on_path is None:
         if tool == "ptxas":
-            hint = "put a CUDA 13 toolkit's ptxas on PATH, or pip install 'nvidia-cuda-nvcc>=13,<14'"
+            hint = (
+                "put a CUDA 13 toolkit's ptxas on PATH (the wheel nvidia-cuda-nvcc>=13,<14 has one, but its CUDA 13 "
+                "runtime headers come first for CuPy for CUDA 12: install it beside kpool-cupy[cuda13] only)"
+            )
         else:
             hint = f"pip install 'kpool-cupy[sass]' (CUDA 13's {WHEELS[tool]} wheel) or put CUDA 13's {tool} on PATH"
         raise RuntimeError(f"{tool} not found: {hint}")
     return on_path
+
+
+def check_tools() -> None:
+    """What reading SASS needs (NVRTC, ptxas, nvdisasm), or one RuntimeError naming every piece missing, so
+    a user installs them in one round."""
+    missing = []
+    for check in (require_nvrtc, lambda: find_tool("ptxas"), lambda: find_tool("nvdisasm")):
+        try:
+            check()
+        except RuntimeError as error:
+            missing.append(str(error))
+    if missing:
+        raise RuntimeError("; ".join(missing))
 
 
 def _run(command: list[str], name: str) -> subprocess.CompletedProcess[str]:
@@ -229,14 +245,14 @@ def summarize_sass(source: str, name: str, arch: str = "sm_90") -> SassSummary:
     compiles the one name expression, so the cubin holds that kernel alone.
     Needs NVRTC, ptxas and nvdisasm (`find_tool`), no GPU and no driver.
     """
-    find_tool("ptxas"), find_tool("nvdisasm")  # before compiling: a missing tool costs nothing
+    check_tools()  # before compiling: a missing tool costs nothing
     return _summarize_ptx(kernel_ptx(source, name, sm_arch(arch)), name, sm_arch(arch))
 
 
 def summarize_code_sass(code: str, name: str, arch: str = "sm_90") -> SassSummary:
     """`summarize_sass` of kernel ``name`` of a whole kernel text (a test's kernel, or another version of
     kernels/ inlined by ``kernel.sources``)."""
-    find_tool("ptxas"), find_tool("nvdisasm")
+    check_tools()
     return _summarize_ptx(code_ptx(code, name, sm_arch(arch)), name, sm_arch(arch))
 
 
