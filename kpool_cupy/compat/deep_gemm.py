@@ -35,7 +35,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
+try:
+    import torch
+except ImportError as error:  # said as kpool_cupy.torch says it, not torch's bare ModuleNotFoundError
+    raise ImportError("kpool_cupy.compat.deep_gemm needs PyTorch: pip install 'kpool-cupy[torch]'") from error
 
 import kpool_cupy.torch as kt
 
