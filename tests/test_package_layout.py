@@ -92,7 +92,7 @@ def test_backends_know_no_op():
 # lower ones only (docs/architecture.md, "Layers"). The longest prefix names a
 # module's layer; a new module outside every prefix fails until it is placed.
 LAYERS = (
-    ("foundation", ("kpool_cupy.dtypes", "kpool_cupy.arrays", "kpool_cupy.pool_offsets")),
+    ("foundation", ("kpool_cupy.dtypes", "kpool_cupy.arrays", "kpool_cupy.pool_offsets", "kpool_cupy.cache_dirs")),
     ("kernel", ("kpool_cupy.kernel",)),
     ("emulator", ("kpool_cupy.emulator",)),
     ("ops", ("kpool_cupy.ops",)),

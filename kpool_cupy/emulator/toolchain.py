@@ -22,6 +22,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from ..cache_dirs import cache_folder, make_cache_dir
 from ..kernel.sources import kernel_source
 
 FLAGS_VARIABLE = "KPOOL_CUPY_EMULATE_CXXFLAGS"
@@ -61,8 +62,7 @@ def user_flags() -> list[str]:
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kpool-cupy" / "emulate"
+    return cache_folder("emulate")
 
 
 def compiler() -> str:
@@ -180,7 +180,7 @@ def _precompiled_header(cxx: str, flags: list[str]) -> Path | None:
         return None  # not a path an #include line can quote
     if compiled.is_file():
         return header
-    header.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_dir(header.parent)
     private_text = _private(header)
     private_text.write_text(text)
     os.replace(private_text, header)  # the header before its .gch: a .gch found has its header beside it
@@ -194,7 +194,7 @@ def _precompiled_header(cxx: str, flags: list[str]) -> Path | None:
 
 
 def _build(cxx: str, flags: list[str], text: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_cache_dir(target.parent)
     opening = kernel_source(EMULATOR_HEADER)
     header = _precompiled_header(cxx, flags) if text.startswith(opening) else None
     if header is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..cache_dirs import cache_folder, make_cache_dir
 from ..dtypes import element_dtype
 from ..pool_offsets import check_kpool
 from .declarations import COMPRESS
@@ -93,8 +94,7 @@ def nvrtc_version() -> tuple[int, int]:
 def cubin_cache_dir() -> Path:
     """Where ``kernel_cubin`` keeps the cubins it built: ``$XDG_CACHE_HOME`` (or ``~/.cache``), then
     ``kpool-cupy/cubin``, beside the emulator's ``kpool-cupy/emulate``. Deleting it costs a recompile only."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "kpool-cupy" / "cubin"
+    return cache_folder("cubin")
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ def cached_cubin(code: str, label: str, name: str, arch: str) -> CachedCubin:
     if cubin.is_file() and lowered.is_file():  # the name is renamed into place first
         return CachedCubin(cubin, lowered.read_text())
     binary, _, lowered_name = compile_lowered(code, label, name, options, "cubin")
-    folder.mkdir(parents=True, exist_ok=True)
+    make_cache_dir(folder)
     _write_atomically(lowered, lowered_name.encode())
     _write_atomically(cubin, binary)
     return CachedCubin(cubin, lowered_name)
