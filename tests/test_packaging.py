@@ -126,6 +126,8 @@ def test_the_main_job_installs_the_package_alone_and_passes(tmp_path):
     # 1.7 GB) and checks the kernels on the emulator.
     if subprocess.run(["sh", "-c", "command -v nvidia-smi"], capture_output=True).returncode == 0:
         pytest.skip("this machine has an NVIDIA driver: the main job installs CuPy there too")
+    if not (ROOT / ".git").exists():  # an unpacked sdist: no list of the tracked tree to copy (a hostile round)
+        pytest.skip("needs a git checkout: the copy is of the files git tracks")
     tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
     copy = tmp_path / "clone"
     for name in filter(None, tracked.decode().split("\0")):
