@@ -48,8 +48,17 @@ def is_cupy_array(array: Any) -> bool:
 
 
 def is_torch_tensor(array: Any) -> bool:
-    """Whether ``array`` is a torch tensor (or a subclass from torch, a Parameter), told without importing torch."""
-    return type(array).__module__.split(".")[0] == "torch"
+    """Whether ``array`` is a torch tensor, or of a subclass of one (a Parameter, a user's or another library's
+    subclass), told without importing torch."""
+    return any(cls.__name__ == "Tensor" and cls.__module__ == "torch" for cls in type(array).__mro__)
+
+
+def torch_device_type(array: Any) -> str:
+    """A torch tensor's device type ("cpu", "cuda", "meta"...), "" where it cannot be read."""
+    try:
+        return str(array.device.type)
+    except Exception:  # a tensor subclass may refuse: the caller's error is about the argument, not this
+        return ""
 
 
 # DLPack's device types (dlpack.h's DLDeviceType): memory a CUDA kernel may touch (kDLCUDA, kDLCUDAManaged),
@@ -58,25 +67,54 @@ DLPACK_CUDA_DEVICES = (2, 13)
 DLPACK_HOST_DEVICES = (1, 3)
 
 
+def dlpack_device_type(array: Any) -> int | None:
+    """The DLPack device type ``array`` reports, or None: no DLPack, or asking failed (a deleted or sharded
+    array may raise; the caller's error is then about the argument's kind, not this)."""
+    try:
+        if not (hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__")):
+            return None
+        return int(array.__dlpack_device__()[0])
+    except Exception:
+        return None
+
+
+def has_attribute(array: Any, name: str) -> bool:
+    """``hasattr`` that reads an attribute raising anything (a JAX array's CUDA interface may raise a
+    ValueError) as absent."""
+    try:
+        return hasattr(array, name)
+    except Exception:
+        return False
+
+
 def array_home(array: Any) -> str:
     """Which door of the package an array goes through, told without importing its framework or touching a
     device: ``"torch"`` (kpool_cupy.torch takes CPU and CUDA tensors), ``"device"`` (CuPy or another
     framework's CUDA array: the GPU functions of kpool_cupy), ``"host"`` (NumPy, or another framework's host
-    array, which the CPU backends take once ``numpy.asarray`` makes it NumPy's) or ``""`` (none the package
-    knows: a list, a scalar, a ROCm array)."""
+    array, which the CPU backends take once NumPy views it), ``"elsewhere"`` (a DLPack array on another kind
+    of device: no door) or ``""`` (none the package knows: a list, a scalar)."""
     if is_torch_tensor(array):
         return "torch"
     if isinstance(array, np.ndarray):
         return "host"
-    if is_cupy_array(array) or hasattr(array, "__cuda_array_interface__"):
+    if is_cupy_array(array):
         return "device"
-    if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
-        device_type = int(array.__dlpack_device__()[0])
-        if device_type in DLPACK_CUDA_DEVICES:
-            return "device"
-        if device_type in DLPACK_HOST_DEVICES:
-            return "host"
-    return ""
+    device_type = dlpack_device_type(array)
+    if device_type in DLPACK_CUDA_DEVICES:
+        return "device"
+    if device_type in DLPACK_HOST_DEVICES:
+        return "host"
+    if device_type is not None:
+        return "elsewhere"
+    return "device" if has_attribute(array, "__cuda_array_interface__") else ""
+
+
+def to_numpy_hint(array: Any) -> str:
+    """How a host array of another framework becomes a NumPy one: ``numpy.asarray`` where it has
+    ``__array__`` (JAX's: a view, no copy), else ``numpy.from_dlpack``."""
+    if has_attribute(array, "__array__") or dlpack_device_type(array) is None:
+        return "numpy.asarray(x)"
+    return "numpy.from_dlpack(x)"
 
 
 def check_array_kind(name: str, array: Any, torch_op: str | None = None) -> None:
@@ -94,7 +132,7 @@ def check_array_kind(name: str, array: Any, torch_op: str | None = None) -> None
     if isinstance(array, np.ndarray) or is_cupy_array(array):
         return
     if torch_op is not None and is_torch_tensor(array):
-        hint = f"torch tensors go to {torch_op}"
+        hint = f"torch tensors go to {torch_op}, once kpool_cupy.torch is imported"
     else:
         hint = "other frameworks' arrays convert without a copy through numpy.from_dlpack or cupy.from_dlpack"
     raise TypeError(

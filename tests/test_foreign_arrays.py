@@ -89,8 +89,10 @@ def test_gpu_path_sends_host_arrays_of_other_frameworks_where_they_go(spec):
     name, args, kwargs = _first(spec)
     call = getattr(kpool_cupy, spec.name)
     prefix = rf"^Invalid {name}: expected a CUDA array .*got host array "
-    with pytest.raises(TypeError, match=prefix + rf"torch\.Tensor; CPU tensors go to kpool_cupy\.torch\.{spec.name}$"):
-        call(*_with_first(args, torch.zeros(3)), **kwargs)
+    for tensor, device in ((torch.zeros(3), "cpu"), (torch.zeros(3, device="meta"), "meta")):
+        match = rf"^Invalid {name}: expected a CUDA array .*got a torch\.Tensor on {device}; such tensors go to "
+        with pytest.raises(TypeError, match=match + rf"kpool_cupy\.torch\.{spec.name}$"):
+            call(*_with_first(args, tensor), **kwargs)
     where = rf"kpool_cupy\.reference\.{spec.name} or kpool_cupy\.emulate\.{spec.name}"
     with pytest.raises(TypeError, match=prefix + rf".*HostDLPack; host arrays go to {where} as a NumPy array "
                                         r"\(numpy\.asarray\(x\)\)$"):  # fmt: skip
@@ -108,6 +110,84 @@ def test_pool_row_offsets_sends_torch_tensors_to_its_torch_op():
 
     offsets, lengths = torch.tensor([0, 5], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     with pytest.raises(TypeError, match=r"^Invalid input_row_offsets: .*got torch\.Tensor "
-                                        r"\(torch tensors go to torch\.ops\.kpool\.pool_row_offsets\)$"):  # fmt: skip
+                                        r"\(torch tensors go to torch\.ops\.kpool\.pool_row_offsets, once "
+                                        r"kpool_cupy\.torch is imported\)$"):  # fmt: skip
         kpool_cupy.pool_row_offsets(offsets, lengths, 4)
     assert torch.ops.kpool.pool_row_offsets(offsets, lengths, 4).tolist() == [0, 1]  # the door named takes them
+
+
+class DLPackOnly:
+    """A host array that exports DLPack and nothing else: numpy.asarray would make a 0-d object array of it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def __dlpack__(self, **kwargs):
+        return self.array.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+class OnAnotherDevice(DLPackOnly):
+    """An array on a device no backend reads (kDLROCM)."""
+
+    def __dlpack_device__(self):
+        return (10, 0)
+
+
+class Deleted(DLPackOnly):
+    """An array that raises when asked where it lives (a deleted JAX array does)."""
+
+    def __dlpack_device__(self):
+        raise RuntimeError("Array has been deleted")
+
+    @property
+    def __cuda_array_interface__(self):
+        raise ValueError("sharded")
+
+
+def _compress_args():
+    spec = next(s for s in OPS if s.name == "kpool_compress")
+    return _first(spec)
+
+
+@pytest.mark.parametrize("backend", sorted(CPU_BACKENDS))
+def test_cpu_backends_hint_what_works_for_each_kind_of_foreign_array(backend):
+    # A review's findings: asking where an array lives may raise (a deleted or sharded array), numpy.asarray
+    # makes an object array of a DLPack-only host array, and no backend reads another device's memory.
+    _, args, kwargs = _compress_args()
+    call = CPU_BACKENDS[backend].kpool_compress
+    with pytest.raises(TypeError, match=r"DLPackOnly \(numpy\.from_dlpack\(x\) makes one\)$"):
+        call(*_with_first(args, DLPackOnly(args[0])), **kwargs)
+    ape = args[2]  # float32: NumPy's own DLPack export takes no bfloat16, so k cannot show it
+    assert np.from_dlpack(DLPackOnly(ape)).dtype == ape.dtype  # the hint works as written
+    with pytest.raises(TypeError, match=r"OnAnotherDevice \(an array on DLPack device type 10, which no backend"):
+        call(*_with_first(args, OnAnotherDevice(args[0])), **kwargs)
+    with pytest.raises(TypeError, match=r"^Invalid k: expected a NumPy array for .*Deleted "):
+        call(*_with_first(args, Deleted(args[0])), **kwargs)
+
+
+def test_the_gpu_path_refuses_arrays_it_cannot_place_with_a_type_error():
+    pytest.importorskip("cupy")
+    _, args, kwargs = _compress_args()
+    with pytest.raises(TypeError, match=r"^Invalid k: expected a CUDA array .*OnAnotherDevice on DLPack device "
+                                        r"type 10$"):  # fmt: skip
+        kpool_cupy.kpool_compress(*_with_first(args, OnAnotherDevice(args[0])), **kwargs)
+    with pytest.raises(TypeError, match=r"^Invalid k: expected a CUDA array .*got .*Deleted$"):
+        kpool_cupy.kpool_compress(*_with_first(args, Deleted(args[0])), **kwargs)
+    with pytest.raises(TypeError, match=r"DLPackOnly; host arrays go to .* as a NumPy array "
+                                        r"\(numpy\.from_dlpack\(x\)\)$"):  # fmt: skip
+        kpool_cupy.kpool_compress(*_with_first(args, DLPackOnly(args[0])), **kwargs)
+
+
+def test_a_torch_subclass_from_outside_torch_goes_to_the_torch_ops():
+    torch = pytest.importorskip("torch")
+
+    class Wrapped(torch.Tensor):
+        """A user's (or another library's) tensor subclass: its module is not torch's."""
+
+    _, args, kwargs = _compress_args()
+    tensor = torch.zeros(3).as_subclass(Wrapped)
+    with pytest.raises(TypeError, match=r"Wrapped \(torch tensors go to kpool_cupy\.torch\.kpool_compress\)$"):
+        reference.kpool_compress(*_with_first(args, tensor), **kwargs)

@@ -12,7 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import DLPACK_CUDA_DEVICES, is_torch_tensor
+from ..arrays import (
+    DLPACK_CUDA_DEVICES,
+    DLPACK_HOST_DEVICES,
+    dlpack_device_type,
+    has_attribute,
+    is_torch_tensor,
+    to_numpy_hint,
+    torch_device_type,
+)
 
 
 def import_cupy() -> Any:
@@ -27,28 +35,22 @@ def import_cupy() -> Any:
     return cupy
 
 
+_EXPECTED = "expected a CUDA array (CuPy, or an object with __dlpack__ or __cuda_array_interface__ on a GPU)"
+
+
 def _host_array_error(name: str, array: Any, op: str | None) -> TypeError:
     kind = f"{type(array).__module__}.{type(array).__name__}"
-    if is_torch_tensor(array):  # a CPU tensor: the torch ops run it on the CPU backends
-        what, where = "CPU tensors", f"kpool_cupy.torch.{op}" if op else "kpool_cupy.torch"
-    else:
-        what = "host arrays"
-        where = (
-            f"kpool_cupy.reference.{op} or kpool_cupy.emulate.{op}"
-            if op
-            else "kpool_cupy.reference or kpool_cupy.emulate"
-        )
-        if not isinstance(array, np.ndarray):  # another framework's: the CPU backends take NumPy's arrays
-            where += " as a NumPy array (numpy.asarray(x))"
-    return TypeError(
-        f"Invalid {name}: expected a CUDA array (CuPy, or an object with __dlpack__ or __cuda_array_interface__ "
-        f"on a GPU), got host array {kind}; {what} go to {where}"
+    where = (
+        f"kpool_cupy.reference.{op} or kpool_cupy.emulate.{op}" if op else "kpool_cupy.reference or kpool_cupy.emulate"
     )
+    if not isinstance(array, np.ndarray):  # another framework's: the CPU backends take NumPy's arrays
+        where += f" as a NumPy array ({to_numpy_hint(array)})"
+    return TypeError(f"Invalid {name}: {_EXPECTED}, got host array {kind}; host arrays go to {where}")
 
 
 def check_device_array(name: str, array: Any, op: str | None = None) -> None:
     """TypeError unless ``array`` is None or a CUDA array; touches no device, so it runs first. ``op``: the
-    function called, which the error names with its CPU backends."""
+    function called, which the error names with its CPU backends (or kpool_cupy.torch's, for a tensor)."""
     if array is None:
         return
     cupy = import_cupy()
@@ -56,15 +58,21 @@ def check_device_array(name: str, array: Any, op: str | None = None) -> None:
         return
     if isinstance(array, np.ndarray):
         raise _host_array_error(name, array, op)
-    if hasattr(array, "__dlpack_device__") and hasattr(array, "__dlpack__"):
-        device_type, _ = array.__dlpack_device__()
-        if int(device_type) not in DLPACK_CUDA_DEVICES:
-            raise _host_array_error(name, array, op)
+    kind = f"{type(array).__module__}.{type(array).__name__}"
+    if is_torch_tensor(array) and torch_device_type(array) != "cuda":  # CPU, meta: the torch ops take them
+        where = f"kpool_cupy.torch.{op}" if op else "kpool_cupy.torch"
+        on = torch_device_type(array) or "no readable device"
+        raise TypeError(f"Invalid {name}: {_EXPECTED}, got a {kind} on {on}; such tensors go to {where}")
+    device_type = dlpack_device_type(array)
+    if device_type in DLPACK_CUDA_DEVICES:
         return
-    if not hasattr(array, "__cuda_array_interface__"):
+    if device_type in DLPACK_HOST_DEVICES:
+        raise _host_array_error(name, array, op)
+    if device_type is not None:
+        raise TypeError(f"Invalid {name}: {_EXPECTED}, got {kind} on DLPack device type {device_type}")
+    if not has_attribute(array, "__cuda_array_interface__"):
         raise TypeError(
-            f"Invalid {name}: expected a CUDA array (CuPy, __dlpack__ or __cuda_array_interface__), "
-            f"got {type(array).__module__}.{type(array).__name__}"
+            f"Invalid {name}: expected a CUDA array (CuPy, __dlpack__ or __cuda_array_interface__), got {kind}"
         )
 
 
