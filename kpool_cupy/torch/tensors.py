@@ -57,7 +57,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
 
 def torch_dtype(dtype: np.dtype | str) -> torch.dtype:
     """The torch dtype of a NumPy dtype or its name."""
-    return _TORCH_DTYPES[dtype if isinstance(dtype, str) else np.dtype(dtype).name]
+    if isinstance(dtype, str) and dtype in _TORCH_DTYPES:  # the specs' names, as dynamo traces them
+        return _TORCH_DTYPES[dtype]
+    return _TORCH_DTYPES[np.dtype(dtype).name]  # an alias ("f4", "long") or a dtype
 
 
 def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
@@ -73,7 +75,8 @@ def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
 
 def from_numpy(array: np.ndarray) -> torch.Tensor:
     """A NumPy array's memory as a CPU tensor."""
-    dtype = _TORCH_DTYPES.get(array.dtype.name)
+    # A byte-swapped array keeps torch.from_numpy's own refusal: its name alone would read the bytes swapped.
+    dtype = _TORCH_DTYPES.get(array.dtype.name) if array.dtype.isnative else None
     if dtype in _VIEWED:
         return torch.from_numpy(array.view(_NUMPY_DTYPES[_VIEWED[dtype]])).view(dtype)
     return torch.from_numpy(array)
