@@ -25,4 +25,5 @@ def make_cache_dir(folder: Path) -> None:
             error.errno,
             f"kpool-cupy cannot make its build cache {folder} ({error.strerror}); set XDG_CACHE_HOME to a "
             "writable folder",
+            error.filename,  # the folder that failed, maybe one above the cache's own
         ) from error

@@ -9,31 +9,35 @@
 #
 # PyPI's Linux builds of these releases are CUDA 13 builds (about 3 GB to
 # download, 6 GB installed); they run on the CPU here. Each venv holds the
-# package's dependencies with its test and cuda13 extras (the cuda12 extra's
-# CUDA 12 toolkit conflicts with the CUDA 13 one these torch builds pin), not
-# the package: the checkout's own code runs, through PYTHONPATH. The venvs live
-# in $XDG_CACHE_HOME/kpool-cupy/torch-venvs (default ~/.cache/...), so a clean
-# clone (CI) reuses them, and are made again when pyproject.toml or this
-# script changes. A machine-wide pip constraint that caps torch (this
-# machine's /etc/xdg/pip holds torch<=2.14.1) is lifted for these installs
-# only, with an empty PIP_CONSTRAINT file: each pins its torch exactly.
+# package's dependencies with its test, cuda13 and torch extras (the cuda12
+# extra's CUDA 12 toolkit conflicts with the CUDA 13 one these torch builds
+# pin; the torch extra's range must admit the release), not the package: the
+# checkout's own code runs, through PYTHONPATH. The venvs live in
+# $XDG_CACHE_HOME/kpool-cupy/torch-venvs (default ~/.cache/...), so a clean
+# clone (CI) reuses them, and are made again when pyproject.toml, this script
+# or the Python changes, or a venv's torch no longer imports. Machine-wide pip
+# constraints (this machine's /etc/xdg/pip caps torch at 2.14.1) are lifted for
+# these installs only, with an empty PIP_CONSTRAINT file: each pins its torch
+# exactly. Every release runs; the script fails after the last if any failed.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 versions="${KPOOL_TORCH_VERSIONS-2.11.0 2.15.0}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}"
 [[ "$cache" == /* ]] || cache="$HOME/.cache"  # the XDG rule: a relative path is ignored
 venvs="$cache/kpool-cupy/torch-venvs"
-want="$(cat "$root/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
+python="${PYTHON:-python3}"
+want="$({ cat "$root/pyproject.toml" "${BASH_SOURCE[0]}"; "$python" -VV; } | sha256sum | cut -d' ' -f1)"
+failed=()
 
 for version in $versions; do
     venv="$venvs/torch-$version"
-    if [[ ! -f "$venv/.kpool-cupy-$want" ]]; then
+    if [[ ! -f "$venv/.kpool-cupy-$want" ]] || ! "$venv/bin/python" -c "import torch" 2> /dev/null; then
         echo "torch $version: making $venv"
         rm -rf "$venv"
         mkdir -p "$venvs"
-        "${PYTHON:-python3}" -m venv "$venv"
+        "$python" -m venv "$venv"
         "$venv/bin/python" -m pip install --quiet --upgrade pip
-        PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install --quiet "$root[test,cuda13]" "torch==$version"
+        PIP_CONSTRAINT=/dev/null "$venv/bin/python" -m pip install --quiet "$root[test,cuda13,torch]" "torch==$version"
         "$venv/bin/python" -m pip uninstall --quiet --yes kpool-cupy
         echo "$want" > "$venv/.kpool-cupy-$want"
     fi
@@ -43,6 +47,12 @@ for version in $versions; do
         exit 1
     fi
     echo "torch $version: the tests marked torch"
-    (cd "$root" && PYTHONPATH="$root" "$venv/bin/python" -m pytest -p no:cacheprovider \
-        -n "${KPOOL_TEST_WORKERS:-2}" -m torch -q)
+    if ! (cd "$root" && PYTHONPATH="$root" "$venv/bin/python" -m pytest -p no:cacheprovider \
+        -n "${KPOOL_TEST_WORKERS:-2}" -m torch -q); then
+        failed+=("$version")
+    fi
 done
+if [[ ${#failed[@]} -gt 0 ]]; then
+    echo "the tests marked torch failed on torch ${failed[*]}" >&2
+    exit 1
+fi

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
+import os
 import re
 import types
 
@@ -11,12 +13,13 @@ import pytest
 
 from kpool_cupy.backends.cupy import gpu_status
 
-# A test's own import of torch: `pytest.importorskip("torch")`, `import torch`, kpool_cupy's torch modules.
-_IMPORTS_TORCH = re.compile(
-    r"""importorskip\(\s*["']torch["']|^\s*import torch\b|^\s*import kpool_cupy\.(torch|compat)\b"""
-    r"|^\s*from kpool_cupy(\.compat)? import (torch|deep_gemm)\b|^\s*from kpool_cupy\.(torch|compat)\b",
-    re.MULTILINE,
+# An import of torch: `pytest.importorskip("torch")`, `import torch`, kpool_cupy's torch modules.
+_TORCH_IMPORT = (
+    r"""(importorskip\(\s*["']torch["']|import torch\b|import kpool_cupy\.(torch|compat)\b"""
+    r"|from kpool_cupy(\.compat)? import (torch|deep_gemm)\b|from kpool_cupy\.(torch|compat)\b)"
 )
+_IMPORTS_TORCH = re.compile(r"^\s*(torch = )?(pytest\.)?" + _TORCH_IMPORT, re.MULTILINE)
+_IMPORTS_TORCH_AT_THE_TOP = re.compile(r"^(torch = )?(pytest\.)?" + _TORCH_IMPORT, re.MULTILINE)
 
 
 def _torch_module(value: object) -> bool:
@@ -24,11 +27,21 @@ def _torch_module(value: object) -> bool:
     return name.split(".")[0] == "torch" or name.startswith(("kpool_cupy.torch", "kpool_cupy.compat"))
 
 
+@functools.cache
+def _module_uses_torch(path: str) -> bool:
+    """A test file about torch (its name says so: test_torch_*, test_bench_torch, whose helpers import it) or
+    one that imports torch at its top (a bare `pytest.importorskip("torch")` binds no name)."""
+    return "torch" in os.path.basename(path) or bool(_IMPORTS_TORCH_AT_THE_TOP.search(open(path).read()))
+
+
 def uses_torch(item: pytest.Item) -> bool:
-    """Whether a test uses torch: its module holds torch (or kpool_cupy's torch modules) at the top, or the test
-    imports it itself."""
+    """Whether a test uses torch: its module is about torch, holds torch (or kpool_cupy's torch modules) or
+    imports it at the top, or the test imports it itself."""
     module = getattr(item, "module", None)
     if module is not None and any(_torch_module(v) for v in vars(module).values()):
+        return True
+    path = getattr(module, "__file__", None)
+    if path is not None and _module_uses_torch(path):
         return True
     function = getattr(item, "function", None)
     return function is not None and bool(_IMPORTS_TORCH.search(inspect.getsource(function)))

@@ -38,6 +38,9 @@ def test_a_cache_that_cannot_be_made_says_what_it_is_and_how_to_move_it(tmp_path
     with pytest.raises(OSError, match=r"^\[Errno \d+\] kpool-cupy cannot make its build cache .*a-file/kpool-cupy/"
                                       r"emulate \(.*\); set XDG_CACHE_HOME to a writable folder"):  # fmt: skip
         make_cache_dir(folder)
+    with pytest.raises(OSError) as raised:
+        make_cache_dir(folder)
+    assert raised.value.filename is not None and str(blocker) in raised.value.filename  # where it failed
 
 
 def test_the_cli_names_the_cache_it_cannot_make(tmp_path):

@@ -461,24 +461,22 @@ _TORCH_RELEASE = tuple(int(part) for part in re.findall(r"\d+", torch.__version_
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    _TORCH_RELEASE >= (2, 15),
-    reason="torch 2.15's inductor fails compiling the backward of the recompile (dynamic sizes after the first "
-    "op's compile): 'InductorError: AssertionError: For -(((-s0)//4)), expected [s0] to have been codegen-ed', "
-    "where 2.11 and 2.13 raise the op's own error",
-    strict=True,
-)
 def test_a_recompiled_backward_still_names_the_op():
     # One forward compiled for ring close, then recompiled for tail update (dynamo makes the sizes that changed
-    # dynamic): running the second backward is the error that names its op, as on a first compile.
+    # dynamic): running the second backward is the error that names its op, as on a first compile. torch 2.15's
+    # inductor fails compiling that backward instead; that error, and only it, is an expected failure there.
     torch._dynamo.reset()
     for name in ("kpool_ring_close", "kpool_tail_update"):
         args, _ = calls(BF16)[name]
         module = _Op(name, _tensor(args[3]), 3)
         got = torch.compile(module, fullgraph=True)(*[_tensor(a) for i, a in enumerate(args) if i != 3])
         got = got if isinstance(got, tuple) else (got,)
-        with pytest.raises(RuntimeError, match=rf"kpool::{name.removeprefix('kpool_')} is not differentiable"):
+        with pytest.raises(RuntimeError) as raised:
             got[0].float().sum().backward()
+        message = str(raised.value)
+        if _TORCH_RELEASE >= (2, 15) and "to have been codegen-ed" in message:
+            pytest.xfail(f"torch 2.15's inductor on a recompiled backward: {message.splitlines()[0]}")
+        assert re.search(rf"kpool::{name.removeprefix('kpool_')} is not differentiable", message), message
 
 
 @pytest.mark.slow

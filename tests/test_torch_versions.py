@@ -7,7 +7,7 @@ import re
 import types
 from pathlib import Path
 
-from conftest import uses_torch
+from conftest import _module_uses_torch, uses_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,3 +71,16 @@ def test_the_torch_marker_takes_tests_that_import_torch_and_no_others():
     assert uses_torch(_item(_names_torch_in_a_string, torch=held))
     assert uses_torch(_item(_names_torch_in_a_string, kt=types.ModuleType("kpool_cupy.torch")))
     assert not uses_torch(_item(_names_torch_in_a_string, np=types.ModuleType("numpy")))
+
+
+def test_a_module_about_torch_marks_all_its_tests(tmp_path):
+    # A review's finding: a bare `pytest.importorskip("torch")` at a module's top binds no name, and a file
+    # whose helpers import torch (test_bench_torch) held no test that did itself: neither was marked.
+    top = tmp_path / "test_capture.py"
+    top.write_text('import pytest\n\npytest.importorskip("torch")\n')
+    helper = tmp_path / "test_rows.py"
+    helper.write_text("def _helper():\n    import torch\n")
+    named = tmp_path / "test_bench_torch.py"
+    named.write_text("def _helper():\n    import torch\n")
+    assert _module_uses_torch(str(top)) and _module_uses_torch(str(named))
+    assert not _module_uses_torch(str(helper))
