@@ -16,8 +16,8 @@ from kpool_cupy.ops.framework.examples import example_batch
 CPU_BACKENDS = {"emulate": emulate, "reference": reference}
 
 
-class HostDLPack:
-    """A host array of some other framework (JAX's CPU arrays look like this): DLPack on kDLCPU, ``__array__``."""
+class DLPackOnly:
+    """A host array that exports DLPack and nothing else: numpy.asarray would make a 0-d object array of it."""
 
     def __init__(self, array: np.ndarray) -> None:
         self.array = array
@@ -27,6 +27,10 @@ class HostDLPack:
 
     def __dlpack_device__(self):
         return (1, 0)
+
+
+class HostDLPack(DLPackOnly):
+    """A host array of some other framework (JAX's CPU arrays look like this): DLPack on kDLCPU, ``__array__``."""
 
     def __array__(self, dtype=None, copy=None):
         return self.array
@@ -114,19 +118,6 @@ def test_pool_row_offsets_sends_torch_tensors_to_its_torch_op():
                                         r"kpool_cupy\.torch is imported\)$"):  # fmt: skip
         kpool_cupy.pool_row_offsets(offsets, lengths, 4)
     assert torch.ops.kpool.pool_row_offsets(offsets, lengths, 4).tolist() == [0, 1]  # the door named takes them
-
-
-class DLPackOnly:
-    """A host array that exports DLPack and nothing else: numpy.asarray would make a 0-d object array of it."""
-
-    def __init__(self, array: np.ndarray) -> None:
-        self.array = array
-
-    def __dlpack__(self, **kwargs):
-        return self.array.__dlpack__(**kwargs)
-
-    def __dlpack_device__(self):
-        return (1, 0)
 
 
 class OnAnotherDevice(DLPackOnly):
