@@ -494,6 +494,46 @@ def test_compress_into_out_compiles_with_fullgraph():
     assert torch.equal(doubled, out.float() * 2)
 
 
+def test_the_cuda_path_refuses_a_misaligned_tensor_before_allocating_outputs():
+    # torch's CUDA path made its outputs (torch.empty) and only then ran the call whose checks refuse a tensor
+    # starting between elements; on the CuPy double (no GPU here) it must refuse first and allocate nothing.
+    import textwrap
+
+    from double import run_on_double
+
+    script = textwrap.dedent(
+        """
+        import contextlib, sys
+        import torch, cupy
+        sys.path.insert(0, "tests")
+        import test_torch_ops as t
+        from kpool_cupy.torch import kernels
+        from kpool_cupy.torch.schema import SPECS, overloads
+        from kpool_cupy.torch.tensors import to_numpy
+
+        kernels._torch_stream = lambda device: contextlib.nullcontext()
+        kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
+        tensors = [t._tensor(a) for a in t.calls(t.BF16)["kpool_compress"][0]]
+        k = tensors[0]
+        shifted = torch.frombuffer(bytearray(k.numel() * 2 + 1), dtype=torch.bfloat16, offset=1, count=k.numel())
+        shifted = shifted.view(k.shape)
+        shifted.copy_(k)
+        made = []
+        for name in ("empty", "zeros"):
+            real = getattr(torch, name)
+            setattr(kernels.torch, name, lambda *a, real=real, **kw: made.append(a) or real(*a, **kw))
+        spec = next(s for s in SPECS if s.name == "kpool_compress")
+        try:  # total_pools: the sizes are known, so the path makes its outputs from torch's allocator
+            kernels.cuda_kernel(spec, overloads(spec)[0])(shifted, *tensors[1:], total_pools=1)
+        except ValueError as error:
+            print("refused", str(error).split(":")[0], "after", len(made), "allocations")
+        """
+    )
+    done = run_on_double(script, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "refused Invalid k after 0 allocations", done.stdout
+
+
 @pytest.mark.slow
 def test_the_cuda_kernels_logic_on_the_cupy_double():
     # No GPU here: the CUDA implementation runs on the CuPy double (CuPy over

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops.framework.checks import check_out_dtype
+from ..ops.framework.checks import check_aligned, check_out_dtype
 from ..ops.framework.engine_forms import BEFORE_CHECKS, read_form
 from ..ops.framework.results import given_outputs, output_keys
 from ..ops.framework.spec import OpSpec, Option
@@ -166,6 +166,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
             arrays, options = arguments(spec, given, to_cupy)
             named = dict(zip(spec.operand_names, arrays, strict=True))
+            check_aligned(spec.operands, named)  # before torch allocates outputs for a call that would fail
             # The outputs behind this overload's results (a cache replaces some), where the call's sizes are
             # known without the data (an op whose sizes the data decides may be told them: total_pools).
             call = spec.describe(*arguments(spec, given, metadata)) if spec.dynamic_sizes else None
