@@ -7,8 +7,8 @@
 #   KPOOL_TORCH_VERSIONS   the releases, space-separated (default "2.11.0 2.15.0");
 #                          empty: run none
 #
-# PyPI's Linux builds of these releases are CUDA 13 builds (about 3 GB to
-# download, 6 GB installed); they run on the CPU here. Each venv holds the
+# PyPI's Linux builds of these releases are CUDA 13 builds (5.1 and 5.8 GB
+# installed here); they run on the CPU. Each venv holds the
 # package's dependencies with its test, cuda13 and torch extras (the cuda12
 # extra's CUDA 12 toolkit conflicts with the CUDA 13 one these torch builds
 # pin; the torch extra's range must admit the release), not the package: the
