@@ -58,14 +58,15 @@ def check_device_array(name: str, array: Any, op: str | None = None) -> None:
         return
     if isinstance(array, np.ndarray):
         raise _host_array_error(name, array, op)
-    kind = f"{type(array).__module__}.{type(array).__name__}"
-    if is_torch_tensor(array) and torch_device_type(array) != "cuda":  # CPU, meta: the torch ops take them
-        where = f"kpool_cupy.torch.{op}" if op else "kpool_cupy.torch"
-        on = torch_device_type(array) or "no readable device"
-        raise TypeError(f"Invalid {name}: {_EXPECTED}, got a {kind} on {on}; such tensors go to {where}")
     device_type = dlpack_device_type(array)
-    if device_type in DLPACK_CUDA_DEVICES:
+    if device_type in DLPACK_CUDA_DEVICES:  # a CUDA tensor or array: the hot path asks nothing more
         return
+    kind = f"{type(array).__module__}.{type(array).__name__}"
+    if is_torch_tensor(array) and (on := torch_device_type(array)) != "cuda":
+        # A torch tensor on the CPU or meta (whose DLPack export raises): the torch ops take it.
+        where = f"kpool_cupy.torch.{op}" if op else "kpool_cupy.torch"
+        raise TypeError(f"Invalid {name}: {_EXPECTED}, got a {kind} on {on or 'no readable device'}; such tensors "
+                        f"go to {where}")  # fmt: skip
     if device_type in DLPACK_HOST_DEVICES:
         raise _host_array_error(name, array, op)
     if device_type is not None:
