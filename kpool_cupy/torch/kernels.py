@@ -166,7 +166,6 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
         with _torch_stream(device):  # CuPy's current stream: the call (plans included) launches there
             arrays, options = arguments(spec, given, to_cupy)
             named = dict(zip(spec.operand_names, arrays, strict=True))
-            check_aligned(spec.operands, named)  # before torch allocates outputs for a call that would fail
             # The outputs behind this overload's results (a cache replaces some), where the call's sizes are
             # known without the data (an op whose sizes the data decides may be told them: total_pools).
             call = spec.describe(*arguments(spec, given, metadata)) if spec.dynamic_sizes else None
@@ -174,8 +173,12 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
             keys = output_keys(spec, overload.results) if fixed else ()
             outputs = tuple(o for o in given_outputs(spec) if o.name in keys)
             scratch = [o for o in spec.operands if o.scratch and named[o.name] is None] if spec.scratch_bytes else []
-            if (outputs or scratch) and call is None:
-                call = spec.describe(*arguments(spec, given, metadata))
+            if outputs or scratch:
+                # Before torch allocates for a call the op's own checks would refuse; a call that allocates
+                # nothing leaves this to the op alone (once, on the hot path of out=).
+                check_aligned(spec.operands, named)
+                if call is None:
+                    call = spec.describe(*arguments(spec, given, metadata))
             if outputs:
                 # Outputs from torch's allocator, zeroed as the op would unless
                 # it writes every element (Operand.filled): torch then owns them
