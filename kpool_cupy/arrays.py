@@ -42,6 +42,11 @@ Array = DeviceArray
 Result = Any
 
 
+def type_name(value: Any) -> str:
+    """``value``'s type as an error names it: module and class (``jaxlib._jax.ArrayImpl``)."""
+    return f"{type(value).__module__}.{type(value).__name__}"
+
+
 def is_cupy_array(array: Any) -> bool:
     """Whether ``array`` is a CuPy array, told without importing CuPy."""
     return type(array).__module__.split(".")[0] == "cupy"
@@ -126,7 +131,7 @@ def check_array_kind(name: str, array: Any, torch_op: str | None = None) -> None
     """
     if isinstance(array, (np.ma.MaskedArray, np.matrix)):
         raise TypeError(
-            f"Invalid {name}: expected a plain array, got {type(array).__module__}.{type(array).__name__} "
+            f"Invalid {name}: expected a plain array, got {type_name(array)} "
             "(pass .data of a masked array after handling its mask, or np.asarray of a matrix)"
         )
     if isinstance(array, np.ndarray) or is_cupy_array(array):
@@ -135,6 +140,4 @@ def check_array_kind(name: str, array: Any, torch_op: str | None = None) -> None
         hint = f"torch tensors go to {torch_op}, once kpool_cupy.torch is imported"
     else:
         hint = "other frameworks' arrays convert without a copy through numpy.from_dlpack or cupy.from_dlpack"
-    raise TypeError(
-        f"Invalid {name}: expected a NumPy or CuPy array, got {type(array).__module__}.{type(array).__name__} ({hint})"
-    )
+    raise TypeError(f"Invalid {name}: expected a NumPy or CuPy array, got {type_name(array)} ({hint})")

@@ -20,6 +20,7 @@ from ..arrays import (
     is_torch_tensor,
     to_numpy_hint,
     torch_device_type,
+    type_name,
 )
 
 
@@ -39,7 +40,7 @@ _EXPECTED = "expected a CUDA array (CuPy, or an object with __dlpack__ or __cuda
 
 
 def _host_array_error(name: str, array: Any, op: str | None) -> TypeError:
-    kind = f"{type(array).__module__}.{type(array).__name__}"
+    kind = type_name(array)
     where = (
         f"kpool_cupy.reference.{op} or kpool_cupy.emulate.{op}" if op else "kpool_cupy.reference or kpool_cupy.emulate"
     )
@@ -61,7 +62,7 @@ def check_device_array(name: str, array: Any, op: str | None = None) -> None:
     device_type = dlpack_device_type(array)
     if device_type in DLPACK_CUDA_DEVICES:  # a CUDA tensor or array: the hot path asks nothing more
         return
-    kind = f"{type(array).__module__}.{type(array).__name__}"
+    kind = type_name(array)
     if is_torch_tensor(array) and (on := torch_device_type(array)) != "cuda":
         # A torch tensor on the CPU or meta (whose DLPack export raises): the torch ops take it.
         where = f"kpool_cupy.torch.{op}" if op else "kpool_cupy.torch"
@@ -121,7 +122,7 @@ def _external_stream(stream: Any) -> Any:
         return _RawStreamHandle(int(stream))
     raise TypeError(
         "Invalid stream: expected a cupy.cuda.Stream, a raw stream handle (int), or an object with "
-        f"__cuda_stream__ or .cuda_stream, got {type(stream).__module__}.{type(stream).__name__}"
+        f"__cuda_stream__ or .cuda_stream, got {type_name(stream)}"
     )
 
 

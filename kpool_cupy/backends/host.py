@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import array_home, check_array_kind, dlpack_device_type, to_numpy_hint
+from ..arrays import array_home, check_array_kind, dlpack_device_type, to_numpy_hint, type_name
 from ..kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
 from ..ops.framework.binding import Binding, execute, given_back
 from ..ops.framework.spec import Backend, OpSpec, spread
@@ -72,8 +72,7 @@ def check_host_arrays(backend: str, op: str, names: tuple[str, ...], arrays: tup
             else:  # another framework's host array (JAX's views without a copy), a list
                 hint = f"{to_numpy_hint(array)} makes one"
             raise TypeError(
-                f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type(array).__module__}."
-                f"{type(array).__name__} ({hint})"
+                f"Invalid {name}: expected a NumPy array for kpool_cupy.{backend}, got {type_name(array)} ({hint})"
             )
 
 

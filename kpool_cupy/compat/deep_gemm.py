@@ -42,6 +42,7 @@ except ImportError as error:  # said as kpool_cupy.torch says it, not torch's ba
 
 import kpool_cupy.torch as kt
 
+from ..arrays import type_name
 from ..ops.families.scoring import LENGTHS_HINT
 from ..ops.framework.checks import MAX_CACHE_LENGTH, check_bool, check_integer, check_nowhere, dtype_fail, fail
 
@@ -85,7 +86,7 @@ def _within(name: str, values: torch.Tensor, low: int, high: int | None, rule: s
 
 def _tensor(name: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"Invalid {name}: expected a torch.Tensor, got {type(value).__module__}.{type(value).__name__}")
+        raise TypeError(f"Invalid {name}: expected a torch.Tensor, got {type_name(value)}")
     return value
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..arrays import type_name
 from ..ops.framework.binding import Binding
 from ..ops.framework.checks import check_bool, check_out_dtype, dtype_fail, fail, given_without, missing_with
 from ..ops.framework.results import all_results, cache_target, conditional_outputs, given_outputs
@@ -27,7 +28,7 @@ from .tensors import metadata, numpy_dtype, torch_dtype
 
 def _check_tensor(name: str, value: Any) -> None:
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"Invalid {name}: expected a torch.Tensor, got {type(value).__module__}.{type(value).__name__}")
+        raise TypeError(f"Invalid {name}: expected a torch.Tensor, got {type_name(value)}")
     # The kernels read a dense tensor's memory: another layout reached torch's dispatcher, which has no kernel
     # for it ("Could not run 'kpool::compress' with arguments from the 'SparseCPU' backend").
     if value.layout != torch.strided or value.is_quantized or value.is_nested:
