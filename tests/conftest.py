@@ -8,6 +8,7 @@ import inspect
 import os
 import re
 import types
+from pathlib import Path
 
 import pytest
 
@@ -31,7 +32,7 @@ def _torch_module(value: object) -> bool:
 def _module_uses_torch(path: str) -> bool:
     """A test file about torch (its name says so: test_torch_*, test_bench_torch, whose helpers import it) or
     one that imports torch at its top (a bare `pytest.importorskip("torch")` binds no name)."""
-    return "torch" in os.path.basename(path) or bool(_IMPORTS_TORCH_AT_THE_TOP.search(open(path).read()))
+    return "torch" in os.path.basename(path) or bool(_IMPORTS_TORCH_AT_THE_TOP.search(Path(path).read_text()))
 
 
 def uses_torch(item: pytest.Item) -> bool:
