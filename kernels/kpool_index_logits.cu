@@ -41,7 +41,7 @@ constexpr int kIndexMaxHeads = 128;   // ops.families.scoring.MAX_HEADS
 // tiles to it.
 constexpr int kIndexStageBytes = 36864;
 constexpr int kIndexStageWeights = kIndexStageBytes / (64 + 16);  // the most (token, head) rows the stage holds
-// The sm_90a path's stage for the tile's query rows: M-tiles of 64 rows, 4 at
+// The sm_90a path's stage for the tile's query rows: chunks of 64 rows, 4 at
 // head_dim 128, so a token of 128 heads fits at head_dim 256.
 constexpr int kWgmmaStageBytes = 32768;
 }  // namespace kp
@@ -222,21 +222,23 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
 
 
 // The sm_90a path (MMA kp::kMmaWgmma): the block is one warpgroup, and each
-// key tile of N pools (kp::wgmma_keys) is staged in shared memory once and
-// scored against every token of the tile by kp::wgmma_head_sums, each token's
-// heads on the M side. The lead request's key tiles stream through a ring of
-// kWgmmaStages slots in dynamic shared memory (kp::WgmmaScorerShared): each
-// thread copies its pieces of the tile kWgmmaStages - 1 ahead with cp.async
-// (a group a tile) while the tensor cores score this one, its pages found a
-// tile before that, so no load waits on the one before it. A token of
-// another request loads its keys on the spot into a spare tile, as on the
-// mma.sync path. The tile's query rows and weights sit in the same dynamic
-// memory, each token's heads padded with zero rows to whole M-tiles of 64.
+// key tile of 64 pools (kp::wgmma_keys) is staged in shared memory once and
+// scored against every token of the tile by kp::wgmma_key_logits, the keys on
+// the M side and each token's heads on N; a key's logit ends in the 4
+// threads of its row, which write it. The lead request's key tiles stream
+// through a ring of kWgmmaStages slots in dynamic shared memory
+// (kp::WgmmaScorerShared): each thread copies its pieces of the tile
+// kWgmmaStages - 1 ahead with cp.async (a group a tile) while the tensor
+// cores score this one, its pages found a tile before that, so no load waits
+// on the one before it; one barrier a tile. A token of another request loads
+// its keys on the spot into a spare tile, as on the mma.sync path. The
+// tile's query rows and weights sit in the same dynamic memory, each token's
+// heads padded with zero rows to whole chunks of 64.
 template <int HEAD_DIM, int VECTOR, typename IO, typename IC>
 __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     constexpr int N = wgmma_keys<HEAD_DIM>();
     constexpr int kStages = kWgmmaStages;
-    constexpr int kStageTiles = kWgmmaStageBytes / (kWgmmaRows * HEAD_DIM);
+    constexpr int kStageTiles = kWgmmaStageBytes / (kWgmmaRows * HEAD_DIM);  // chunks of 64 query rows
     constexpr bool kVectorCache = (VECTOR & kIndexVectorCache) != 0;
     constexpr bool kVectorQ = (VECTOR & kIndexVectorQ) != 0;
     static_assert(kWgmmaThreads == kIndexThreads, "the block is one warpgroup");
@@ -264,8 +266,8 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     if (tokens <= 0) return;
     const int thread = static_cast<int>(threadIdx.x);
     const int head_count = static_cast<int>(heads);
-    const int token_tiles_m = (head_count + kWgmmaRows - 1) / kWgmmaRows;  // M-tiles a token
-    const int token_rows = token_tiles_m * kWgmmaRows, rows = tokens * token_rows;
+    const int token_chunks = (head_count + kWgmmaRows - 1) / kWgmmaRows;  // chunks of 64 heads a token
+    const int token_rows = token_chunks * kWgmmaRows, rows = tokens * token_rows;
     const float minus_infinity = kp_bits_to_float(0xff800000u);
 
     // The prologue, one round trip: the tree, the weights and the query rows (piece i of the stage at byte 16 i).
@@ -301,17 +303,18 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
     const unsigned int page_size = block_size32(block_size);
     const int walk = static_cast<int>((range_hi - range_lo + N - 1) / N);
-    KeyPages<kWgmmaKeyPieces> next;  // the pages of the next tile to copy
-    const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+    constexpr int kPieces = WgmmaKeyPart<HEAD_DIM>::kPieces;
     constexpr int kRowStep = WgmmaKeyPart<HEAD_DIM>::kRowStep;
+    KeyPages<kPieces> next;  // the pages of the next tile to copy
+    const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
     if (lead >= 0) {
-        KeyPages<kWgmmaKeyPieces> first[kStages - 1];
+        KeyPages<kPieces> first[kStages - 1];
 #pragma unroll
         for (int x = 0; x < kStages - 1; ++x)
-            find_key_pages<kWgmmaKeyPieces, kRowStep>(range_lo + N * x, lead_reach, lead_table, table_columns,
-                                                      page_size, static_cast<int>(row0), first[x]);
-        find_key_pages<kWgmmaKeyPieces, kRowStep>(range_lo + N * (kStages - 1), lead_reach, lead_table,
-                                                  table_columns, page_size, static_cast<int>(row0), next);
+            find_key_pages<kPieces, kRowStep>(range_lo + N * x, lead_reach, lead_table, table_columns, page_size,
+                                              static_cast<int>(row0), first[x]);
+        find_key_pages<kPieces, kRowStep>(range_lo + N * (kStages - 1), lead_reach, lead_table, table_columns,
+                                          page_size, static_cast<int>(row0), next);
 #pragma unroll
         for (int x = 0; x < kStages - 1; ++x) {
             if (x < walk)
@@ -338,23 +341,26 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
                                                            shared.key_tile(ahead % kStages),
                                                            shared.key_scale(ahead % kStages),
                                                            shared.key_present(ahead % kStages));
-                find_key_pages<kWgmmaKeyPieces, kRowStep>(range_lo + static_cast<long long>(N) * (ahead + 1),
-                                                          lead_reach, lead_table, table_columns, page_size,
-                                                          static_cast<int>(row0), next);
+                find_key_pages<kPieces, kRowStep>(range_lo + static_cast<long long>(N) * (ahead + 1), lead_reach,
+                                                  lead_table, table_columns, page_size, static_cast<int>(row0),
+                                                  next);
             }
             kp_cp_async_commit();
         }
         long long spare_of = -1;  // whose keys the spare tile holds
+        const int row = 16 * (thread / 32) + thread % 32 / 4 + 8 * (thread % 2);  // the key this thread writes
         for (int j = 0; j < tokens; ++j) {
             const long long request = token_request[j], visible = token_visible[j];
             const bool scores = request >= 0 && first_pool < visible;
             const bool spare = request != keys_of;  // the same in every thread
             if (scores && spare && request != spare_of) {
-                // A token of another request than the slot's keys: its keys now, into the spare tile.
+                // A token of another request than the slot's keys: its keys now, into the spare tile, once every
+                // wgmma that read the spare tile's last keys is done.
                 WgmmaKeyPart<HEAD_DIM> other;
                 wgmma_find_key_pages<HEAD_DIM>(first_pool, token_reach[j], cache_block_table + request * table_stride,
                                                table_columns, page_size, thread, other);
                 wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, block_size, thread, other);
+                __syncthreads();
                 wgmma_store_key_part<HEAD_DIM>(other, thread, shared.key_tile(kStages), shared.key_scale(kStages),
                                                shared.key_present(kStages));
                 kp_fence_proxy_async();
@@ -362,20 +368,17 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
                 spare_of = request;
             }
             const int from = spare ? kStages : slot;
+            float logit[2] = {0.0f, 0.0f};
             if (scores)
-                wgmma_head_sums<HEAD_DIM>(shared.queries + j * token_rows * HEAD_DIM, token_tiles_m, head_count,
-                                          shared.weights + j * token_rows, shared.key_tile(from),
-                                          shared.key_scale(from), thread, shared.partial);
-            __syncthreads();
-            if (thread < N) {
-                const long long pool = first_pool + thread;
-                if (pool < range_hi)
-                    out[(token_begin + j) * out_stride + pool] =
-                        scores && shared.key_present(from)[thread] != 0 && pool < visible
-                            ? wgmma_logit<HEAD_DIM>(shared.partial, thread)
-                            : minus_infinity;
-            }
-            __syncthreads();
+                wgmma_key_logits<HEAD_DIM>(shared.queries + j * token_rows * HEAD_DIM, token_chunks, head_count,
+                                           shared.weights + j * token_rows, shared.key_tile(from),
+                                           shared.key_scale(from), thread, logit);
+            // Threads t = 0 and 1 of a row's four write its rows 16 w + g and + 8.
+            const long long pool = first_pool + row;
+            if (thread % 4 < 2 && pool < range_hi)
+                out[(token_begin + j) * out_stride + pool] =
+                    scores && shared.key_present(from)[row] != 0 && pool < visible ? (thread % 2 ? logit[1] : logit[0])
+                                                                                   : minus_infinity;
         }
     }
     kp_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)

@@ -7,7 +7,7 @@
 // each chunk of kSelectChunk pools once and scores it for every token of
 // the run that sees into it, each warp 8 NT pools a call with the scorer's
 // own routines (kp::load_key_tiles, kp::score_token; on sm_90a a warpgroup
-// stages 8 KB of keys and runs kp::wgmma_head_sums per token), so each logit
+// stages a tile of 64 keys and runs kp::wgmma_key_logits per token), so each logit
 // has the scorer's bits and a request's keys are read once a step whatever
 // its next_n. Each token offers its chunk of logits to its own streaming
 // selection (kp::offer_tile, a kp::SelectBuffer a token). With one split
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const long long per_split = (chunks + splits - 1) / splits;
         const long long lo = split * per_split * kp::kSelectChunk;
         const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
-        const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's M-tiles
+        const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's head chunks
         const int token_rows = tiles * kp::kWgmmaRows;
         if constexpr (MMA == kp::kMmaWgmma) {
             // The run's query rows and weights, staged once for its chunks.
@@ -167,14 +167,14 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 constexpr int kChains = kHalf / N;
                 static_assert(kp::kSelectThreads == kp::kWgmmaSelectGroups * kp::kWgmmaThreads,
                               "a warpgroup a half chunk");
-                static_assert(kHalf % N == 0, "whole chains: a pool's column is its id modulo N, as the scorer's");
+                static_assert(kHalf % N == 0, "whole chains");
                 const int part_group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
                 const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
+                const int row = 16 * (member / 32) + member % 32 / 4 + 8 * (member % 2);  // the key it writes
                 const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
                 unsigned char* const key_tile = shared.key_tile(part_group);
                 float* const key_scale = shared.key_scale(part_group);
                 int* const key_present = shared.key_present(part_group);
-                float* const partial = shared.partial(part_group);
                 for (int c = 0; c < kChains; ++c) {
                     const long long first_pool = base + kHalf * part_group + N * c;
                     const bool scores = first_pool < hi;  // the same in every thread of the warpgroup
@@ -190,17 +190,17 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                     kp_fence_proxy_async();
                     __syncthreads();
                     for (int j = r0; j < r1; ++j) {
-                        const bool sees = takes(j, first_pool);  // uniform in the block
-                        if (scores && sees)
-                            kp::wgmma_head_sums<HEAD_DIM>(
-                                shared.queries + (j - r0) * token_rows * HEAD_DIM, tiles, static_cast<int>(heads),
-                                shared.weights + (j - r0) * token_rows, key_tile, key_scale, member, partial);
-                        __syncthreads();
-                        if (scores && sees && member < N && first_pool + member < hi)
-                            held.logits(j)[first_pool + member - base] =
-                                key_present[member] != 0 ? kp::wgmma_logit<HEAD_DIM>(partial, member) : minus_infinity;
-                        __syncthreads();  // the next token's sums and the next chain's stores wait for these reads
+                        if (!scores || !takes(j, first_pool)) continue;  // uniform in the warpgroup
+                        float logit[2];
+                        kp::wgmma_key_logits<HEAD_DIM>(shared.queries + (j - r0) * token_rows * HEAD_DIM, tiles,
+                                                       static_cast<int>(heads), shared.weights + (j - r0) * token_rows,
+                                                       key_tile, key_scale, member, logit);
+                        // Threads t = 0 and 1 of a row's four keep its keys 16 w + g and + 8.
+                        if (member % 4 < 2 && first_pool + row < hi)
+                            held.logits(j)[first_pool + row - base] =
+                                key_present[row] != 0 ? (member % 2 ? logit[1] : logit[0]) : minus_infinity;
                     }
+                    __syncthreads();  // the next chain's stores wait for every wgmma's reads
                 }
             }
             for (int call = 0; call < (MMA == kp::kMmaWgmma ? 0 : kCalls); ++call) {

@@ -1,5 +1,5 @@
 // The host's stand-ins for the CUDA built-ins a kernel names: the
-// qualifiers, dim3, uint4, the index variables, the bit casts, the
+// qualifiers, dim3, uint4, float2, the index variables, the bit casts, the
 // softmax's exp2 and reciprocal, and the 16-byte loads and stores, each
 // with the meaning it has on the GPU. Host builds only; kpool_emulator.h
 // includes it.
@@ -29,6 +29,9 @@ struct dim3 {
 };
 struct alignas(16) uint4 {
     unsigned int x, y, z, w;
+};
+struct alignas(8) float2 {
+    float x, y;
 };
 
 // One emulated thread runs at a time per host thread, so these are the

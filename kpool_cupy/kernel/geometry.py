@@ -131,11 +131,15 @@ INDEX_STAGE_BYTES = 36864  # kp::kIndexStageBytes: shared memory for a tile's qu
 INDEX_TARGET_BLOCKS = 2048
 
 
-# The sm_90a path (kernels/kpool_index_wgmma.cuh, kp::kMmaWgmma): a key tile of 8 KB of rows a wgmma chain, and a
-# stage of M-tiles of 64 query rows (kp::kWgmmaStageBytes).
-WGMMA_KEY_BYTES = 8192
+# The sm_90a path (kernels/kpool_index_wgmma.cuh, kp::kMmaWgmma): a key tile of 64 rows (the wgmma's M) a chain, and
+# a stage of chunks of 64 query rows (kp::kWgmmaStageBytes), a chunk the wgmma's N.
 WGMMA_ROWS = 64
 WGMMA_STAGE_BYTES = 32768
+
+
+def wgmma_tile_bytes(head_dim: int) -> int:
+    """A key tile of the sm_90a path: 64 rows of head_dim bytes (kp::wgmma_tile_bytes)."""
+    return WGMMA_ROWS * head_dim
 
 
 WGMMA_STAGES = 3  # kp::kWgmmaStages: the key tiles in the scorer's ring
@@ -143,13 +147,12 @@ WGMMA_STAGES = 3  # kp::kWgmmaStages: the key tiles in the scorer's ring
 
 def index_logits_shared_bytes(heads: int, head_dim: int, tokens_per_block: int, mma: int) -> int:
     """The scorer's dynamic shared memory a block (kp::WgmmaScorerShared): none on the mma.sync paths; on the
-    wgmma path a ring of WGMMA_STAGES key tiles and a spare, their scales and presence, 4 warps' partial sums, then
-    the tile's weights and query rows in whole M-tiles of 64 a token."""
+    wgmma path a ring of WGMMA_STAGES key tiles and a spare, their scales and presence, then the tile's weights and
+    query rows in whole chunks of 64 a token."""
     if mma != MMA_WGMMA:
         return 0
-    keys = WGMMA_KEY_BYTES // head_dim
     rows = tokens_per_block * -(-heads // WGMMA_ROWS) * WGMMA_ROWS
-    return (WGMMA_STAGES + 1) * (WGMMA_KEY_BYTES + 8 * keys) + 16 * keys + rows * (4 + head_dim)
+    return (WGMMA_STAGES + 1) * (wgmma_tile_bytes(head_dim) + 8 * WGMMA_ROWS) + rows * (4 + head_dim)
 
 
 SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates a selecting block takes a step
@@ -174,14 +177,13 @@ def select_buffer_bytes(cap: int) -> int:
 def index_select_shared_bytes(heads: int, head_dim: int, mma: int, cap: int, tokens: int) -> int:
     """The fused select's dynamic shared memory a block of ``tokens`` tokens (kp::SelectGroupShared, then
     kp::WgmmaSelectShared): each token's selection buffer and chunk of logits; on the wgmma path then, for each
-    of 2 warpgroups, a key tile and its keys' scales, presence and 4 warps' partial sums, and each token's weights
-    and query rows in whole M-tiles of 64."""
+    of 2 warpgroups, a key tile and its keys' scales and presence, and each token's weights and query rows in
+    whole chunks of 64."""
     held = tokens * (select_buffer_bytes(cap) + 4 * SELECT_CHUNK)
     if mma != MMA_WGMMA:
         return held
-    keys = WGMMA_KEY_BYTES // head_dim
     rows = -(-heads // WGMMA_ROWS) * WGMMA_ROWS
-    return held + 2 * (WGMMA_KEY_BYTES + (1 + 1 + 4) * 4 * keys) + tokens * rows * (4 + head_dim)
+    return held + 2 * (wgmma_tile_bytes(head_dim) + 8 * WGMMA_ROWS) + tokens * rows * (4 + head_dim)
 
 
 def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, mma: int, cap: int, splits: int) -> int:
@@ -201,16 +203,16 @@ def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, 
 def index_block_pools(head_dim: int, mma: int) -> int:
     """Pools a block of the scorer covers per step of its walk: on the mma.sync paths (``mma`` MMA_E4M3 or
     MMA_F16 of kernel.declarations) 4 warps x 8 x NT, NT as kp::index_key_tiles (kernels/kpool_index.cuh) sets it;
-    on the wgmma path one key tile, kp::wgmma_keys."""
+    on the wgmma path one key tile of 64, kp::wgmma_keys."""
     if mma == MMA_WGMMA:
-        return WGMMA_KEY_BYTES // head_dim
+        return WGMMA_ROWS
     key_tiles = 2 if head_dim > 128 or (mma == MMA_F16 and head_dim == 128) else 4
     return 4 * 8 * key_tiles
 
 
 def index_stage_tokens(heads: int, head_dim: int, mma: int) -> int:
     """The most tokens whose query rows the scorer's stage holds: head_dim bytes and 16 of padding each on the
-    mma.sync paths; on the wgmma path each token's heads padded to whole M-tiles of 64 rows."""
+    mma.sync paths; on the wgmma path each token's heads padded to whole chunks of 64 rows."""
     if mma == MMA_WGMMA:
         return min(INDEX_TILE_TOKENS, WGMMA_STAGE_BYTES // (-(-heads // WGMMA_ROWS) * WGMMA_ROWS * head_dim))
     return min(INDEX_TILE_TOKENS, INDEX_STAGE_BYTES // (heads * (head_dim + 16)))
