@@ -230,7 +230,10 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
 // (kp::WgmmaScorerShared): each thread copies its pieces of the tile
 // kWgmmaStages - 1 ahead with cp.async (a group a tile) while the tensor
 // cores score this one, its pages found a tile before that, so no load waits
-// on the one before it; one barrier a tile. A token of another request loads
+// on the one before it; one barrier a tile. Where the pages hold a multiple
+// of 64 pools (the engines' 64) a tile lies in one page: its page is read
+// and its address made once a tile (kp::wgmma_find_tile_page,
+// kp::wgmma_copy_tile_page), not once a row. A token of another request loads
 // its keys on the spot into a spare tile, as on the mma.sync path. The
 // tile's query rows and weights sit in the same dynamic memory, each token's
 // heads padded with zero rows to whole chunks of 64.
@@ -306,21 +309,36 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     constexpr int kPieces = WgmmaKeyPart<HEAD_DIM>::kPieces;
     constexpr int kRowStep = WgmmaKeyPart<HEAD_DIM>::kRowStep;
     KeyPages<kPieces> next;  // the pages of the next tile to copy
+    TilePage next_page;      // or its page, where each tile lies in one
     const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+    // Pages of a multiple of 64 pools (the engines' 64) and 16-byte aligned: each tile lies in one page (range_lo
+    // and N are multiples of 64), found and copied from once. The same in every thread.
+    const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;
+    const auto find_pages = [&](long long first_pool, KeyPages<kPieces>& at, TilePage& page) {
+        if (one_page)
+            page = wgmma_find_tile_page(first_pool, lead_reach, lead_table, table_columns, page_size, row0);
+        else
+            find_key_pages<kPieces, kRowStep>(first_pool, lead_reach, lead_table, table_columns, page_size,
+                                              static_cast<int>(row0), at);
+    };
+    const auto copy_tile = [&](const KeyPages<kPieces>& at, TilePage page, int into) {
+        if (one_page)
+            wgmma_copy_tile_page<HEAD_DIM>(page, cache, page_stride, pages, block_size, thread,
+                                           shared.key_tile(into), shared.key_scale(into), shared.key_present(into));
+        else
+            wgmma_copy_key_tile<HEAD_DIM, kVectorCache>(at, cache, page_stride, pages, block_size, thread,
+                                                       shared.key_tile(into), shared.key_scale(into),
+                                                       shared.key_present(into));
+    };
     if (lead >= 0) {
         KeyPages<kPieces> first[kStages - 1];
+        TilePage first_page[kStages - 1];
 #pragma unroll
-        for (int x = 0; x < kStages - 1; ++x)
-            find_key_pages<kPieces, kRowStep>(range_lo + N * x, lead_reach, lead_table, table_columns, page_size,
-                                              static_cast<int>(row0), first[x]);
-        find_key_pages<kPieces, kRowStep>(range_lo + N * (kStages - 1), lead_reach, lead_table, table_columns,
-                                          page_size, static_cast<int>(row0), next);
+        for (int x = 0; x < kStages - 1; ++x) find_pages(range_lo + N * x, first[x], first_page[x]);
+        find_pages(range_lo + N * (kStages - 1), next, next_page);
 #pragma unroll
         for (int x = 0; x < kStages - 1; ++x) {
-            if (x < walk)
-                wgmma_copy_key_tile<HEAD_DIM, kVectorCache>(first[x], cache, page_stride, pages, block_size, thread,
-                                                           shared.key_tile(x), shared.key_scale(x),
-                                                           shared.key_present(x));
+            if (x < walk) copy_tile(first[x], first_page[x], x);
             kp_cp_async_commit();
         }
     }
@@ -337,13 +355,8 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
         if (lead >= 0) {
             const int ahead = x + kStages - 1;
             if (ahead < walk) {
-                wgmma_copy_key_tile<HEAD_DIM, kVectorCache>(next, cache, page_stride, pages, block_size, thread,
-                                                           shared.key_tile(ahead % kStages),
-                                                           shared.key_scale(ahead % kStages),
-                                                           shared.key_present(ahead % kStages));
-                find_key_pages<kPieces, kRowStep>(range_lo + static_cast<long long>(N) * (ahead + 1), lead_reach,
-                                                  lead_table, table_columns, page_size, static_cast<int>(row0),
-                                                  next);
+                copy_tile(next, next_page, ahead % kStages);
+                find_pages(range_lo + static_cast<long long>(N) * (ahead + 1), next, next_page);
             }
             kp_cp_async_commit();
         }

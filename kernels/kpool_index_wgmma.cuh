@@ -231,6 +231,29 @@ __device__ __forceinline__ void wgmma_key_logits(const unsigned char* q_chunks, 
     }
 }
 
+// Where a key tile lies in one page (its first pool and the page size
+// multiples of 64, so its 64 pools share a page): that page and the entry of
+// this thread's row row0, with one division and one table read a tile. Every
+// row takes the page, those at or past `reach` too: they lie in it, and a
+// scorer writes -inf for them whatever they hold. -1: the tile's first pool
+// is at or past reach, or its column past the table.
+struct TilePage {
+    int page;
+    unsigned int entry;
+};
+
+__device__ __forceinline__ TilePage wgmma_find_tile_page(long long first_pool, long long reach, const int* table_row,
+                                                         long long table_columns, unsigned int block_size32,
+                                                         unsigned int row0) {
+    TilePage at{-1, row0};
+    if (first_pool < reach) {  // reach is at most 2^31 - 1: 32-bit from here
+        const unsigned int column = static_cast<unsigned int>(first_pool) / block_size32;
+        at.entry += static_cast<unsigned int>(first_pool) - column * block_size32;
+        if (column < table_columns) at.page = table_row[column];
+    }
+    return at;
+}
+
 // Copies this thread's pieces of a key tile (the pages `at` found, as
 // wgmma_find_key_pages finds them) into `tile` with cp.async, and, from the
 // threads holding a row's piece 0, its scale into `scales` the same way and
@@ -240,13 +263,14 @@ __device__ __forceinline__ void wgmma_key_logits(const unsigned char* q_chunks, 
 // (kp_fence_proxy_async, then a barrier). VECTOR_CACHE: 16-byte copies,
 // else four of 4 bytes (rows 4-byte aligned).
 template <int HEAD_DIM, bool VECTOR_CACHE>
-__device__ __forceinline__ void wgmma_copy_key_tile(const KeyPages<wgmma_key_pieces<HEAD_DIM>()>& at, const unsigned char* cache,
-                                                    long long page_stride, long long pages, long long block_size,
-                                                    int thread, unsigned char* tile, float* scales, int* present) {
+__device__ __forceinline__ void wgmma_copy_key_tile(const KeyPages<WgmmaKeyPart<HEAD_DIM>::kPieces>& at,
+                                                    const unsigned char* cache, long long page_stride,
+                                                    long long pages, long long block_size, int thread,
+                                                    unsigned char* tile, float* scales, int* present) {
     const unsigned int piece = wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(thread));
     const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
 #pragma unroll
-    for (int k = 0; k < wgmma_key_pieces<HEAD_DIM>(); ++k) {
+    for (int k = 0; k < WgmmaKeyPart<HEAD_DIM>::kPieces; ++k) {
         const long long page = at.page[k];
         const bool have = page >= 0 && page < pages;
         const unsigned char* base = cache + (have ? page : 0) * page_stride;
@@ -264,6 +288,38 @@ __device__ __forceinline__ void wgmma_copy_key_tile(const KeyPages<wgmma_key_pie
             present[row] = have ? 1 : 0;
         }
     }
+}
+
+// The same for a tile in one page (wgmma_find_tile_page), in 16-byte copies
+// (cache pages 16-byte aligned): the page's address found once, the thread's
+// rows kRowStep rows apart, and the tile's 64 scales (256 contiguous bytes
+// of the page) copied by its first 16 threads, 16 bytes each. The page is
+// the same in every thread, so the branch on it is too.
+template <int HEAD_DIM>
+__device__ __forceinline__ void wgmma_copy_tile_page(TilePage at, const unsigned char* cache, long long page_stride,
+                                                     long long pages, long long block_size, int thread,
+                                                     unsigned char* tile, float* scales, int* present) {
+    constexpr int kStep = WgmmaKeyPart<HEAD_DIM>::kRowStep;
+    const bool have = at.page >= 0 && at.page < pages;
+    const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+    if (have) {
+        const unsigned char* base = cache + static_cast<long long>(at.page) * page_stride;
+        const unsigned char* row = base + static_cast<long long>(at.entry) * HEAD_DIM +
+                                   16 * wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(thread));
+#pragma unroll
+        for (int k = 0; k < WgmmaKeyPart<HEAD_DIM>::kPieces; ++k)
+            kp_cp_async16(tile + 16 * (thread + kWgmmaThreads * k), row + kStep * HEAD_DIM * k, true);
+        if (thread < kWgmmaRows / 4)
+            kp_cp_async16(scales + 4 * thread,
+                          base + block_size * HEAD_DIM + 4LL * (at.entry - row0) + 16 * thread, true);
+    } else {
+#pragma unroll
+        for (int k = 0; k < WgmmaKeyPart<HEAD_DIM>::kPieces; ++k)
+            kp_cp_async16(tile + 16 * (thread + kWgmmaThreads * k), cache, false);
+        if (thread < kWgmmaRows / 4) kp_cp_async16(scales + 4 * thread, cache, false);
+    }
+    const unsigned int flag = have ? 1u : 0u;
+    if (thread < kWgmmaRows / 4) *reinterpret_cast<uint4*>(present + 4 * thread) = uint4{flag, flag, flag, flag};
 }
 
 // The scorer's dynamic shared memory on this path, in this order: a ring of

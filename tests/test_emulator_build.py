@@ -242,7 +242,8 @@ def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family():
 
 # The scorer's and the fused select's sm_90a path (KPOOL_CUPY_EMULATE_MMA=wgmma) on inputs that reach the walk,
 # the stores to the key tiles and the reloads for another request: near-valid batches with pages missing, past the
-# cache and negative, lengths far past the table, tiles across requests, unaligned queries, and both garbage
+# cache and negative, lengths far past the table, tiles across requests, unaligned queries, pages of 8 (a tile
+# copied row by row) and of 64 (a tile copied from one page, rows past a request's reach too), and both garbage
 # families. The select's dynamic shared memory is exactly the launch's bytes: a tile past it is an overflow.
 _SANITIZED_WGMMA_RUN = textwrap.dedent(
     """
@@ -257,22 +258,21 @@ _SANITIZED_WGMMA_RUN = textwrap.dedent(
     os.environ["KPOOL_CUPY_EMULATE_MMA"] = "wgmma"
     rng = np.random.default_rng(5)
     calls = 0
-    for head_dim in (64, 128, 256):
-        for heads in (3, 64, 100):
-            case = index_case(rng, head_dim=head_dim, heads=heads, kpool=2, block_size=8, counts=(2, 1, 3),
-                              cache_lengths=(300, 7, 150))
-            table = case.cache_block_table
-            table[0, 2], table[0, 5], table[2, 1] = -1, case.cache.shape[0] + 3, -7
-            lengths = case.cache_lengths.copy()
-            lengths[1] = 10 ** 6  # far past its table row
-            case.cache_lengths = lengths
-            raw = np.zeros(case.q.size + 1, np.uint8)
-            raw[1:] = case.q.reshape(-1)
-            case.q = raw[1:].reshape(case.q.shape)
-            with recording() as launches:
-                emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool, max_pools=400, validate=False)
-                emulate.kpool_index_select_fp8(*case.args, kpool=case.kpool, pool_topk=40, validate=False)
-            calls += len(launches)
+    for head_dim, heads, block_size in [(d, h, b) for d in (64, 128, 256) for h in (3, 64, 100) for b in (8, 64)]:
+        case = index_case(rng, head_dim=head_dim, heads=heads, kpool=2, block_size=block_size, counts=(2, 1, 3),
+                          cache_lengths=(300, 7, 150))
+        table = case.cache_block_table
+        table[0, 1], table[0, 2], table[2, 1] = -1, case.cache.shape[0] + 3, -7
+        lengths = case.cache_lengths.copy()
+        lengths[1] = 10 ** 6  # far past its table row
+        case.cache_lengths = lengths
+        raw = np.zeros(case.q.size + 1, np.uint8)
+        raw[1:] = case.q.reshape(-1)
+        case.q = raw[1:].reshape(case.q.shape)
+        with recording() as launches:
+            emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool, max_pools=400, validate=False)
+            emulate.kpool_index_select_fp8(*case.args, kpool=case.kpool, pool_topk=40, validate=False)
+        calls += len(launches)
     for function, case in [*index_garbage_cases(3, 20), *select_garbage_cases(3, 8)]:
         with recording() as launches:
             getattr(emulate, function)(**case, validate=False)
@@ -290,10 +290,10 @@ def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays():
     done = sanitized.run(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 9 near-valid calls of each and the garbage calls that reach a kernel (a max_pools of 0 or no token launches
+    # 18 near-valid calls of each and the garbage calls that reach a kernel (a max_pools of 0 or no token launches
     # none).
     launches = re.search(r"^wgmma launches: (\d+)$", done.stdout, re.MULTILINE)
-    assert launches and int(launches.group(1)) >= 18 + 5, done.stdout
+    assert launches and int(launches.group(1)) >= 36 + 5, done.stdout
     sanitized.assert_instrumented(done.stdout)
 
 

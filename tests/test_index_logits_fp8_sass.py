@@ -108,8 +108,16 @@ _PAST_THE_TREE = (
 _ANOTHER_REQUEST = ("if (scores && request != keys_of) {", "if (scores && spare && request != spare_of) {")
 
 
-def _engine_path_sass(mma: int = MMA_E4M3, arch: str = "sm_90") -> str:
+_ONE_PAGE = "const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;"
+
+
+def _engine_path_sass(mma: int = MMA_E4M3, arch: str = "sm_90", one_page: bool | None = None) -> str:
+    """The scorer's SASS at head_dim 128 without the two paths above; on sm_90a with ``one_page`` True or False,
+    the walk's tiles always or never in one page (else as the page size says)."""
     code = kernel_source(INDEX_LOGITS_FP8.source)
+    if one_page is not None:
+        assert code.count(_ONE_PAGE) == 1  # the kernel changed: update the cut
+        code = code.replace(_ONE_PAGE, f"const bool one_page = {'kVectorCache' if one_page else 'false'};")
     for statement in _PAST_THE_TREE:
         assert code.count(statement) == 1, statement  # the kernel changed: update the cut
         code = code.replace(statement, statement.split(" : ")[0] + " : 0;")
@@ -152,8 +160,11 @@ def test_the_sm90a_build_scores_with_one_qgmma_chain_a_tile(head_dim):
     assert machine.spill_stores == machine.spill_loads == 0
     assert mma_inside_a_loop(machine.sass)
     assert divisions_in_loops(machine.sass) == 0
+    # Row by row, a thread's pieces and as many scales; a tile in one page, its pieces and one 16-byte copy of 4
+    # scales, on each side of the branch on the page's presence (zeros landed without a read where it is missing).
     pieces = head_dim // 32
-    assert instructions.count("LDGSTS") == 3 * (pieces + pieces) and "DEPBAR" in instructions
+    row_by_row, one_page = 2 * pieces, 2 * (pieces + 1)
+    assert instructions.count("LDGSTS") == 3 * (row_by_row + one_page) and "DEPBAR" in instructions
     # A key's row of the product lies in one warp's 4 threads (the keys on M): its head sum crosses them in a
     # butterfly of 2 shuffles, 4 for a thread's two rows, and no warp waits for another (the sums by halves
     # across 8 threads and then 4 warps through shared memory took 14 shuffles and 2 barriers a token at 128).
@@ -178,6 +189,27 @@ def test_every_tile_the_threads_wrote_is_fenced_for_the_wgmma():
         chains = [i for i, line in enumerate(lines) if line.startswith("wgmma.fence.sync.aligned")]
         assert len(fence_lines) == fences, (name, fence_lines)
         assert chains and min(fence_lines) < min(chains), name
+
+
+def _walk(text: str) -> list[sass.Instruction]:
+    """The instructions of the longest loop: the walk's step."""
+    instructions, labels = sass.parse_instructions(text)
+    spans = sass.loop_spans(instructions, labels)
+    start, end = max(spans, key=lambda span: sum(span[0] <= i.address <= span[1] for i in instructions))
+    return [i for i in instructions if start <= i.address <= end]
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_a_tile_in_one_page_is_found_and_copied_once_a_tile():
+    # The sm_90a walk on the decode path: where the pages hold a multiple of 64 pools (the engines' 64), a step
+    # reads the table once (one LDG for the tile's page where row by row a thread reads it for each of its 4
+    # rows) and its copies take one address (4 row copies and one of 4 scales; row by row each row's copy and
+    # scale), which leaves a step about 2/3 of the row-by-row one's instructions (seen: 469 and 733).
+    one_page = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=True))
+    row_by_row = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=False))
+    loads = [sum(i.opcode[0] == "LDG" for i in walk) for walk in (one_page, row_by_row)]
+    assert loads == [1, 4], loads
+    assert len(one_page) < 0.7 * len(row_by_row), (len(one_page), len(row_by_row))
 
 
 @pytest.mark.usefixtures("sass_tools")
