@@ -99,8 +99,9 @@ from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.ops.index_topk import TOPK_TILE, index_topk_workspace_bytes  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
 from kpool_cupy.tools.load_depth import load_depth  # noqa: E402
-from kpool_cupy.tools.sass import loop_spans, parse_instructions, summarize_sass  # noqa: E402
+from kpool_cupy.tools.sass import loop_spans, parse_instructions, summarize_code_sass, summarize_sass  # noqa: E402
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
+from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
 
 # NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
 # issues one warp-instruction per clock on each of its four schedulers.
@@ -185,6 +186,9 @@ class Case:
     # The loop `repeats` counts: the longest, or the outermost around the first mma (the fused select's chunk loop,
     # which its per-token finish, merge and row writing outgrow)
     repeated_loop: str = "longest"
+    # The SASS counted: the kernel's whole text, or (the scorer) its engine path (tools/scorer_paths.py: the bench's
+    # tiles hold one request's tokens, its batches at most 512 requests, its pages 64 pools)
+    engine_path: bool = False
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -361,7 +365,11 @@ def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
         rows = 64 if mma == MMA_WGMMA else 16
         head_tiles = launch.values["tokens_per_block"] * -(-heads // rows) * steps
         family = "index_logits_fp8 sm_90a" if mma == MMA_WGMMA else "index_logits_fp8"
-        case = Case(family, shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles)
+        per_request = shape.requests == 1 or shape.next_n % launch.values["tokens_per_block"] == 0  # tiles in one
+        assert per_request and shape.requests <= 512 and CACHE_BLOCK_SIZE % 64 == 0, shape  # the engine path
+        case = Case(
+            family, shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles, engine_path=True
+        )
         cases.append(case)
     return cases
 
@@ -533,8 +541,11 @@ class Variant:
 
 
 @functools.cache
-def variant(source: str, instance: str, arch: str = "sm_90") -> Variant:
-    summary = summarize_sass(source, instance, arch=arch)
+def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool = False) -> Variant:
+    if engine_path:  # the scorer's path the bench takes, its tiles in one page
+        summary = summarize_code_sass(engine_path_code(one_page=True), instance, arch=arch)
+    else:
+        summary = summarize_sass(source, instance, arch=arch)
     sass = summary.sass
     return Variant(
         summary.instructions,
@@ -616,7 +627,7 @@ def template_arguments(instance: str) -> str:
 
 def row(case: Case) -> str:
     arch = "sm_90a" if builds_for_sm90a(case.launch.template) else "sm_90"
-    v = variant(case.launch.kernel.source, case.launch.instance, arch)
+    v = variant(case.launch.kernel.source, case.launch.instance, arch, case.engine_path)
     p = predict(case, v)
     g = case.launch.geometry
     return (

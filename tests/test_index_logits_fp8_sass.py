@@ -26,10 +26,11 @@ from kpool_cupy.kernel.declarations import (
     MMA_WGMMA,
 )
 from kpool_cupy.kernel.nvrtc import kernel_ptx
-from kpool_cupy.kernel.sources import kernel_source, kernels_dir
-from kpool_cupy.tools import sass
+from kpool_cupy.kernel.sources import kernels_dir
+from kpool_cupy.tools import sass, scorer_paths
 from kpool_cupy.tools.load_depth import depth_before_first, load_depth
 from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
+from kpool_cupy.tools.scorer_paths import engine_path_code
 
 ARCHES = {"sm_80": (MMA_F16, 2), "sm_89": (MMA_E4M3, 1), "sm_90": (MMA_E4M3, 2)}  # (path, instructions a step)
 ARCH_PATHS = {**{arch: mma for arch, (mma, _) in ARCHES.items()}, "sm_90a": MMA_WGMMA}
@@ -98,34 +99,23 @@ def test_pages_and_queries_without_16_byte_alignment_take_no_16_byte_loads():
     assert "LDG.E.U8" in machine.sass  # the stage reads unaligned query rows byte by byte
 
 
-# The two paths an engine's decode step does not take, cut out of the kernel text to read the depth of the path it
-# does take: a search step past the tree's 512 requests, and the keys of a token of another request than its
-# tile's first (a tile across requests; a decode tile of next_n tokens holds one request's).
-_PAST_THE_TREE = (
-    "const long long value = held ? tree.offset[node] : load_index(offsets, mid);",
-    "const long long length = held ? tree.length[node] : load_index(lengths, mid);",
-)
-_ANOTHER_REQUEST = ("if (scores && request != keys_of) {", "if (scores && spare && request != spare_of) {")
-
-
-_ONE_PAGE = "const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;"
-
-
 def _engine_path_sass(mma: int = MMA_E4M3, arch: str = "sm_90", one_page: bool | None = None) -> str:
-    """The scorer's SASS at head_dim 128 without the two paths above; on sm_90a with ``one_page`` True or False,
-    the walk's tiles always or never in one page (else as the page size says)."""
-    code = kernel_source(INDEX_LOGITS_FP8.source)
-    if one_page is not None:
-        assert code.count(_ONE_PAGE) == 1  # the kernel changed: update the cut
-        code = code.replace(_ONE_PAGE, f"const bool one_page = {'kVectorCache' if one_page else 'false'};")
-    for statement in _PAST_THE_TREE:
-        assert code.count(statement) == 1, statement  # the kernel changed: update the cut
-        code = code.replace(statement, statement.split(" : ")[0] + " : 0;")
-    for statement in _ANOTHER_REQUEST:  # one in each path's body
-        assert code.count(statement) == 1, statement
-        code = code.replace(statement, "if (false) {")
+    """The scorer's SASS at head_dim 128 on the path an engine's step takes (tools/scorer_paths.py: no search step
+    past 512 requests, no tile across requests); on sm_90a with ``one_page`` True or False, the walk's tiles
+    always or never in one page (else as the page size says)."""
     name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=mma, VECTOR=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q)
-    return sass.summarize_code_sass(code, name, arch=arch).sass
+    return sass.summarize_code_sass(engine_path_code(one_page), name, arch=arch).sass
+
+
+def test_the_engine_path_cut_follows_the_kernel(monkeypatch):
+    # Each statement cut is in the kernel once (a changed kernel fails here, not in a silently uncut SASS).
+    code = engine_path_code(one_page=True)
+    for statement in (*scorer_paths.PAST_THE_TREE, *scorer_paths.ANOTHER_REQUEST, scorer_paths.ONE_PAGE):
+        assert statement not in code
+    assert code.count("if (false) {") == 2 and "const bool one_page = kVectorCache;" in code
+    monkeypatch.setattr(scorer_paths, "kernel_source", lambda source: "an older kernel")
+    with pytest.raises(ValueError, match=r"holds 0 of .*expected 1"):
+        engine_path_code()
 
 
 @pytest.mark.usefixtures("sass_tools")

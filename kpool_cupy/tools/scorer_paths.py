@@ -1,0 +1,36 @@
+"""The scorer's kernel text (kernels/kpool_index_logits.cu, inlined) with the paths an engine's step never takes
+cut out, so the SASS of what remains is the path a decode or prefill step runs.
+
+An engine's step holds one request's tokens in a token tile (a decode tile is a request's next_n tokens, a prefill
+one request), and at most 512 requests, so it never takes two paths: a request search step past the 512 the
+block's tree holds (a load from global memory), and a tile across requests (the keys of a token of another
+request than the tile's first, loaded on the spot). ``one_page`` fixes the sm_90a walk's page rule: True, every
+tile in one page (pages of a multiple of 64 pools, as the engines' 64); False, every tile row by row.
+"""
+
+from __future__ import annotations
+
+from ..kernel.declarations import INDEX_LOGITS_FP8
+from ..kernel.sources import kernel_source
+
+PAST_THE_TREE = (
+    "const long long value = held ? tree.offset[node] : load_index(offsets, mid);",
+    "const long long length = held ? tree.length[node] : load_index(lengths, mid);",
+)
+ANOTHER_REQUEST = ("if (scores && request != keys_of) {", "if (scores && spare && request != spare_of) {")
+ONE_PAGE = "const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;"
+
+
+def engine_path_code(one_page: bool | None = None) -> str:
+    """The scorer's whole kernel text without the two paths above (each statement found exactly once, else a
+    ValueError: the kernel changed and the cut must follow it)."""
+    code = kernel_source(INDEX_LOGITS_FP8.source)
+    cuts = [(statement, statement.split(" : ")[0] + " : 0;") for statement in PAST_THE_TREE]
+    cuts += [(statement, "if (false) {") for statement in ANOTHER_REQUEST]  # one in each path's body
+    if one_page is not None:
+        cuts.append((ONE_PAGE, f"const bool one_page = {'kVectorCache' if one_page else 'false'};"))
+    for statement, replacement in cuts:
+        if code.count(statement) != 1:
+            raise ValueError(f"the scorer's text holds {code.count(statement)} of {statement!r}, expected 1")
+        code = code.replace(statement, replacement)
+    return code
