@@ -173,6 +173,9 @@ __device__ __forceinline__ void wgmma_store_key_part(const WgmmaKeyPart<HEAD_DIM
 // the chunk; w_pairs[4 j] holds that column pair's weights. A column at or
 // past `left` is padding and adds nothing (its product may be NaN: a zero
 // query row times a NaN key byte); ptxas predicates those adds, no branch.
+// The relu is kp_relu_nan (one FMNMX.NAN), which gives +0 for -0: no bit
+// depends on a zero's sign here, since a sum starts at +0 and never reaches
+// -0 (an exact zero sum of nonzero terms rounds to +0).
 template <int N>
 __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2* w_pairs, int left, int t,
                                                const float (&scale)[2], float (&sums)[2]) {
@@ -184,7 +187,7 @@ __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2*
             const bool head = 8 * j + 2 * t + c < left;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
-                const float term = fmaf(c ? w.y : w.x, relu_keep_nan(scale[r] * d[4 * j + 2 * r + c]), sums[r]);
+                const float term = fmaf(c ? w.y : w.x, kp_relu_nan(scale[r] * d[4 * j + 2 * r + c]), sums[r]);
                 sums[r] = head ? term : sums[r];
             }
         }

@@ -3,7 +3,8 @@
 // compiler for the CPU emulator.
 //
 // Under NVRTC (__CUDACC__) this header names the bit casts, the 16-byte and
-// 8-byte accesses, the softmax's approximate exp2 and reciprocal, the
+// 8-byte accesses, the softmax's approximate exp2 and reciprocal, a relu
+// that keeps NaN, the
 // correctly rounded divisions and the block's dynamic shared memory;
 // everything else is NVRTC's own. A host build gets the same names, and the
 // CUDA built-ins, from the emulator's headers in kernels/emulator/
@@ -74,6 +75,13 @@ __device__ __forceinline__ float kp_rcp_rn(float x) { return __frcp_rn(x); }
 __device__ __forceinline__ float kp_div_rn(float a, float b) { return __fdiv_rn(a, b); }
 // x rounded to the nearest int, ties to even (one F2I on the GPU).
 __device__ __forceinline__ int kp_round_to_int(float x) { return __float2int_rn(x); }
+// relu that keeps a NaN, in one instruction (FMNMX.NAN, sm_80 and newer): max.NaN gives a NaN where x is one
+// (the canonical NaN) and max(x, +0) elsewhere.
+__device__ __forceinline__ float kp_relu_nan(float x) {
+    float y;
+    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+    return y;
+}
 // The warp-level matrix instructions (every lane of the warp, converged):
 // D = A B + C on 16 x 8 tiles, float32 accumulators, fragments as the PTX
 // ISA lays them out (kernels/emulator/kpool_mma.h spells the layouts and

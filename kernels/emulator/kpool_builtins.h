@@ -1,6 +1,6 @@
 // The host's stand-ins for the CUDA built-ins a kernel names: the
 // qualifiers, dim3, uint4, float2, the index variables, the bit casts, the
-// softmax's exp2 and reciprocal, and the 16-byte loads and stores, each
+// softmax's exp2 and reciprocal, relu, and the 16-byte loads and stores, each
 // with the meaning it has on the GPU. Host builds only; kpool_emulator.h
 // includes it.
 #ifndef KPOOL_BUILTINS_H
@@ -74,6 +74,9 @@ inline float kp_div_rn(float a, float b) { return a / b; }
 inline float kp_rcp(float x) { return kp_nudge_ulps(1.0f / x, kp_float_to_bits(x), KP_APPROX_WORST_ULPS / 2); }
 // Ties to even, as __float2int_rn: the emulator never changes the rounding mode.
 inline int kp_round_to_int(float x) { return static_cast<int>(std::nearbyint(x)); }
+// max.NaN.f32 x, +0: x where it is a NaN (the GPU gives its canonical NaN, the host keeps x's payload: NaNs are
+// compared by place), x where it is positive, +0 otherwise (-0 included, as IEEE 754's maximum orders them).
+inline float kp_relu_nan(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
 // A GPU faults on a misaligned 16-byte access; memcpy would not, so the
 // emulator stops here instead, and a wrong vector_mask cannot pass unseen.
