@@ -1,7 +1,8 @@
 """The FP8 scorer on a GPU, on every tensor-core path the device has: the CuPy path against the float64 reference
 within the GPU bound, and its device time at engine shapes; the selection: kpool_index_topk of the GPU's logits
 against the reference's selection of the same logits, and kpool_index_select_fp8 against the GPU's two calls, bit
-for bit. Prints one JSON line a case and path, then a verdict line; exits 1 when a check failed.
+for bit; the same keys in pages of 8 and of 64, bit for bit. Prints one JSON line a case and path, then a verdict
+line; exits 1 when a check failed.
 
     python scripts/gpu_index_check.py                   (on a machine with a GPU; run from the repository root)
     python scripts/gpu_index_check.py --no-timing       (the checks alone: scripts/gpu_check.sh runs this)
@@ -29,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import cupy
-from index_cases import index_case
+from index_cases import index_case, repaged
 
 import kpool_cupy
 from kpool_cupy import reference
@@ -88,7 +89,7 @@ def path_mma(path: str) -> int:
 def emit(row: dict, ok: bool) -> None:
     row["ok"] = ok
     if not ok:
-        failures.append(f"{row.get('case') or row.get('selection')} on {row['path']}")
+        failures.append(f"{row.get('case') or row.get('selection') or row.get('paging')} on {row['path']}")
     print(json.dumps(row), flush=True)
 
 
@@ -134,6 +135,19 @@ def selection(name, case, paths, pool_topk, **options):
         row["fused_equals_two_calls"] = bool(cupy.array_equal(fused, two))
         row["counters_zero"] = not bool(counters.any())
         emit(row, row["topk_equals_reference"] and row["fused_equals_two_calls"] and row["counters_zero"])
+
+
+def paging(name, case, paths, block_size=64):
+    """On each path: the same keys in the case's pages and in pages of ``block_size`` (where the sm_90a walk
+    copies each key tile from one page) give the same logits, bit for bit."""
+    paged = repaged(case, block_size, np.random.default_rng(block_size))
+    for path in paths:
+        with on_path(path):
+            rows = kpool_cupy.kpool_index_logits_fp8(*[cupy.asarray(a) for a in case.args], kpool=case.kpool)
+            one_page = kpool_cupy.kpool_index_logits_fp8(*[cupy.asarray(a) for a in paged.args], kpool=case.kpool)
+        row = {"paging": name, "path": path, "mma": path_mma(path), "block_size": block_size}
+        row["same_bits"] = bool(cupy.array_equal(rows.view(cupy.uint32), one_page.view(cupy.uint32)))
+        emit(row, row["same_bits"])
 
 
 def device_ms(call, reps: int = 20) -> float:
@@ -198,6 +212,8 @@ def main() -> int:
     accuracy("decode next_n 2", case, paths, capability)
     case = index_case(rng, heads=128, block_size=64, counts=(3, 40), cache_lengths=(3000, 17))
     accuracy("h128 bs64", case, paths, capability)
+    case = index_case(rng, heads=64, kpool=2, block_size=8, counts=(3, 1, 2), cache_lengths=(600, 5, 333))
+    paging("pages of 8 and 64", case, paths)
     case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(1,), cache_lengths=(131071,))
     selection("decode B1 ctx128K", case, paths, 512)
     case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(2,) * 64, cache_lengths=(8190,) * 64)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -75,3 +75,40 @@ def index_case(
     q = e4m3_bytes(rng, (tokens, heads, head_dim))
     weights = rng.standard_normal((tokens, heads)).astype(np.float32)
     return IndexCase(q, weights, cache, table, offsets.astype(index_dtype), lengths.astype(index_dtype), kpool)
+
+
+def repaged(case: IndexCase, block_size: int, rng: np.random.Generator) -> IndexCase:
+    """The same call with the cache in pages of ``block_size`` pools (a multiple of the case's), shuffled: each
+    request's pool p keeps its key and scale, so every logit keeps its bits. A table entry of -1 or past the
+    cache in ``case`` stays one for each new page holding a pool of it; rows no pool of a request reaches keep
+    random bytes."""
+    pages, old_size, width = case.cache.shape
+    head_dim = width - 4
+    keys = case.cache.reshape(pages, -1)[:, : old_size * head_dim].reshape(pages, old_size, head_dim)
+    scales = case.cache.reshape(pages, -1)[:, old_size * head_dim :].view(np.float32).reshape(pages, old_size)
+    pools = case.cache_block_table.shape[1] * old_size
+    columns = -(-pools // block_size)
+    new_pages = len(case.cache_lengths) * columns + 1
+    new_keys = rng.integers(0, 0x7E, size=(new_pages, block_size, head_dim), dtype=np.uint8)
+    new_scales = np.ones((new_pages, block_size), np.float32)
+    order = rng.permutation(new_pages)
+    table = np.full((len(case.cache_lengths), columns), -1, np.int32)
+    for r in range(len(case.cache_lengths)):
+        for c in range(columns):
+            old = case.cache_block_table[r, c * block_size // old_size]  # block_size a multiple of old_size
+            if old < 0 or old >= pages:
+                table[r, c] = -1 if old < 0 else new_pages + 5
+                continue
+            page = order[r * columns + c]
+            table[r, c] = page
+            for e in range(block_size):
+                pool = c * block_size + e
+                source = case.cache_block_table[r, pool // old_size] if pool < pools else -1
+                if 0 <= source < pages:
+                    new_keys[page, e] = keys[source, pool % old_size]
+                    new_scales[page, e] = scales[source, pool % old_size]
+    cache = np.zeros((new_pages, block_size, width), np.uint8)
+    flat = cache.reshape(new_pages, -1)
+    flat[:, : block_size * head_dim] = new_keys.reshape(new_pages, -1)
+    flat[:, block_size * head_dim :] = new_scales.view(np.uint8).reshape(new_pages, -1)
+    return replace(case, cache=cache, cache_block_table=table)

@@ -8,11 +8,9 @@ and unaligned queries."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
-from index_cases import index_case
+from index_cases import index_case, repaged
 
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
@@ -133,42 +131,6 @@ def test_a_tile_fits_the_kernels_stage(heads, head_dim):
         assert per_tile * -(-heads // 64) * 64 * head_dim <= geometry.WGMMA_STAGE_BYTES
 
 
-def _repaged(case, block_size: int, rng: np.random.Generator):
-    """The same call with the cache in pages of ``block_size`` pools, shuffled: each request's pool p keeps its key
-    and scale, so every logit keeps its bits. A table entry of -1 or past the cache in ``case`` stays one for
-    each new page holding a pool of it; rows no pool of a request reaches keep random bytes."""
-    pages, old_size, width = case.cache.shape
-    head_dim = width - 4
-    keys = case.cache.reshape(pages, -1)[:, : old_size * head_dim].reshape(pages, old_size, head_dim)
-    scales = case.cache.reshape(pages, -1)[:, old_size * head_dim :].view(np.float32).reshape(pages, old_size)
-    pools = case.cache_block_table.shape[1] * old_size
-    columns = -(-pools // block_size)
-    new_pages = len(case.cache_lengths) * columns + 1
-    new_keys = rng.integers(0, 0x7E, size=(new_pages, block_size, head_dim), dtype=np.uint8)
-    new_scales = np.ones((new_pages, block_size), np.float32)
-    order = rng.permutation(new_pages)
-    table = np.full((len(case.cache_lengths), columns), -1, np.int32)
-    for r in range(len(case.cache_lengths)):
-        for c in range(columns):
-            old = case.cache_block_table[r, c * block_size // old_size]  # block_size a multiple of old_size
-            if old < 0 or old >= pages:
-                table[r, c] = -1 if old < 0 else new_pages + 5
-                continue
-            page = order[r * columns + c]
-            table[r, c] = page
-            for e in range(block_size):
-                pool = c * block_size + e
-                source = case.cache_block_table[r, pool // old_size] if pool < pools else -1
-                if 0 <= source < pages:
-                    new_keys[page, e] = keys[source, pool % old_size]
-                    new_scales[page, e] = scales[source, pool % old_size]
-    cache = np.zeros((new_pages, block_size, width), np.uint8)
-    flat = cache.reshape(new_pages, -1)
-    flat[:, : block_size * head_dim] = new_keys.reshape(new_pages, -1)
-    flat[:, block_size * head_dim :] = new_scales.view(np.uint8).reshape(new_pages, -1)
-    return replace(case, cache=cache, cache_block_table=table)
-
-
 @pytest.mark.parametrize("block_size", [64, 128])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_a_tile_in_one_page_gives_the_bits_of_a_tile_across_pages(monkeypatch, head_dim, block_size):
@@ -180,7 +142,7 @@ def test_a_tile_in_one_page_gives_the_bits_of_a_tile_across_pages(monkeypatch, h
     hole = slice(block_size, 2 * block_size)  # the pools of a new page: block_size / 8 pages of 8
     case.cache_block_table[0, block_size // 8 : block_size // 4] = -1  # missing in request 0's prefix
     case.cache_block_table[2, block_size // 8 : block_size // 4] = case.cache.shape[0] + 2  # past the cache
-    paged = _repaged(case, block_size, np.random.default_rng(block_size))
+    paged = repaged(case, block_size, np.random.default_rng(block_size))
     unchecked = {"validate": False, "max_pools": int(case.visible().max())}  # the holes are refused otherwise
     for target in (1 << 20, 1):  # a step a block, and one block walking the row through the ring
         rows, _ = _walks(monkeypatch, case, MMA_WGMMA, target=target, **unchecked)
