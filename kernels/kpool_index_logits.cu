@@ -230,7 +230,8 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
 // (kp::WgmmaScorerShared): each thread copies its pieces of the tile
 // kWgmmaStages - 1 ahead with cp.async (a group a tile) while the tensor
 // cores score this one, its pages found a tile before that, so no load waits
-// on the one before it; one barrier a tile. Where the pages hold a multiple
+// on the one before it; one barrier a tile (two more where a token of another
+// request loads the spare tile). Where the pages hold a multiple
 // of 64 pools (the engines' 64) a tile lies in one page: its page is read
 // and its address made once a tile (kp::wgmma_find_tile_page,
 // kp::wgmma_copy_tile_page), not once a row. A token of another request loads

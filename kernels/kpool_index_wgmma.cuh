@@ -173,9 +173,10 @@ __device__ __forceinline__ void wgmma_store_key_part(const WgmmaKeyPart<HEAD_DIM
 // the chunk; w_pairs[4 j] holds that column pair's weights. A column at or
 // past `left` is padding and adds nothing (its product may be NaN: a zero
 // query row times a NaN key byte); ptxas predicates those adds, no branch.
-// The relu is kp_relu_nan (one FMNMX.NAN), which gives +0 for -0: no bit
-// depends on a zero's sign here, since a sum starts at +0 and never reaches
-// -0 (an exact zero sum of nonzero terms rounds to +0).
+// The relu is kp_relu_nan (one FMNMX.FTZ.NAN), which gives +0 for -0. A sum
+// is -0 only after a product flushed to -0 (below 2^-126, flush-to-zero);
+// there the zero's sign from the relu decides the logit's sign bit (an
+// exact zero either way, equal for every comparison and the selection).
 template <int N>
 __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2* w_pairs, int left, int t,
                                                const float (&scale)[2], float (&sums)[2]) {

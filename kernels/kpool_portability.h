@@ -75,11 +75,13 @@ __device__ __forceinline__ float kp_rcp_rn(float x) { return __frcp_rn(x); }
 __device__ __forceinline__ float kp_div_rn(float a, float b) { return __fdiv_rn(a, b); }
 // x rounded to the nearest int, ties to even (one F2I on the GPU).
 __device__ __forceinline__ int kp_round_to_int(float x) { return __float2int_rn(x); }
-// relu that keeps a NaN, in one instruction (FMNMX.NAN, sm_80 and newer): max.NaN gives a NaN where x is one
-// (the canonical NaN) and max(x, +0) elsewhere.
+// relu that keeps a NaN, in one instruction (FMNMX.FTZ.NAN, sm_80 and newer): max.NaN gives a NaN where x is
+// one (the canonical NaN) and max(x, +0) elsewhere, a subnormal x flushed first like the rest of the build.
+// Which zero it gives for -0 the PTX ISA leaves open; the emulator gives +0 (IEEE 754's maximum), and
+// tests/test_relu_nan.py holds a GPU to it.
 __device__ __forceinline__ float kp_relu_nan(float x) {
     float y;
-    asm("max.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+    asm("max.ftz.NaN.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
     return y;
 }
 // The warp-level matrix instructions (every lane of the warp, converged):

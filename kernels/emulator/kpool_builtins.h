@@ -74,8 +74,9 @@ inline float kp_div_rn(float a, float b) { return a / b; }
 inline float kp_rcp(float x) { return kp_nudge_ulps(1.0f / x, kp_float_to_bits(x), KP_APPROX_WORST_ULPS / 2); }
 // Ties to even, as __float2int_rn: the emulator never changes the rounding mode.
 inline int kp_round_to_int(float x) { return static_cast<int>(std::nearbyint(x)); }
-// max.NaN.f32 x, +0: x where it is a NaN (the GPU gives its canonical NaN, the host keeps x's payload: NaNs are
-// compared by place), x where it is positive, +0 otherwise (-0 included, as IEEE 754's maximum orders them).
+// max.ftz.NaN.f32 x, +0: x where it is a NaN (the GPU gives its canonical NaN, the host keeps x's payload:
+// NaNs are compared by place), x where it is above zero (a subnormal reads as zero: the launch's
+// denormals-are-zero), +0 otherwise (-0 included, as IEEE 754's maximum orders them).
 inline float kp_relu_nan(float x) { return x > 0.0f || x != x ? x : 0.0f; }
 
 // A GPU faults on a misaligned 16-byte access; memcpy would not, so the
