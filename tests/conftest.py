@@ -35,17 +35,49 @@ def _module_uses_torch(path: str) -> bool:
     return "torch" in os.path.basename(path) or bool(_IMPORTS_TORCH_AT_THE_TOP.search(Path(path).read_text()))
 
 
+def _from_torch(value: object) -> bool:
+    """A parameter that is torch's or kpool_cupy's torch modules' (a function of kpool_cupy.torch, say)."""
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and (module.split(".")[0] == "torch" or _torch_module(types.ModuleType(module)))
+
+
+def _imports_torch(function: object) -> bool:
+    try:
+        return bool(_IMPORTS_TORCH.search(inspect.getsource(function)))
+    except (OSError, TypeError):  # a builtin or a function without a file
+        return False
+
+
 def uses_torch(item: pytest.Item) -> bool:
     """Whether a test uses torch: its module is about torch, holds torch (or kpool_cupy's torch modules) or
-    imports it at the top, or the test imports it itself."""
+    imports it at the top; the test imports it itself, or calls a function of its module that does; or a
+    parameter of it comes from torch's modules or kpool_cupy's."""
     module = getattr(item, "module", None)
     if module is not None and any(_torch_module(v) for v in vars(module).values()):
         return True
     path = getattr(module, "__file__", None)
     if path is not None and _module_uses_torch(path):
         return True
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and any(_from_torch(value) for value in callspec.params.values()):
+        return True
     function = getattr(item, "function", None)
-    return function is not None and bool(_IMPORTS_TORCH.search(inspect.getsource(function)))
+    return function is not None and _calls_torch(function, module, set())
+
+
+def _calls_torch(function: types.FunctionType, module: object, seen: set[str]) -> bool:
+    """Whether ``function`` imports torch, or calls a function of its test module that does (at any depth)."""
+    if _imports_torch(function):
+        return True
+    seen.add(function.__name__)
+    for name in function.__code__.co_names:
+        helper = getattr(module, name, None)
+        if callable(helper) and hasattr(helper, "__wrapped__"):  # functools.cache's, say
+            helper = inspect.unwrap(helper)
+        mine = inspect.isfunction(helper) and helper.__module__ == getattr(module, "__name__", None)
+        if mine and name not in seen and _calls_torch(helper, module, seen):
+            return True
+    return False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

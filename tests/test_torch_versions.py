@@ -3,6 +3,7 @@ marker picks the tests that use torch (scripts/torch_versions.sh runs those)."""
 
 from __future__ import annotations
 
+import functools
 import re
 import types
 from pathlib import Path
@@ -71,6 +72,41 @@ def test_the_torch_marker_takes_tests_that_import_torch_and_no_others():
     assert uses_torch(_item(_names_torch_in_a_string, torch=held))
     assert uses_torch(_item(_names_torch_in_a_string, kt=types.ModuleType("kpool_cupy.torch")))
     assert not uses_torch(_item(_names_torch_in_a_string, np=types.ModuleType("numpy")))
+
+
+@functools.cache
+def _model_through_a_cache():
+    return _imports_torch()
+
+
+def _builds_a_case():
+    return _model_through_a_cache()
+
+
+def _calls_a_helper_that_imports_torch():
+    return _builds_a_case()
+
+
+def _calls_a_helper_that_does_not():
+    return _names_torch_in_a_string()
+
+
+def test_a_test_whose_helpers_import_torch_or_whose_parameter_is_torchs_is_marked():
+    # Left by the last review: tests/test_compress_backward.py's float64 torch model (reached through two helpers
+    # and a functools.cache) and tests/test_public_functions.py's kpool_cupy.torch functions (parameters).
+    helpers = {f.__name__: f for f in (_model_through_a_cache, _builds_a_case, _imports_torch)}
+    helpers |= {"_names_torch_in_a_string": _names_torch_in_a_string}
+    module = types.SimpleNamespace(__name__=__name__, **helpers)
+    assert uses_torch(types.SimpleNamespace(module=module, function=_calls_a_helper_that_imports_torch))
+    assert not uses_torch(types.SimpleNamespace(module=module, function=_calls_a_helper_that_does_not))
+    parameter = types.FunctionType(_names_torch_in_a_string.__code__, {})
+    parameter.__module__ = "kpool_cupy.torch.functions"
+    callspec = types.SimpleNamespace(params={"function": parameter, "name": "kpool_compress"})
+    assert uses_torch(types.SimpleNamespace(module=module, function=_calls_a_helper_that_does_not, callspec=callspec))
+    callspec = types.SimpleNamespace(params={"function": _names_torch_in_a_string, "name": "kpool_compress"})
+    assert not uses_torch(
+        types.SimpleNamespace(module=module, function=_calls_a_helper_that_does_not, callspec=callspec)
+    )
 
 
 def test_a_module_about_torch_marks_all_its_tests(tmp_path):
