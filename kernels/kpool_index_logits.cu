@@ -362,7 +362,7 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
             kp_cp_async_commit();
         }
         long long spare_of = -1;  // whose keys the spare tile holds
-        const int row = 16 * (thread / 32) + thread % 32 / 4 + 8 * (thread % 2);  // the key this thread writes
+        const int row = wgmma_written_row(thread);  // the key this thread writes
         for (int j = 0; j < tokens; ++j) {
             const long long request = token_request[j], visible = token_visible[j];
             const bool scores = request >= 0 && first_pool < visible;
@@ -387,11 +387,10 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
                 wgmma_key_logits<HEAD_DIM>(shared.queries + j * token_rows * HEAD_DIM, token_chunks, head_count,
                                            shared.weights + j * token_rows, shared.key_tile(from),
                                            shared.key_scale(from), thread, logit);
-            // Threads t = 0 and 1 of a row's four write its rows 16 w + g and + 8.
             const long long pool = first_pool + row;
-            if (thread % 4 < 2 && pool < range_hi)
+            if (wgmma_writes_a_logit(thread) && pool < range_hi)
                 out[(token_begin + j) * out_stride + pool] =
-                    scores && shared.key_present(from)[row] != 0 && pool < visible ? (thread % 2 ? logit[1] : logit[0])
+                    scores && shared.key_present(from)[row] != 0 && pool < visible ? wgmma_written_logit(logit, thread)
                                                                                    : minus_infinity;
         }
     }

@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 static_assert(kHalf % N == 0, "whole chains");
                 const int part_group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
                 const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
-                const int row = 16 * (member / 32) + member % 32 / 4 + 8 * (member % 2);  // the key it writes
+                const int row = kp::wgmma_written_row(member);  // the key it keeps
                 const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
                 unsigned char* const key_tile = shared.key_tile(part_group);
                 float* const key_scale = shared.key_scale(part_group);
@@ -195,10 +195,9 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                         kp::wgmma_key_logits<HEAD_DIM>(shared.queries + (j - r0) * token_rows * HEAD_DIM, tiles,
                                                        static_cast<int>(heads), shared.weights + (j - r0) * token_rows,
                                                        key_tile, key_scale, member, logit);
-                        // Threads t = 0 and 1 of a row's four keep its keys 16 w + g and + 8.
-                        if (member % 4 < 2 && first_pool + row < hi)
+                        if (kp::wgmma_writes_a_logit(member) && first_pool + row < hi)
                             held.logits(j)[first_pool + row - base] =
-                                key_present[row] != 0 ? (member % 2 ? logit[1] : logit[0]) : minus_infinity;
+                                key_present[row] != 0 ? kp::wgmma_written_logit(logit, member) : minus_infinity;
                     }
                     __syncthreads();  // the next chain's stores wait for every wgmma's reads
                 }

@@ -204,6 +204,16 @@ __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2*
 // row's sum in one rounding (fmaf). All 128 threads of the warpgroup call it
 // together (wgmma and the shuffles); it waits for its wgmma before it
 // returns, so the caller may overwrite the tile after its threads meet.
+// Which logit of wgmma_key_logits thread `thread` (of 128) writes, and of
+// which key: threads t = 0 and 1 of a row's four take rows 16 w + g and + 8.
+__device__ __forceinline__ bool wgmma_writes_a_logit(int thread) { return thread % 4 < 2; }
+__device__ __forceinline__ int wgmma_written_row(int thread) {
+    return 16 * (thread / 32 % 4) + thread % 32 / 4 + 8 * (thread % 2);
+}
+__device__ __forceinline__ float wgmma_written_logit(const float (&logit)[2], int thread) {
+    return thread % 2 ? logit[1] : logit[0];
+}
+
 template <int HEAD_DIM>
 __device__ __forceinline__ void wgmma_key_logits(const unsigned char* q_chunks, int chunks, int heads,
                                                  const float* w_token, const unsigned char* keys, const float* scales,

@@ -23,9 +23,13 @@ _IMPORTS_TORCH = re.compile(r"^\s*(torch = )?(pytest\.)?" + _TORCH_IMPORT, re.MU
 _IMPORTS_TORCH_AT_THE_TOP = re.compile(r"^(torch = )?(pytest\.)?" + _TORCH_IMPORT, re.MULTILINE)
 
 
-def _torch_module(value: object) -> bool:
-    name = value.__name__ if isinstance(value, types.ModuleType) else ""
+def _torch_module_name(name: str) -> bool:
+    """torch's modules, and kpool_cupy's that bind it."""
     return name.split(".")[0] == "torch" or name.startswith(("kpool_cupy.torch", "kpool_cupy.compat"))
+
+
+def _torch_module(value: object) -> bool:
+    return isinstance(value, types.ModuleType) and _torch_module_name(value.__name__)
 
 
 @functools.cache
@@ -38,7 +42,7 @@ def _module_uses_torch(path: str) -> bool:
 def _from_torch(value: object) -> bool:
     """A parameter that is torch's or kpool_cupy's torch modules' (a function of kpool_cupy.torch, say)."""
     module = getattr(value, "__module__", None)
-    return isinstance(module, str) and (module.split(".")[0] == "torch" or _torch_module(types.ModuleType(module)))
+    return isinstance(module, str) and _torch_module_name(module)
 
 
 def _imports_torch(function: object) -> bool:

@@ -36,6 +36,17 @@ def e4m3_bytes(rng: np.random.Generator, shape: tuple[int, ...], nan: bool = Fal
     return raw
 
 
+def paged_cache(keys: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """The scorer's cache ``[pages, block_size, head_dim + 4]`` of keys ``[pages, block_size, head_dim]`` (uint8)
+    and scales ``[pages, block_size]`` (float32): a page's key rows, then its scales."""
+    pages, block_size, head_dim = keys.shape
+    cache = np.zeros((pages, block_size, head_dim + 4), np.uint8)
+    flat = cache.reshape(pages, -1)
+    flat[:, : block_size * head_dim] = keys.reshape(pages, -1)
+    flat[:, block_size * head_dim :] = scales.astype(np.float32).view(np.uint8).reshape(pages, -1)
+    return cache
+
+
 def index_case(
     rng: np.random.Generator,
     *,
@@ -66,11 +77,9 @@ def index_case(
     for b in range(batch):
         table[b, : columns[b]] = order[used : used + columns[b]]
         used += int(columns[b])
-    cache = np.zeros((pages, block_size, head_dim + 4), np.uint8)
-    flat = cache.reshape(pages, -1)
-    flat[:, : block_size * head_dim] = e4m3_bytes(rng, (pages, block_size * head_dim))
+    keys = e4m3_bytes(rng, (pages, block_size * head_dim)).reshape(pages, block_size, head_dim)
     scales = np.exp2(rng.integers(-8, 4, size=(pages, block_size))).astype(np.float32)  # ue8m0 scales
-    flat[:, block_size * head_dim :] = scales.view(np.uint8).reshape(pages, -1)
+    cache = paged_cache(keys, scales)
     tokens = int(offsets[-1])
     q = e4m3_bytes(rng, (tokens, heads, head_dim))
     weights = rng.standard_normal((tokens, heads)).astype(np.float32)
@@ -107,8 +116,4 @@ def repaged(case: IndexCase, block_size: int, rng: np.random.Generator) -> Index
                 if 0 <= source < pages:
                     new_keys[page, e] = keys[source, pool % old_size]
                     new_scales[page, e] = scales[source, pool % old_size]
-    cache = np.zeros((new_pages, block_size, width), np.uint8)
-    flat = cache.reshape(new_pages, -1)
-    flat[:, : block_size * head_dim] = new_keys.reshape(new_pages, -1)
-    flat[:, block_size * head_dim :] = new_scales.view(np.uint8).reshape(new_pages, -1)
-    return replace(case, cache=cache, cache_block_table=table)
+    return replace(case, cache=paged_cache(new_keys, new_scales), cache_block_table=table)
