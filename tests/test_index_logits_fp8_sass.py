@@ -194,7 +194,7 @@ def test_a_tile_in_one_page_is_found_and_copied_once_a_tile():
     # The sm_90a walk on the decode path: where the pages hold a multiple of 64 pools (the engines' 64), a step
     # reads the table once (one LDG for the tile's page where row by row a thread reads it for each of its 4
     # rows) and its copies take one address (4 row copies and one of 4 scales; row by row each row's copy and
-    # scale), which leaves a step about 2/3 of the row-by-row one's instructions (seen: 436 and 701).
+    # scale), which leaves a step about 2/3 of the row-by-row one's instructions (seen: 435 and 700).
     one_page = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=True))
     row_by_row = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=False))
     loads = [sum(i.opcode[0] == "LDG" for i in walk) for walk in (one_page, row_by_row)]
