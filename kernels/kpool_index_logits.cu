@@ -307,39 +307,21 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
     const unsigned int page_size = block_size32(block_size);
     const int walk = static_cast<int>((range_hi - range_lo + N - 1) / N);
-    constexpr int kPieces = WgmmaKeyPart<HEAD_DIM>::kPieces;
-    constexpr int kRowStep = WgmmaKeyPart<HEAD_DIM>::kRowStep;
-    KeyPages<kPieces> next;  // the pages of the next tile to copy
-    TilePage next_page;      // or its page, where each tile lies in one
-    const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+    WgmmaTileWhere<HEAD_DIM> next;  // where the next tile to copy lies
     // Pages of a multiple of 64 pools (the engines' 64) and 16-byte aligned: each tile lies in one page (range_lo
     // and N are multiples of 64), found and copied from once. The same in every thread.
     const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;
-    const auto find_pages = [&](long long first_pool, KeyPages<kPieces>& at, TilePage& page) {
-        if (one_page)
-            page = wgmma_find_tile_page(first_pool, lead_reach, lead_table, table_columns, page_size, row0);
-        else
-            find_key_pages<kPieces, kRowStep>(first_pool, lead_reach, lead_table, table_columns, page_size,
-                                              static_cast<int>(row0), at);
-    };
-    const auto copy_tile = [&](const KeyPages<kPieces>& at, TilePage page, int into) {
-        if (one_page)
-            wgmma_copy_tile_page<HEAD_DIM>(page, cache, page_stride, pages, block_size, thread,
-                                           shared.key_tile(into), shared.key_scale(into), shared.key_present(into));
-        else
-            wgmma_copy_key_tile<HEAD_DIM, kVectorCache>(at, cache, page_stride, pages, block_size, thread,
-                                                       shared.key_tile(into), shared.key_scale(into),
-                                                       shared.key_present(into));
-    };
+    const WgmmaTileSource<HEAD_DIM, kVectorCache> source{cache,      page_stride,   pages,      block_size,
+                                                         lead_table, table_columns, lead_reach, page_size,
+                                                         thread,     one_page};
     if (lead >= 0) {
-        KeyPages<kPieces> first[kStages - 1];
-        TilePage first_page[kStages - 1];
+        WgmmaTileWhere<HEAD_DIM> first[kStages - 1];
 #pragma unroll
-        for (int x = 0; x < kStages - 1; ++x) find_pages(range_lo + N * x, first[x], first_page[x]);
-        find_pages(range_lo + N * (kStages - 1), next, next_page);
+        for (int x = 0; x < kStages - 1; ++x) source.find(range_lo + N * x, first[x]);
+        source.find(range_lo + N * (kStages - 1), next);
 #pragma unroll
         for (int x = 0; x < kStages - 1; ++x) {
-            if (x < walk) copy_tile(first[x], first_page[x], x);
+            if (x < walk) source.copy(first[x], shared.key_tile(x), shared.key_scale(x), shared.key_present(x));
             kp_cp_async_commit();
         }
     }
@@ -356,8 +338,9 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
         if (lead >= 0) {
             const int ahead = x + kStages - 1;
             if (ahead < walk) {
-                copy_tile(next, next_page, ahead % kStages);
-                find_pages(range_lo + static_cast<long long>(N) * (ahead + 1), next, next_page);
+                source.copy(next, shared.key_tile(ahead % kStages), shared.key_scale(ahead % kStages),
+                            shared.key_present(ahead % kStages));
+                source.find(range_lo + static_cast<long long>(N) * (ahead + 1), next);
             }
             kp_cp_async_commit();
         }

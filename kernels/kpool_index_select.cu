@@ -6,8 +6,9 @@
 // group's tokens of one request (a run) share its keys: the block loads
 // each chunk of kSelectChunk pools once and scores it for every token of
 // the run that sees into it, each warp 8 NT pools a call with the scorer's
-// own routines (kp::load_key_tiles, kp::score_token; on sm_90a a warpgroup
-// stages a tile of 64 keys and runs kp::wgmma_key_logits per token), so each logit
+// own routines (kp::load_key_tiles, kp::score_token; on sm_90a each of two
+// warpgroups streams tiles of 64 keys through its ring with cp.async and
+// runs kp::wgmma_key_logits per token), so each logit
 // has the scorer's bits and a request's keys are read once a step whatever
 // its next_n. Each token offers its chunk of logits to its own streaming
 // selection (kp::offer_tile, a kp::SelectBuffer a token). With one split
@@ -84,8 +85,14 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
     constexpr int kCalls = kp::kSelectChunk / kp::kSelectWarps / (8 * NT);  // a warp's score_token calls a chunk
     constexpr bool kVectorCache = (VECTOR & 1) != 0;
     constexpr bool kVectorQ = (VECTOR & 2) != 0;
+    // sm_90a: each key tile of 64 pools lies in one page (kp::WgmmaTileSource's one_page), found and copied from
+    // once; the host sets the bit where the cache is 16-byte aligned and its pages hold a multiple of 64 pools. A
+    // compile-time choice: with both ways in one kernel, ptxas needed 198 registers, not 151.
+    constexpr bool kTilePages = MMA == kp::kMmaWgmma && kVectorCache && (VECTOR & 4) != 0;
     const int slots = group_tokens < 1 ? 1 : (group_tokens > kp::kSelectGroupTokens ? kp::kSelectGroupTokens
                                                                                     : static_cast<int>(group_tokens));
+    // The host's rule for kTilePages: a launch that breaks it writes nothing rather than copy a tile across pages.
+    if (kTilePages && kp::block_size32(cache_block_size) % static_cast<unsigned int>(kp::kWgmmaRows) != 0u) return;
     const long long group = blockIdx.x / splits, split = blockIdx.x % splits;
     const long long first_token = group * slots;
     if (first_token >= num_tokens) return;
@@ -145,9 +152,42 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
         const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's head chunks
         const int token_rows = tiles * kp::kWgmmaRows;
+        // sm_90a: warpgroup part_group scores pools base + kHalf part_group + N c (c < kChains) of each chunk at
+        // base with the scorer's routine, for each token of the run that sees into them. The chains' key tiles
+        // stream through a ring of kStages slots of the warpgroup's own, across chunks: each thread copies its
+        // pieces of the chain kStages - 1 ahead with cp.async (a group a chain) while this chain is scored, its
+        // pages read while this chain's copies land, so no load waits on the one before it, and a chunk's
+        // selection runs while the next chunk's first tiles arrive. Chain c of the chunk at base (c may pass
+        // kChains: the next chunk's) sits in slot (kChains base / kSelectChunk + c) % kStages.
+        constexpr int N = kp::wgmma_keys<HEAD_DIM>();
+        constexpr int kHalf = kp::kSelectChunk / kp::kWgmmaSelectGroups;
+        constexpr int kChains = kHalf / N;
+        constexpr int kStages = kp::wgmma_select_stages<HEAD_DIM>();
+        static_assert(kp::kSelectThreads == kp::kWgmmaSelectGroups * kp::kWgmmaThreads, "a warpgroup a half chunk");
+        static_assert(kHalf % N == 0 && kStages - 1 <= kChains, "whole chains, a chunk ahead at most");
+        const int part_group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
+        const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
+        const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
+        const auto chain_pool = [&](long long at, int c) {
+            return at + (c / kChains) * kp::kSelectChunk + kHalf * part_group + N * (c % kChains);
+        };
+        const auto chain_slot = [](long long at, int c) {
+            return static_cast<int>((static_cast<unsigned int>(at / kp::kSelectChunk) * kChains + c) % kStages);
+        };
+        // Copies chain c of the chunk at base into its slot where it scores (its first pool below hi): the pages
+        // found first (find), the copies issued after (copy), so a caller may put a barrier between.
+        const kp::WgmmaTileSource<HEAD_DIM, kVectorCache> source{
+            cache,         page_stride, pages, cache_block_size, cache_block_table + request * table_stride,
+            table_columns, hi,          kp::block_size32(cache_block_size), member, kTilePages};
+        const auto copy_chain = [&](long long at, int c, const kp::WgmmaTileWhere<HEAD_DIM>& where) {
+            const int slot = chain_slot(at, c);
+            if (chain_pool(at, c) < hi)
+                source.copy(where, shared.key_tile(part_group, slot), shared.key_scale(part_group, slot),
+                            shared.key_present(part_group, slot));
+            kp_cp_async_commit();  // a group a chain, empty where it does not score
+        };
         if constexpr (MMA == kp::kMmaWgmma) {
             // The run's query rows and weights, staged once for its chunks.
-            const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
             const int head_count = static_cast<int>(heads);
             for (int i = static_cast<int>(threadIdx.x); i < (r1 - r0) * token_rows; i += kp::kSelectThreads) {
                 const int j = i / token_rows, h = i - j * token_rows;
@@ -157,38 +197,48 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 q, q_token_stride, q_head_stride, head_count, first_token + r0, r1 - r0, token_rows,
                 static_cast<int>(threadIdx.x), reinterpret_cast<uint4*>(shared.queries));
         }
+        // mma.sync: warp `warp` scores the tiles of 8 NT pools warp_tiles(base, call) of each chunk (call <
+        // kCalls; call may pass kCalls: the next chunk's), its keys loaded a tile ahead and their pages two ahead
+        // (as the scorer's walk), across chunks, so a chunk's selection runs while the next one's first keys
+        // arrive.
+        const auto warp_tiles = [&](long long at, int call) {
+            return at + (call / kCalls) * kp::kSelectChunk + (warp * kCalls + call % kCalls) * (8 * NT);
+        };
+        const auto find_pages = [&](long long first_pool, kp::KeyPages<NT>& at) {
+            kp::find_key_pages<NT>(first_pool, hi, cache_block_table + request * table_stride, table_columns,
+                                   kp::block_size32(cache_block_size), g, at);
+        };
+        kp::KeyPages<NT> next_pages;
+        kp::Bytes8 next_keys[NT][HEAD_DIM / 32] = {};
+        float next_scale[NT] = {};
+        bool next_have[NT] = {};
+        if constexpr (MMA != kp::kMmaWgmma) {
+            find_pages(warp_tiles(lo, 0), next_pages);
+            kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, cache_block_size, t,
+                                                          next_keys, next_scale, next_have);
+            find_pages(warp_tiles(lo, 1), next_pages);
+        }
         for (long long base = lo; base < hi; base += kp::kSelectChunk) {
             if constexpr (MMA == kp::kMmaWgmma) {
-                // Warpgroup `group` scores pools base + kHalf group + N c, c < kChains, with the scorer's routine,
-                // for each token of the run that sees into the chain: every thread takes every step (the
-                // barriers), a chain past hi scores nothing.
-                constexpr int N = kp::wgmma_keys<HEAD_DIM>();
-                constexpr int kHalf = kp::kSelectChunk / kp::kWgmmaSelectGroups;
-                constexpr int kChains = kHalf / N;
-                static_assert(kp::kSelectThreads == kp::kWgmmaSelectGroups * kp::kWgmmaThreads,
-                              "a warpgroup a half chunk");
-                static_assert(kHalf % N == 0, "whole chains");
-                const int part_group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
-                const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
                 const int row = kp::wgmma_written_row(member);  // the key it keeps
-                const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
-                unsigned char* const key_tile = shared.key_tile(part_group);
-                float* const key_scale = shared.key_scale(part_group);
-                int* const key_present = shared.key_present(part_group);
-                for (int c = 0; c < kChains; ++c) {
-                    const long long first_pool = base + kHalf * part_group + N * c;
-                    const bool scores = first_pool < hi;  // the same in every thread of the warpgroup
-                    if (scores) {
-                        kp::WgmmaKeyPart<HEAD_DIM> part;
-                        kp::wgmma_find_key_pages<HEAD_DIM>(first_pool, hi, cache_block_table + request * table_stride,
-                                                           table_columns, kp::block_size32(cache_block_size), member,
-                                                           part);
-                        kp::wgmma_load_key_part<HEAD_DIM, kVectorCache>(cache, page_stride, pages, cache_block_size,
-                                                                        member, part);
-                        kp::wgmma_store_key_part<HEAD_DIM>(part, member, key_tile, key_scale, key_present);
+                // The run's first chunk starts kStages - 1 steps early, steps that copy its first chains only
+                // (every slot's last reader, the run before, met the block's barriers since).
+                for (int c = base == lo ? 1 - kStages : 0; c < kChains; ++c) {
+                    kp::WgmmaTileWhere<HEAD_DIM> ahead;
+                    source.find(chain_pool(base, c + kStages - 1), ahead);
+                    if (c >= 0) {
+                        kp_cp_async_wait<kStages - 2>();  // this thread's copies of chain c
+                        kp_fence_proxy_async();
+                        __syncthreads();  // every thread's copies of chain c; every read of the slot refilled next done
                     }
-                    kp_fence_proxy_async();
-                    __syncthreads();
+                    copy_chain(base, c + kStages - 1, ahead);
+                    if (c < 0) continue;  // the same in every thread
+                    const long long first_pool = chain_pool(base, c);
+                    const bool scores = first_pool < hi;  // the same in every thread of the warpgroup
+                    const int slot = chain_slot(base, c);
+                    const unsigned char* const key_tile = shared.key_tile(part_group, slot);
+                    const float* const key_scale = shared.key_scale(part_group, slot);
+                    const int* const key_present = shared.key_present(part_group, slot);
                     for (int j = r0; j < r1; ++j) {
                         if (!scores || !takes(j, first_pool)) continue;  // uniform in the warpgroup
                         float logit[2];
@@ -199,18 +249,31 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                             held.logits(j)[first_pool + row - base] =
                                 key_present[row] != 0 ? kp::wgmma_written_logit(logit, member) : minus_infinity;
                     }
-                    __syncthreads();  // the next chain's stores wait for every wgmma's reads
                 }
             }
             for (int call = 0; call < (MMA == kp::kMmaWgmma ? 0 : kCalls); ++call) {
-                const long long first_pool = base + (warp * kCalls + call) * (8 * NT);
+                const long long first_pool = warp_tiles(base, call);
                 if (first_pool >= hi) break;  // the same in every lane of the warp
+                // This tile's keys, loaded a tile ago; the next tile's asked for now, the pages of the one after.
                 kp::Bytes8 keys[NT][HEAD_DIM / 32];
+                float scale[NT];
+                bool have[NT];
+#pragma unroll
+                for (int n = 0; n < NT; ++n) {
+#pragma unroll
+                    for (int s = 0; s < HEAD_DIM / 32; ++s) keys[n][s] = next_keys[n][s];
+                    scale[n] = next_scale[n];
+                    have[n] = next_have[n];
+                }
+                if (warp_tiles(base, call + 1) < hi) {
+                    kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages,
+                                                                  cache_block_size, t, next_keys, next_scale,
+                                                                  next_have);
+                    find_pages(warp_tiles(base, call + 2), next_pages);
+                }
                 float scales[NT][2];
                 bool present[NT][2];
-                kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, hi, request, cache, page_stride, pages,
-                                                              cache_block_size, cache_block_table, table_columns,
-                                                              table_stride, g, t, keys, scales, present);
+                kp::share_key_scales<NT>(scale, have, t, scales, present);
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
                     if (!takes(j, first_pool)) continue;  // uniform in the warp
@@ -251,6 +314,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 if (threadIdx.x == 0) token_state[j] = state;  // read next after the next chunk's barriers
             }
         }
+        if constexpr (MMA == kp::kMmaWgmma) kp_cp_async_wait<0>();  // nothing in flight (the last groups are empty)
         r0 = r1;
     }
 

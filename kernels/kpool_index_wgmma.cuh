@@ -336,6 +336,53 @@ __device__ __forceinline__ void wgmma_copy_tile_page(TilePage at, const unsigned
     if (thread < kWgmmaRows / 4) *reinterpret_cast<uint4*>(present + 4 * thread) = uint4{flag, flag, flag, flag};
 }
 
+// Where a key tile's rows lie: its one page (one_page, below) or the page of
+// each of the thread's rows.
+template <int HEAD_DIM>
+struct WgmmaTileWhere {
+    KeyPages<WgmmaKeyPart<HEAD_DIM>::kPieces> rows;
+    TilePage page;
+};
+
+// A request's key tiles as one thread of a warpgroup finds and copies them
+// into a ring: from one page a tile (wgmma_find_tile_page,
+// wgmma_copy_tile_page) where one_page holds (the caller's rule: 16-byte
+// aligned pages of a multiple of 64 pools, every tile's first pool a
+// multiple of 64; the same in every thread), else row by row
+// (find_key_pages, wgmma_copy_key_tile). find reads the table (one load a
+// tile, or one a row), copy issues the cp.async copies from what find read;
+// the caller commits, waits and fences as wgmma_copy_key_tile says. Pools at
+// or past reach (at most 2^31 - 1) find no page, or (one_page) their
+// tile's page, whose rows a caller scores -inf.
+template <int HEAD_DIM, bool VECTOR_CACHE>
+struct WgmmaTileSource {
+    const unsigned char* cache;
+    long long page_stride, pages, block_size;
+    const int* table_row;  // the request's row of the block table
+    long long table_columns, reach;
+    unsigned int page_size;  // block_size32(block_size)
+    int thread;              // of the warpgroup
+    bool one_page;
+
+    __device__ __forceinline__ void find(long long first_pool, WgmmaTileWhere<HEAD_DIM>& at) const {
+        const unsigned int row0 = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread));
+        if (one_page)
+            at.page = wgmma_find_tile_page(first_pool, reach, table_row, table_columns, page_size, row0);
+        else
+            find_key_pages<WgmmaKeyPart<HEAD_DIM>::kPieces, WgmmaKeyPart<HEAD_DIM>::kRowStep>(
+                first_pool, reach, table_row, table_columns, page_size, static_cast<int>(row0), at.rows);
+    }
+    __device__ __forceinline__ void copy(const WgmmaTileWhere<HEAD_DIM>& at, unsigned char* tile, float* scales,
+                                         int* present) const {
+        if (one_page)
+            wgmma_copy_tile_page<HEAD_DIM>(at.page, cache, page_stride, pages, block_size, thread, tile, scales,
+                                           present);
+        else
+            wgmma_copy_key_tile<HEAD_DIM, VECTOR_CACHE>(at.rows, cache, page_stride, pages, block_size, thread, tile,
+                                                       scales, present);
+    }
+};
+
 // The scorer's dynamic shared memory on this path, in this order: a ring of
 // kWgmmaStages key tiles and a spare one (for a token of another request
 // than the tile's first), the tiles' scales and presence, then the tile's
@@ -368,17 +415,25 @@ struct WgmmaScorerShared {
 
 // The fused select's dynamic shared memory on this path, after its
 // selection buffers (kp::SelectGroupShared), in this order: for each of its
-// two warpgroups a key tile and the keys' scales and presence, then the
-// weights and the query rows of the block's `tokens` tokens, each token's in
-// whole chunks of 64 rows (ops/index_select_fp8.py sizes the launch by the
-// same sum: index_select_shared_bytes).
+// two warpgroups a ring of wgmma_select_stages key tiles, then their keys'
+// scales and presence; then the weights and the query rows of the block's
+// `tokens` tokens, each token's in whole chunks of 64 rows
+// (ops/index_select_fp8.py sizes the launch by the same sum:
+// index_select_shared_bytes).
 constexpr int kWgmmaSelectGroups = 2;
+// Key tiles in a warpgroup's ring: 3 (two tiles in flight while one is scored); 2 at head_dim 256, whose 16 KB
+// tiles would otherwise hold the select to one block an SM (kernel.geometry.wgmma_select_stages mirrors it).
+template <int HEAD_DIM>
+__host__ __device__ constexpr int wgmma_select_stages() {
+    return HEAD_DIM > 128 ? 2 : 3;
+}
 
 template <int HEAD_DIM>
 struct WgmmaSelectShared {
     static constexpr int N = wgmma_keys<HEAD_DIM>();
     static constexpr int kTileBytes = wgmma_tile_bytes<HEAD_DIM>();
-    static constexpr int kGroupBytes = kTileBytes + (1 + 1) * 4 * N;  // tile, scales, presence
+    static constexpr int kStages = wgmma_select_stages<HEAD_DIM>();
+    static constexpr int kGroupBytes = kStages * (kTileBytes + (1 + 1) * 4 * N);  // tiles, scales, presence
     unsigned char* base;
     float* weights;
     unsigned char* queries;
@@ -387,12 +442,14 @@ struct WgmmaSelectShared {
           weights(reinterpret_cast<float*>(dynamic + kWgmmaSelectGroups * kGroupBytes)),
           queries(reinterpret_cast<unsigned char*>(weights +
                                                    tokens * ((heads + kWgmmaRows - 1) / kWgmmaRows * kWgmmaRows))) {}
-    __device__ __forceinline__ unsigned char* key_tile(int group) const { return base + group * kGroupBytes; }
-    __device__ __forceinline__ float* key_scale(int group) const {
-        return reinterpret_cast<float*>(key_tile(group) + kTileBytes);
+    __device__ __forceinline__ unsigned char* key_tile(int group, int slot) const {
+        return base + group * kGroupBytes + slot * kTileBytes;
     }
-    __device__ __forceinline__ int* key_present(int group) const {
-        return reinterpret_cast<int*>(key_scale(group) + N);
+    __device__ __forceinline__ float* key_scale(int group, int slot) const {
+        return reinterpret_cast<float*>(key_tile(group, kStages)) + slot * N;
+    }
+    __device__ __forceinline__ int* key_present(int group, int slot) const {
+        return reinterpret_cast<int*>(key_scale(group, kStages)) + slot * N;
     }
 };
 

@@ -79,7 +79,7 @@ from kpool_cupy.bench.topk import topk_bytes, topk_shapes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
 from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_WGMMA, builds_for_sm90a  # noqa: E402
-from kpool_cupy.kernel.geometry import chunk_members, index_block_pools  # noqa: E402
+from kpool_cupy.kernel.geometry import SELECT_CHUNK, WGMMA_ROWS, chunk_members, index_block_pools  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
     COMPRESS_BACKWARD,
@@ -116,6 +116,9 @@ DRAM_LATENCY = 600e-9  # s
 # An assumption, not a measurement: the gap one kernel node adds when a CUDA graph replays many launches
 # back to back (the benchmark times graph replays), taken as 1 µs.
 LAUNCH_US = 1.0
+# A warpgroup's chains of 64 pools a chunk in the fused select's sm_90a path (its two warpgroups split a chunk;
+# kernels/kpool_index_select.cu's kChains).
+WGMMA_SELECT_CHAINS = SELECT_CHUNK // 2 // WGMMA_ROWS
 BEGIN, END = "<!-- model table: scripts/bench_model.py -->", "<!-- end of model table -->"
 
 
@@ -183,6 +186,8 @@ class Case:
     member_bytes: int = 0
     repeats: int = 0  # times a thread runs its longest loop (the scorer: its walk's steps), 0: once at most
     mma_repeats: int = 0  # times it runs the innermost loop around its first mma (the scorer: every head tile)
+    chain_repeats: int = 0  # further runs of the chain step (the innermost loop around the first mma with a barrier)
+    chain_token_repeats: int = 0  # further runs of the chain step's token loop (a token more in the step)
     # The loop `repeats` counts: the longest, or the outermost around the first mma (the fused select's chunk loop,
     # which its per-token finish, merge and row writing outgrow)
     repeated_loop: str = "longest"
@@ -374,11 +379,14 @@ def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
     return cases
 
 
-def select_cases() -> list[Case]:
-    """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes. The loop of a
-    chunk of 1024 candidates (scored and offered: the outermost loop around the fused call's first mma; read and
-    offered: kpool_index_topk's longest) counted once a chunk a block, for each token of the fused call's group:
-    the same upper bound as the scorer's."""
+def select_cases(mma: int = MMA_E4M3) -> list[Case]:
+    """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes (on the
+    wgmma path of an sm_90a build the fused call alone). The loop of a chunk of 1024 candidates (scored and
+    offered: the outermost loop around the fused call's first mma; read and offered: kpool_index_topk's longest)
+    counted once a chunk a block, for each token of the fused call's group: the same upper bound as the scorer's.
+    On the wgmma path that loop holds one of a warpgroup's 8 chain steps a chunk: the step (the innermost loop
+    around the first mma that meets a barrier) counts 7 times more a chunk a block, and its token loop once more
+    a chain for each further token of the group."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -393,11 +401,20 @@ def select_cases() -> list[Case]:
         paged = {"block_table": kv, "block_size": KV_BLOCK_SIZE}
         chunks = -(-shape.pools // 1024)
         arrays = (q, weights, cache, table, offsets, lengths)
-        launch = launched(INDEX_SELECT_FP8, *arrays, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
+        launch = launched(INDEX_SELECT_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         splits, group = int(launch.values["splits"]), int(launch.values["group_tokens"])
         repeats = -(-chunks // splits) * group
-        fused = Case("index_select_fp8", shape.name, select_bytes(shape), launch, repeats=repeats,
-                     repeated_loop="around first mma")  # fmt: skip
+        wgmma = mma == MMA_WGMMA
+        family = "index_select_fp8 sm_90a" if wgmma else "index_select_fp8"
+        block_chunks = -(-chunks // splits)
+        chain_steps = block_chunks * (WGMMA_SELECT_CHAINS - 1) if wgmma else 0
+        chain_tokens = block_chunks * WGMMA_SELECT_CHAINS * (group - 1) if wgmma else 0
+        fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
+                     repeated_loop="around first mma", chain_repeats=chain_steps,
+                     chain_token_repeats=chain_tokens)  # fmt: skip
+        if wgmma:
+            cases.append(fused)
+            continue
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written
@@ -473,6 +490,7 @@ def cases() -> list[Case]:
         *index_cases(),
         *index_cases(mma=MMA_WGMMA),
         *select_cases(),
+        *select_cases(mma=MMA_WGMMA),
         *topk_cases(),
         *backward_cases(),
     ]
@@ -499,6 +517,25 @@ def _loops_around_first_mma(sass: str) -> list[int]:
         return []
     first = int(found.group(1), 16)
     return [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
+
+
+def chain_step_bodies(sass: str) -> tuple[int, int]:
+    """The fused select's sm_90a chain step, the innermost loop around the first tensor-core instruction that
+    meets a barrier, and the loop it holds around that instruction (its tokens): their instructions, 0 for none."""
+    addresses, spans = _loops(sass)
+    found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
+    if found is None:
+        return 0, 0
+    first = int(found.group(1), 16)
+    barriers = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
+    sizes = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
+    around = sorted(zip(sizes, (span for span in spans if span[0] <= first <= span[1]), strict=True))
+    inner = 0
+    for size, (start, end) in around:
+        if any(start <= b <= end for b in barriers):
+            return size, inner
+        inner = size
+    return 0, 0
 
 
 def mma_loop_body(sass: str) -> int:
@@ -538,6 +575,8 @@ class Variant:
     mma_loop_body: int = 0
     shared_bytes: int = 0
     outer_mma_loop_body: int = 0
+    chain_step_body: int = 0
+    chain_token_body: int = 0
 
 
 @functools.cache
@@ -556,6 +595,7 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         mma_loop_body(sass),
         summary.shared_bytes,
         outer_mma_loop_body(sass),
+        *chain_step_bodies(sass),
     )
 
 
@@ -596,6 +636,8 @@ def predict(
         # The longest loop (the scorer's walk, with its token and head loops inside once) once per repeat.
         body = v.outer_mma_loop_body if case.repeated_loop == "around first mma" else v.loop_body
         per_thread += (case.repeats - 1) * body
+    # The fused select's sm_90a chain steps past the one its chunk loop holds, and their tokens past the first.
+    per_thread += case.chain_repeats * v.chain_step_body + case.chain_token_repeats * v.chain_token_body
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.

@@ -65,8 +65,17 @@ def builds_sm90a(source: str, instance: str) -> bool:
 
 def sm90a_targets(variants: list[dict]) -> list[dict]:
     """The sm_90a build (MMA_WGMMA) of every scorer and fused-select variant of ``variants`` at the engine's
-    head_dim that takes e4m3 mma.sync (MMA_E4M3), with its twin's NVRTC time; those already listed left out."""
-    from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_SELECT_FP8, MMA_E4M3, MMA_WGMMA
+    head_dim that takes e4m3 mma.sync (MMA_E4M3), with its twin's NVRTC time; those already listed left out. A
+    fused select on a 16-byte aligned cache has two twins: its sm_90a launch copies a key tile from one page
+    where the pages hold a multiple of 64 pools (VECTOR's INDEX_TILE_PAGES), row by row elsewhere."""
+    from kpool_cupy.kernel.declarations import (
+        INDEX_LOGITS_FP8,
+        INDEX_SELECT_FP8,
+        INDEX_TILE_PAGES,
+        INDEX_VECTOR_CACHE,
+        MMA_E4M3,
+        MMA_WGMMA,
+    )
 
     listed = {(v["source"], v["instance"]) for v in variants}
     targets: dict[tuple[str, str], dict] = {}
@@ -78,9 +87,14 @@ def sm90a_targets(variants: list[dict]) -> list[dict]:
         if template["HEAD_DIM"] != str(ENGINE_HEAD_DIM) or template["MMA"] != str(MMA_E4M3):
             continue
         arguments[list(template).index("MMA")] = str(MMA_WGMMA)
-        twin = (variant["source"], f"{name}<{', '.join(arguments)}>")
-        if twin not in listed:
-            targets[twin] = {"source": twin[0], "instance": twin[1], "nvrtc_s": variant.get("nvrtc_s")}
+        vectors = [int(template["VECTOR"])]
+        if name == INDEX_SELECT_FP8.name and vectors[0] & INDEX_VECTOR_CACHE:
+            vectors.append(vectors[0] | INDEX_TILE_PAGES)
+        for vector in vectors:
+            arguments[list(template).index("VECTOR")] = str(vector)
+            twin = (variant["source"], f"{name}<{', '.join(arguments)}>")
+            if twin not in listed:
+                targets[twin] = {"source": twin[0], "instance": twin[1], "nvrtc_s": variant.get("nvrtc_s")}
     return list(targets.values())
 
 

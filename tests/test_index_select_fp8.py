@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from index_cases import index_case
+from index_cases import index_case, repaged
 
 import kpool_cupy
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.functions import definition
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import INDEX_TILE_PAGES, MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
 from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
@@ -167,21 +167,33 @@ extern "C" __global__ void group_bytes(long long* out) {
     out[3] = kp::SelectGroupShared<4096>::kBufferBytes;
     out[4] = kp::SelectGroupShared<512>::kTokenBytes - kp::SelectGroupShared<512>::kBufferBytes;
     out[5] = kp::kSelectGroupTokens;
+    out[6] = kp::WgmmaSelectShared<64>::kGroupBytes;
+    out[7] = kp::WgmmaSelectShared<128>::kGroupBytes;
+    out[8] = kp::WgmmaSelectShared<256>::kGroupBytes;
 }
 """
 
 
 def test_the_launch_sizes_the_groups_shared_memory_as_the_kernel_lays_it_out():
     # The host sizes a block's dynamic shared memory (kernel.geometry.index_select_shared_bytes) by a mirror of
-    # kp::SelectGroupShared: a smaller figure would let a token's buffer run past the launch's memory. The
-    # kernel's own constants, read on the emulator, against the mirror.
+    # kp::SelectGroupShared and, on sm_90a, kp::WgmmaSelectShared (each warpgroup's ring of key tiles, their
+    # scales and presence): a smaller figure would let a token's buffer or a tile run past the launch's memory.
+    # The kernel's own constants, read on the emulator, against the mirror.
     from kpool_cupy.emulator.launch import launch_code
-    from kpool_cupy.kernel.geometry import SELECT_CHUNK, SELECT_GROUP_TOKENS, select_buffer_bytes
+    from kpool_cupy.kernel.geometry import (
+        SELECT_CHUNK,
+        SELECT_GROUP_TOKENS,
+        WGMMA_ROWS,
+        select_buffer_bytes,
+        wgmma_select_stages,
+        wgmma_tile_bytes,
+    )
     from kpool_cupy.kernel.sources import kernel_source
 
-    out = np.zeros(6, np.int64)
+    out = np.zeros(9, np.int64)
     launch_code(kernel_source("kpool_index_select.cu") + _GROUP_BYTES_PROBE, "group_bytes", 1, 1, (out,))
     want = [select_buffer_bytes(cap) for cap in (512, 1024, 2048, 4096)] + [4 * SELECT_CHUNK, SELECT_GROUP_TOKENS]
+    want += [wgmma_select_stages(d) * (wgmma_tile_bytes(d) + 8 * WGMMA_ROWS) for d in (64, 128, 256)]
     assert out.tolist() == want
 
 
@@ -199,6 +211,40 @@ def test_nan_keys_and_missing_pages_select_as_the_two_calls_do():
         assert np.isnan(logits).any() and np.isneginf(logits).any()
         want = backend.kpool_index_topk(logits, case.input_row_offsets, case.cache_lengths, kpool=1, pool_topk=2400)
         _same(backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=2400, validate=False), want)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, pytest.param(256, marks=pytest.mark.slow)])  # 256: a slow build
+def test_a_key_tile_from_one_page_selects_as_one_across_pages(monkeypatch, head_dim):
+    # sm_90a: where the cache's pages hold a multiple of 64 pools the fused select copies each key tile from one
+    # page (the launch's INDEX_TILE_PAGES bit, kp::WgmmaTileSource), else row by row; both stream the tiles
+    # through each warpgroup's ring across chunks. The same keys in pages of 16 and of 64 select the same, with a
+    # hole and a page past the cache (validate=False), and equal the wgmma scorer's logits then the top-k; with
+    # the host's splits (one chunk a block here) and with one block walking a token's every chunk.
+    from kpool_cupy.emulator.launch import recording
+    from kpool_cupy.ops import index_select_fp8
+
+    rng = np.random.default_rng(head_dim)
+    case = index_case(rng, heads=8, head_dim=head_dim, kpool=1, block_size=16, counts=(2, 3),
+                      cache_lengths=(2900, 1500))  # fmt: skip
+    case.cache_block_table[0, 8:12] = -1  # pools 128 to 191 of request 0 missing
+    case.cache_block_table[1, 68:72] = case.cache.shape[0] + 2  # pools 1088 to 1151 of request 1 past the cache
+    paged = repaged(case, 64, rng)
+    select, score = _emulate_with(SELECT, MMA_WGMMA), _emulate_with(SCORE, MMA_WGMMA)
+    unchecked = {"kpool": 1, "pool_topk": 300, "validate": False}
+    logits = score(*case.args, kpool=1, validate=False)
+    want = emulate.kpool_index_topk(logits, case.input_row_offsets, case.cache_lengths, kpool=1, pool_topk=300)
+    for one_block in (False, True):
+        if one_block:
+            monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
+        with recording() as launches:
+            rows = select(*case.args, **unchecked)
+            one_page = select(*paged.args, **unchecked)
+        vector = [int(launch.kernel_name.split("<")[1].split(",")[2]) for launch in launches]  # VECTOR: the third
+        assert [v & INDEX_TILE_PAGES for v in vector] == [0, INDEX_TILE_PAGES], [
+            launch.kernel_name for launch in launches
+        ]
+        _same(one_page, rows)
+        _same(rows, want)
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TOPK, MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TILE_PAGES, INDEX_TOPK, MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.kernel.nvrtc import kernel_ptx
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.load_depth import load_depth
@@ -50,8 +50,8 @@ def _topk(cap: int) -> str:
     return INDEX_TOPK.instance(CAP=cap, VECTOR=1, IO=I32, IC=I32, PAGED=True, COMPACT=True)
 
 
-def _select(cap: int, mma: int = MMA_E4M3) -> str:
-    return INDEX_SELECT_FP8.instance(HEAD_DIM=128, MMA=mma, VECTOR=3, CAP=cap, IO=I32, IC=I32, PAGED=True,
+def _select(cap: int, mma: int = MMA_E4M3, vector: int = 3) -> str:
+    return INDEX_SELECT_FP8.instance(HEAD_DIM=128, MMA=mma, VECTOR=vector, CAP=cap, IO=I32, IC=I32, PAGED=True,
                                      COMPACT=True)  # fmt: skip
 
 
@@ -84,20 +84,73 @@ def test_the_fused_kernel_scores_on_tensor_cores_without_spills():
     assert tensor_core_count(machine.sass) == 4 * 4 * 2
 
 
+def _chain_step(text: str) -> list[sass.Instruction]:
+    """The sm_90a path's chain step: the innermost loop around the first QGMMA that meets a barrier."""
+    instructions, labels = sass.parse_instructions(text)
+    first = next(i.address for i in instructions if i.opcode[0] == "QGMMA")
+    spans = sorted(
+        (end - start, start, end) for start, end in sass.loop_spans(instructions, labels) if start <= first <= end
+    )
+    for _, start, end in spans:
+        body = [i for i in instructions if start <= i.address <= end]
+        if any(i.opcode[0] == "BAR" for i in body):
+            return body
+    raise AssertionError("no loop around the first QGMMA meets a barrier")
+
+
 @pytest.mark.usefixtures("sass_tools")
-@pytest.mark.parametrize("cap", [512, pytest.param(4096, marks=pytest.mark.slow)])  # 5 s a cap: one in the default tier
-def test_the_fused_kernels_sm90a_path_scores_with_the_scorers_qgmma_chain(cap):
+@pytest.mark.parametrize(
+    ("cap", "vector"),
+    [(512, 3), (512, 3 | INDEX_TILE_PAGES), pytest.param(4096, 3, marks=pytest.mark.slow)],  # 5 s a build
+)
+def test_the_fused_kernels_sm90a_path_scores_with_the_scorers_qgmma_chain(cap, vector):
     # head_dim 128 on sm_90a: the scorer's chain of 4 QGMMA (m64n64k32), no spills; its tiles and the token's
     # queries live in dynamic shared memory, so the static memory is the selection's alone, as on sm_90.
-    machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(cap, MMA_WGMMA), arch="sm_90a")
+    machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(cap, MMA_WGMMA, vector), arch="sm_90a")
     plain = _shared_bytes(INDEX_SELECT_FP8.source, _select(cap), "sm_90")
     assert tensor_core_opcodes(machine.sass) == {"QGMMA": 4}
     assert machine.spill_stores == machine.spill_loads == 0
     assert local_accesses_in_loops(machine.sass) == []
     assert machine.shared_bytes <= plain + 1024, (machine.shared_bytes, plain)  # the select's buffers, not tiles
-    # Two blocks an SM by registers (65,536 / 256 threads / 2), which its launch bounds ask of ptxas: a token a
-    # block (next_n 1) keeps its 17.5 KiB of dynamic shared memory, so registers are what would hold it to one.
+    # Two blocks an SM by registers (65,536 / 256 threads / 2), which its launch bounds ask of ptxas. With both
+    # ways of copying a tile in one kernel ptxas wanted 198 and spilled: the host picks one (INDEX_TILE_PAGES).
     assert machine.registers <= 128
+    # Each chain's keys stream through the warpgroup's ring (kernels/kpool_index_select.cu): in a chain step
+    # one barrier, one wait for the copies (DEPBAR), the tile's copies issued as cp.async (LDGSTS), and no
+    # synchronous load but the table's: one read a tile from one page, else one a row of the thread's 4 (the
+    # old step loaded each row's page, bytes and scale, 12 loads, and met two barriers).
+    step = [i.opcode[0] for i in _chain_step(machine.sass)]
+    assert step.count("BAR") == 1 and step.count("DEPBAR") == 1 and step.count("LDGSTS") >= 5, step
+    assert step.count("LDG") == (1 if vector & INDEX_TILE_PAGES else 4), step.count("LDG")
+
+
+def _call_loop(text: str) -> list[sass.Instruction]:
+    """The mma.sync path's call loop: the largest loop around the first tensor-core instruction that meets no
+    barrier (the chunk's loop around it meets the selection's)."""
+    instructions, labels = sass.parse_instructions(text)
+    first = next(i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA"))
+    best: list[sass.Instruction] = []
+    for start, end in sass.loop_spans(instructions, labels):
+        body = [i for i in instructions if start <= i.address <= end]
+        if start <= first <= end and not any(i.opcode[0] == "BAR" for i in body) and len(body) > len(best):
+            best = body
+    return best
+
+
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("arch", ["sm_90", pytest.param("sm_89", marks=pytest.mark.slow)])  # 5 s a build
+def test_the_fused_kernels_mma_sync_path_loads_its_next_tile_while_it_scores_this_one(arch):
+    # Each warp's key rows arrive a tile ahead and their pages two ahead, across chunks (as the scorer's walk):
+    # in a call of the chunk loop every global load issues at one depth (tools/load_depth.py, in order), none
+    # after the data of another. Until 2026-12-06 a call found its pages, then loaded their rows, then scored:
+    # its loads sat at three depths. (ptxas for sm_86 and sm_120 puts a few of the next tile's loads after this
+    # tile's conversion, which the in-order rule counts as a second depth.)
+    machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch=arch)
+    depths = load_depth(machine.sass).loads
+    body = _call_loop(machine.sass)
+    in_call = {depths[i.address] for i in body if i.address in depths}
+    assert sum(i.opcode[0] == "LDG" for i in body) >= 16 and len(in_call) == 1, in_call
+    assert machine.spill_stores == machine.spill_loads == 0
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ from kpool_cupy.backends import cupy_plans
 from kpool_cupy.backends.cupy import CupyBackend
 from kpool_cupy.backends.reference import ReferenceBackend
 from kpool_cupy.kernel import nvrtc
-from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_TILE_PAGES, MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.kernel.sources import NVRTC_OPTIONS, kernel_source
 from kpool_cupy.ops.framework.binding import execute
 from kpool_cupy.ops.index_logits_fp8 import SPEC as INDEX_LOGITS_SPEC
@@ -505,7 +505,8 @@ def test_ptx_sass_for_sm_90a_compiles_for_compute_90a_and_assembles_for_sm_90a(s
 
 def test_the_precompile_adds_the_sm_90a_twin_of_each_engine_shape_scorer_and_select():
     # The twin of a head_dim-128 scorer or fused select on e4m3 mma.sync is its wgmma build, everything else the
-    # same; other head_dims, other kernels, f16 variants and twins already listed add nothing.
+    # same (a fused select on an aligned cache has a second, with INDEX_TILE_PAGES); other head_dims, other
+    # kernels, f16 variants and twins already listed add nothing.
     from kpool_cupy.kernel.declarations import COMPRESS, INDEX_SELECT_FP8, INDEX_TOPK
 
     precompile = _script("gpu_precompile")
@@ -528,6 +529,8 @@ def test_the_precompile_adds_the_sm_90a_twin_of_each_engine_shape_scorer_and_sel
     assert [t["instance"] for t in targets] == [
         INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_WGMMA, IO=np.int64),
         INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **select),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"VECTOR": 3 | INDEX_TILE_PAGES})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"COMPACT": True, "VECTOR": 3 | INDEX_TILE_PAGES})),
     ]
     assert all(t["nvrtc_s"] == 0.5 for t in targets)  # scheduled like their twins
     assert [precompile.builds_sm90a(v["source"], v["instance"]) for v in variants] == [0, 0, 0, 0, 0, 1, 0, 0]

@@ -329,6 +329,9 @@ HADAMARD_QUANT_FP8 = Kernel(
 # The index scorer's VECTOR bits (kernels/kpool_index_logits.cu): cache pages and query rows 16-byte aligned.
 INDEX_VECTOR_CACHE = 1
 INDEX_VECTOR_Q = 2
+# The fused select's third bit on the wgmma path (kernels/kpool_index_select.cu's kTilePages): the cache 16-byte
+# aligned and its pages a multiple of 64 pools, so each key tile of 64 lies in one page.
+INDEX_TILE_PAGES = 4
 # Its MMA template argument: the tensor-core instruction (kernels/kpool_index.cuh).
 MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
 MMA_E4M3 = 1  # e4m3 mma.sync m16n8k32: sm_89 and newer

@@ -174,16 +174,23 @@ def select_buffer_bytes(cap: int) -> int:
     return -(-size // 128) * 128
 
 
+def wgmma_select_stages(head_dim: int) -> int:
+    """The key tiles in each ring of the fused select's two warpgroups (kp::wgmma_select_stages): 3, or 2 at
+    head_dim 256."""
+    return 2 if head_dim > 128 else 3
+
+
 def index_select_shared_bytes(heads: int, head_dim: int, mma: int, cap: int, tokens: int) -> int:
     """The fused select's dynamic shared memory a block of ``tokens`` tokens (kp::SelectGroupShared, then
     kp::WgmmaSelectShared): each token's selection buffer and chunk of logits; on the wgmma path then, for each
-    of 2 warpgroups, a key tile and its keys' scales and presence, and each token's weights and query rows in
-    whole chunks of 64."""
+    of 2 warpgroups, a ring of wgmma_select_stages key tiles and their keys' scales and presence, and each
+    token's weights and query rows in whole chunks of 64."""
     held = tokens * (select_buffer_bytes(cap) + 4 * SELECT_CHUNK)
     if mma != MMA_WGMMA:
         return held
     rows = -(-heads // WGMMA_ROWS) * WGMMA_ROWS
-    return held + 2 * (wgmma_tile_bytes(head_dim) + 8 * WGMMA_ROWS) + tokens * rows * (4 + head_dim)
+    ring = wgmma_select_stages(head_dim) * (wgmma_tile_bytes(head_dim) + 8 * WGMMA_ROWS)
+    return held + 2 * ring + tokens * rows * (4 + head_dim)
 
 
 def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, mma: int, cap: int, splits: int) -> int:

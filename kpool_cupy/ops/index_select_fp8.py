@@ -8,10 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel.declarations import INDEX_SELECT_FP8
+from ..kernel.declarations import INDEX_SELECT_FP8, INDEX_TILE_PAGES, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_WGMMA
 from ..kernel.geometry import (
     LARGE_BATCH,
     SELECT_THREADS,
+    WGMMA_ROWS,
     LaunchGeometry,
     index_select_shared_bytes,
     select_geometry,
@@ -93,7 +94,11 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     cap = select_cap(call.pool_topk)
     group = select_group_tokens(call.num_tokens, call.batch, call.heads, call.head_dim, mma, cap, splits)
     values |= {"workspace": o["workspace"], "splits": splits, "group_tokens": group}
-    vector = (1 if aligned16(cache, cache.strides[0]) else 0) | (2 if aligned16(q, q.strides[0], q.strides[1]) else 0)
+    vector = (INDEX_VECTOR_CACHE if aligned16(cache, cache.strides[0]) else 0) | (
+        INDEX_VECTOR_Q if aligned16(q, q.strides[0], q.strides[1]) else 0
+    )
+    if mma == MMA_WGMMA and vector & INDEX_VECTOR_CACHE and call.cache_block_size % WGMMA_ROWS == 0:
+        vector |= INDEX_TILE_PAGES
     template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": cap}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
     shared = index_select_shared_bytes(call.heads, call.head_dim, mma, cap, group)
