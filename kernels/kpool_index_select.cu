@@ -38,6 +38,10 @@
 namespace kp {
 
 constexpr int kSelectGroupTokens = 4;  // the most tokens a block selects for (kernel/geometry.py: SELECT_GROUP_TOKENS)
+// A token's candidates in a split span this many chunks or more: a pass over one of them first finds a starting
+// threshold (below). At 3 the pass adds a third at most to the chunks scored, and a rising row of 3 chunks
+// would cut back once or twice without it.
+constexpr int kSeedChunks = 3;
 
 // The selection's part of the fused select's dynamic shared memory, first in
 // it: `tokens` buffers, each at a multiple of 128 bytes, then each token's
@@ -152,13 +156,37 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
         const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's head chunks
         const int token_rows = tiles * kp::kWgmmaRows;
-        // sm_90a: warpgroup part_group scores pools base + kHalf part_group + N c (c < kChains) of each chunk at
-        // base with the scorer's routine, for each token of the run that sees into them. The chains' key tiles
-        // stream through a ring of kStages slots of the warpgroup's own, across chunks: each thread copies its
-        // pieces of the chain kStages - 1 ahead with cp.async (a group a chain) while this chain is scored, its
-        // pages read while this chain's copies land, so no load waits on the one before it, and a chunk's
-        // selection runs while the next chunk's first tiles arrive. Chain c of the chunk at base (c may pass
-        // kChains: the next chunk's) sits in slot (kChains base / kSelectChunk + c) % kStages.
+        // A starting threshold, as kp::select_best takes one: for each token whose candidates in the split span
+        // kSeedChunks chunks or more, the k-th largest key of its candidates in chunk seed_base (k <= a chunk),
+        // scored in a pass of its own before the split's chunks in order (which score it again, the same bits).
+        // No key below it can be selected, so logits that rise with pool id cut back about once a split instead
+        // of at every chunk. seed_base is the chunk of the least such end minus k: it holds k candidates of
+        // every seeded token. -1: none.
+        const auto seeded = [&](int j) {
+            const long long end = token_visible[j] < hi ? token_visible[j] : hi;
+            return k <= kp::kSelectChunk && takes(j, lo) && end - lo >= kp::kSeedChunks * kp::kSelectChunk;
+        };
+        long long seed_base = -1;
+        for (int j = r0; j < r1; ++j) {
+            const long long end = token_visible[j] < hi ? token_visible[j] : hi;
+            if (seeded(j) && (seed_base < 0 || end - k < seed_base)) seed_base = end - k;
+        }
+        if (seed_base >= 0) seed_base = lo + (seed_base - lo) / kp::kSelectChunk * kp::kSelectChunk;
+        // The passes: the seed chunk (where there is one), then the split's chunks from lo; chunk_at(passes) and
+        // past lie at or past hi.
+        const int split_chunks = hi > lo ? static_cast<int>((hi - lo + kp::kSelectChunk - 1) / kp::kSelectChunk) : 0;
+        const int first_chunk = seed_base >= 0 ? 1 : 0;  // the pass of the split's first chunk
+        const int passes = split_chunks + first_chunk;
+        const auto chunk_at = [&](int pass) {
+            return pass < first_chunk ? seed_base : lo + static_cast<long long>(pass - first_chunk) * kp::kSelectChunk;
+        };
+        // sm_90a: warpgroup part_group scores pools base + kHalf part_group + N c (c < kChains) of each pass's
+        // chunk at base with the scorer's routine, for each token of the run that sees into them. The chains' key
+        // tiles stream through a ring of kStages slots of the warpgroup's own, across passes: each thread copies
+        // its pieces of the chain kStages - 1 ahead with cp.async (a group a chain) while this chain is scored,
+        // its pages read while this chain's copies land, so no load waits on the one before it, and a chunk's
+        // selection runs while the next chunk's first tiles arrive. Chain c of pass `pass` (c may pass kChains:
+        // the next pass's) sits in slot (kChains pass + c) % kStages.
         constexpr int N = kp::wgmma_keys<HEAD_DIM>();
         constexpr int kHalf = kp::kSelectChunk / kp::kWgmmaSelectGroups;
         constexpr int kChains = kHalf / N;
@@ -168,20 +196,18 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const int part_group = static_cast<int>(threadIdx.x) / kp::kWgmmaThreads;
         const int member = static_cast<int>(threadIdx.x) % kp::kWgmmaThreads;
         const kp::WgmmaSelectShared<HEAD_DIM> shared(held.end(), heads, slots);
-        const auto chain_pool = [&](long long at, int c) {
-            return at + (c / kChains) * kp::kSelectChunk + kHalf * part_group + N * (c % kChains);
+        const auto chain_pool = [&](int pass, int c) {
+            return chunk_at(pass + c / kChains) + kHalf * part_group + N * (c % kChains);
         };
-        const auto chain_slot = [](long long at, int c) {
-            return static_cast<int>((static_cast<unsigned int>(at / kp::kSelectChunk) * kChains + c) % kStages);
-        };
-        // Copies chain c of the chunk at base into its slot where it scores (its first pool below hi): the pages
-        // found first (find), the copies issued after (copy), so a caller may put a barrier between.
+        const auto chain_slot = [](int pass, int c) { return (pass * kChains + c) % kStages; };
+        // Copies chain c of pass `pass` into its slot where it scores (its first pool below hi): the pages found
+        // first (find), the copies issued after (copy), so a caller may put a barrier between.
         const kp::WgmmaTileSource<HEAD_DIM, kVectorCache> source{
             cache,         page_stride, pages, cache_block_size, cache_block_table + request * table_stride,
             table_columns, hi,          kp::block_size32(cache_block_size), member, kTilePages};
-        const auto copy_chain = [&](long long at, int c, const kp::WgmmaTileWhere<HEAD_DIM>& where) {
-            const int slot = chain_slot(at, c);
-            if (chain_pool(at, c) < hi)
+        const auto copy_chain = [&](int pass, int c, const kp::WgmmaTileWhere<HEAD_DIM>& where) {
+            const int slot = chain_slot(pass, c);
+            if (chain_pool(pass, c) < hi)
                 source.copy(where, shared.key_tile(part_group, slot), shared.key_scale(part_group, slot),
                             shared.key_present(part_group, slot));
             kp_cp_async_commit();  // a group a chain, empty where it does not score
@@ -197,12 +223,12 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 q, q_token_stride, q_head_stride, head_count, first_token + r0, r1 - r0, token_rows,
                 static_cast<int>(threadIdx.x), reinterpret_cast<uint4*>(shared.queries));
         }
-        // mma.sync: warp `warp` scores the tiles of 8 NT pools warp_tiles(base, call) of each chunk (call <
-        // kCalls; call may pass kCalls: the next chunk's), its keys loaded a tile ahead and their pages two ahead
-        // (as the scorer's walk), across chunks, so a chunk's selection runs while the next one's first keys
-        // arrive.
-        const auto warp_tiles = [&](long long at, int call) {
-            return at + (call / kCalls) * kp::kSelectChunk + (warp * kCalls + call % kCalls) * (8 * NT);
+        // mma.sync: warp `warp` scores the tiles of 8 NT pools warp_tiles(pass, call) of each pass's chunk (call <
+        // kCalls; call may pass kCalls: the next pass's), its keys loaded a tile ahead and their pages two ahead
+        // (as the scorer's walk), across passes, so a chunk's selection runs while the next one's first keys
+        // arrive. A tile at or past hi loads nothing (no page) and scores nothing, but keeps the pipeline's step.
+        const auto warp_tiles = [&](int pass, int call) {
+            return chunk_at(pass + call / kCalls) + (warp * kCalls + call % kCalls) * (8 * NT);
         };
         const auto find_pages = [&](long long first_pool, kp::KeyPages<NT>& at) {
             kp::find_key_pages<NT>(first_pool, hi, cache_block_table + request * table_stride, table_columns,
@@ -213,29 +239,30 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         float next_scale[NT] = {};
         bool next_have[NT] = {};
         if constexpr (MMA != kp::kMmaWgmma) {
-            find_pages(warp_tiles(lo, 0), next_pages);
+            find_pages(warp_tiles(0, 0), next_pages);
             kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, cache_block_size, t,
                                                           next_keys, next_scale, next_have);
-            find_pages(warp_tiles(lo, 1), next_pages);
+            find_pages(warp_tiles(0, 1), next_pages);
         }
-        for (long long base = lo; base < hi; base += kp::kSelectChunk) {
+        for (int pass = 0; pass < passes; ++pass) {
+            const long long base = chunk_at(pass);
             if constexpr (MMA == kp::kMmaWgmma) {
                 const int row = kp::wgmma_written_row(member);  // the key it keeps
-                // The run's first chunk starts kStages - 1 steps early, steps that copy its first chains only
+                // The run's first pass starts kStages - 1 steps early, steps that copy its first chains only
                 // (every slot's last reader, the run before, met the block's barriers since).
-                for (int c = base == lo ? 1 - kStages : 0; c < kChains; ++c) {
+                for (int c = pass == 0 ? 1 - kStages : 0; c < kChains; ++c) {
                     kp::WgmmaTileWhere<HEAD_DIM> ahead;
-                    source.find(chain_pool(base, c + kStages - 1), ahead);
+                    source.find(chain_pool(pass, c + kStages - 1), ahead);
                     if (c >= 0) {
                         kp_cp_async_wait<kStages - 2>();  // this thread's copies of chain c
                         kp_fence_proxy_async();
                         __syncthreads();  // every thread's copies of chain c; every read of the slot refilled next done
                     }
-                    copy_chain(base, c + kStages - 1, ahead);
+                    copy_chain(pass, c + kStages - 1, ahead);
                     if (c < 0) continue;  // the same in every thread
-                    const long long first_pool = chain_pool(base, c);
+                    const long long first_pool = chain_pool(pass, c);
                     const bool scores = first_pool < hi;  // the same in every thread of the warpgroup
-                    const int slot = chain_slot(base, c);
+                    const int slot = chain_slot(pass, c);
                     const unsigned char* const key_tile = shared.key_tile(part_group, slot);
                     const float* const key_scale = shared.key_scale(part_group, slot);
                     const int* const key_present = shared.key_present(part_group, slot);
@@ -252,8 +279,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 }
             }
             for (int call = 0; call < (MMA == kp::kMmaWgmma ? 0 : kCalls); ++call) {
-                const long long first_pool = warp_tiles(base, call);
-                if (first_pool >= hi) break;  // the same in every lane of the warp
+                const long long first_pool = warp_tiles(pass, call);
                 // This tile's keys, loaded a tile ago; the next tile's asked for now, the pages of the one after.
                 kp::Bytes8 keys[NT][HEAD_DIM / 32];
                 float scale[NT];
@@ -265,12 +291,10 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                     scale[n] = next_scale[n];
                     have[n] = next_have[n];
                 }
-                if (warp_tiles(base, call + 1) < hi) {
-                    kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages,
-                                                                  cache_block_size, t, next_keys, next_scale,
-                                                                  next_have);
-                    find_pages(warp_tiles(base, call + 2), next_pages);
-                }
+                kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, cache_block_size,
+                                                              t, next_keys, next_scale, next_have);
+                find_pages(warp_tiles(pass, call + 2), next_pages);
+                if (first_pool >= hi) continue;  // the same in every lane of the warp
                 float scales[NT][2];
                 bool present[NT][2];
                 kp::share_key_scales<NT>(scale, have, t, scales, present);
@@ -296,6 +320,31 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 }
             }
             __syncthreads();
+            if (pass < first_chunk) {
+                // The seed pass: each seeded token's threshold from its candidates in this chunk (k of them or
+                // more), its buffer's histogram the radix select's; nothing offered.
+#pragma unroll 1
+                for (int j = r0; j < r1; ++j) {
+                    if (!seeded(j)) continue;  // uniform in the block
+                    const long long end = token_visible[j] < hi ? token_visible[j] : hi;
+                    const int count = end - base < kp::kSelectChunk ? static_cast<int>(end - base) : kp::kSelectChunk;
+                    kp::SelectTile<1> tile;
+                    tile.enter = 0u;
+#pragma unroll
+                    for (int e = 0; e < kp::kSelectPerThread; ++e) {
+                        const int offset = kp::tile_offset<1>(0, e);
+                        tile.keys[0][e] = offset < count ? kp::order_key(held.logits(j)[offset]) : 0u;
+                        tile.enter |= static_cast<unsigned int>(offset < count) << e;
+                    }
+                    unsigned int greater;
+                    const unsigned int seed = kp::kth_largest_key(held.buffer(j), 0, tile, k, &greater);
+                    if (threadIdx.x == 0) {  // read after the next pass's barriers
+                        token_state[j].cut = seed > 0u;  // a key above seed - 1: at or above the seed
+                        token_state[j].threshold = seed - 1u;
+                    }
+                }
+                continue;
+            }
 #pragma unroll 1
             for (int j = r0; j < r1; ++j) {
                 if (!takes(j, base)) continue;  // uniform in the block

@@ -188,8 +188,9 @@ class Case:
     mma_repeats: int = 0  # times it runs the innermost loop around its first mma (the scorer: every head tile)
     chain_repeats: int = 0  # further runs of the chain step (the innermost loop around the first mma with a barrier)
     chain_token_repeats: int = 0  # further runs of the chain step's token loop (a token more in the step)
-    # The loop `repeats` counts: the longest, or the outermost around the first mma (the fused select's chunk loop,
-    # which its per-token finish, merge and row writing outgrow)
+    # The loop `repeats` counts: the longest, or the one just inside the outermost around the first mma (the fused
+    # select's chunk loop: the outermost is its loop over a group's runs, which holds once a run what a chunk does
+    # not take; its per-token finish, merge and row writing outgrow both)
     repeated_loop: str = "longest"
     # The SASS counted: the kernel's whole text, or (the scorer) its engine path (tools/scorer_paths.py: the bench's
     # tiles hold one request's tokens, its batches at most 512 requests, its pages 64 pools)
@@ -382,8 +383,9 @@ def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
 def select_cases(mma: int = MMA_E4M3) -> list[Case]:
     """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes (on the
     wgmma path of an sm_90a build the fused call alone). The loop of a chunk of 1024 candidates (scored and
-    offered: the outermost loop around the fused call's first mma; read and offered: kpool_index_topk's longest)
-    counted once a chunk a block, for each token of the fused call's group: the same upper bound as the scorer's.
+    offered: the loop just inside the outermost around the fused call's first mma; read and offered:
+    kpool_index_topk's longest) counted once a chunk a block, for each token of the fused call's group: the same
+    upper bound as the scorer's.
     On the wgmma path that loop holds one of a warpgroup's 8 chain steps a chunk: the step (the innermost loop
     around the first mma that meets a barrier) counts 7 times more a chunk a block, and its token loop once more
     a chain for each further token of the group."""
@@ -410,7 +412,7 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         chain_steps = block_chunks * (WGMMA_SELECT_CHAINS - 1) if wgmma else 0
         chain_tokens = block_chunks * WGMMA_SELECT_CHAINS * (group - 1) if wgmma else 0
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
-                     repeated_loop="around first mma", chain_repeats=chain_steps,
+                     repeated_loop="chunk around first mma", chain_repeats=chain_steps,
                      chain_token_repeats=chain_tokens)  # fmt: skip
         if wgmma:
             cases.append(fused)
@@ -543,9 +545,11 @@ def mma_loop_body(sass: str) -> int:
     return min(_loops_around_first_mma(sass), default=0)
 
 
-def outer_mma_loop_body(sass: str) -> int:
-    """Instructions in the outermost loop around the first tensor-core instruction (0: none in a loop)."""
-    return max(_loops_around_first_mma(sass), default=0)
+def chunk_mma_loop_body(sass: str) -> int:
+    """Instructions in the loop just inside the outermost around the first tensor-core instruction (the fused
+    select's chunk loop inside its loop over runs; the outermost where it is the only one, 0: none in a loop)."""
+    loops = sorted(_loops_around_first_mma(sass), reverse=True)
+    return loops[1] if len(loops) > 1 else (loops[0] if loops else 0)
 
 
 _LOAD_BYTES = {"128": 16, "64": 8, "U8": 1, "S8": 1, "U16": 2, "S16": 2}
@@ -574,7 +578,7 @@ class Variant:
     outstanding: int
     mma_loop_body: int = 0
     shared_bytes: int = 0
-    outer_mma_loop_body: int = 0
+    chunk_mma_loop_body: int = 0
     chain_step_body: int = 0
     chain_token_body: int = 0
 
@@ -594,7 +598,7 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         outstanding_bytes(sass),
         mma_loop_body(sass),
         summary.shared_bytes,
-        outer_mma_loop_body(sass),
+        chunk_mma_loop_body(sass),
         *chain_step_bodies(sass),
     )
 
@@ -634,7 +638,7 @@ def predict(
             per_thread += max(0, (case.kpool - chunk) // chunk - 1) * v.loop_body
     if case.repeats:
         # The longest loop (the scorer's walk, with its token and head loops inside once) once per repeat.
-        body = v.outer_mma_loop_body if case.repeated_loop == "around first mma" else v.loop_body
+        body = v.chunk_mma_loop_body if case.repeated_loop == "chunk around first mma" else v.loop_body
         per_thread += (case.repeats - 1) * body
     # The fused select's sm_90a chain steps past the one its chunk loop holds, and their tokens past the first.
     per_thread += case.chain_repeats * v.chain_step_body + case.chain_token_repeats * v.chain_token_body

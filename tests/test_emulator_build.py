@@ -244,8 +244,8 @@ def test_address_sanitizer_sees_one_garbage_call_of_each_kernel_family():
 # the stores to the key tiles and the reloads for another request: near-valid batches with pages missing, past the
 # cache and negative, lengths far past the table, tiles across requests, unaligned queries, pages of 8 (a tile
 # copied row by row) and of 64 (a tile copied from one page, rows past a request's reach too), and both garbage
-# families, and one block a token walking a select's every chunk. The select's dynamic shared memory is exactly the
-# launch's bytes: a tile past it is an overflow.
+# families, and one block a token walking a select's every chunk (on the e4m3 path too). The select's dynamic
+# shared memory is exactly the launch's bytes: a tile past it is an overflow.
 _SANITIZED_WGMMA_RUN = textwrap.dedent(
     """
     import os, sys
@@ -274,13 +274,14 @@ _SANITIZED_WGMMA_RUN = textwrap.dedent(
             emulate.kpool_index_logits_fp8(*case.args, kpool=case.kpool, max_pools=400, validate=False)
             emulate.kpool_index_select_fp8(*case.args, kpool=case.kpool, pool_topk=40, validate=False)
         calls += len(launches)
-    # One block a token walking its every chunk (the select's ring across chunks), a page missing, one past the
-    # cache and a length past the table.
+    # One block a token walking its every chunk (the select's ring across chunks, after a seed pass over a
+    # late chunk), a page missing, one past the cache and a length past the table; on the mma.sync path too.
     from kpool_cupy.ops import index_select_fp8
     index_select_fp8.select_splits = lambda tokens, pool_topk: 1
-    for block_size in (8, 64):
+    for path, block_size in [("wgmma", 8), ("wgmma", 64), ("e4m3", 16)]:
+        os.environ["KPOOL_CUPY_EMULATE_MMA"] = path
         case = index_case(rng, head_dim=128, heads=3, kpool=1, block_size=block_size, counts=(2, 1, 2),
-                          cache_lengths=(2100, 5, 1500))
+                          cache_lengths=(3500, 5, 3200))
         case.cache_block_table[0, 3], case.cache_block_table[2, 5] = -1, case.cache.shape[0] + 1
         lengths = case.cache_lengths.copy()
         lengths[1] = 10 ** 6
@@ -288,6 +289,7 @@ _SANITIZED_WGMMA_RUN = textwrap.dedent(
         with recording() as launches:
             emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100, validate=False)
         calls += len(launches)
+    os.environ["KPOOL_CUPY_EMULATE_MMA"] = "wgmma"
     for function, case in [*index_garbage_cases(3, 20), *select_garbage_cases(3, 8)]:
         with recording() as launches:
             getattr(emulate, function)(**case, validate=False)
@@ -305,10 +307,10 @@ def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays():
     done = sanitized.run(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 18 near-valid calls of each, 2 walking selects and the garbage calls that reach a kernel (a max_pools of 0
+    # 18 near-valid calls of each, 3 walking selects and the garbage calls that reach a kernel (a max_pools of 0
     # or no token launches none).
     launches = re.search(r"^wgmma launches: (\d+)$", done.stdout, re.MULTILINE)
-    assert launches and int(launches.group(1)) >= 36 + 2 + 5, done.stdout
+    assert launches and int(launches.group(1)) >= 36 + 3 + 5, done.stdout
     sanitized.assert_instrumented(done.stdout)
 
 

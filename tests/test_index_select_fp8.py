@@ -197,6 +197,60 @@ def test_the_launch_sizes_the_groups_shared_memory_as_the_kernel_lays_it_out():
     assert out.tolist() == want
 
 
+def _equal_keys(case):
+    """``case`` with every key 1.0 at scale 1: every logit of a token equal, ties broken by pool id."""
+    pages, size, width = case.cache.shape
+    flat = case.cache.reshape(pages, -1)
+    flat[:, : size * (width - 4)] = 0x38  # e4m3 1.0
+    flat[:, size * (width - 4) :] = np.ones((pages, size), np.float32).view(np.uint8).reshape(pages, -1)
+    return case
+
+
+@pytest.mark.usefixtures("emulated_scorer_path")
+@pytest.mark.parametrize("pool_topk", [3, 700, 1024, 1500])
+def test_a_starting_threshold_from_a_chunk_scored_first_keeps_the_bits(monkeypatch, pool_topk):
+    # One block a token's group walks its request's chunks (select_splits forced to 1). A token whose candidates
+    # span 3 chunks or more (kSeedChunks) gets a starting threshold when pool_topk fits a chunk: the k-th largest
+    # of its candidates in the chunk holding k of every such token's last ones, scored in a pass before the
+    # others. Groups of 3: the first holds request 0's tokens seeing 3,070, 3,071 and 3,072 pools (only the last
+    # is seeded), the second its last token and request 1's two (9,001 and 9,002). Rising, random and equal
+    # keys; pool_topk 1500 takes no threshold. The two calls' bits, on each backend. Seen failing with a seed
+    # one key too high (the threshold at the seed itself).
+    from kpool_cupy.ops import index_select_fp8
+
+    monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
+    shape = {"counts": (4, 2), "cache_lengths": (3069, 9000)}
+    rng = np.random.default_rng(pool_topk)
+    random = index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, **shape)
+    equal = _equal_keys(index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, **shape))
+    for case in (_rising_case(**shape), random, equal):
+        for backend in BACKENDS:
+            got = backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk)
+            _same(got, two_step(backend, case, pool_topk=pool_topk))
+
+
+def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypatch):
+    # Logits that rise with pool id (as recency makes them) cut a streaming selection back at every chunk: with
+    # a starting threshold (the seed pass above) about once a split. Counted on the emulator, not timed: the
+    # block-wide barriers the launch passes (EmulatedLaunch.barriers), two a chunk's offer and about twenty a
+    # cut-back; a decode token at 32,000 pools (32 chunks), one block walking them, pool_topk 512. The 1.5 is
+    # issue 34's bound on a rising row's time. Seen: 529 barriers to a random row's 178 without the seed pass.
+    from kpool_cupy.emulator.launch import recording
+    from kpool_cupy.ops import index_select_fp8
+
+    monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
+    shape = {"counts": (1,), "cache_lengths": (32_000,)}
+    rising = _rising_case(**shape)
+    random = index_case(np.random.default_rng(9), heads=4, head_dim=64, kpool=1, block_size=16, **shape)
+    passed = {}
+    for name, case in (("rising", rising), ("random", random)):
+        with recording() as launches:
+            emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=512)
+        (launch,) = launches
+        passed[name] = launch.barriers
+    assert passed["rising"] <= 1.5 * passed["random"], passed
+
+
 @pytest.mark.usefixtures("emulated_scorer_path")
 def test_nan_keys_and_missing_pages_select_as_the_two_calls_do():
     # NaN bytes in some keys make NaN logits (last in the order); a page past the cache scores -inf

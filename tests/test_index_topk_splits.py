@@ -335,3 +335,36 @@ def test_a_reused_workspace_leaves_nothing_of_the_last_call_in_the_merge():
     got = emulate.kpool_index_topk(second, offsets, lengths, workspace=workspace, **call)
     _same(got, model(second, offsets, lengths, **call))
     np.testing.assert_array_equal(got[0], np.arange(seen - k, seen))
+
+
+@pytest.mark.parametrize(
+    ("width", "pool_topk", "one_block"),
+    [
+        (32_768, 512, True),  # `topk decode-512x1 128K top512`'s row: 512 rows take a block each
+        (32_768, 512, False),  # `topk decode-1x1 128K top512`'s: one row split over blocks, then merged
+        pytest.param(131_072, 2_048, False, marks=pytest.mark.slow),  # `topk kpool1 decode-1x1 128K top2048`'s
+    ],
+    ids=["one-block", "split", "kpool1"],
+)
+def test_no_order_of_a_row_costs_half_again_what_a_random_row_costs(monkeypatch, width, pool_topk, one_block):
+    # Issue 34: the order the logits come in must not decide the cost (rising with pool id, as recency makes
+    # them; all equal; mostly NaN; falling). Counted on the emulator, not timed: the block-wide barriers the
+    # launch's blocks pass (EmulatedLaunch.barriers), which every tile's offer meets twice and every cut-back
+    # about twenty times (four radix rounds, the compaction), so the count follows the selection's rounds;
+    # what runs between two barriers is not counted. The 1.5 is the issue's bound on the rising row's time.
+    # Seen failing without select_best's starting threshold: a rising row cut back at every tile, 223 barriers
+    # to a random row's 95.
+    from kpool_cupy.emulator.launch import recording
+
+    if one_block:
+        monkeypatch.setattr(index_topk, "topk_splits", lambda *shape: 1)
+    rng = np.random.default_rng(width + pool_topk)
+    passed = {}
+    for kind in ("normal", "rising", "falling", "equal", "nan"):
+        logits, offsets, lengths = _one_request(_row(rng, width, kind)[None, :])
+        with recording() as launches:
+            emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=pool_topk)
+        (launch,) = launches
+        assert (launch.grid == 1) == one_block
+        passed[kind] = launch.barriers
+    assert all(count <= 1.5 * passed["normal"] for count in passed.values()), passed

@@ -247,6 +247,9 @@ using KpThreadRunner = void (*)(void* const* args);
 inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args, dim3 grid, dim3 block);
 inline thread_local void (*kp_fibers_wanted)(KpThreadRunner, void* const*, dim3, dim3) = nullptr;
 inline thread_local bool kp_launch_cooperated = false;    // how the last launch on this host thread ran
+// The block-wide barriers (__syncthreads) the last launch's blocks passed, summed over its blocks: a count of
+// work a test can compare between inputs (kpool_cupy.emulator.launch's EmulatedLaunch.barriers).
+inline thread_local unsigned long long kp_barriers_passed = 0;
 // Counts the blocks this host thread has started as fibers, so state kept per
 // block (kpool_wgmma.h's) can tell a new block from the one it belongs to.
 inline thread_local unsigned long long kp_block_serial = 0;
@@ -686,6 +689,7 @@ inline bool kp_release(KpBlockRun& run) {
             if (run.fibers[i].line != first.line || std::strcmp(run.fibers[i].file, first.file) != 0)
                 kp_deadlock(run, "divergent __syncthreads");
         for (unsigned int i = 0; i < run.count; ++i) run.fibers[i].wait = KpWait::running;
+        ++kp_barriers_passed;
         released = true;
     }
     return released;

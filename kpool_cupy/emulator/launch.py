@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel.sources import kernel_source
-from .toolchain import COOPERATED, ENTRY, SIZES, load_code
+from .toolchain import BARRIERS, COOPERATED, ENTRY, SIZES, load_code
 
 
 @dataclass(frozen=True)
@@ -25,6 +25,7 @@ class EmulatedLaunch:
     vector_accesses: int  # 16-byte loads and stores the kernel made
     cooperative: bool = False  # ran as fibers (KP_THREADS_COOPERATE), not one thread after another
     shared_bytes: int = 0  # dynamic shared memory each block had (KP_DYNAMIC_SHARED)
+    barriers: int = 0  # block-wide barriers its blocks passed, summed over them (fibers only)
 
 
 _records = threading.local()
@@ -101,7 +102,8 @@ def launch_code(
     if launches is not None:
         # ctypes calls on this OS thread, so the flag is this launch's.
         cooperated = bool(getattr(library, COOPERATED)())
-        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated, shared_bytes))
+        barriers = int(getattr(library, BARRIERS)())
+        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated, shared_bytes, barriers))
 
 
 def launch(

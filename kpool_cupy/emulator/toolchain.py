@@ -34,6 +34,7 @@ LAST_FLAGS = ("-ffp-contract=off",)
 ENTRY = "kpool_emulate_launch"
 SIZES = "kpool_emulate_param_sizes"
 COOPERATED = "kpool_emulate_cooperated"
+BARRIERS = "kpool_emulate_barriers"
 # The host's CUDA built-ins, fibers and grid launch (under kernels/). It opens
 # every host build, so kpool_portability.h finds it defined and NVRTC's text
 # never holds it.
@@ -99,6 +100,7 @@ def _shim(code: str, kernel_name: str) -> str:
         + f'extern "C" int {SIZES}(unsigned long long* sizes, int capacity) {{\n'
         + f"    return kp_param_sizes(&{kernel_name}, sizes, capacity);\n}}\n"
         + f'extern "C" int {COOPERATED}() {{ return kp_launch_cooperated; }}\n'
+        + f'extern "C" unsigned long long {BARRIERS}() {{ return kp_barriers_passed; }}\n'
     )
 
 
@@ -140,6 +142,8 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
         getattr(library, SIZES).restype = ctypes.c_int
         getattr(library, COOPERATED).argtypes = ()
         getattr(library, COOPERATED).restype = ctypes.c_int
+        getattr(library, BARRIERS).argtypes = ()
+        getattr(library, BARRIERS).restype = ctypes.c_ulonglong
         _loaded[key] = library
         return library
 
