@@ -137,17 +137,21 @@ def selection(name, case, paths, pool_topk, **options):
         emit(row, row["topk_equals_reference"] and row["fused_equals_two_calls"] and row["counters_zero"])
 
 
-def paging(name, case, paths, block_size=64):
-    """On each path: the same keys in the case's pages and in pages of ``block_size`` (where the sm_90a walk
-    copies each key tile from one page) give the same logits, bit for bit."""
+def paging(name, case, paths, block_size=64, pool_topk=64):
+    """On each path: the same keys in the case's pages and in pages of ``block_size`` (where the sm_90a scorer and
+    fused select copy each key tile from one page) give the same logits, bit for bit, and the same selection."""
     paged = repaged(case, block_size, np.random.default_rng(block_size))
     for path in paths:
         with on_path(path):
-            rows = kpool_cupy.kpool_index_logits_fp8(*[cupy.asarray(a) for a in case.args], kpool=case.kpool)
-            one_page = kpool_cupy.kpool_index_logits_fp8(*[cupy.asarray(a) for a in paged.args], kpool=case.kpool)
+            args, paged_args = [cupy.asarray(a) for a in case.args], [cupy.asarray(a) for a in paged.args]
+            rows = kpool_cupy.kpool_index_logits_fp8(*args, kpool=case.kpool)
+            one_page = kpool_cupy.kpool_index_logits_fp8(*paged_args, kpool=case.kpool)
+            selected = kpool_cupy.kpool_index_select_fp8(*args, kpool=case.kpool, pool_topk=pool_topk)
+            selected_paged = kpool_cupy.kpool_index_select_fp8(*paged_args, kpool=case.kpool, pool_topk=pool_topk)
         row = {"paging": name, "path": path, "mma": path_mma(path), "block_size": block_size}
         row["same_bits"] = bool(cupy.array_equal(rows.view(cupy.uint32), one_page.view(cupy.uint32)))
-        emit(row, row["same_bits"])
+        row["same_selection"] = bool(cupy.array_equal(selected, selected_paged))
+        emit(row, row["same_bits"] and row["same_selection"])
 
 
 def device_ms(call, reps: int = 20) -> float:
@@ -220,6 +224,9 @@ def main() -> int:
     selection("decode B64 next_n2 ctx8K", case, paths, 512, always_select_tail=True)
     case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(512,), cache_lengths=(16384,))
     selection("prefill 512 ctx16K", case, paths, 2048, compact=True)
+    # 256 tokens: a block each, walking 4 chunks, after a seed pass over the last (kSeedChunks).
+    case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(1,) * 256, cache_lengths=(16383,) * 256)
+    selection("decode B256 ctx16K", case, paths, 512)
     if not options.no_timing:
         timing("decode B64 next_n1 ctx8K h64", paths, 64, 64, 1, 8192)
         timing("decode B64 next_n2 ctx8K h64", paths, 64, 64, 2, 8192)
