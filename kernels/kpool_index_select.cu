@@ -38,9 +38,9 @@
 namespace kp {
 
 constexpr int kSelectGroupTokens = 4;  // the most tokens a block selects for (kernel/geometry.py: SELECT_GROUP_TOKENS)
-// A token's candidates in a split span this many chunks or more: a pass over one of them first finds a starting
-// threshold (below). At 3 the pass adds a third at most to the chunks scored, and a rising row of 3 chunks
-// would cut back once or twice without it.
+// A token with this many chunks' worth of candidates in a split (3,072) or more: a pass over one chunk first
+// finds its starting threshold (below). At 3 the pass adds a third at most to the chunks scored, and a rising
+// row of 3 chunks would cut back once or twice without it.
 constexpr int kSeedChunks = 3;
 
 // The selection's part of the fused select's dynamic shared memory, first in
@@ -70,9 +70,11 @@ struct SelectGroupShared {
 // COMPACT: as kpool_index_topk. group_tokens: the tokens a block selects
 // for (1 to kSelectGroupTokens; the dynamic shared memory holds as many).
 // On sm_90a, 2 blocks an SM: at most 128 registers. The mma.sync paths
-// take more than 128 and hold 1; their 0 leaves ptxas unbounded.
+// take more than 128 and hold 1 block an SM; saying so lets ptxas take up to
+// 255 (with no count it held some head_dim-64 builds to 128, and spilled in
+// the chunk loop once a warp's next tile waited in registers).
 template <int HEAD_DIM, int MMA, int VECTOR, int CAP, typename IO, typename IC, bool PAGED, bool COMPACT>
-__global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 : 0)
+__global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 : 1)
     kpool_index_select_fp8(const unsigned char* __restrict__ q, long long q_token_stride, long long q_head_stride,
                            long long heads, const float* __restrict__ weights, long long weights_stride,
                            const unsigned char* __restrict__ cache, long long page_stride, long long pages,
@@ -91,7 +93,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
     constexpr bool kVectorQ = (VECTOR & 2) != 0;
     // sm_90a: each key tile of 64 pools lies in one page (kp::WgmmaTileSource's one_page), found and copied from
     // once; the host sets the bit where the cache is 16-byte aligned and its pages hold a multiple of 64 pools. A
-    // compile-time choice: with both ways in one kernel, ptxas needed 198 registers, not 151.
+    // compile-time choice: with both ways in one kernel, chosen at run time, ptxas spilled at the 128 registers
+    // two blocks an SM allow (24 bytes; it wanted 156 unbounded, 152 and 144 for each way alone).
     constexpr bool kTilePages = MMA == kp::kMmaWgmma && kVectorCache && (VECTOR & 4) != 0;
     const int slots = group_tokens < 1 ? 1 : (group_tokens > kp::kSelectGroupTokens ? kp::kSelectGroupTokens
                                                                                     : static_cast<int>(group_tokens));
@@ -156,8 +159,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
         const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's head chunks
         const int token_rows = tiles * kp::kWgmmaRows;
-        // A starting threshold, as kp::select_best takes one: for each token whose candidates in the split span
-        // kSeedChunks chunks or more, the k-th largest key of its candidates in chunk seed_base (k <= a chunk),
+        // A starting threshold, as kp::select_best takes one: for each token with kSeedChunks chunks' worth of
+        // candidates or more in the split, the k-th largest key of its candidates in chunk seed_base (k <= a chunk),
         // scored in a pass of its own before the split's chunks in order (which score it again, the same bits).
         // No key below it can be selected, so logits that rise with pool id cut back about once a split instead
         // of at every chunk. seed_base is the chunk of the least such end minus k: it holds k candidates of

@@ -384,8 +384,8 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
     """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes (on the
     wgmma path of an sm_90a build the fused call alone). The loop of a chunk of 1024 candidates (scored and
     offered: the loop just inside the outermost around the fused call's first mma; read and offered:
-    kpool_index_topk's longest) counted once a chunk a block, for each token of the fused call's group: the same
-    upper bound as the scorer's.
+    kpool_index_topk's longest) counted once a chunk a block (a seed pass's chunk too), for each token of the fused
+    call's group: the same upper bound as the scorer's.
     On the wgmma path that loop holds one of a warpgroup's 8 chain steps a chunk: the step (the innermost loop
     around the first mma that meets a barrier) counts 7 times more a chunk a block, and its token loop once more
     a chain for each further token of the group."""
@@ -405,10 +405,14 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         arrays = (q, weights, cache, table, offsets, lengths)
         launch = launched(INDEX_SELECT_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         splits, group = int(launch.values["splits"]), int(launch.values["group_tokens"])
-        repeats = -(-chunks // splits) * group
+        # A block's passes: its split's chunks, and one more first where its token has 3 chunks' worth of them or
+        # more and pool_topk fits a chunk (the seed pass: kernels/kpool_index_select.cu's kSeedChunks).
+        block_chunks = -(-chunks // splits)
+        seeded = min(block_chunks * 1024, shape.pools) >= 3 * 1024 and SELECT_TOPK <= 1024
+        block_chunks += int(seeded)
+        repeats = block_chunks * group
         wgmma = mma == MMA_WGMMA
         family = "index_select_fp8 sm_90a" if wgmma else "index_select_fp8"
-        block_chunks = -(-chunks // splits)
         chain_steps = block_chunks * (WGMMA_SELECT_CHAINS - 1) if wgmma else 0
         chain_tokens = block_chunks * WGMMA_SELECT_CHAINS * (group - 1) if wgmma else 0
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,

@@ -234,7 +234,8 @@ def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypat
     # a starting threshold (the seed pass above) about once a split. Counted on the emulator, not timed: the
     # block-wide barriers the launch passes (EmulatedLaunch.barriers), two a chunk's offer and about twenty a
     # cut-back; a decode token at 32,000 pools (32 chunks), one block walking them, pool_topk 512. The 1.5 is
-    # issue 34's bound on a rising row's time. Seen: 529 barriers to a random row's 178 without the seed pass.
+    # issue 34's bound on a rising row's time. Seen: 529 barriers to a random row's 205 without the seed pass
+    # (150 with it).
     from kpool_cupy.emulator.launch import recording
     from kpool_cupy.ops import index_select_fp8
 

@@ -124,6 +124,27 @@ def test_the_fused_kernels_sm90a_path_scores_with_the_scorers_qgmma_chain(cap, v
     assert step.count("LDG") == (1 if vector & INDEX_TILE_PAGES else 4), step.count("LDG")
 
 
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize(
+    ("arch", "head_dim", "vector"),
+    [
+        ("sm_120", 64, 1),
+        pytest.param("sm_89", 64, 1, marks=pytest.mark.slow),  # 5 s a build: one in the default tier
+        pytest.param("sm_120", 64, 3, marks=pytest.mark.slow),
+        pytest.param("sm_80", 256, 3, marks=pytest.mark.slow),
+    ],
+)
+def test_no_mma_sync_build_of_the_fused_kernel_spills_in_its_loops(arch, head_dim, vector):
+    # With a warp's next key tile waiting in registers, ptxas held these builds to 128 registers and spilled in
+    # the chunk loop (15 to 87 local accesses there) while the launch bounds gave no block count; with one block
+    # an SM said (the mma.sync paths hold one), it takes what it needs (160 to 255 registers) and spills none.
+    mma = MMA_F16 if arch == "sm_80" else MMA_E4M3
+    name = INDEX_SELECT_FP8.instance(HEAD_DIM=head_dim, MMA=mma, VECTOR=vector, CAP=512, IO=I32, IC=I32,
+                                     PAGED=True, COMPACT=False)  # fmt: skip
+    machine = sass.summarize_sass(INDEX_SELECT_FP8.source, name, arch=arch)
+    assert local_accesses_in_loops(machine.sass) == [] and machine.spill_stores == 0, machine.registers
+
+
 def _call_loop(text: str) -> list[sass.Instruction]:
     """The mma.sync path's call loop: the largest loop around the first tensor-core instruction that meets no
     barrier (the chunk's loop around it meets the selection's)."""

@@ -85,10 +85,11 @@ def _compiler_identity(path: str) -> str:
 
 
 def _shim(code: str, kernel_name: str) -> str:
-    # The emulator's headers, the whole kernel text, and three C entry points:
+    # The emulator's headers, the whole kernel text, and four C entry points:
     # run the grid with a block's dynamic shared memory (returning its 16-byte
-    # access count), report the parameters' sizes, and say whether this host
-    # thread's last launch ran as fibers. The cache key hashes this text, the
+    # access count), report the parameters' sizes, say whether this host
+    # thread's last launch ran as fibers, and how many block-wide barriers its
+    # blocks passed. The cache key hashes this text, the
     # emulator's headers included.
     return (
         kernel_source(EMULATOR_HEADER)
