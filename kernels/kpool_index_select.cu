@@ -165,15 +165,13 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         // No key below it can be selected, so logits that rise with pool id cut back about once a split instead
         // of at every chunk. seed_base is the chunk of the least such end minus k: it holds k candidates of
         // every seeded token. -1: none.
+        const auto token_end = [&](int j) { return token_visible[j] < hi ? token_visible[j] : hi; };
         const auto seeded = [&](int j) {
-            const long long end = token_visible[j] < hi ? token_visible[j] : hi;
-            return k <= kp::kSelectChunk && takes(j, lo) && end - lo >= kp::kSeedChunks * kp::kSelectChunk;
+            return k <= kp::kSelectChunk && takes(j, lo) && token_end(j) - lo >= kp::kSeedChunks * kp::kSelectChunk;
         };
         long long seed_base = -1;
-        for (int j = r0; j < r1; ++j) {
-            const long long end = token_visible[j] < hi ? token_visible[j] : hi;
-            if (seeded(j) && (seed_base < 0 || end - k < seed_base)) seed_base = end - k;
-        }
+        for (int j = r0; j < r1; ++j)
+            if (seeded(j) && (seed_base < 0 || token_end(j) - k < seed_base)) seed_base = token_end(j) - k;
         if (seed_base >= 0) seed_base = lo + (seed_base - lo) / kp::kSelectChunk * kp::kSelectChunk;
         // The passes: the seed chunk (where there is one), then the split's chunks from lo; chunk_at(passes) and
         // past lie at or past hi.
@@ -182,6 +180,18 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const int passes = split_chunks + first_chunk;
         const auto chunk_at = [&](int pass) {
             return pass < first_chunk ? seed_base : lo + static_cast<long long>(pass - first_chunk) * kp::kSelectChunk;
+        };
+        // Token j's candidates of the chunk at base as a tile of keys (the chunk's logits in shared memory): how
+        // many there are, entry e of the tile's one group holding candidate tile_offset(0, e) where it is one.
+        const auto chunk_tile = [&](int j, long long base, kp::SelectTile<1>& tile) {
+            const long long end = token_end(j);
+            const int count = end - base < kp::kSelectChunk ? static_cast<int>(end - base) : kp::kSelectChunk;
+#pragma unroll
+            for (int e = 0; e < kp::kSelectPerThread; ++e) {
+                const int offset = kp::tile_offset<1>(0, e);
+                tile.keys[0][e] = offset < count ? kp::order_key(held.logits(j)[offset]) : 0u;
+            }
+            return count;
         };
         // sm_90a: warpgroup part_group scores pools base + kHalf part_group + N c (c < kChains) of each pass's
         // chunk at base with the scorer's routine, for each token of the run that sees into them. The chains' key
@@ -329,37 +339,23 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
                     if (!seeded(j)) continue;  // uniform in the block
-                    const long long end = token_visible[j] < hi ? token_visible[j] : hi;
-                    const int count = end - base < kp::kSelectChunk ? static_cast<int>(end - base) : kp::kSelectChunk;
                     kp::SelectTile<1> tile;
+                    const int count = chunk_tile(j, base, tile);
                     tile.enter = 0u;
 #pragma unroll
-                    for (int e = 0; e < kp::kSelectPerThread; ++e) {
-                        const int offset = kp::tile_offset<1>(0, e);
-                        tile.keys[0][e] = offset < count ? kp::order_key(held.logits(j)[offset]) : 0u;
-                        tile.enter |= static_cast<unsigned int>(offset < count) << e;
-                    }
-                    unsigned int greater;
-                    const unsigned int seed = kp::kth_largest_key(held.buffer(j), 0, tile, k, &greater);
-                    if (threadIdx.x == 0) {  // read after the next pass's barriers
-                        token_state[j].cut = seed > 0u;  // a key above seed - 1: at or above the seed
-                        token_state[j].threshold = seed - 1u;
-                    }
+                    for (int e = 0; e < kp::kSelectPerThread; ++e)
+                        tile.enter |= static_cast<unsigned int>(kp::tile_offset<1>(0, e) < count) << e;
+                    kp::SelectState state = token_state[j];
+                    kp::start_from_kth(held.buffer(j), tile, k, state);
+                    if (threadIdx.x == 0) token_state[j] = state;  // read after the next pass's barriers
                 }
                 continue;
             }
 #pragma unroll 1
             for (int j = r0; j < r1; ++j) {
                 if (!takes(j, base)) continue;  // uniform in the block
-                const long long end = token_visible[j] < hi ? token_visible[j] : hi;  // token j's candidates here
-                const int count = end - base < kp::kSelectChunk ? static_cast<int>(end - base) : kp::kSelectChunk;
-                const float* const chunk_logits = held.logits(j);
                 kp::SelectTile<1> tile;
-#pragma unroll
-                for (int e = 0; e < kp::kSelectPerThread; ++e) {
-                    const int offset = kp::tile_offset<1>(0, e);
-                    tile.keys[0][e] = offset < count ? kp::order_key(chunk_logits[offset]) : 0u;
-                }
+                const int count = chunk_tile(j, base, tile);
                 kp::SelectState state = token_state[j];
                 kp::offer_tile(held.buffer(j), state, tile, count, k,  // its barriers free the chunk's logits
                                [base](int, int e) { return static_cast<int>(base + kp::tile_offset<1>(0, e)); });

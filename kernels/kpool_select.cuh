@@ -369,6 +369,21 @@ __device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long fi
         for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = order_key(logits[j][e]);
 }
 
+// A selection's start from a threshold: the k-th largest key of the tile's
+// entering candidates (k of them or more, all among the selection's), a
+// lower bound on the selection's k-th largest, so only keys at or above it
+// are offered until the first cut-back sets the exact one. The buffer holds
+// no candidate yet; its histogram serves the radix select. Every thread of
+// the block calls it together; `state` comes out the same in every thread.
+template <int CAP, int GROUPS>
+__device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, const SelectTile<GROUPS>& tile, int k,
+                                               SelectState& state) {
+    unsigned int greater;
+    const unsigned int seed = kth_largest_key(buffer, 0, tile, k, &greater);
+    state.cut = seed > 0u;  // a key above seed - 1: at or above the seed
+    state.threshold = seed - 1u;
+}
+
 // The k best of candidates lo .. hi - 1, a tile of GROUPS * kSelectChunk at
 // a time, where load_logits(first, logits, count) gives the logits of
 // candidates first .. first + count - 1 (count <= kSelectPerThread, first -
@@ -402,10 +417,7 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
 #pragma unroll
             for (int e = 0; e < kSelectPerThread; ++e)
                 tile.enter |= static_cast<unsigned int>(tile_offset<GROUPS>(j, e) < count) << (kSelectPerThread * j + e);
-        unsigned int greater;
-        const unsigned int seed = kth_largest_key(buffer, 0, tile, k, &greater);
-        state.cut = seed > 0u;  // a key above seed - 1: at or above the seed
-        state.threshold = seed - 1u;
+        start_from_kth(buffer, tile, k, state);
     }
     for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
         const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;

@@ -515,29 +515,29 @@ def loop_body(sass: str) -> int:
     return max((sum(start <= a <= end for a in addresses) for start, end in spans), default=0)
 
 
-def _loops_around_first_mma(sass: str) -> list[int]:
-    """The instructions in each loop around the first tensor-core instruction."""
+def _spans_around_first_mma(sass: str) -> list[tuple[int, int, int]]:
+    """Each loop around the first tensor-core instruction: its instructions, first and last address, innermost
+    first."""
     addresses, spans = _loops(sass)
     found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
     if found is None:
         return []
     first = int(found.group(1), 16)
-    return [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
+    around = [(start, end) for start, end in spans if start <= first <= end]
+    return sorted((sum(start <= a <= end for a in addresses), start, end) for start, end in around)
+
+
+def _loops_around_first_mma(sass: str) -> list[int]:
+    """The instructions in each loop around the first tensor-core instruction."""
+    return [size for size, _, _ in _spans_around_first_mma(sass)]
 
 
 def chain_step_bodies(sass: str) -> tuple[int, int]:
     """The fused select's sm_90a chain step, the innermost loop around the first tensor-core instruction that
     meets a barrier, and the loop it holds around that instruction (its tokens): their instructions, 0 for none."""
-    addresses, spans = _loops(sass)
-    found = re.search(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?[HQ]G?MMA\.", sass, re.MULTILINE)
-    if found is None:
-        return 0, 0
-    first = int(found.group(1), 16)
     barriers = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
-    sizes = [sum(start <= a <= end for a in addresses) for start, end in spans if start <= first <= end]
-    around = sorted(zip(sizes, (span for span in spans if span[0] <= first <= span[1]), strict=True))
     inner = 0
-    for size, (start, end) in around:
+    for size, start, end in _spans_around_first_mma(sass):
         if any(start <= b <= end for b in barriers):
             return size, inner
         inner = size
