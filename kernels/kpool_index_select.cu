@@ -38,9 +38,10 @@
 namespace kp {
 
 constexpr int kSelectGroupTokens = 4;  // the most tokens a block selects for (kernel/geometry.py: SELECT_GROUP_TOKENS)
-// A token with this many chunks' worth of candidates in a split (3,072) or more: a pass over one chunk first
-// finds its starting threshold (below). At 3 the pass adds a third at most to the chunks scored, and a rising
-// row of 3 chunks would cut back once or twice without it.
+// A token with this many times the seed's chunks' worth of candidates in a split or more (3,072 at pool_topk
+// 1,024 or less, a chunk's seed; 6,144 to 12,288 above, 2 to 4 chunks'): passes over the seed's chunks first
+// find its starting threshold (below). At 3 they add a third at most to the chunks scored, and a rising row of
+// 3 chunks would cut back once or twice without them.
 constexpr int kSeedChunks = 3;
 
 // The selection's part of the fused select's dynamic shared memory, first in
@@ -100,7 +101,9 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                                                                                     : static_cast<int>(group_tokens));
     // The host's rule for kTilePages: a launch that breaks it writes nothing rather than copy a tile across pages.
     if (kTilePages && kp::block_size32(cache_block_size) % static_cast<unsigned int>(kp::kWgmmaRows) != 0u) return;
-    const long long group = blockIdx.x / splits, split = blockIdx.x % splits;
+    // 32-bit: the grid is, and a division less (the host launches splits >= 1).
+    const unsigned int block = blockIdx.x, split_count = static_cast<unsigned int>(splits);
+    const long long group = block / split_count, split = block % split_count;
     const long long first_token = group * slots;
     if (first_token >= num_tokens) return;
     const int tokens = num_tokens - first_token < slots ? static_cast<int>(num_tokens - first_token) : slots;
@@ -159,27 +162,33 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
         const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's head chunks
         const int token_rows = tiles * kp::kWgmmaRows;
-        // A starting threshold, as kp::select_best takes one: for each token with kSeedChunks chunks' worth of
-        // candidates or more in the split, the k-th largest key of its candidates in chunk seed_base (k <= a chunk),
-        // scored in a pass of its own before the split's chunks in order (which score it again, the same bits).
-        // No key below it can be selected, so logits that rise with pool id cut back about once a split instead
-        // of at every chunk. seed_base is the chunk of the least such end minus k: it holds k candidates of
-        // every seeded token. -1: none.
+        // A starting threshold, as kp::select_best takes one: for each token with kSeedChunks times seed_chunks
+        // chunks' worth of candidates or more in the split, the k-th largest key of its candidates in the
+        // seed_chunks chunks from seed_base (as many as hold k), scored in passes of their own before the split's
+        // chunks in order (which score them again, the same bits). No key below it can be selected, so logits
+        // that rise with pool id cut back about once a split instead of at every chunk. seed_base is the chunk of
+        // the least such end minus k: the seed's chunks hold k candidates of every seeded token, every chunk but
+        // the last one a chunk of them (it starts before every such end, as (seed_chunks - 1) chunks < k). -1: none.
         const auto token_end = [&](int j) { return token_visible[j] < hi ? token_visible[j] : hi; };
-        const auto seeded = [&](int j) {
-            return k <= kp::kSelectChunk && takes(j, lo) && token_end(j) - lo >= kp::kSeedChunks * kp::kSelectChunk;
-        };
+        const int seed_chunks = (k + kp::kSelectChunk - 1) / kp::kSelectChunk;
+        unsigned int seeded_tokens = 0u;  // bit j: token j takes a threshold
         long long seed_base = -1;
         for (int j = r0; j < r1; ++j)
-            if (seeded(j) && (seed_base < 0 || token_end(j) - k < seed_base)) seed_base = token_end(j) - k;
+            if (takes(j, lo) &&
+                token_end(j) - lo >= static_cast<long long>(kp::kSeedChunks) * seed_chunks * kp::kSelectChunk) {
+                seeded_tokens |= 1u << j;
+                if (seed_base < 0 || token_end(j) - k < seed_base) seed_base = token_end(j) - k;
+            }
         if (seed_base >= 0) seed_base = lo + (seed_base - lo) / kp::kSelectChunk * kp::kSelectChunk;
-        // The passes: the seed chunk (where there is one), then the split's chunks from lo; chunk_at(passes) and
-        // past lie at or past hi.
+        const auto seeded = [&](int j) { return ((seeded_tokens >> j) & 1u) != 0u; };
+        // The passes: the seed's chunks (where there is a seed), then the split's chunks from lo; chunk_at(passes)
+        // and past lie at or past hi.
         const int split_chunks = hi > lo ? static_cast<int>((hi - lo + kp::kSelectChunk - 1) / kp::kSelectChunk) : 0;
-        const int first_chunk = seed_base >= 0 ? 1 : 0;  // the pass of the split's first chunk
+        const int first_chunk = seed_base >= 0 ? seed_chunks : 0;  // the pass of the split's first chunk
         const int passes = split_chunks + first_chunk;
+        const long long split_base = lo - static_cast<long long>(first_chunk) * kp::kSelectChunk;
         const auto chunk_at = [&](int pass) {
-            return pass < first_chunk ? seed_base : lo + static_cast<long long>(pass - first_chunk) * kp::kSelectChunk;
+            return (pass < first_chunk ? seed_base : split_base) + static_cast<long long>(pass) * kp::kSelectChunk;
         };
         // Token j's candidates of the chunk at base as a tile of keys (the chunk's logits in shared memory): how
         // many there are, entry e of the tile's one group holding candidate tile_offset(0, e) where it is one.
@@ -334,21 +343,31 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
             }
             __syncthreads();
             if (pass < first_chunk) {
-                // The seed pass: each seeded token's threshold from its candidates in this chunk (k of them or
-                // more), its buffer's histogram the radix select's; nothing offered.
+                // A seed pass: each seeded token's keys of this chunk (a whole chunk of candidates but in the
+                // last) kept in its buffer, from entry kSelectChunk pass (it holds fewer than k); after the last,
+                // its threshold from them and the last chunk's (k or more in all), the buffer's histogram the
+                // radix select's. Nothing offered: the buffer holds no candidate after.
+                const bool last = pass == first_chunk - 1;
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
                     if (!seeded(j)) continue;  // uniform in the block
                     kp::SelectTile<1> tile;
                     const int count = chunk_tile(j, base, tile);
+                    if (!last) {
+#pragma unroll
+                        for (int e = 0; e < kp::kSelectPerThread; ++e)
+                            held.buffer(j).keys[pass * kp::kSelectChunk + kp::tile_offset<1>(0, e)] = tile.keys[0][e];
+                        continue;
+                    }
                     tile.enter = 0u;
 #pragma unroll
                     for (int e = 0; e < kp::kSelectPerThread; ++e)
                         tile.enter |= static_cast<unsigned int>(kp::tile_offset<1>(0, e) < count) << e;
                     kp::SelectState state = token_state[j];
-                    kp::start_from_kth(held.buffer(j), tile, k, state);
+                    kp::start_from_kth(held.buffer(j), pass * kp::kSelectChunk, tile, k, state);
                     if (threadIdx.x == 0) token_state[j] = state;  // read after the next pass's barriers
                 }
+                if (!last) __syncthreads();  // the chunk's logits read before the next pass writes them
                 continue;
             }
 #pragma unroll 1

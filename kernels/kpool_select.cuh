@@ -369,17 +369,19 @@ __device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long fi
         for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = order_key(logits[j][e]);
 }
 
-// A selection's start from a threshold: the k-th largest key of the tile's
-// entering candidates (k of them or more, all among the selection's), a
-// lower bound on the selection's k-th largest, so only keys at or above it
-// are offered until the first cut-back sets the exact one. The buffer holds
-// no candidate yet; its histogram serves the radix select. Every thread of
-// the block calls it together; `state` comes out the same in every thread.
+// A selection's start from a threshold: the k-th largest key of the
+// buffer's first `kept` keys and the tile's entering candidates (k of them
+// or more, all among the selection's), a lower bound on the selection's
+// k-th largest, so only keys at or above it are offered until the first
+// cut-back sets the exact one. The buffer holds no candidate after (the
+// kept keys were a scratch copy); its histogram serves the radix select.
+// Every thread of the block calls it together; `state` comes out the same
+// in every thread.
 template <int CAP, int GROUPS>
-__device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, const SelectTile<GROUPS>& tile, int k,
-                                               SelectState& state) {
+__device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int kept, const SelectTile<GROUPS>& tile,
+                                               int k, SelectState& state) {
     unsigned int greater;
-    const unsigned int seed = kth_largest_key(buffer, 0, tile, k, &greater);
+    const unsigned int seed = kth_largest_key(buffer, kept, tile, k, &greater);
     state.cut = seed > 0u;  // a key above seed - 1: at or above the seed
     state.threshold = seed - 1u;
 }
@@ -417,7 +419,7 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
 #pragma unroll
             for (int e = 0; e < kSelectPerThread; ++e)
                 tile.enter |= static_cast<unsigned int>(tile_offset<GROUPS>(j, e) < count) << (kSelectPerThread * j + e);
-        start_from_kth(buffer, tile, k, state);
+        start_from_kth(buffer, 0, tile, k, state);
     }
     for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
         const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;

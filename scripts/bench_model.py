@@ -405,11 +405,12 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         arrays = (q, weights, cache, table, offsets, lengths)
         launch = launched(INDEX_SELECT_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         splits, group = int(launch.values["splits"]), int(launch.values["group_tokens"])
-        # A block's passes: its split's chunks, and one more first where its token has 3 chunks' worth of them or
-        # more and pool_topk fits a chunk (the seed pass: kernels/kpool_index_select.cu's kSeedChunks).
+        # A block's passes: its split's chunks, and first the seed's (as many as hold pool_topk) where its token
+        # has 3 times their worth of them or more (kernels/kpool_index_select.cu's kSeedChunks).
         block_chunks = -(-chunks // splits)
-        seeded = min(block_chunks * 1024, shape.pools) >= 3 * 1024 and SELECT_TOPK <= 1024
-        block_chunks += int(seeded)
+        seed_chunks = -(-SELECT_TOPK // 1024)
+        if min(block_chunks * 1024, shape.pools) >= 3 * seed_chunks * 1024:
+            block_chunks += seed_chunks
         repeats = block_chunks * group
         wgmma = mma == MMA_WGMMA
         family = "index_select_fp8 sm_90a" if wgmma else "index_select_fp8"

@@ -227,6 +227,9 @@ def main() -> int:
     # 256 tokens: a block each, walking 4 chunks, after a seed pass over the last (kSeedChunks).
     case = index_case(rng, heads=32, kpool=4, block_size=64, counts=(1,) * 256, cache_lengths=(16383,) * 256)
     selection("decode B256 ctx16K", case, paths, 512)
+    # V3.2's indexer (kpool 1, top 2048): 256 tokens of 16K pools, each block after a seed of two chunks.
+    case = index_case(rng, heads=64, kpool=1, block_size=64, counts=(1,) * 256, cache_lengths=(16383,) * 256)
+    selection("decode B256 kpool1 ctx16K top2048", case, paths, 2048)
     if not options.no_timing:
         timing("decode B64 next_n1 ctx8K h64", paths, 64, 64, 1, 8192)
         timing("decode B64 next_n2 ctx8K h64", paths, 64, 64, 2, 8192)

@@ -275,19 +275,21 @@ _SANITIZED_WGMMA_RUN = textwrap.dedent(
             emulate.kpool_index_select_fp8(*case.args, kpool=case.kpool, pool_topk=40, validate=False)
         calls += len(launches)
     # One block a token walking its every chunk (the select's ring across chunks, after a seed pass over a
-    # late chunk), a page missing, one past the cache and a length past the table; on the mma.sync path too.
+    # late chunk, or two at pool_topk 1100), a page missing, one past the cache and a length past the table; on
+    # the mma.sync path too.
     from kpool_cupy.ops import index_select_fp8
     index_select_fp8.select_splits = lambda tokens, pool_topk: 1
-    for path, block_size in [("wgmma", 8), ("wgmma", 64), ("e4m3", 16)]:
+    for path, block_size, seen, pool_topk in [("wgmma", 8, 3500, 100), ("wgmma", 64, 3500, 100),
+                                              ("e4m3", 16, 3500, 100), ("wgmma", 64, 6300, 1100)]:
         os.environ["KPOOL_CUPY_EMULATE_MMA"] = path
         case = index_case(rng, head_dim=128, heads=3, kpool=1, block_size=block_size, counts=(2, 1, 2),
-                          cache_lengths=(3500, 5, 3200))
+                          cache_lengths=(seen, 5, 3200))
         case.cache_block_table[0, 3], case.cache_block_table[2, 5] = -1, case.cache.shape[0] + 1
         lengths = case.cache_lengths.copy()
         lengths[1] = 10 ** 6
         case.cache_lengths = lengths
         with recording() as launches:
-            emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100, validate=False)
+            emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk, validate=False)
         calls += len(launches)
     os.environ["KPOOL_CUPY_EMULATE_MMA"] = "wgmma"
     for function, case in [*index_garbage_cases(3, 20), *select_garbage_cases(3, 8)]:
@@ -307,10 +309,10 @@ def test_address_sanitizer_sees_the_wgmma_scorer_stay_inside_its_arrays():
     done = sanitized.run(_SANITIZED_WGMMA_RUN.format(tests=str(ROOT / "tests")), libasan)
     assert "AddressSanitizer" not in done.stderr, done.stderr[-4000:]
     assert done.returncode == 0, done.stderr[-4000:]
-    # 18 near-valid calls of each, 3 walking selects and the garbage calls that reach a kernel (a max_pools of 0
+    # 18 near-valid calls of each, 4 walking selects and the garbage calls that reach a kernel (a max_pools of 0
     # or no token launches none).
     launches = re.search(r"^wgmma launches: (\d+)$", done.stdout, re.MULTILINE)
-    assert launches and int(launches.group(1)) >= 36 + 3 + 5, done.stdout
+    assert launches and int(launches.group(1)) >= 36 + 4 + 5, done.stdout
     sanitized.assert_instrumented(done.stdout)
 
 

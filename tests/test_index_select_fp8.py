@@ -207,19 +207,21 @@ def _equal_keys(case):
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")
-@pytest.mark.parametrize("pool_topk", [3, 700, 1024, 1500])
-def test_a_starting_threshold_from_a_chunk_scored_first_keeps_the_bits(monkeypatch, pool_topk):
+@pytest.mark.parametrize("pool_topk", [3, 700, 1024, 1500, 3072, 4096])
+def test_a_starting_threshold_from_chunks_scored_first_keeps_the_bits(monkeypatch, pool_topk):
     # One block a token's group walks its request's chunks (select_splits forced to 1). A token whose candidates
-    # span 3 chunks or more (kSeedChunks) gets a starting threshold when pool_topk fits a chunk: the k-th largest
-    # of its candidates in the chunk holding k of every such token's last ones, scored in a pass before the
-    # others. Groups of 3: the first holds request 0's tokens seeing 3,070, 3,071 and 3,072 pools (only the last
-    # is seeded), the second its last token and request 1's two (9,001 and 9,002). Rising, random and equal
-    # keys; pool_topk 1500 takes no threshold. The two calls' bits, on each backend. Seen failing with a seed
-    # one key too high (the threshold at the seed itself).
+    # span 3 times the seed's chunks or more (kSeedChunks; the seed: as many chunks as hold pool_topk) gets a
+    # starting threshold: the k-th largest of its candidates in the chunks holding k of every such token's last
+    # ones, scored in passes before the others. Groups of 3: the first holds request 0's tokens seeing 3,070,
+    # 3,071 and 3,072 pools (only the last is seeded at pool_topk 1,024 or less), the second its last token and
+    # request 1's two (12,288 and 12,289: both seeded, by 2 chunks at 1500, 3 at 3072 and 4 at 4096, the first
+    # the least that is at 4096). Rising, random and equal keys. The two calls' bits, on each backend. Seen
+    # failing with a seed one key too high (the threshold at the seed itself) and with the first chunks of a
+    # seed of several not kept.
     from kpool_cupy.ops import index_select_fp8
 
     monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
-    shape = {"counts": (4, 2), "cache_lengths": (3069, 9000)}
+    shape = {"counts": (4, 2), "cache_lengths": (3069, 12287)}
     rng = np.random.default_rng(pool_topk)
     random = index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, **shape)
     equal = _equal_keys(index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, **shape))
@@ -229,13 +231,15 @@ def test_a_starting_threshold_from_a_chunk_scored_first_keeps_the_bits(monkeypat
             _same(got, two_step(backend, case, pool_topk=pool_topk))
 
 
-def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypatch):
-    # Logits that rise with pool id (as recency makes them) cut a streaming selection back at every chunk: with
-    # a starting threshold (the seed pass above) about once a split. Counted on the emulator, not timed: the
-    # block-wide barriers the launch passes (EmulatedLaunch.barriers), two a chunk's offer and about twenty a
-    # cut-back; a decode token at 32,000 pools (32 chunks), one block walking them, pool_topk 512. The 1.5 is
-    # issue 34's bound on a rising row's time. Seen: 529 barriers to a random row's 205 without the seed pass
-    # (150 with it).
+@pytest.mark.parametrize("pool_topk", [512, 2048])
+def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypatch, pool_topk):
+    # Logits that rise with pool id (as recency makes them) cut a streaming selection back at every chunk or
+    # two: with a starting threshold (the seed passes above) about once a split. Counted on the emulator, not
+    # timed: the block-wide barriers the launch passes (EmulatedLaunch.barriers), two a chunk's offer and about
+    # twenty a cut-back; a decode token at 32,000 pools (32 chunks), one block walking them; pool_topk 512 (a
+    # chunk's seed) and 2048 (two chunks', V3.2's top-k). The 1.5 is issue 34's bound on a rising row's time.
+    # Seen: 529 barriers to a random row's 205 without the seed pass (150 with it); at 2048 518 to 267 with no
+    # seed above a chunk (154 to 294 with two chunks').
     from kpool_cupy.emulator.launch import recording
     from kpool_cupy.ops import index_select_fp8
 
@@ -246,7 +250,7 @@ def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypat
     passed = {}
     for name, case in (("rising", rising), ("random", random)):
         with recording() as launches:
-            emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=512)
+            emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk)
         (launch,) = launches
         passed[name] = launch.barriers
     assert passed["rising"] <= 1.5 * passed["random"], passed
@@ -361,11 +365,18 @@ def test_workspace_sizes_and_refusals():
 @pytest.mark.usefixtures("emulated_scorer_path")
 def test_the_same_under_the_reversed_thread_schedule(monkeypatch):
     # A token a block, its pools split over blocks (3 tokens); then groups of 4 tokens, one split (131 tokens):
-    # each token's state handed from offer to offer through shared memory.
+    # each token's state handed from offer to offer through shared memory; then two tokens' block walking 6,201
+    # pools in one split at pool_topk 1500 (a seed of two chunks, the first kept in the buffer between passes).
+    from kpool_cupy.ops import index_select_fp8
+
     rng = np.random.default_rng(6)
     split = index_case(rng, heads=8, kpool=1, block_size=16, counts=(1, 2), cache_lengths=(6000, 2000))
     grouped = index_case(rng, heads=8, kpool=1, block_size=16, counts=GROUPED_COUNTS, cache_lengths=GROUPED_LENGTHS)
-    wants = [two_step(emulate, case, pool_topk=700, compact=True) for case in (split, grouped)]
+    seeded = index_case(rng, heads=8, kpool=1, block_size=16, counts=(2,), cache_lengths=(6200,))
+    calls = [(split, 700), (grouped, 700), (seeded, 1500)]
+    wants = [two_step(emulate, case, pool_topk=pool_topk, compact=True) for case, pool_topk in calls]
     monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
-    for case, want in zip((split, grouped), wants, strict=True):
-        _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=700, compact=True), want)
+    for (case, pool_topk), want in zip(calls, wants, strict=True):
+        if case is seeded:
+            monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
+        _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk, compact=True), want)
