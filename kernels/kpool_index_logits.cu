@@ -287,7 +287,7 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
         w[k] = i < rows && head < head_count ? weights[(token_begin + token) * weights_stride + head] : 0.0f;
     }
     wgmma_stage_queries<HEAD_DIM, kIndexThreads, kVectorQ>(q, q_token_stride, q_head_stride, head_count, token_begin,
-                                                          tokens, token_rows, thread,
+                                                          tokens, tokens, token_rows, thread,
                                                           reinterpret_cast<uint4*>(shared.queries));
 #pragma unroll
     for (int k = 0; k < kWeightRounds; ++k) {

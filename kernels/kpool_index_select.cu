@@ -67,8 +67,9 @@ struct SelectGroupShared {
 
 
 // HEAD_DIM, MMA, VECTOR: as kpool_index_logits_fp8 (VECTOR's bits: the
-// cache pages, the query rows 16-byte aligned). CAP, IO, IC, PAGED,
-// COMPACT: as kpool_index_topk. group_tokens: the tokens a block selects
+// cache pages, the query rows 16-byte aligned; on sm_90a, 4: a key tile in
+// one page, 8: tokens paired). CAP, IO, IC, PAGED, COMPACT: as
+// kpool_index_topk. group_tokens: the tokens a block selects
 // for (1 to kSelectGroupTokens; the dynamic shared memory holds as many).
 // On sm_90a, 2 blocks an SM: at most 128 registers. The mma.sync paths
 // take more than 128 and hold 1 block an SM; saying so lets ptxas take up to
@@ -97,10 +98,16 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
     // compile-time choice: with both ways in one kernel, chosen at run time, ptxas spilled at the 128 registers
     // two blocks an SM allow (24 bytes; it wanted 156 unbounded, 152 and 144 for each way alone).
     constexpr bool kTilePages = MMA == kp::kMmaWgmma && kVectorCache && (VECTOR & 4) != 0;
+    // sm_90a: tokens of at most kWgmmaPairHeads heads each stage half a chunk of query rows, so two share a chain
+    // (kp::wgmma_pair_logits: the tensor cores' work of one token), the host setting the bit where the heads fit.
+    // Compile-time as kTilePages: the step then holds one of the two routines.
+    constexpr bool kPaired = MMA == kp::kMmaWgmma && (VECTOR & 8) != 0;
     const int slots = group_tokens < 1 ? 1 : (group_tokens > kp::kSelectGroupTokens ? kp::kSelectGroupTokens
                                                                                     : static_cast<int>(group_tokens));
-    // The host's rule for kTilePages: a launch that breaks it writes nothing rather than copy a tile across pages.
+    // The host's rules for kTilePages and kPaired: a launch that breaks one writes nothing rather than copy a tile
+    // across pages or score a token's heads past its half of a chain.
     if (kTilePages && kp::block_size32(cache_block_size) % static_cast<unsigned int>(kp::kWgmmaRows) != 0u) return;
+    if (kPaired && heads > kp::kWgmmaPairHeads) return;
     // 32-bit: the grid is, and a division less (the host launches splits >= 1).
     const unsigned int block = blockIdx.x, split_count = static_cast<unsigned int>(splits);
     const long long group = block / split_count, split = block % split_count;
@@ -161,7 +168,9 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const long long lo = split * per_split * kp::kSelectChunk;
         const long long hi = lo + per_split * kp::kSelectChunk < longest ? lo + per_split * kp::kSelectChunk : longest;
         const int tiles = (static_cast<int>(heads) + kp::kWgmmaRows - 1) / kp::kWgmmaRows;  // sm_90a's head chunks
-        const int token_rows = tiles * kp::kWgmmaRows;
+        // kPaired: the run's rows staged for an even count of tokens, an odd run's last partner zero.
+        const int token_rows = kPaired ? kp::kWgmmaPairHeads : tiles * kp::kWgmmaRows;
+        const int staged = kPaired ? (r1 - r0 + 1) / 2 * 2 : r1 - r0;
         // A starting threshold, as kp::select_best takes one: for each token with kSeedChunks times seed_chunks
         // chunks' worth of candidates or more in the split, the k-th largest key of its candidates in the
         // seed_chunks chunks from seed_base (as many as hold k), scored in passes of their own before the split's
@@ -237,12 +246,13 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         if constexpr (MMA == kp::kMmaWgmma) {
             // The run's query rows and weights, staged once for its chunks.
             const int head_count = static_cast<int>(heads);
-            for (int i = static_cast<int>(threadIdx.x); i < (r1 - r0) * token_rows; i += kp::kSelectThreads) {
+            for (int i = static_cast<int>(threadIdx.x); i < staged * token_rows; i += kp::kSelectThreads) {
                 const int j = i / token_rows, h = i - j * token_rows;
-                shared.weights[i] = h < head_count ? weights[(first_token + r0 + j) * weights_stride + h] : 0.0f;
+                shared.weights[i] =
+                    h < head_count && j < r1 - r0 ? weights[(first_token + r0 + j) * weights_stride + h] : 0.0f;
             }
             kp::wgmma_stage_queries<HEAD_DIM, kp::kSelectThreads, kVectorQ>(
-                q, q_token_stride, q_head_stride, head_count, first_token + r0, r1 - r0, token_rows,
+                q, q_token_stride, q_head_stride, head_count, first_token + r0, r1 - r0, staged, token_rows,
                 static_cast<int>(threadIdx.x), reinterpret_cast<uint4*>(shared.queries));
         }
         // mma.sync: warp `warp` scores the tiles of 8 NT pools warp_tiles(pass, call) of each pass's chunk (call <
@@ -288,15 +298,29 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                     const unsigned char* const key_tile = shared.key_tile(part_group, slot);
                     const float* const key_scale = shared.key_scale(part_group, slot);
                     const int* const key_present = shared.key_present(part_group, slot);
-                    for (int j = r0; j < r1; ++j) {
-                        if (!scores || !takes(j, first_pool)) continue;  // uniform in the warpgroup
-                        float logit[2];
-                        kp::wgmma_key_logits<HEAD_DIM>(shared.queries + (j - r0) * token_rows * HEAD_DIM, tiles,
-                                                       static_cast<int>(heads), shared.weights + (j - r0) * token_rows,
-                                                       key_tile, key_scale, member, logit);
-                        if (kp::wgmma_writes_a_logit(member) && first_pool + row < hi)
-                            held.logits(j)[first_pool + row - base] =
-                                key_present[row] != 0 ? kp::wgmma_written_logit(logit, member) : minus_infinity;
+                    // Token j, and j + 1 where paired (uniform in the warpgroup).
+                    for (int j = r0; j < r1; j += kPaired ? 2 : 1) {
+                        const bool first = takes(j, first_pool);
+                        const bool second = kPaired && j + 1 < r1 && takes(j + 1, first_pool);
+                        if (!scores || !(first || second)) continue;
+                        const unsigned char* const token_queries = shared.queries + (j - r0) * token_rows * HEAD_DIM;
+                        const float* const token_weights = shared.weights + (j - r0) * token_rows;
+                        float logit[2][2];
+                        if constexpr (kPaired)
+                            kp::wgmma_pair_logits<HEAD_DIM>(token_queries, static_cast<int>(heads), token_weights,
+                                                            key_tile, key_scale, member, logit);
+                        else
+                            kp::wgmma_key_logits<HEAD_DIM>(token_queries, tiles, static_cast<int>(heads),
+                                                           token_weights, key_tile, key_scale, member, logit[0]);
+                        if (kp::wgmma_writes_a_logit(member) && first_pool + row < hi) {
+                            const int at = static_cast<int>(first_pool + row - base);
+                            if (first)
+                                held.logits(j)[at] =
+                                    key_present[row] != 0 ? kp::wgmma_written_logit(logit[0], member) : minus_infinity;
+                            if (second)
+                                held.logits(j + 1)[at] =
+                                    key_present[row] != 0 ? kp::wgmma_written_logit(logit[1], member) : minus_infinity;
+                        }
                     }
                 }
             }

@@ -12,7 +12,8 @@
 // one column group (thread g, t of warp w holds rows 16 w + g and + 8), so
 // its head sum needs no other warp and no shared memory. Every logit of
 // this path, the scorer's and the fused select's, comes from
-// wgmma_key_logits, so its sums run in one fixed order:
+// wgmma_key_logits or (two tokens of at most 32 heads at once, their heads
+// side by side on N) wgmma_pair_logits, so its sums run in one fixed order:
 //   - per thread, for each of its two rows, over its heads 64 m + 8 j + 2 t
 //     + c (chunks m ascending, then j, then c), each weighted after its relu
 //     and added in one rounding: sum = fmaf(weight, relu(scale * dot), sum);
@@ -71,16 +72,18 @@ __device__ __forceinline__ unsigned long long wgmma_step_desc(const unsigned cha
     return kp_wgmma_desc(tile + 256 * s, 128, 8 * HEAD_DIM, kp_swizzle_none);
 }
 
-// The query rows of `tokens` tokens from token_begin into a stage of whole
-// chunks of 64 rows (piece i at byte 16 i), each token's heads padded with zero rows to
-// token_rows. THREADS threads call it together; every load of a round is
-// issued before any is stored.
+// The query rows of `tokens` tokens from token_begin into a stage of
+// `staged` tokens' rows (piece i at byte 16 i), each token's heads padded
+// with zero rows to token_rows, the rows of tokens past `tokens` zero.
+// THREADS threads call it together; every load of a round is issued before
+// any is stored.
 template <int HEAD_DIM, int THREADS, bool VECTOR_Q>
 __device__ __forceinline__ void wgmma_stage_queries(const unsigned char* q, long long q_token_stride,
                                                     long long q_head_stride, int heads, long long token_begin,
-                                                    int tokens, int token_rows, int thread, uint4* stage) {
+                                                    int tokens, int staged, int token_rows, int thread,
+                                                    uint4* stage) {
     constexpr int kRound = 8;  // pieces a thread loads before it stores them
-    const int pieces = tokens * token_rows * (HEAD_DIM / 16);
+    const int pieces = staged * token_rows * (HEAD_DIM / 16);
     for (int first = 0; first < pieces; first += THREADS * kRound) {
         uint4 v[kRound];
 #pragma unroll
@@ -89,7 +92,7 @@ __device__ __forceinline__ void wgmma_stage_queries(const unsigned char* q, long
             const unsigned int row = wgmma_row<HEAD_DIM>(static_cast<unsigned int>(i));
             const unsigned int token = row / token_rows, head = row - token * token_rows;
             v[k] = uint4{0u, 0u, 0u, 0u};
-            if (i < pieces && head < static_cast<unsigned int>(heads))
+            if (i < pieces && token < static_cast<unsigned int>(tokens) && head < static_cast<unsigned int>(heads))
                 v[k] = load_piece16<VECTOR_Q>(q + (token_begin + token) * q_token_stride + head * q_head_stride +
                                               16 * wgmma_piece<HEAD_DIM>(static_cast<unsigned int>(i)));
         }
@@ -169,23 +172,25 @@ __device__ __forceinline__ void wgmma_store_key_part(const WgmmaKeyPart<HEAD_DIM
 }
 
 // Adds one chunk's weighted heads to this thread's two rows' sums: element
-// 4 j + 2 r + c of d is row 16 w + g + 8 r, column (head) 8 j + 2 t + c of
-// the chunk; w_pairs[4 j] holds that column pair's weights. A column at or
-// past `left` is padding and adds nothing (its product may be NaN: a zero
-// query row times a NaN key byte); ptxas predicates those adds, no branch.
+// 4 j + 2 r + c of d is row 16 w + g + 8 r, column 8 j + 2 t + c of the
+// chunk, which holds head 8 (j - J0) + 2 t + c of columns J0 .. J1 - 1 (in
+// groups of 8: the whole chunk, or one token's half of a pair's);
+// w_pairs[4 j] holds that column pair's weights. A head at or past `left`
+// is padding and adds nothing (its product may be NaN: a zero query row
+// times a NaN key byte); ptxas predicates those adds, no branch.
 // The relu is kp_relu_nan (one FMNMX.FTZ.NAN), which gives +0 for -0. A sum
 // is -0 only after a product flushed to -0 (below 2^-126, flush-to-zero);
 // there the zero's sign from the relu decides the logit's sign bit (an
 // exact zero either way, equal for every comparison and the selection).
-template <int N>
+template <int N, int J0 = 0, int J1 = N / 8>
 __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2* w_pairs, int left, int t,
                                                const float (&scale)[2], float (&sums)[2]) {
 #pragma unroll
-    for (int j = 0; j < N / 8; ++j) {
+    for (int j = J0; j < J1; ++j) {
         const float2 w = w_pairs[4 * j];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            const bool head = 8 * j + 2 * t + c < left;
+            const bool head = 8 * (j - J0) + 2 * t + c < left;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const float term = fmaf(c ? w.y : w.x, kp_relu_nan(scale[r] * d[4 * j + 2 * r + c]), sums[r]);
@@ -243,6 +248,46 @@ __device__ __forceinline__ void wgmma_key_logits(const unsigned char* q_chunks, 
         sums[r] += __shfl_xor_sync(kIndexWarpLanes, sums[r], 2);
         logit[r] = sums[r];
     }
+}
+
+// Two tokens' logits against the 64 keys of `keys` with one chain, where a
+// token has at most kWgmmaPairHeads heads: their query rows kWgmmaPairHeads
+// apart at q_pair (rows past each one's heads zero), so the chain's 64
+// columns hold the first token's heads, then the second's; w_pair their
+// weights as far apart (zero past their heads). logit[p][r] is token p's
+// logit of key 16 w + g + 8 r, each summed in wgmma_key_logits's order (its
+// heads' columns in ascending j, then c, one rounding a head, then the
+// butterfly), so a token's bits are the ones it gets alone. The tensor cores'
+// work of one token; the sums of two. Called as wgmma_key_logits is.
+constexpr int kWgmmaPairHeads = kWgmmaRows / 2;
+template <int HEAD_DIM>
+__device__ __forceinline__ void wgmma_pair_logits(const unsigned char* q_pair, int heads, const float* w_pair,
+                                                  const unsigned char* keys, const float* scales, int thread,
+                                                  float (&logit)[2][2]) {
+    constexpr int N = kWgmmaRows;
+    constexpr int kSteps = HEAD_DIM / 32;
+    const int lane = thread % 32, warp = thread / 32 % 4, t = lane % 4;
+    const int row = 16 * warp + lane / 4;
+    const float scale[2] = {scales[row], scales[row + 8]};
+    KpWgmmaAccum<N> d;
+    kp_wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s)
+        kp_wgmma_e4m3<N>(d, wgmma_step_desc<HEAD_DIM>(keys, s), wgmma_step_desc<HEAD_DIM>(q_pair, s), s > 0);
+    kp_wgmma_commit();
+    kp_wgmma_wait<0>();
+    float sums[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+    const float2* w_pairs = reinterpret_cast<const float2*>(w_pair) + t;
+    add_head_chunk<N, 0, N / 16>(d, w_pairs, heads, t, scale, sums[0]);
+    add_head_chunk<N, N / 16, N / 8>(d, w_pairs, heads, t, scale, sums[1]);
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            sums[p][r] += __shfl_xor_sync(kIndexWarpLanes, sums[p][r], 1);
+            sums[p][r] += __shfl_xor_sync(kIndexWarpLanes, sums[p][r], 2);
+            logit[p][r] = sums[p][r];
+        }
 }
 
 // Where a key tile lies in one page (its first pool and the page size

@@ -78,7 +78,7 @@ from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E4
 from kpool_cupy.bench.topk import topk_bytes, topk_shapes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_WGMMA, builds_for_sm90a  # noqa: E402
+from kpool_cupy.kernel.declarations import INDEX_PAIRED_TOKENS, MMA_E4M3, MMA_WGMMA, builds_for_sm90a  # noqa: E402
 from kpool_cupy.kernel.geometry import SELECT_CHUNK, WGMMA_ROWS, chunk_members, index_block_pools  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
@@ -388,7 +388,7 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
     call's group: the same upper bound as the scorer's.
     On the wgmma path that loop holds one of a warpgroup's 8 chain steps a chunk: the step (the innermost loop
     around the first mma that meets a barrier) counts 7 times more a chunk a block, and its token loop once more
-    a chain for each further token of the group."""
+    a chain for each further token of the group (each further pair, where tokens go two to a chain)."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -415,7 +415,9 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         wgmma = mma == MMA_WGMMA
         family = "index_select_fp8 sm_90a" if wgmma else "index_select_fp8"
         chain_steps = block_chunks * (WGMMA_SELECT_CHAINS - 1) if wgmma else 0
-        chain_tokens = block_chunks * WGMMA_SELECT_CHAINS * (group - 1) if wgmma else 0
+        # Its token loop runs a token at a time, or two (INDEX_PAIRED_TOKENS: at most 32 heads, two to a chain).
+        paired = bool(launch.template["VECTOR"] & INDEX_PAIRED_TOKENS)
+        chain_tokens = block_chunks * WGMMA_SELECT_CHAINS * (-(-group // (2 if paired else 1)) - 1) if wgmma else 0
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
                      repeated_loop="chunk around first mma", chain_repeats=chain_steps,
                      chain_token_repeats=chain_tokens)  # fmt: skip

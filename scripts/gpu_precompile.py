@@ -67,9 +67,11 @@ def sm90a_targets(variants: list[dict]) -> list[dict]:
     """The sm_90a build (MMA_WGMMA) of every scorer and fused-select variant of ``variants`` at the engine's
     head_dim that takes e4m3 mma.sync (MMA_E4M3), with its twin's NVRTC time; those already listed left out. A
     fused select on a 16-byte aligned cache has two twins: its sm_90a launch copies a key tile from one page
-    where the pages hold a multiple of 64 pools (VECTOR's INDEX_TILE_PAGES), row by row elsewhere."""
+    where the pages hold a multiple of 64 pools (VECTOR's INDEX_TILE_PAGES), row by row elsewhere; and each of a
+    select's twins has one more that scores tokens of at most 32 heads two to a chain (INDEX_PAIRED_TOKENS)."""
     from kpool_cupy.kernel.declarations import (
         INDEX_LOGITS_FP8,
+        INDEX_PAIRED_TOKENS,
         INDEX_SELECT_FP8,
         INDEX_TILE_PAGES,
         INDEX_VECTOR_CACHE,
@@ -88,8 +90,10 @@ def sm90a_targets(variants: list[dict]) -> list[dict]:
             continue
         arguments[list(template).index("MMA")] = str(MMA_WGMMA)
         vectors = [int(template["VECTOR"])]
-        if name == INDEX_SELECT_FP8.name and vectors[0] & INDEX_VECTOR_CACHE:
-            vectors.append(vectors[0] | INDEX_TILE_PAGES)
+        if name == INDEX_SELECT_FP8.name:
+            if vectors[0] & INDEX_VECTOR_CACHE:
+                vectors.append(vectors[0] | INDEX_TILE_PAGES)
+            vectors += [vector | INDEX_PAIRED_TOKENS for vector in vectors]  # heads not known here: both
         for vector in vectors:
             arguments[list(template).index("VECTOR")] = str(vector)
             twin = (variant["source"], f"{name}<{', '.join(arguments)}>")

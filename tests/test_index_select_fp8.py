@@ -12,7 +12,7 @@ from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.functions import definition
-from kpool_cupy.kernel.declarations import INDEX_TILE_PAGES, MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import INDEX_PAIRED_TOKENS, INDEX_TILE_PAGES, MMA_E4M3, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
 from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
@@ -128,12 +128,43 @@ def test_a_requests_tokens_share_its_keys_but_select_only_the_pools_each_sees(ba
             token += 1
 
 
+def test_the_wgmma_path_scores_two_tokens_of_up_to_32_heads_with_one_chain(monkeypatch):
+    # On sm_90a a chain of wgmma (m64n64k32) scores 64 keys against 64 columns: a token's heads, or, up to 32
+    # heads each, two tokens' side by side (kp::wgmma_pair_logits), the tensor cores' work of one. Counted on the
+    # emulator (EmulatedLaunch.wgmmas, one a warpgroup's instruction): a request's two decode tokens at 32 heads
+    # issue half the wgmma 33 heads do (the launch's INDEX_PAIRED_TOKENS bit), with the two calls' bits. Seen
+    # failing with the pairs turned off.
+    from kpool_cupy.backends.host import EMULATE_MMA_VARIABLE
+    from kpool_cupy.emulator.launch import recording
+    from kpool_cupy.ops import index_select_fp8
+
+    monkeypatch.setenv(EMULATE_MMA_VARIABLE, "wgmma")
+    monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
+    issued = {}
+    for heads in (32, 33):
+        case = index_case(np.random.default_rng(heads), heads=heads, head_dim=64, kpool=1, block_size=16,
+                          counts=(2,), cache_lengths=(2000,))  # fmt: skip
+        want = two_step(emulate, case, pool_topk=100)
+        with recording() as launches:
+            got = emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100)
+        _same(got, want)
+        (launch,) = launches
+        vector = int(launch.kernel_name.split("<")[1].split(",")[2])  # VECTOR: the third
+        assert bool(vector & INDEX_PAIRED_TOKENS) == (heads <= 32), launch.kernel_name
+        issued[heads] = launch.wgmmas
+    assert issued[33] == 2 * issued[32] > 0, issued
+
+
 @pytest.mark.usefixtures("emulated_scorer_path")
-def test_grouped_tokens_each_score_with_their_own_query_and_weights():
+@pytest.mark.parametrize("heads", [20, 32])
+def test_grouped_tokens_each_score_with_their_own_query_and_weights(heads):
     # Random queries, weights and keys: a token that took another token of its group's query rows or weights
-    # would select other pools than the two calls.
+    # would select other pools than the two calls. On the wgmma path, tokens of up to 32 heads are scored two at
+    # a time, one token's heads in each half of the chain's 64 columns (runs of 1 to 4 tokens: odd ones pair
+    # the last with zero rows; 32 heads fill both halves). Seen failing with the second token summing the first
+    # half's columns.
     rng = np.random.default_rng(31)
-    case = index_case(rng, heads=20, head_dim=128, kpool=1, block_size=16, counts=GROUPED_COUNTS,
+    case = index_case(rng, heads=heads, head_dim=128, kpool=1, block_size=16, counts=GROUPED_COUNTS,
                       cache_lengths=GROUPED_LENGTHS)  # fmt: skip
     options = {"pool_topk": 100, "compact": True}
     _same(emulate.kpool_index_select_fp8(*case.args, kpool=1, **options), two_step(emulate, case, **options))

@@ -14,7 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kpool_cupy.kernel.declarations import INDEX_SELECT_FP8, INDEX_TILE_PAGES, INDEX_TOPK, MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import (
+    INDEX_PAIRED_TOKENS,
+    INDEX_SELECT_FP8,
+    INDEX_TILE_PAGES,
+    INDEX_TOPK,
+    MMA_E4M3,
+    MMA_F16,
+    MMA_WGMMA,
+)
 from kpool_cupy.kernel.nvrtc import kernel_ptx
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.load_depth import load_depth
@@ -101,11 +109,17 @@ def _chain_step(text: str) -> list[sass.Instruction]:
 @pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize(
     ("cap", "vector"),
-    [(512, 3), (512, 3 | INDEX_TILE_PAGES), pytest.param(4096, 3, marks=pytest.mark.slow)],  # 5 s a build
+    [
+        (512, 3),
+        (512, 3 | INDEX_TILE_PAGES | INDEX_PAIRED_TOKENS),
+        pytest.param(512, 3 | INDEX_TILE_PAGES, marks=pytest.mark.slow),  # 5 s a build
+        pytest.param(4096, 3, marks=pytest.mark.slow),
+    ],
 )
 def test_the_fused_kernels_sm90a_path_scores_with_the_scorers_qgmma_chain(cap, vector):
-    # head_dim 128 on sm_90a: the scorer's chain of 4 QGMMA (m64n64k32), no spills; its tiles and the token's
-    # queries live in dynamic shared memory, so the static memory is the selection's alone, as on sm_90.
+    # head_dim 128 on sm_90a: the scorer's chain of 4 QGMMA (m64n64k32), a token's or a pair's
+    # (kp::wgmma_pair_logits, INDEX_PAIRED_TOKENS), no spills; its tiles and the token's queries live in dynamic
+    # shared memory, so the static memory is the selection's alone, as on sm_90.
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(cap, MMA_WGMMA, vector), arch="sm_90a")
     plain = _shared_bytes(INDEX_SELECT_FP8.source, _select(cap), "sm_90")
     assert tensor_core_opcodes(machine.sass) == {"QGMMA": 4}

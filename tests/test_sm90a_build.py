@@ -505,9 +505,9 @@ def test_ptx_sass_for_sm_90a_compiles_for_compute_90a_and_assembles_for_sm_90a(s
 
 def test_the_precompile_adds_the_sm_90a_twin_of_each_engine_shape_scorer_and_select():
     # The twin of a head_dim-128 scorer or fused select on e4m3 mma.sync is its wgmma build, everything else the
-    # same (a fused select on an aligned cache has a second, with INDEX_TILE_PAGES); other head_dims, other
-    # kernels, f16 variants and twins already listed add nothing.
-    from kpool_cupy.kernel.declarations import COMPRESS, INDEX_SELECT_FP8, INDEX_TOPK
+    # same (a fused select on an aligned cache has a second, with INDEX_TILE_PAGES, and each select twin one more
+    # with INDEX_PAIRED_TOKENS); other head_dims, other kernels, f16 variants and twins already listed add nothing.
+    from kpool_cupy.kernel.declarations import COMPRESS, INDEX_PAIRED_TOKENS, INDEX_SELECT_FP8, INDEX_TOPK
 
     precompile = _script("gpu_precompile")
 
@@ -526,11 +526,16 @@ def test_the_precompile_adds_the_sm_90a_twin_of_each_engine_shape_scorer_and_sel
         listed(COMPRESS, KT=np.float32, GT=np.float32, OT=np.float32, HEAD_DIM=128, KPOOL=4),
     ]
     targets = precompile.sm90a_targets(variants)
+    pages, paired = INDEX_TILE_PAGES, INDEX_PAIRED_TOKENS
     assert [t["instance"] for t in targets] == [
         INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_WGMMA, IO=np.int64),
         INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **select),
-        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"VECTOR": 3 | INDEX_TILE_PAGES})),
-        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"COMPACT": True, "VECTOR": 3 | INDEX_TILE_PAGES})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"VECTOR": 3 | pages})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"VECTOR": 3 | paired})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"VECTOR": 3 | pages | paired})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"COMPACT": True, "VECTOR": 3 | pages})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"COMPACT": True, "VECTOR": 3 | paired})),
+        INDEX_SELECT_FP8.instance(MMA=MMA_WGMMA, **(select | {"COMPACT": True, "VECTOR": 3 | pages | paired})),
     ]
     assert all(t["nvrtc_s"] == 0.5 for t in targets)  # scheduled like their twins
     assert [precompile.builds_sm90a(v["source"], v["instance"]) for v in variants] == [0, 0, 0, 0, 0, 1, 0, 0]

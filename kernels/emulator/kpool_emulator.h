@@ -107,6 +107,7 @@ unsigned long long kp_emulate_launch(void (*kernel)(Params...), dim3 grid, dim3 
     const KpDynamicSharedLaunch dynamic_shared(shared_bytes);
     kp_vector_accesses = 0;
     kp_barriers_passed = 0;
+    kp_wgmmas_issued = 0;
     kp_emulate_grid(kernel, grid, block, args, std::index_sequence_for<Params...>{});
     return kp_vector_accesses;
 }

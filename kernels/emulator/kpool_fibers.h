@@ -250,6 +250,9 @@ inline thread_local bool kp_launch_cooperated = false;    // how the last launch
 // The block-wide barriers (__syncthreads) the last launch's blocks passed, summed over its blocks: a count of
 // work a test can compare between inputs (kpool_cupy.emulator.launch's EmulatedLaunch.barriers).
 inline thread_local unsigned long long kp_barriers_passed = 0;
+// The wgmma.mma_async the last launch's warpgroups issued, one a warpgroup's instruction, summed over its blocks
+// (kpool_wgmma.h counts them; EmulatedLaunch.wgmmas).
+inline thread_local unsigned long long kp_wgmmas_issued = 0;
 // Counts the blocks this host thread has started as fibers, so state kept per
 // block (kpool_wgmma.h's) can tell a new block from the one it belongs to.
 inline thread_local unsigned long long kp_block_serial = 0;

@@ -302,6 +302,7 @@ struct KpWgmmaIssue {
 inline void kp_wgmma_issue(void* const* threads) {
     const KpWgmmaIssue& first = *static_cast<const KpWgmmaIssue*>(threads[0]);
     KpWarpgroupState& group = kp_wgmma_state().warpgroups[first.rank / kp_warpgroup_threads];
+    ++kp_wgmmas_issued;
     for (unsigned int t = 0; t < kp_warpgroup_threads; ++t) {
         const KpWgmmaIssue& mine = *static_cast<const KpWgmmaIssue*>(threads[t]);
         if (mine.desc_a != first.desc_a) kp_wgmma_disagree(first, mine, "A's descriptor", first.desc_a, mine.desc_a);

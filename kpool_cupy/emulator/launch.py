@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..kernel.sources import kernel_source
-from .toolchain import BARRIERS, COOPERATED, ENTRY, SIZES, load_code
+from .toolchain import BARRIERS, COOPERATED, ENTRY, SIZES, WGMMAS, load_code
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class EmulatedLaunch:
     cooperative: bool = False  # ran as fibers (KP_THREADS_COOPERATE), not one thread after another
     shared_bytes: int = 0  # dynamic shared memory each block had (KP_DYNAMIC_SHARED)
     barriers: int = 0  # block-wide barriers its blocks passed, summed over them (fibers only)
+    wgmmas: int = 0  # wgmma.mma_async its warpgroups issued, one a warpgroup's instruction, summed over them
 
 
 _records = threading.local()
@@ -102,8 +103,10 @@ def launch_code(
     if launches is not None:
         # ctypes calls on this OS thread, so the flag is this launch's.
         cooperated = bool(getattr(library, COOPERATED)())
-        barriers = int(getattr(library, BARRIERS)())
-        launches.append(EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated, shared_bytes, barriers))
+        barriers, wgmmas = int(getattr(library, BARRIERS)()), int(getattr(library, WGMMAS)())
+        launches.append(
+            EmulatedLaunch(kernel_name, grid, block, int(accesses), cooperated, shared_bytes, barriers, wgmmas)
+        )
 
 
 def launch(

@@ -35,6 +35,7 @@ ENTRY = "kpool_emulate_launch"
 SIZES = "kpool_emulate_param_sizes"
 COOPERATED = "kpool_emulate_cooperated"
 BARRIERS = "kpool_emulate_barriers"
+WGMMAS = "kpool_emulate_wgmmas"
 # The host's CUDA built-ins, fibers and grid launch (under kernels/). It opens
 # every host build, so kpool_portability.h finds it defined and NVRTC's text
 # never holds it.
@@ -85,11 +86,11 @@ def _compiler_identity(path: str) -> str:
 
 
 def _shim(code: str, kernel_name: str) -> str:
-    # The emulator's headers, the whole kernel text, and four C entry points:
+    # The emulator's headers, the whole kernel text, and five C entry points:
     # run the grid with a block's dynamic shared memory (returning its 16-byte
     # access count), report the parameters' sizes, say whether this host
-    # thread's last launch ran as fibers, and how many block-wide barriers its
-    # blocks passed. The cache key hashes this text, the
+    # thread's last launch ran as fibers, how many block-wide barriers its
+    # blocks passed and how many wgmma its warpgroups issued. The cache key hashes this text, the
     # emulator's headers included.
     return (
         kernel_source(EMULATOR_HEADER)
@@ -102,6 +103,7 @@ def _shim(code: str, kernel_name: str) -> str:
         + f"    return kp_param_sizes(&{kernel_name}, sizes, capacity);\n}}\n"
         + f'extern "C" int {COOPERATED}() {{ return kp_launch_cooperated; }}\n'
         + f'extern "C" unsigned long long {BARRIERS}() {{ return kp_barriers_passed; }}\n'
+        + f'extern "C" unsigned long long {WGMMAS}() {{ return kp_wgmmas_issued; }}\n'
     )
 
 
@@ -143,8 +145,9 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
         getattr(library, SIZES).restype = ctypes.c_int
         getattr(library, COOPERATED).argtypes = ()
         getattr(library, COOPERATED).restype = ctypes.c_int
-        getattr(library, BARRIERS).argtypes = ()
-        getattr(library, BARRIERS).restype = ctypes.c_ulonglong
+        for counter in (BARRIERS, WGMMAS):
+            getattr(library, counter).argtypes = ()
+            getattr(library, counter).restype = ctypes.c_ulonglong
         _loaded[key] = library
         return library
 

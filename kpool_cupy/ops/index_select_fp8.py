@@ -8,7 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ..kernel.declarations import INDEX_SELECT_FP8, INDEX_TILE_PAGES, INDEX_VECTOR_CACHE, INDEX_VECTOR_Q, MMA_WGMMA
+from ..kernel.declarations import (
+    INDEX_PAIRED_TOKENS,
+    INDEX_SELECT_FP8,
+    INDEX_TILE_PAGES,
+    INDEX_VECTOR_CACHE,
+    INDEX_VECTOR_Q,
+    MMA_WGMMA,
+)
 from ..kernel.geometry import (
     LARGE_BATCH,
     SELECT_THREADS,
@@ -99,6 +106,8 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     )
     if mma == MMA_WGMMA and vector & INDEX_VECTOR_CACHE and call.cache_block_size % WGMMA_ROWS == 0:
         vector |= INDEX_TILE_PAGES
+    if mma == MMA_WGMMA and call.heads <= WGMMA_ROWS // 2:
+        vector |= INDEX_PAIRED_TOKENS
     template |= {"HEAD_DIM": call.head_dim, "MMA": mma, "VECTOR": vector, "CAP": cap}
     template |= {"IO": o["input_row_offsets"].dtype, "IC": o["cache_lengths"].dtype}
     shared = index_select_shared_bytes(call.heads, call.head_dim, mma, cap, group)
