@@ -188,6 +188,8 @@ class Case:
     mma_repeats: int = 0  # times it runs the innermost loop around its first mma (the scorer: every head tile)
     chain_repeats: int = 0  # further runs of the chain step (the innermost loop around the first mma with a barrier)
     chain_token_repeats: int = 0  # further runs of the chain step's token loop (a token more in the step)
+    call_repeats: int = 0  # further runs of the call loop (the largest loop around the first mma with no barrier)
+    head_repeats: int = 0  # further runs of the innermost loop around the first mma (the fused select's heads)
     # The loop `repeats` counts: the longest, or the one just inside the outermost around the first mma (the fused
     # select's chunk loop: the outermost is its loop over a group's runs, which holds once a run what a chunk does
     # not take; its per-token finish, merge and row writing outgrow both)
@@ -418,9 +420,15 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         # Its token loop runs a token at a time, or two (INDEX_PAIRED_TOKENS: at most 32 heads, two to a chain).
         paired = bool(launch.template["VECTOR"] & INDEX_PAIRED_TOKENS)
         chain_tokens = block_chunks * WGMMA_SELECT_CHAINS * (-(-group // (2 if paired else 1)) - 1) if wgmma else 0
+        # mma.sync: a warp's calls a chunk (kCalls: 8 NT pools each of its 128; the scorer's block of 4 warps
+        # takes 4 x 8 NT) and a call's groups of 16 heads a token (kp::score_token's loop), each counted once in
+        # the chunk's loop.
+        calls = 0 if wgmma else SELECT_CHUNK // 8 // (index_block_pools(INDEX_HEAD_DIM, mma) // 4)
+        head_groups = -(-shape.heads // 16)
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
                      repeated_loop="chunk around first mma", chain_repeats=chain_steps,
-                     chain_token_repeats=chain_tokens)  # fmt: skip
+                     chain_token_repeats=chain_tokens, call_repeats=repeats * max(calls - 1, 0),
+                     head_repeats=repeats * calls * (head_groups - 1))  # fmt: skip
         if wgmma:
             cases.append(fused)
             continue
@@ -547,6 +555,14 @@ def chain_step_bodies(sass: str) -> tuple[int, int]:
     return 0, 0
 
 
+def call_loop_body(sass: str) -> int:
+    """The fused select's mma.sync call loop: the largest loop around the first tensor-core instruction that meets
+    no barrier (the chunk's loop around it meets the selection's), its instructions; 0 for none."""
+    barriers = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
+    free = [size for size, start, end in _spans_around_first_mma(sass) if not any(start <= b <= end for b in barriers)]
+    return max(free, default=0)
+
+
 def mma_loop_body(sass: str) -> int:
     """Instructions in the innermost loop around the first tensor-core instruction (0: none in a loop)."""
     return min(_loops_around_first_mma(sass), default=0)
@@ -588,6 +604,7 @@ class Variant:
     chunk_mma_loop_body: int = 0
     chain_step_body: int = 0
     chain_token_body: int = 0
+    call_loop_body: int = 0
 
 
 @functools.cache
@@ -607,6 +624,7 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         summary.shared_bytes,
         chunk_mma_loop_body(sass),
         *chain_step_bodies(sass),
+        call_loop_body(sass),
     )
 
 
@@ -649,6 +667,8 @@ def predict(
         per_thread += (case.repeats - 1) * body
     # The fused select's sm_90a chain steps past the one its chunk loop holds, and their tokens past the first.
     per_thread += case.chain_repeats * v.chain_step_body + case.chain_token_repeats * v.chain_token_body
+    # Its mma.sync calls past the one its chunk loop holds, and their groups of 16 heads past the first.
+    per_thread += case.call_repeats * v.call_loop_body + case.head_repeats * v.mma_loop_body
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.
