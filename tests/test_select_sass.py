@@ -165,7 +165,7 @@ def test_no_sm90a_build_of_the_fused_kernel_reading_keys_row_by_row_spills(head_
     # Two blocks an SM hold the sm_90a path to 128 registers. Head_dim 256 read row by row spilled 16 bytes there
     # (and head_dim 64 and 128 too once a seed took several chunks) while a block's group and split came of a
     # 64-bit division (blockIdx.x / splits, kept in local memory from the kernel's start to its rows' writing);
-    # 32-bit now (120 registers at 256; head_dim 128 in the chain test above).
+    # 32-bit now (121 registers at 256; head_dim 128 in the chain test above).
     name = INDEX_SELECT_FP8.instance(HEAD_DIM=head_dim, MMA=MMA_WGMMA, VECTOR=3, CAP=512, IO=I32, IC=I32, PAGED=True,
                                      COMPACT=True)  # fmt: skip
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, name, arch="sm_90a")
