@@ -98,7 +98,7 @@ from kpool_cupy.ops.framework.binding import bind  # noqa: E402
 from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.ops.index_topk import TOPK_TILE, index_topk_workspace_bytes  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
-from kpool_cupy.tools.load_depth import load_depth  # noqa: E402
+from kpool_cupy.tools.load_depth import TENSOR_CORE, load_depth  # noqa: E402
 from kpool_cupy.tools.sass import loop_spans, parse_instructions, summarize_code_sass, summarize_sass  # noqa: E402
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
@@ -188,7 +188,7 @@ class Case:
     mma_repeats: int = 0  # times it runs the innermost loop around its first mma (the scorer: every head tile)
     chain_repeats: int = 0  # further runs of the chain step (the innermost loop around the first mma with a barrier)
     chain_token_repeats: int = 0  # further runs of the chain step's token loop (a token more in the step)
-    call_repeats: int = 0  # further runs of the call loop (the largest loop around the first mma with no barrier)
+    calls: int = 0  # calls a thread makes in the call loop (the largest loop around the first mma with no barrier)
     head_repeats: int = 0  # further runs of the innermost loop around the first mma (the fused select's heads)
     # The loop `repeats` counts: the longest, or the one just inside the outermost around the first mma (the fused
     # select's chunk loop: the outermost is its loop over a group's runs, which holds once a run what a chunk does
@@ -427,7 +427,7 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         head_groups = -(-shape.heads // 16)
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
                      repeated_loop="chunk around first mma", chain_repeats=chain_steps,
-                     chain_token_repeats=chain_tokens, call_repeats=repeats * max(calls - 1, 0),
+                     chain_token_repeats=chain_tokens, calls=repeats * calls,
                      head_repeats=repeats * calls * (head_groups - 1))  # fmt: skip
         if wgmma:
             cases.append(fused)
@@ -555,12 +555,22 @@ def chain_step_bodies(sass: str) -> tuple[int, int]:
     return 0, 0
 
 
-def call_loop_body(sass: str) -> int:
-    """The fused select's mma.sync call loop: the largest loop around the first tensor-core instruction that meets
-    no barrier (the chunk's loop around it meets the selection's), its instructions; 0 for none."""
+def call_loop(sass: str) -> tuple[int, int]:
+    """The fused select's mma.sync call loop, the largest loop around the first tensor-core instruction that meets
+    no barrier (the chunk's loop around it meets the selection's): its instructions, and the calls a trip (its
+    tensor-core instructions over those of the innermost loop around the first, which holds one call's for one
+    token and 16 heads; 2 where the loop is unrolled by 2); (0, 1) for none."""
     barriers = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
-    free = [size for size, start, end in _spans_around_first_mma(sass) if not any(start <= b <= end for b in barriers)]
-    return max(free, default=0)
+    free = [(end - start, start, end) for _, start, end in _spans_around_first_mma(sass)]
+    free = [span for span in free if not any(span[1] <= b <= span[2] for b in barriers)]
+    if not free:
+        return 0, 1
+    _, start, end = max(free)
+    _, inner_start, inner_end = _spans_around_first_mma(sass)[0]
+    instructions = parse_instructions(sass)[0]
+    tensor = [i.address for i in instructions if i.opcode[0] in TENSOR_CORE]
+    calls = sum(start <= a <= end for a in tensor) // max(1, sum(inner_start <= a <= inner_end for a in tensor))
+    return sum(start <= i.address <= end for i in instructions), max(calls, 1)
 
 
 def mma_loop_body(sass: str) -> int:
@@ -605,6 +615,7 @@ class Variant:
     chain_step_body: int = 0
     chain_token_body: int = 0
     call_loop_body: int = 0
+    calls_a_trip: int = 1
 
 
 @functools.cache
@@ -624,7 +635,7 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         summary.shared_bytes,
         chunk_mma_loop_body(sass),
         *chain_step_bodies(sass),
-        call_loop_body(sass),
+        *call_loop(sass),
     )
 
 
@@ -667,8 +678,11 @@ def predict(
         per_thread += (case.repeats - 1) * body
     # The fused select's sm_90a chain steps past the one its chunk loop holds, and their tokens past the first.
     per_thread += case.chain_repeats * v.chain_step_body + case.chain_token_repeats * v.chain_token_body
-    # Its mma.sync calls past the one its chunk loop holds, and their groups of 16 heads past the first.
-    per_thread += case.call_repeats * v.call_loop_body + case.head_repeats * v.mma_loop_body
+    # Its mma.sync call loop's trips past the one each counted chunk holds (calls_a_trip calls a trip), and their
+    # groups of 16 heads past the first.
+    if case.calls:
+        per_thread += (case.calls // v.calls_a_trip - case.repeats) * v.call_loop_body
+    per_thread += case.head_repeats * v.mma_loop_body
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.

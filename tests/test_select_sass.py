@@ -85,11 +85,11 @@ def test_the_selection_reads_logits_16_bytes_at_a_time_and_spills_nothing_in_its
 
 @pytest.mark.usefixtures("sass_tools")
 def test_the_fused_kernel_scores_on_tensor_cores_without_spills():
-    # head_dim 128 on sm_90: one inlined score_token, 4 key tiles x 4 steps x 2 HMMAs
-    # (tests/test_index_logits_fp8_sass.py).
+    # head_dim 128 on sm_90: score_token inlined in each of a trip's two calls (the call loop unrolled by 2), 4 key
+    # tiles x 4 steps x 2 HMMAs each (tests/test_index_logits_fp8_sass.py).
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch="sm_90")
     assert machine.spill_stores == machine.spill_loads == 0
-    assert tensor_core_count(machine.sass) == 4 * 4 * 2
+    assert tensor_core_count(machine.sass) == 2 * 4 * 4 * 2
 
 
 def _chain_step(text: str) -> list[sass.Instruction]:
@@ -186,6 +186,26 @@ def _call_loop(text: str) -> list[sass.Instruction]:
     return best
 
 
+def _calls(text: str) -> list[list[sass.Instruction]]:
+    """The call loop's body cut into its calls: each ends with its token loop (the outermost loops inside the
+    call loop around a tensor-core instruction), two a trip where the loop is unrolled by 2."""
+    body = _call_loop(text)
+    instructions, labels = sass.parse_instructions(text)
+    first, last = body[0].address, body[-1].address
+    tensor = [i.address for i in body if i.opcode[0] in ("HMMA", "QMMA")]
+    inner = [
+        (start, end)
+        for start, end in sass.loop_spans(instructions, labels)
+        if first <= start and end <= last and (start, end) != (first, last) and any(start <= a <= end for a in tensor)
+    ]
+    tokens = sorted(span for span in inner if not any(o != span and o[0] <= span[0] and span[1] <= o[1] for o in inner))
+    calls, begin = [], first
+    for _, end in tokens:
+        calls.append([i for i in body if begin <= i.address <= end])
+        begin = end + 1
+    return calls
+
+
 @pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("arch", ["sm_90", pytest.param("sm_89", marks=pytest.mark.slow)])  # 5 s a build
 def test_the_fused_kernels_mma_sync_path_loads_its_next_tile_while_it_scores_this_one(arch):
@@ -193,12 +213,15 @@ def test_the_fused_kernels_mma_sync_path_loads_its_next_tile_while_it_scores_thi
     # in a call of the chunk loop every global load issues at one depth (tools/load_depth.py, in order), none
     # after the data of another. Until 2026-12-06 a call found its pages, then loaded their rows, then scored:
     # its loads sat at three depths. (ptxas for sm_86 and sm_120 puts a few of the next tile's loads after this
-    # tile's conversion, which the in-order rule counts as a second depth.)
+    # tile's conversion, which the in-order rule counts as a second depth.) The loop runs two calls a trip, so
+    # the tiles' registers alternate with no copy between them: each call's loads at one depth of their own.
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch=arch)
     depths = load_depth(machine.sass).loads
-    body = _call_loop(machine.sass)
-    in_call = {depths[i.address] for i in body if i.address in depths}
-    assert sum(i.opcode[0] == "LDG" for i in body) >= 16 and len(in_call) == 1, in_call
+    calls = _calls(machine.sass)
+    assert len(calls) == 2, [len(call) for call in calls]
+    for call in calls:
+        in_call = {depths[i.address] for i in call if i.address in depths}
+        assert sum(i.opcode[0] == "LDG" for i in call) >= 16 and len(in_call) == 1, in_call
     assert machine.spill_stores == machine.spill_loads == 0
 
 
