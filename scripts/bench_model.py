@@ -190,6 +190,8 @@ class Case:
     chain_token_repeats: int = 0  # further runs of the chain step's token loop (a token more in the step)
     calls: int = 0  # calls a thread makes in the call loop (the largest loop around the first mma with no barrier)
     head_repeats: int = 0  # further runs of the innermost loop around the first mma (the fused select's heads)
+    token_repeats: int = 0  # further runs of the call loop's token loop (the fused select's mma.sync: a token more)
+    offer_repeats: int = 0  # further runs of the chunk loop's offer loop (the fused select: a token more)
     # The loop `repeats` counts: the longest, or the one just inside the outermost around the first mma (the fused
     # select's chunk loop: the outermost is its loop over a group's runs, which holds once a run what a chunk does
     # not take; its per-token finish, merge and row writing outgrow both)
@@ -386,11 +388,14 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
     """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes (on the
     wgmma path of an sm_90a build the fused call alone). The loop of a chunk of 1024 candidates (scored and
     offered: the loop just inside the outermost around the fused call's first mma; read and offered:
-    kpool_index_topk's longest) counted once a chunk a block (a seed pass's chunk too), for each token of the fused
-    call's group: the same upper bound as the scorer's.
-    On the wgmma path that loop holds one of a warpgroup's 8 chain steps a chunk: the step (the innermost loop
-    around the first mma that meets a barrier) counts 7 times more a chunk a block, and its token loop once more
-    a chain for each further token of the group (each further pair, where tokens go two to a chain)."""
+    kpool_index_topk's longest) counted once a chunk a block (a seed pass's chunk too): the same upper bound as
+    the scorer's. Inside the fused call's chunk loop, what runs more than its body holds once is counted as
+    often as it runs: on mma.sync the call loop's further trips, each call's token loop once more for each
+    further token of the group and its loop over 16 heads once more for each further 16 heads of a token; on
+    the wgmma path the chain step (the innermost loop around the first mma that meets a barrier) 7 times more
+    a chunk, its token loop once more a chain for each further token (each further pair, where tokens go two
+    to a chain); on both the offer loop (the chunk loop's largest loop with a barrier and no mma) once more a
+    chunk for each further token."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -413,7 +418,7 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         seed_chunks = -(-SELECT_TOPK // 1024)
         if min(block_chunks * 1024, shape.pools) >= 3 * seed_chunks * 1024:
             block_chunks += seed_chunks
-        repeats = block_chunks * group
+        repeats = block_chunks
         wgmma = mma == MMA_WGMMA
         family = "index_select_fp8 sm_90a" if wgmma else "index_select_fp8"
         chain_steps = block_chunks * (WGMMA_SELECT_CHAINS - 1) if wgmma else 0
@@ -425,10 +430,13 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
         # the chunk's loop.
         calls = 0 if wgmma else SELECT_CHUNK // 8 // (index_block_pools(INDEX_HEAD_DIM, mma) // 4)
         head_groups = -(-shape.heads // 16)
+        # A group's further tokens: each its offer of every chunk and (mma.sync) its run of every call's token loop.
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
                      repeated_loop="chunk around first mma", chain_repeats=chain_steps,
                      chain_token_repeats=chain_tokens, calls=repeats * calls,
-                     head_repeats=repeats * calls * (head_groups - 1))  # fmt: skip
+                     head_repeats=repeats * calls * group * (head_groups - 1),
+                     token_repeats=repeats * calls * (group - 1),
+                     offer_repeats=repeats * (group - 1))  # fmt: skip
         if wgmma:
             cases.append(fused)
             continue
@@ -573,6 +581,34 @@ def call_loop(sass: str) -> tuple[int, int]:
     return sum(start <= i.address <= end for i in instructions), max(calls, 1)
 
 
+def token_loop_body(sass: str) -> int:
+    """The fused select's mma.sync token loop: the loop around the first tensor-core instruction just outside the
+    innermost (a call's groups of 16 heads), inside the call loop; its instructions, 0 where there is no call
+    loop. (On the wgmma path this and call_loop find loops of the chain step, which its rows count no calls of.)"""
+    loops = _loops_around_first_mma(sass)
+    return loops[1] if call_loop(sass)[0] and len(loops) > 2 else 0
+
+
+def offer_loop_body(sass: str) -> int:
+    """The fused select's offer loop: the largest loop inside the chunk's loop (chunk_mma_loop_body's) that meets a
+    barrier and holds no tensor-core instruction (each token's offer of the chunk, its cut-back inlined); 0 for
+    none."""
+    spans = _spans_around_first_mma(sass)
+    if len(spans) < 2:
+        return 0
+    _, first, last = spans[-2]  # the loop just inside the outermost around the first mma
+    instructions = parse_instructions(sass)[0]
+    _, loops = _loops(sass)
+    sizes = []
+    for start, end in loops:
+        if first <= start and end <= last and (start, end) != (first, last):
+            body = [i for i in instructions if start <= i.address <= end]
+            ops = {i.opcode[0] for i in body}
+            if "BAR" in ops and not ops & set(TENSOR_CORE):
+                sizes.append(len(body))
+    return max(sizes, default=0)
+
+
 def mma_loop_body(sass: str) -> int:
     """Instructions in the innermost loop around the first tensor-core instruction (0: none in a loop)."""
     return min(_loops_around_first_mma(sass), default=0)
@@ -616,6 +652,8 @@ class Variant:
     chain_token_body: int = 0
     call_loop_body: int = 0
     calls_a_trip: int = 1
+    token_loop_body: int = 0
+    offer_loop_body: int = 0
 
 
 @functools.cache
@@ -636,6 +674,8 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         chunk_mma_loop_body(sass),
         *chain_step_bodies(sass),
         *call_loop(sass),
+        token_loop_body(sass),
+        offer_loop_body(sass),
     )
 
 
@@ -683,6 +723,8 @@ def predict(
     if case.calls:
         per_thread += (case.calls // v.calls_a_trip - case.repeats) * v.call_loop_body
     per_thread += case.head_repeats * v.mma_loop_body
+    # Its further tokens of a group: their runs of the call's token loop and of the chunk's offer loop.
+    per_thread += case.token_repeats * v.token_loop_body + case.offer_repeats * v.offer_loop_body
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.
