@@ -192,6 +192,7 @@ class Case:
     head_repeats: int = 0  # further runs of the innermost loop around the first mma (the fused select's heads)
     token_repeats: int = 0  # further runs of the call loop's token loop (the fused select's mma.sync: a token more)
     offer_repeats: int = 0  # further runs of the chunk loop's offer loop (the fused select: a token more)
+    finish_repeats: int = 0  # further runs of the loop over a block's tokens after its chunks (a token more)
     # The loop `repeats` counts: the longest, or the one just inside the outermost around the first mma (the fused
     # select's chunk loop: the outermost is its loop over a group's runs, which holds once a run what a chunk does
     # not take; its per-token finish, merge and row writing outgrow both)
@@ -395,7 +396,7 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
     the wgmma path the chain step (the innermost loop around the first mma that meets a barrier) 7 times more
     a chunk, its token loop once more a chain for each further token (each further pair, where tokens go two
     to a chain); on both the offer loop (the chunk loop's largest loop with a barrier and no mma) once more a
-    chunk for each further token."""
+    chunk, and the loop over a block's tokens after its chunks once more, for each further token."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -436,7 +437,7 @@ def select_cases(mma: int = MMA_E4M3) -> list[Case]:
                      chain_token_repeats=chain_tokens, calls=repeats * calls,
                      head_repeats=repeats * calls * group * (head_groups - 1),
                      token_repeats=repeats * calls * (group - 1),
-                     offer_repeats=repeats * (group - 1))  # fmt: skip
+                     offer_repeats=repeats * (group - 1), finish_repeats=group - 1)  # fmt: skip
         if wgmma:
             cases.append(fused)
             continue
@@ -581,12 +582,57 @@ def call_loop(sass: str) -> tuple[int, int]:
     return sum(start <= i.address <= end for i in instructions), max(calls, 1)
 
 
+def _tensor_loops_in_call(sass: str) -> list[tuple[int, int, int]]:
+    """The loops inside the call loop (call_loop's) that hold a tensor-core instruction: instructions, first and
+    last address; none where there is no call loop."""
+    spans = _spans_around_first_mma(sass)
+    barriers = {i.address for i in parse_instructions(sass)[0] if i.opcode[0] == "BAR"}
+    free = [span for span in spans if not any(span[1] <= b <= span[2] for b in barriers)]
+    if not free or len(spans) < 3:
+        return []
+    _, first, last = max(free, key=lambda span: span[2] - span[1])
+    instructions = parse_instructions(sass)[0]
+    tensor = [i.address for i in instructions if i.opcode[0] in TENSOR_CORE]
+    inside = []
+    for start, end in _loops(sass)[1]:
+        if first <= start and end <= last and (start, end) != (first, last) and any(start <= a <= end for a in tensor):
+            inside.append((sum(start <= i.address <= end for i in instructions), start, end))
+    return inside
+
+
 def token_loop_body(sass: str) -> int:
-    """The fused select's mma.sync token loop: the loop around the first tensor-core instruction just outside the
-    innermost (a call's groups of 16 heads), inside the call loop; its instructions, 0 where there is no call
-    loop. (On the wgmma path this and call_loop find loops of the chain step, which its rows count no calls of.)"""
-    loops = _loops_around_first_mma(sass)
-    return loops[1] if call_loop(sass)[0] and len(loops) > 2 else 0
+    """The fused select's mma.sync token loop: the largest of the call loop's loops around tensor-core
+    instructions that no other such loop holds (one a call of a trip: each call's token loop), its instructions;
+    0 where there is no call loop. (On the wgmma path call_loop finds a loop of the chain step, which its rows
+    count no calls of.)"""
+    inside = _tensor_loops_in_call(sass)
+    outer = [span for span in inside if not any(o != span and o[1] <= span[1] and span[2] <= o[2] for o in inside)]
+    return max((size for size, _, _ in outer), default=0)
+
+
+def head_loop_body(sass: str) -> int:
+    """The fused select's mma.sync loop over a token's groups of 16 heads: the largest of the call loop's loops
+    around tensor-core instructions that holds no other such loop, its instructions; 0 for none."""
+    inside = _tensor_loops_in_call(sass)
+    inner = [span for span in inside if not any(o != span and span[1] <= o[1] and o[2] <= span[2] for o in inside)]
+    return max((size for size, _, _ in inner), default=0)
+
+
+def finish_loop_body(sass: str) -> int:
+    """The fused select's loop over a block's tokens after its chunks (each token's last cut-back, the merge of its
+    splits, its row written): the largest loop outside the outermost around the first tensor-core instruction;
+    0 for none."""
+    spans = _spans_around_first_mma(sass)
+    if not spans:
+        return 0
+    _, first, last = spans[-1]
+    instructions = parse_instructions(sass)[0]
+    sizes = [
+        sum(start <= i.address <= end for i in instructions)
+        for start, end in _loops(sass)[1]
+        if end < first or start > last
+    ]
+    return max(sizes, default=0)
 
 
 def offer_loop_body(sass: str) -> int:
@@ -654,6 +700,8 @@ class Variant:
     calls_a_trip: int = 1
     token_loop_body: int = 0
     offer_loop_body: int = 0
+    head_loop_body: int = 0
+    finish_loop_body: int = 0
 
 
 @functools.cache
@@ -676,6 +724,8 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         *call_loop(sass),
         token_loop_body(sass),
         offer_loop_body(sass),
+        head_loop_body(sass),
+        finish_loop_body(sass),
     )
 
 
@@ -722,9 +772,11 @@ def predict(
     # groups of 16 heads past the first.
     if case.calls:
         per_thread += (case.calls // v.calls_a_trip - case.repeats) * v.call_loop_body
-    per_thread += case.head_repeats * v.mma_loop_body
-    # Its further tokens of a group: their runs of the call's token loop and of the chunk's offer loop.
+    per_thread += case.head_repeats * v.head_loop_body
+    # Its further tokens of a group: their runs of the call's token loop, of the chunk's offer loop and of the
+    # finish.
     per_thread += case.token_repeats * v.token_loop_body + case.offer_repeats * v.offer_loop_body
+    per_thread += case.finish_repeats * v.finish_loop_body
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.
