@@ -325,8 +325,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 }
             }
             // Two calls a trip: the tiles' registers alternate, where one call a trip copied the next tile's into
-            // this tile's (79 instructions of 932 a call at head_dim 128 on sm_90). Not at head_dim 256, where
-            // sm_86 then spilled at 255 registers.
+            // this tile's (a call 853 SASS instructions at head_dim 128 on sm_90, 932 with the copy). Not at
+            // head_dim 256, where sm_86 then spilled at 255 registers.
 #pragma unroll(HEAD_DIM == 256 ? 1 : 2)
             for (int call = 0; call < (MMA == kp::kMmaWgmma ? 0 : kCalls); ++call) {
                 const long long first_pool = warp_tiles(pass, call);
