@@ -90,8 +90,8 @@ def _shim(code: str, kernel_name: str) -> str:
     # run the grid with a block's dynamic shared memory (returning its 16-byte
     # access count), report the parameters' sizes, say whether this host
     # thread's last launch ran as fibers, how many block-wide barriers its
-    # blocks passed and how many wgmma its warpgroups issued. The cache key hashes this text, the
-    # emulator's headers included.
+    # blocks passed and how many wgmma its warpgroups issued. The cache key
+    # hashes this text, the emulator's headers included.
     return (
         kernel_source(EMULATOR_HEADER)
         + code

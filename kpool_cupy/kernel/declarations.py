@@ -332,7 +332,7 @@ INDEX_VECTOR_Q = 2
 # The fused select's third bit on the wgmma path (kernels/kpool_index_select.cu's kTilePages): the cache 16-byte
 # aligned and its pages a multiple of 64 pools, so each key tile of 64 lies in one page.
 INDEX_TILE_PAGES = 4
-# Its fourth (kPairedTokens): at most 32 heads a token, so two tokens share a wgmma chain's 64 columns.
+# Its fourth (kPaired there): at most 32 heads a token, so two tokens share a wgmma chain's 64 columns.
 INDEX_PAIRED_TOKENS = 8
 # Its MMA template argument: the tensor-core instruction (kernels/kpool_index.cuh).
 MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
