@@ -552,10 +552,24 @@ def _loops_around_first_mma(sass: str) -> list[int]:
     return [size for size, _, _ in _spans_around_first_mma(sass)]
 
 
+def _barriers(sass: str) -> list[int]:
+    """The addresses of the block-wide barriers (BAR)."""
+    return [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
+
+
+def _call_span(sass: str) -> tuple[int, int] | None:
+    """The first and last address of the fused select's mma.sync call loop: the largest loop around the first
+    tensor-core instruction that meets no barrier (the chunk's loop around it meets the selection's)."""
+    barriers = _barriers(sass)
+    free = [(start, end) for _, start, end in _spans_around_first_mma(sass)
+            if not any(start <= b <= end for b in barriers)]  # fmt: skip
+    return max(free, key=lambda span: span[1] - span[0]) if free else None
+
+
 def chain_step_bodies(sass: str) -> tuple[int, int]:
     """The fused select's sm_90a chain step, the innermost loop around the first tensor-core instruction that
     meets a barrier, and the loop it holds around that instruction (its tokens): their instructions, 0 for none."""
-    barriers = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
+    barriers = _barriers(sass)
     inner = 0
     for size, start, end in _spans_around_first_mma(sass):
         if any(start <= b <= end for b in barriers):
@@ -565,16 +579,13 @@ def chain_step_bodies(sass: str) -> tuple[int, int]:
 
 
 def call_loop(sass: str) -> tuple[int, int]:
-    """The fused select's mma.sync call loop, the largest loop around the first tensor-core instruction that meets
-    no barrier (the chunk's loop around it meets the selection's): its instructions, and the calls a trip (its
+    """The fused select's mma.sync call loop (_call_span's): its instructions, and the calls a trip (its
     tensor-core instructions over those of the innermost loop around the first, which holds one call's for one
     token and 16 heads; 2 where the loop is unrolled by 2); (0, 1) for none."""
-    barriers = [int(a, 16) for a in re.findall(r"^\s*/\*([0-9a-f]+)\*/\s+(?:@!?P\d\s+)?BAR\.", sass, re.MULTILINE)]
-    free = [(end - start, start, end) for _, start, end in _spans_around_first_mma(sass)]
-    free = [span for span in free if not any(span[1] <= b <= span[2] for b in barriers)]
-    if not free:
+    span = _call_span(sass)
+    if span is None:
         return 0, 1
-    _, start, end = max(free)
+    start, end = span
     _, inner_start, inner_end = _spans_around_first_mma(sass)[0]
     instructions = parse_instructions(sass)[0]
     tensor = [i.address for i in instructions if i.opcode[0] in TENSOR_CORE]
@@ -585,12 +596,10 @@ def call_loop(sass: str) -> tuple[int, int]:
 def _tensor_loops_in_call(sass: str) -> list[tuple[int, int, int]]:
     """The loops inside the call loop (call_loop's) that hold a tensor-core instruction: instructions, first and
     last address; none where there is no call loop."""
-    spans = _spans_around_first_mma(sass)
-    barriers = {i.address for i in parse_instructions(sass)[0] if i.opcode[0] == "BAR"}
-    free = [span for span in spans if not any(span[1] <= b <= span[2] for b in barriers)]
-    if not free or len(spans) < 3:
+    span = _call_span(sass)
+    if span is None or len(_spans_around_first_mma(sass)) < 3:
         return []
-    _, first, last = max(free, key=lambda span: span[2] - span[1])
+    first, last = span
     instructions = parse_instructions(sass)[0]
     tensor = [i.address for i in instructions if i.opcode[0] in TENSOR_CORE]
     inside = []
