@@ -200,15 +200,6 @@ __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2*
     }
 }
 
-// One token's logits against the 64 keys of `keys` (the layout above), for
-// this thread's two rows of the tile: logit[r] is key 16 w + g + 8 r's
-// (thread g, t of warp w), the same in the row's 4 threads. The token's
-// query rows are `chunks` chunks of 64 rows at q_chunks (rows past its heads
-// zero), w_token its heads' weights in as many (zero past its heads),
-// scales the keys' scales. Each head adds weight * relu(scale * dot) to the
-// row's sum in one rounding (fmaf). All 128 threads of the warpgroup call it
-// together (wgmma and the shuffles); it waits for its wgmma before it
-// returns, so the caller may overwrite the tile after its threads meet.
 // Which logit of wgmma_key_logits thread `thread` (of 128) writes, and of
 // which key: threads t = 0 and 1 of a row's four take rows 16 w + g and + 8.
 __device__ __forceinline__ bool wgmma_writes_a_logit(int thread) { return thread % 4 < 2; }
@@ -219,35 +210,53 @@ __device__ __forceinline__ float wgmma_written_logit(const float (&logit)[2], in
     return thread % 2 ? logit[1] : logit[0];
 }
 
+// D = keys (64 rows) times the 64 query rows at `queries`, transposed: one
+// chain of HEAD_DIM / 32 m64n64k32, waited for.
+template <int HEAD_DIM>
+__device__ __forceinline__ void wgmma_key_chain(const unsigned char* keys, const unsigned char* queries,
+                                                KpWgmmaAccum<kWgmmaRows>& d) {
+    kp_wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < HEAD_DIM / 32; ++s)
+        kp_wgmma_e4m3<kWgmmaRows>(d, wgmma_step_desc<HEAD_DIM>(keys, s), wgmma_step_desc<HEAD_DIM>(queries, s), s > 0);
+    kp_wgmma_commit();
+    kp_wgmma_wait<0>();
+}
+
+// A row's sum across its 4 threads, in the butterfly's pairs xor 1, 2 (the
+// same bits in all 4).
+__device__ __forceinline__ float wgmma_row_sum(float sum) {
+    sum += __shfl_xor_sync(kIndexWarpLanes, sum, 1);
+    return sum + __shfl_xor_sync(kIndexWarpLanes, sum, 2);
+}
+
+// One token's logits against the 64 keys of `keys` (the layout above), for
+// this thread's two rows of the tile: logit[r] is key 16 w + g + 8 r's
+// (thread g, t of warp w), the same in the row's 4 threads. The token's
+// query rows are `chunks` chunks of 64 rows at q_chunks (rows past its heads
+// zero), w_token its heads' weights in as many (zero past its heads),
+// scales the keys' scales. Each head adds weight * relu(scale * dot) to the
+// row's sum in one rounding (fmaf). All 128 threads of the warpgroup call it
+// together (wgmma and the shuffles); it waits for its wgmma before it
+// returns, so the caller may overwrite the tile after its threads meet.
 template <int HEAD_DIM>
 __device__ __forceinline__ void wgmma_key_logits(const unsigned char* q_chunks, int chunks, int heads,
                                                  const float* w_token, const unsigned char* keys, const float* scales,
                                                  int thread, float (&logit)[2]) {
     constexpr int N = kWgmmaRows;  // a chunk of the token's heads
-    constexpr int kSteps = HEAD_DIM / 32;
     const int lane = thread % 32, warp = thread / 32 % 4, g = lane / 4, t = lane % 4;
     const int row = 16 * warp + g;
     const float scale[2] = {scales[row], scales[row + 8]};
     float sums[2] = {0.0f, 0.0f};
     for (int m = 0; m < chunks; ++m) {
         KpWgmmaAccum<N> d;
-        kp_wgmma_fence();
-#pragma unroll
-        for (int s = 0; s < kSteps; ++s)
-            kp_wgmma_e4m3<N>(d, wgmma_step_desc<HEAD_DIM>(keys, s),
-                             wgmma_step_desc<HEAD_DIM>(q_chunks + m * N * HEAD_DIM, s), s > 0);
-        kp_wgmma_commit();
-        kp_wgmma_wait<0>();
+        wgmma_key_chain<HEAD_DIM>(keys, q_chunks + m * N * HEAD_DIM, d);
         const int left = heads - m * N;  // heads in this chunk
         const float2* w_pairs = reinterpret_cast<const float2*>(w_token + m * N) + t;
         add_head_chunk<N>(d, w_pairs, left, t, scale, sums);
     }
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        sums[r] += __shfl_xor_sync(kIndexWarpLanes, sums[r], 1);
-        sums[r] += __shfl_xor_sync(kIndexWarpLanes, sums[r], 2);
-        logit[r] = sums[r];
-    }
+    for (int r = 0; r < 2; ++r) logit[r] = wgmma_row_sum(sums[r]);
 }
 
 // Two tokens' logits against the 64 keys of `keys` with one chain, where a
@@ -265,17 +274,11 @@ __device__ __forceinline__ void wgmma_pair_logits(const unsigned char* q_pair, i
                                                   const unsigned char* keys, const float* scales, int thread,
                                                   float (&logit)[2][2]) {
     constexpr int N = kWgmmaRows;
-    constexpr int kSteps = HEAD_DIM / 32;
     const int lane = thread % 32, warp = thread / 32 % 4, t = lane % 4;
     const int row = 16 * warp + lane / 4;
     const float scale[2] = {scales[row], scales[row + 8]};
     KpWgmmaAccum<N> d;
-    kp_wgmma_fence();
-#pragma unroll
-    for (int s = 0; s < kSteps; ++s)
-        kp_wgmma_e4m3<N>(d, wgmma_step_desc<HEAD_DIM>(keys, s), wgmma_step_desc<HEAD_DIM>(q_pair, s), s > 0);
-    kp_wgmma_commit();
-    kp_wgmma_wait<0>();
+    wgmma_key_chain<HEAD_DIM>(keys, q_pair, d);
     float sums[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     const float2* w_pairs = reinterpret_cast<const float2*>(w_pair) + t;
     add_head_chunk<N, 0, N / 16>(d, w_pairs, heads, t, scale, sums[0]);
@@ -283,11 +286,7 @@ __device__ __forceinline__ void wgmma_pair_logits(const unsigned char* q_pair, i
 #pragma unroll
     for (int p = 0; p < 2; ++p)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            sums[p][r] += __shfl_xor_sync(kIndexWarpLanes, sums[p][r], 1);
-            sums[p][r] += __shfl_xor_sync(kIndexWarpLanes, sums[p][r], 2);
-            logit[p][r] = sums[p][r];
-        }
+        for (int r = 0; r < 2; ++r) logit[p][r] = wgmma_row_sum(sums[p][r]);
 }
 
 // Where a key tile lies in one page (its first pool and the page size
