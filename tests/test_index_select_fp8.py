@@ -81,6 +81,11 @@ def test_every_tensor_core_path_gives_the_scorers_bits(mma):
     _same(_emulate_with(SELECT, mma)(*case.args, kpool=1, pool_topk=300), want)
 
 
+def _vector(launch) -> int:
+    """The VECTOR template argument (the third) of an emulated launch of the fused select."""
+    return int(launch.kernel_name.split("<")[1].split(",")[2])
+
+
 def _rising_case(counts: tuple[int, ...], cache_lengths: tuple[int, ...], heads: int = 4, head_dim: int = 64):
     """Equal keys, queries and weights, each pool's scale rising with its id (kpool 1): a pool's logit rises with
     its position, so each token's best are the last pools it sees, and a pool it does not see would beat them."""
@@ -149,7 +154,7 @@ def test_the_wgmma_path_scores_two_tokens_of_up_to_32_heads_with_one_chain(monke
             got = emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=100)
         _same(got, want)
         (launch,) = launches
-        vector = int(launch.kernel_name.split("<")[1].split(",")[2])  # VECTOR: the third
+        vector = _vector(launch)
         assert bool(vector & INDEX_PAIRED_TOKENS) == (heads <= 32), launch.kernel_name
         issued[heads] = launch.wgmmas
     assert issued[33] == 2 * issued[32] > 0, issued
@@ -329,7 +334,7 @@ def test_a_key_tile_from_one_page_selects_as_one_across_pages(monkeypatch, head_
         with recording() as launches:
             rows = select(*case.args, **unchecked)
             one_page = select(*paged.args, **unchecked)
-        vector = [int(launch.kernel_name.split("<")[1].split(",")[2]) for launch in launches]  # VECTOR: the third
+        vector = [_vector(launch) for launch in launches]
         assert [v & INDEX_TILE_PAGES for v in vector] == [0, INDEX_TILE_PAGES], [
             launch.kernel_name for launch in launches
         ]
