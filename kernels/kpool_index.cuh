@@ -7,8 +7,9 @@
 // logit NaN on every backend. Every logit is computed by this routine alone,
 // so its sums run in one fixed order whatever calls it (the scoring kernel,
 // a later fused selection): the D-sum in 32-wide mma steps in the order of
-// `steps` below, each step's 32 products summed inside the tensor core; the
-// H-sum per lane over its heads g, g + 8, g + 16, g + 24, ... (heads
+// `steps` below, each step's 32 products summed inside the tensor core (on
+// the f16 paths in two mmas of 16, the second adding into the first's
+// result); the H-sum per lane over its heads g, g + 8, g + 16, g + 24, ... (heads
 // ascending in steps of 8, each lane a residue class mod 8), then across the
 // 8 lanes of a column by the butterfly xor 4, 8, 16.
 //
@@ -42,6 +43,12 @@ constexpr int kMmaE4m3 = 1;
 // Or, in an sm_90a build, a warpgroup's e4m3 wgmma (kpool_index_wgmma.cuh),
 // whose sums run in their own order.
 constexpr int kMmaWgmma = 2;
+// Or, on sm_90 (no e4m3 mma.sync: ptxas lowers it to f16 HMMAs, converting
+// both operands at every instruction and adding each step's sum to C apart),
+// f16 mma.sync m16n8k16 on e4m3 the hardware converts exactly: a warp's keys
+// once a tile (kp::key_operands), a token's query rows once a head tile, and
+// a step's two mmas accumulating into C in turn.
+constexpr int kMmaE4m3Hmma = 3;
 
 // Two e4m3fn bytes (the low 16 bits) as two f16 halves, each exactly the
 // e4m3 value times 2^-8: the 7 magnitude bits shifted into the f16's
@@ -61,6 +68,51 @@ __device__ __forceinline__ unsigned int e4m3x2_as_f16x2(unsigned int two) {
 // The f16 path's products are the e4m3 products times 2^-16; this undoes it
 // (a power of two: exact).
 constexpr float kF16Unscale = 65536.0f;
+
+// Two e4m3fn bytes (the low 16 bits) as two f16 halves of the same values
+// (exact: every e4m3 value is an f16). On sm_89 and newer one instruction
+// (cvt.rn.f16x2.e4m3x2, an F2FP); the emulator and older GPUs build the
+// halves from the bits. NaN stays NaN.
+template <int HALF>
+__device__ __forceinline__ unsigned int e4m3x2_to_f16x2(unsigned int word) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    unsigned int halves;
+    if constexpr (HALF == 0)
+        asm("{ .reg .b16 low, high; mov.b32 {low, high}, %1; cvt.rn.f16x2.e4m3x2 %0, low; }" : "=r"(halves) : "r"(word));
+    else
+        asm("{ .reg .b16 low, high; mov.b32 {low, high}, %1; cvt.rn.f16x2.e4m3x2 %0, high; }" : "=r"(halves) : "r"(word));
+    return halves;
+#else
+    const unsigned int two = word >> (16 * HALF);
+    unsigned int halves = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const unsigned int byte = (two >> (8 * i)) & 0xffu, magnitude = byte & 0x7fu;
+        unsigned int exponent = magnitude >> 3, mantissa = magnitude & 7u, half = 0x7e00u;  // NaN
+        if (magnitude != 0x7fu) {
+            // Normals rebias 7 -> 15; a subnormal (m * 2^-9) shifts until its leading one leaves the field.
+            int field = static_cast<int>(exponent) + 8;
+            if (exponent == 0) {
+                field = mantissa == 0 ? 0 : 9;
+                while (mantissa != 0 && (mantissa & 8u) == 0) {
+                    mantissa <<= 1;
+                    --field;
+                }
+                mantissa &= 7u;
+            }
+            half = (static_cast<unsigned int>(field) << 10) | (mantissa << 7);
+        }
+        halves |= (((byte & 0x80u) << 8) | half) << (16 * i);
+    }
+    return halves;
+#endif
+}
+
+// A key tile's operands as kMmaE4m3Hmma's mmas take them: for each step, B of
+// the mma of bytes 0-1 of each word, then of bytes 2-3.
+struct Halves4 {
+    unsigned int w[4];
+};
 
 // One 32-wide step of the D-sum into c: x and y are 8 bytes of query rows g
 // and g + 8, z 8 bytes of key g (the lane contract above).
@@ -82,6 +134,52 @@ __device__ __forceinline__ void mma_step(float (&c)[4], Bytes8 x, Bytes8 y, Byte
             kp_mma_f16_m16n8k16(c, a, b, c);
         }
     }
+}
+
+// kMmaE4m3Hmma's step: z as key_operands converted it; x and y converted here
+// (a token's rows, once for all its key tiles where the caller unrolls them).
+// HALF 0 takes bytes 0-1 of each word, HALF 1 bytes 2-3.
+template <int HALF>
+__device__ __forceinline__ void hmma_half(float (&c)[4], Bytes8 x, Bytes8 y, const Halves4& z) {
+    const unsigned int a[4] = {e4m3x2_to_f16x2<HALF>(x.lo), e4m3x2_to_f16x2<HALF>(y.lo),
+                               e4m3x2_to_f16x2<HALF>(x.hi), e4m3x2_to_f16x2<HALF>(y.hi)};
+    const unsigned int b[2] = {z.w[2 * HALF], z.w[2 * HALF + 1]};
+    kp_mma_f16_m16n8k16(c, a, b, c);
+}
+template <int MMA>
+__device__ __forceinline__ void mma_step(float (&c)[4], Bytes8 x, Bytes8 y, const Halves4& z) {
+    static_assert(MMA == kMmaE4m3Hmma, "Halves4 operands are kMmaE4m3Hmma's");
+    hmma_half<0>(c, x, y, z);
+    hmma_half<1>(c, x, y, z);
+}
+
+// A warp's key tiles as score_token takes them: the bytes as loaded, or on
+// kMmaE4m3Hmma each step's f16 operands, converted once for every token and
+// head the tiles meet.
+template <int HEAD_DIM, int MMA, int NT>
+struct KeyOperands {
+    Bytes8 step[NT][HEAD_DIM / 32];
+};
+template <int HEAD_DIM, int NT>
+struct KeyOperands<HEAD_DIM, kMmaE4m3Hmma, NT> {
+    Halves4 step[NT][HEAD_DIM / 32];
+};
+
+template <int HEAD_DIM, int MMA, int NT>
+__device__ __forceinline__ void key_operands(const Bytes8 (&keys)[NT][HEAD_DIM / 32],
+                                             KeyOperands<HEAD_DIM, MMA, NT>& operands) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int s = 0; s < HEAD_DIM / 32; ++s) {
+            if constexpr (MMA == kMmaE4m3Hmma) {
+                const Bytes8 z = keys[n][s];
+                operands.step[n][s] = Halves4{{e4m3x2_to_f16x2<0>(z.lo), e4m3x2_to_f16x2<0>(z.hi),
+                                               e4m3x2_to_f16x2<1>(z.lo), e4m3x2_to_f16x2<1>(z.hi)}};
+            } else {
+                operands.step[n][s] = keys[n][s];
+            }
+        }
 }
 
 // 16 bytes of a row: one 16-byte load where VECTOR says they are 16-byte
@@ -390,7 +488,7 @@ __device__ __forceinline__ void find_tile_tokens(const RequestTree& tree, const 
 // together (mma.sync and the shuffles need the whole warp).
 template <int HEAD_DIM, int MMA, int NT, bool VECTOR_Q>
 __device__ __forceinline__ void score_token(const unsigned char* q_token, long long head_stride, long long heads,
-                                            const float* w_token, const Bytes8 (&keys)[NT][HEAD_DIM / 32],
+                                            const float* w_token, const KeyOperands<HEAD_DIM, MMA, NT>& keys,
                                             const float (&scales)[NT][2], int lane, float (&sums)[NT][2]) {
     constexpr int kSteps = HEAD_DIM / 32;
     const int g = lane / 4, t = lane % 4;
@@ -409,11 +507,11 @@ __device__ __forceinline__ void score_token(const unsigned char* q_token, long l
         for (int n = 0; n < NT; ++n) {
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s) mma_step<MMA>(c, x[s], y[s], keys[n][s]);
+            for (int s = 0; s < kSteps; ++s) mma_step<MMA>(c, x[s], y[s], keys.step[n][s]);
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float dot0 = MMA == kMmaE4m3 ? c[e] : c[e] * kF16Unscale;
-                const float dot1 = MMA == kMmaE4m3 ? c[2 + e] : c[2 + e] * kF16Unscale;
+                const float dot0 = MMA == kMmaF16 ? c[e] * kF16Unscale : c[e];
+                const float dot1 = MMA == kMmaF16 ? c[2 + e] * kF16Unscale : c[2 + e];
                 if (h0 < heads) sums[n][e] += w0 * relu_keep_nan(scales[n][e] * dot0);
                 if (h1 < heads) sums[n][e] += w1 * relu_keep_nan(scales[n][e] * dot1);
             }

@@ -181,6 +181,8 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
         float scales[NT][2];
         bool present[NT][2];
         kp::share_key_scales<NT>(scale, have, t, scales, present);
+        kp::KeyOperands<HEAD_DIM, MMA, NT> operands;
+        kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
         for (int j = 0; j < tokens; ++j) {
             const long long request = token_request[j], visible = token_visible[j];
             const bool scores = request >= 0 && first_pool < visible;
@@ -190,12 +192,13 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
                                                               page_stride, pages, block_size, cache_block_table,
                                                               table_columns, table_stride, g, t, keys, scales,
                                                               present);
+                kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
                 keys_of = request;
             }
             float sums[NT][2];
             if (scores)
                 kp::score_token<HEAD_DIM, MMA, NT, true>(q_stage + j * head_count * kPitch, kPitch, heads,
-                                                         w_stage + j * head_count, keys, scales, lane, sums);
+                                                         w_stage + j * head_count, operands, scales, lane, sums);
             // Lane (g, t) writes keys 2 t and 2 t + 1 of tile g.
             if (g < NT) {
                 float value[2] = {0.0f, 0.0f};

@@ -348,13 +348,15 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 float scales[NT][2];
                 bool present[NT][2];
                 kp::share_key_scales<NT>(scale, have, t, scales, present);
+                kp::KeyOperands<HEAD_DIM, MMA, NT> operands;
+                kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
                     if (!takes(j, first_pool)) continue;  // uniform in the warp
                     const long long token = first_token + j;
                     float sums[NT][2];
                     kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q + token * q_token_stride, q_head_stride, heads,
-                                                                 weights + token * weights_stride, keys, scales,
+                                                                 weights + token * weights_stride, operands, scales,
                                                                  lane, sums);
                     // Lane (g, t) keeps keys 2 t and 2 t + 1 of tile g, as the scorer writes them.
                     float* const chunk_logits = held.logits(j);

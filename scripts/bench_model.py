@@ -78,7 +78,12 @@ from kpool_cupy.bench.tail_fp8 import BATCHES, STEPS, tail_fp8_bytes  # noqa: E4
 from kpool_cupy.bench.topk import topk_bytes, topk_shapes  # noqa: E402
 from kpool_cupy.dtypes import element_dtype  # noqa: E402
 from kpool_cupy.functions import definition  # noqa: E402
-from kpool_cupy.kernel.declarations import INDEX_PAIRED_TOKENS, MMA_E4M3, MMA_WGMMA, builds_for_sm90a  # noqa: E402
+from kpool_cupy.kernel.declarations import (  # noqa: E402
+    INDEX_PAIRED_TOKENS,
+    MMA_WGMMA,
+    builds_for_sm90a,
+    tensor_core_for,
+)
 from kpool_cupy.kernel.geometry import SELECT_CHUNK, WGMMA_ROWS, chunk_members, index_block_pools  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
@@ -119,14 +124,16 @@ LAUNCH_US = 1.0
 # A warpgroup's chains of 64 pools a chunk in the fused select's sm_90a path (its two warpgroups split a chunk;
 # kernels/kpool_index_select.cu's kChains).
 WGMMA_SELECT_CHAINS = SELECT_CHUNK // 2 // WGMMA_ROWS
+# The scorer's path on an H200's plain sm_90 build (MMA_E4M3_HMMA: f16 mma.sync on converted e4m3).
+SM90_MMA = tensor_core_for(90)
 BEGIN, END = "<!-- model table: scripts/bench_model.py -->", "<!-- end of model table -->"
 
 
 class Recorder(HostMemory):
     """A backend that keeps each launch an op asks for and runs none: the launched variant, without a GPU. Its
-    device's tensor-core path is ``mma`` (the scorer's on sm_89 and newer unless told)."""
+    device's tensor-core path is ``mma`` (the scorer's on sm_90 unless told)."""
 
-    def __init__(self, mma: int = MMA_E4M3) -> None:
+    def __init__(self, mma: int = SM90_MMA) -> None:
         self.launches: list[Launch] = []
         self.mma = mma
 
@@ -137,11 +144,11 @@ class Recorder(HostMemory):
         return self.mma
 
 
-_RECORDERS = {MMA_E4M3: Recorder(), MMA_WGMMA: Recorder(MMA_WGMMA)}
+_RECORDERS = {SM90_MMA: Recorder(), MMA_WGMMA: Recorder(MMA_WGMMA)}
 _RECORDING: dict[tuple[str, int], Any] = {}  # each op bound once onto each recorder, by the op's name and path
 
 
-def launches(spec: OpSpec, *arrays: Any, mma: int = MMA_E4M3, **keywords: Any) -> list[Launch]:
+def launches(spec: OpSpec, *arrays: Any, mma: int = SM90_MMA, **keywords: Any) -> list[Launch]:
     """The launches ``spec``'s op makes for this call (validate=False, as the benchmark calls it) on a device
     whose scorer takes ``mma``, in order."""
     recorder = _RECORDERS[mma]
@@ -154,7 +161,7 @@ def launches(spec: OpSpec, *arrays: Any, mma: int = MMA_E4M3, **keywords: Any) -
     return list(recorder.launches)
 
 
-def launched(spec: OpSpec, *arrays: Any, mma: int = MMA_E4M3, **keywords: Any) -> Launch:
+def launched(spec: OpSpec, *arrays: Any, mma: int = SM90_MMA, **keywords: Any) -> Launch:
     """The one launch ``spec``'s op makes for this call."""
     made = launches(spec, *arrays, mma=mma, **keywords)
     if len(made) != 1:
@@ -354,7 +361,7 @@ def expand_cases(kpool: int = 4) -> list[Case]:
     return cases
 
 
-def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
+def index_cases(heads: int = 64, mma: int = SM90_MMA) -> list[Case]:
     """bench.index.bench_index_logits at ``heads`` heads: its cache of shuffled pages, e4m3 queries, int32 indices,
     a logits row of every pool the request's last token sees; on the path ``mma`` (MMA_WGMMA: the sm_90a build,
     the bench's kpool-cupy-sm90a)."""
@@ -385,7 +392,7 @@ def index_cases(heads: int = 64, mma: int = MMA_E4M3) -> list[Case]:
     return cases
 
 
-def select_cases(mma: int = MMA_E4M3) -> list[Case]:
+def select_cases(mma: int = SM90_MMA) -> list[Case]:
     """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes (on the
     wgmma path of an sm_90a build the fused call alone). The loop of a chunk of 1024 candidates (scored and
     offered: the loop just inside the outermost around the fused call's first mma; read and offered:

@@ -70,20 +70,22 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # 187 s.
 #
 # NVRTC, measured on this CPU-only machine (scripts/gpu_variants.py time:
-# NVRTC 12.9, 2 cores, 2026-12-04), for the 339 variants of
+# NVRTC 12.9, 2 cores, 2026-12-06), for the 339 variants of
 # scripts/gpu_variants.json (363 less the 25 of kpool_compress_backward_rest,
 # which the backward no longer launches, and one more for the ring-close
-# records' plain close, 0.14 s, 2026-12-05), sm_90 cubins: 64.0 s one after
-# another; over 16 processes (scripts/gpu_variants.py estimate) 4.0 s. The H200 machine's
+# records' plain close, 2026-12-05), sm_90 cubins: 128.9 s one after
+# another (64.0 on 2026-12-04: the scorer's and the fused select's sm_90
+# builds, now MMA_E4M3_HMMA, take 0.4-0.6 s and 2.0-2.6 s each where their
+# e4m3 ones took 0.2 and 0.7-0.9); over 16 processes (scripts/gpu_variants.py estimate) 8.1 s. The H200 machine's
 # precompile took 8.7 s with 16 processes for 248, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(
     [environment]=5      # nvidia-smi and versions (2 s on the H200); torch's read from its metadata, not imported
-    [precompile]=24      # 363 variants over 16 processes (9 s and 8 s on the H200 for 248, 11 s for 363; estimated from NVRTC here), and 32 sm_90a builds (19 took 9.0 s of NVRTC 12.9 serial on 2 cores; the fused select's one-page twins add 13 of about 2 s each here)
+    [precompile]=33      # 339 variants over 16 processes (9 s and 8 s on the H200 for 248, 11 s for 363; 13 s estimated from NVRTC here with a process's start), and 32 sm_90a builds (19 took 9.0 s of NVRTC 12.9 serial on 2 cores; the fused select's one-page twins add 13 of about 2 s each here)
     [pytest-gpu]=50      # the gpu-marked tests, kernels precompiled (24 s and 16 s on the H200: 181 passed; the backward's added since, and on 2026-12-05 the DeepGEMM adapter's and a captured decode step's, whose dozen variants the manifest lacks: under 1 s of NVRTC each)
     [check]=50           # kpool-cupy check: compress and its backward on three and two dtypes, every other op on bfloat16 (16 runs: 18 s; 11: 15 s, 12 s); then scripts/gpu_index_check.py on three paths, not yet run on a GPU (estimated 25 s: its float64 references took 10 s on the 2-core CPU machine, a dozen NVRTC compiles, CuPy's start)
     [memcheck]=8         # compute-sanitizer over tests/run_memcheck.py: every family's check and garbage calls (3 s, 2 s, 3 s)
-    [bench]=159          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s); cut at 187 s in the last run (2026-12-04-h200-backward), so a run keeps what it measured before the cut
+    [bench]=150          # the rest: host costs, empty kernel, decode side, FP8, the scorer (57 s alone), full sweep (113 s); cut at 187 s in the last run (2026-12-04-h200-backward), so a run keeps what it measured before the cut
     [bench-compile]=50   # the quick sweep's three shapes with torch.compile, from a cold start (41 s and 24 s on the H200)
 )
 kill_after=2

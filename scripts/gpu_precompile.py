@@ -65,17 +65,17 @@ def builds_sm90a(source: str, instance: str) -> bool:
 
 def sm90a_targets(variants: list[dict]) -> list[dict]:
     """The sm_90a build (MMA_WGMMA) of every scorer and fused-select variant of ``variants`` at the engine's
-    head_dim that takes e4m3 mma.sync (MMA_E4M3), with its twin's NVRTC time; those already listed left out. A
-    fused select on a 16-byte aligned cache has two twins: its sm_90a launch copies a key tile from one page
-    where the pages hold a multiple of 64 pools (VECTOR's INDEX_TILE_PAGES), row by row elsewhere; and each of a
-    select's twins has one more that scores tokens of at most 32 heads two to a chain (INDEX_PAIRED_TOKENS)."""
+    head_dim that takes sm_90's mma.sync (MMA_E4M3_HMMA), with its twin's NVRTC time; those already listed left
+    out. A fused select on a 16-byte aligned cache has two twins: its sm_90a launch copies a key tile from one
+    page where the pages hold a multiple of 64 pools (VECTOR's INDEX_TILE_PAGES), row by row elsewhere; and each
+    of a select's twins has one more that scores tokens of at most 32 heads two to a chain (INDEX_PAIRED_TOKENS)."""
     from kpool_cupy.kernel.declarations import (
         INDEX_LOGITS_FP8,
         INDEX_PAIRED_TOKENS,
         INDEX_SELECT_FP8,
         INDEX_TILE_PAGES,
         INDEX_VECTOR_CACHE,
-        MMA_E4M3,
+        MMA_E4M3_HMMA,
         MMA_WGMMA,
     )
 
@@ -86,7 +86,7 @@ def sm90a_targets(variants: list[dict]) -> list[dict]:
         name, arguments = template_arguments(variant["instance"])
         if name not in (INDEX_LOGITS_FP8.name, INDEX_SELECT_FP8.name):
             continue
-        if template["HEAD_DIM"] != str(ENGINE_HEAD_DIM) or template["MMA"] != str(MMA_E4M3):
+        if template["HEAD_DIM"] != str(ENGINE_HEAD_DIM) or template["MMA"] != str(MMA_E4M3_HMMA):
             continue
         arguments[list(template).index("MMA")] = str(MMA_WGMMA)
         vectors = [int(template["VECTOR"])]

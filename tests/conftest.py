@@ -110,10 +110,10 @@ def sass_tools() -> None:
         pytest.skip(str(error))
 
 
-@pytest.fixture(params=["e4m3", "wgmma"])
+@pytest.fixture(params=["e4m3", "hmma", "wgmma"])
 def emulated_scorer_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Runs a test of the scorer's kernels on the emulated mma.sync path (sm_89 and newer) and again on the wgmma
-    path of an sm_90a build (KPOOL_CUPY_EMULATE_MMA)."""
+    """Runs a test of the scorer's kernels on the emulated mma.sync path (sm_89 and newer), again on sm_90's (f16
+    mma.sync on converted e4m3) and on the wgmma path of an sm_90a build (KPOOL_CUPY_EMULATE_MMA)."""
     from kpool_cupy.backends.host import EMULATE_MMA_VARIABLE
 
     monkeypatch.setenv(EMULATE_MMA_VARIABLE, request.param)

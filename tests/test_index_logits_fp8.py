@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from index_cases import e4m3_bytes, index_case
+from index_cases import IndexCase, e4m3_bytes, index_case, paged_cache
 
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.emulator.launch import recording
 from kpool_cupy.functions import definition
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_E4M3_HMMA, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC
 from kpool_cupy.tools.index_accuracy import gpu_accumulation_bits, index_logits_agree, index_logits_bound
@@ -49,10 +49,11 @@ def test_emulated_logits_meet_the_float64_model_within_the_bound(head_dim, heads
     _check(case, got, want)
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_WGMMA])
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_E4M3_HMMA, MMA_WGMMA])
 def test_every_tensor_core_path_meets_the_bound(mma):
     # The f16 path (sm_80) converts each e4m3 byte to f16 times 2^-8 and undoes the scale after the sum:
-    # exact, so it meets the same bound as the e4m3 instruction. The wgmma path (sm_90a) sums in its own order,
+    # exact, so it meets the same bound as the e4m3 instruction; sm_90's (hmma) converts each to the f16 of the
+    # same value, also exact. The wgmma path (sm_90a) sums in its own order,
     # which the bound (any order of the float32 sums) covers.
     rng = np.random.default_rng(7 + mma)
     # A cache of 235 pools: more than one block's pools on either path (64 or 128), so the launch's pool
@@ -60,6 +61,41 @@ def test_every_tensor_core_path_meets_the_bound(mma):
     case = index_case(rng, heads=24, kpool=3, counts=(7, 4), cache_lengths=(700, 2))
     want = reference.kpool_index_logits_fp8(*case.args, kpool=case.kpool)
     _check(case, _emulate_with(mma, case), want)
+
+
+def _every_byte_case(head_dim: int, keys_vary: bool) -> IndexCase:
+    """256 scores, each of one product with 1.0 (0x38): pool p's key holds byte p at position p % head_dim and the
+    query is 1.0 everywhere (keys_vary), or token i's query holds byte i at position i % head_dim against one key
+    of 1.0 everywhere. Every other byte is zero, every scale and weight 1."""
+    block_size = 16
+    tokens, pools = (1, 256) if keys_vary else (256, 1)
+    keys = np.full((256 // block_size, block_size, head_dim), 0 if keys_vary else 0x38, np.uint8)
+    q = np.full((tokens, 1, head_dim), 0x38 if keys_vary else 0, np.uint8)
+    for byte in range(256):
+        if keys_vary:
+            keys.reshape(256, head_dim)[byte, byte % head_dim] = byte
+        else:
+            q[byte, 0, byte % head_dim] = byte
+    cache = paged_cache(keys, np.ones(keys.shape[:2], np.float32))
+    table = np.arange(256 // block_size, dtype=np.int32)[None, :]
+    offsets = np.array([0, tokens], np.int32)
+    lengths = np.array([pools - 1], np.int32)  # the first token sees every pool (kpool 1)
+    return IndexCase(q, np.ones((tokens, 1), np.float32), cache, table, offsets, lengths, 1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("keys_vary", [True, False], ids=["keys", "queries"])
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_E4M3_HMMA, MMA_WGMMA], ids=["e4m3", "f16", "hmma", "wgmma"])
+def test_every_e4m3_byte_reaches_the_tensor_cores_as_its_value(mma, keys_vary, head_dim):
+    # Each logit is one product with 1.0, so exact on every path: a conversion that is wrong for any byte (a
+    # subnormal's shift, a NaN, the sign) or at any position of a lane's words shows as a wrong value. The
+    # reference decodes the bytes itself.
+    case = _every_byte_case(head_dim, keys_vary)
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=1)
+    got = _emulate_with(mma, case)
+    scores = (want[0] if keys_vary else want[:, 0], got[0] if keys_vary else got[:, 0])
+    assert np.isnan(scores[0]).sum() == 2 and (scores[0] > 0).sum() == 126  # 0x7f/0xff, and the positive bytes
+    assert np.array_equal(scores[1], scores[0], equal_nan=True), np.flatnonzero(scores[1] != scores[0])
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")
@@ -158,9 +194,10 @@ def test_a_misplaced_lane_in_the_emulated_wgmma_breaks_the_bound(monkeypatch, he
 
 
 def test_the_gpu_bound_takes_its_bits_from_the_instruction():
-    # f16 HMMAs (the sm_80 path, and e4m3 on sm_90, which ptxas lowers to them) sum in float32 with truncation;
-    # native FP8 tensor cores narrower.
+    # f16 HMMAs (the sm_80 path, sm_90's, and e4m3 on sm_90, which ptxas lowers to them) sum in float32 with
+    # truncation; native FP8 tensor cores narrower.
     assert gpu_accumulation_bits(80, MMA_F16) == gpu_accumulation_bits(90, MMA_E4M3) == 23
+    assert gpu_accumulation_bits(90, MMA_E4M3_HMMA) == 23
     assert gpu_accumulation_bits(89, MMA_E4M3) == gpu_accumulation_bits(120, MMA_E4M3) == 13
     assert gpu_accumulation_bits(90, MMA_WGMMA) == 13  # sm_90a: QGMMA, native FP8 (sm_90's HMMA rule is mma.sync's)
 

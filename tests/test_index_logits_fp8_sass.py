@@ -2,7 +2,8 @@
 
 Per warp and 16-head tile the kernel issues NT key tiles x head_dim / 32 mma steps; each step is one QMMA on
 sm_89 (e4m3 mma.sync), two HMMA.16816 on sm_80 (the f16 path: two m16n8k16 a step) and two HMMA on sm_90
-(ptxas lowers e4m3 mma.sync to f16 HMMAs there: Hopper's FP8 rate needs wgmma). A lane reads head_dim / 4
+(f16 mma.sync on e4m3 the hardware converts, a key tile's once: sm_90 has no e4m3 mma.sync, and Hopper's FP8
+rate needs wgmma). A lane reads head_dim / 4
 bytes of each of its NT keys, head_dim / 64 16-byte loads each, at three places: the walk's first tile, the
 load-ahead of the next, and a tile's token of another request than the lead's. Query rows come from the
 shared stage, not from global memory.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -22,6 +24,7 @@ from kpool_cupy.kernel.declarations import (
     INDEX_VECTOR_CACHE,
     INDEX_VECTOR_Q,
     MMA_E4M3,
+    MMA_E4M3_HMMA,
     MMA_F16,
     MMA_WGMMA,
 )
@@ -32,7 +35,8 @@ from kpool_cupy.tools.load_depth import depth_before_first, load_depth
 from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
 from kpool_cupy.tools.scorer_paths import engine_path_code
 
-ARCHES = {"sm_80": (MMA_F16, 2), "sm_89": (MMA_E4M3, 1), "sm_90": (MMA_E4M3, 2)}  # (path, instructions a step)
+# (path, instructions a step): sm_90 has no e4m3 mma.sync, and takes f16 on converted e4m3 (MMA_E4M3_HMMA)
+ARCHES = {"sm_80": (MMA_F16, 2), "sm_89": (MMA_E4M3, 1), "sm_90": (MMA_E4M3_HMMA, 2)}
 ARCH_PATHS = {**{arch: mma for arch, (mma, _) in ARCHES.items()}, "sm_90a": MMA_WGMMA}
 
 
@@ -99,7 +103,41 @@ def test_pages_and_queries_without_16_byte_alignment_take_no_16_byte_loads():
     assert "LDG.E.U8" in machine.sass  # the stage reads unaligned query rows byte by byte
 
 
-def _engine_path_sass(mma: int = MMA_E4M3, arch: str = "sm_90", one_page: bool | None = None) -> str:
+def head_tile_loops(text: str) -> list[list[sass.Instruction]]:
+    """The loops around tensor-core instructions that hold no other such loop: a token's 16-head tiles (one in
+    the scorer, one a call of the fused select's loop, which runs two calls a trip)."""
+    instructions, labels = sass.parse_instructions(text)
+    tensor = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA")]
+    spans = [s for s in sass.loop_spans(instructions, labels) if any(s[0] <= a <= s[1] for a in tensor)]
+    inner = [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
+    return [[i for i in instructions if start <= i.address <= end] for start, end in inner]
+
+
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("kernel", [INDEX_LOGITS_FP8, INDEX_SELECT_FP8], ids=["scorer", "select"])
+@pytest.mark.parametrize("head_dim", [128, pytest.param(64, marks=pytest.mark.slow), 256])
+def test_sm90_converts_a_tokens_queries_at_each_head_tile_and_the_keys_once_a_tile(kernel, head_dim):
+    # sm_90 has no e4m3 mma.sync: ptxas lowered it to f16 HMMAs, converting both operands (F2FP) at every
+    # instruction and adding each step's sum to C apart (FADD). In the head-tile loop at head_dim 128 that was
+    # 96 F2FP and 80 FADD of 317 instructions in the scorer and 344 in the select (the e4m3 build for sm_90,
+    # 2026-12-06); now 185 and 215. The loop converts only the token's two query rows (8 F2FP a 32-wide step)
+    # and adds only the weighted terms (4 FADD a key tile: two keys a lane, two heads): C runs through the HMMAs.
+    template = {"HEAD_DIM": head_dim, "MMA": MMA_E4M3_HMMA, "VECTOR": INDEX_VECTOR_CACHE | INDEX_VECTOR_Q}
+    if kernel is INDEX_SELECT_FP8:
+        template |= {"CAP": 512, "IO": np.dtype(np.int32), "IC": np.dtype(np.int32), "PAGED": True, "COMPACT": True}
+    machine = sass.summarize_sass(kernel.source, kernel.instance(**template), arch="sm_90")
+    loops = head_tile_loops(machine.sass)
+    assert len(loops) == (2 if kernel is INDEX_SELECT_FP8 and head_dim < 256 else 1), [len(loop) for loop in loops]
+    for loop in loops:
+        opcodes = [i.opcode[0] for i in loop]
+        tiles = key_tiles(head_dim, MMA_E4M3_HMMA)
+        assert opcodes.count("HMMA") == 2 * tiles * (head_dim // 32)
+        assert opcodes.count("F2FP") == 8 * (head_dim // 32), opcodes.count("F2FP")
+        assert opcodes.count("FADD") == 4 * tiles, opcodes.count("FADD")
+    assert machine.spill_stores == machine.spill_loads == 0
+
+
+def _engine_path_sass(mma: int = MMA_E4M3_HMMA, arch: str = "sm_90", one_page: bool | None = None) -> str:
     """The scorer's SASS at head_dim 128 on the path an engine's step takes (tools/scorer_paths.py: no search step
     past 512 requests, no tile across requests); on sm_90a with ``one_page`` True or False, the walk's tiles
     always or never in one page (else as the page size says)."""
@@ -215,7 +253,7 @@ def test_the_first_qgmma_waits_through_three_round_trips_on_the_decode_path():
     [
         ("sm_80", "16 HMMA", 200, 3, 47288),  # the f16 path: 2 key tiles x 4 steps x 2 m16n8k16
         ("sm_89", "16 QMMA", 200, 2, 47288),  # native e4m3 mma.sync: 4 key tiles x 4 steps
-        ("sm_90", "32 HMMA", 240, 2, 47288),  # e4m3 mma.sync lowered to two f16 HMMAs a step
+        ("sm_90", "32 HMMA", 240, 2, 47288),  # f16 mma.sync on converted e4m3: two HMMAs a step
         ("sm_90a", "4 QGMMA", 140, 4, 9216),  # wgmma m64n64k32: one chain of 4 k-steps; the stage and ring dynamic
         ("sm_120", "16 QMMA", 200, 2, 47288),
     ],

@@ -9,7 +9,7 @@ from garbage import index_garbage_cases
 
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.host import EMULATE_MMA_VARIABLE, emulated_tensor_core
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_E4M3_HMMA, MMA_F16, MMA_WGMMA
 
 
 def _logits(monkeypatch, path: str, case: dict) -> np.ndarray:
@@ -40,9 +40,11 @@ def test_garbage_writes_what_the_mma_sync_path_writes(monkeypatch, seed):
 def test_the_emulated_path_is_named_by_the_environment(monkeypatch):
     monkeypatch.delenv(EMULATE_MMA_VARIABLE, raising=False)
     assert emulated_tensor_core() == MMA_E4M3  # what sm_89 and newer run
-    for value, mma in (("e4m3", MMA_E4M3), ("f16", MMA_F16), ("wgmma", MMA_WGMMA), ("", MMA_E4M3)):
+    paths = (("e4m3", MMA_E4M3), ("f16", MMA_F16), ("hmma", MMA_E4M3_HMMA), ("wgmma", MMA_WGMMA), ("", MMA_E4M3))
+    for value, mma in paths:
         monkeypatch.setenv(EMULATE_MMA_VARIABLE, value)
         assert emulated_tensor_core() == mma
     monkeypatch.setenv(EMULATE_MMA_VARIABLE, "sm_90a")
-    with pytest.raises(ValueError, match=r"Invalid KPOOL_CUPY_EMULATE_MMA: expected one of e4m3, f16, wgmma.*'sm_90a'"):
+    expected = r"Invalid KPOOL_CUPY_EMULATE_MMA: expected one of e4m3, f16, hmma, wgmma.*'sm_90a'"
+    with pytest.raises(ValueError, match=expected):
         emulated_tensor_core()

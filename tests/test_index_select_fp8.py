@@ -12,7 +12,14 @@ from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
 from kpool_cupy.backends.host import host_binding
 from kpool_cupy.functions import definition
-from kpool_cupy.kernel.declarations import INDEX_PAIRED_TOKENS, INDEX_TILE_PAGES, MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import (
+    INDEX_PAIRED_TOKENS,
+    INDEX_TILE_PAGES,
+    MMA_E4M3,
+    MMA_E4M3_HMMA,
+    MMA_F16,
+    MMA_WGMMA,
+)
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
 from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
@@ -67,9 +74,9 @@ def _emulate_with(spec, mma: int):
     return bind(definition(spec), host_binding("emulate", lambda extras: Backend()))
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_WGMMA], ids=["e4m3", "f16", "wgmma"])
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_E4M3_HMMA, MMA_WGMMA], ids=["e4m3", "f16", "hmma", "wgmma"])
 def test_every_tensor_core_path_gives_the_scorers_bits(mma):
-    # sm_80's f16 path and sm_90a's wgmma path sum in other orders than the e4m3 path: the fused call takes the
+    # sm_80's f16 path, sm_90's and sm_90a's wgmma path sum in other orders than the e4m3 path: the fused call takes the
     # scorer's path and so its bits, whichever the device has. Ties made likely: few distinct key rows.
     rng = np.random.default_rng(mma)
     case = index_case(rng, heads=16, head_dim=128, kpool=1, block_size=16, counts=(2, 2), cache_lengths=(3000, 900))

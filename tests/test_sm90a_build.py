@@ -31,7 +31,14 @@ from kpool_cupy.backends import cupy_plans
 from kpool_cupy.backends.cupy import CupyBackend
 from kpool_cupy.backends.reference import ReferenceBackend
 from kpool_cupy.kernel import nvrtc
-from kpool_cupy.kernel.declarations import INDEX_LOGITS_FP8, INDEX_TILE_PAGES, MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import (
+    INDEX_LOGITS_FP8,
+    INDEX_TILE_PAGES,
+    MMA_E4M3,
+    MMA_E4M3_HMMA,
+    MMA_F16,
+    MMA_WGMMA,
+)
 from kpool_cupy.kernel.sources import NVRTC_OPTIONS, kernel_source
 from kpool_cupy.ops.framework.binding import execute
 from kpool_cupy.ops.index_logits_fp8 import SPEC as INDEX_LOGITS_SPEC
@@ -123,9 +130,9 @@ def test_another_value_is_refused_with_the_variable_the_choices_and_the_value(mo
 @pytest.mark.parametrize(
     ("capability", "value", "want"),
     [
-        ("90", None, MMA_E4M3),  # the default build on an H100/H200
+        ("90", None, MMA_E4M3_HMMA),  # the default build on an H100/H200: sm_90 has no e4m3 mma.sync
         ("90", "sm_90a", MMA_WGMMA),
-        ("90", "sm_90", MMA_E4M3),
+        ("90", "sm_90", MMA_E4M3_HMMA),
         ("89", "sm_90a", MMA_E4M3),  # sm_90a code cannot run on another architecture: the variable is not read
         ("100", "sm_90a", MMA_E4M3),
         ("120", "sm_90a", MMA_E4M3),
@@ -332,7 +339,9 @@ def test_an_sm_90a_kernel_on_another_device_is_refused_before_compiling(fake_gpu
     assert fake_gpu.asked == [] and fake_gpu.cupy.calls == []
 
 
-@pytest.mark.parametrize(("mma", "sm90a"), [(MMA_WGMMA, True), (MMA_E4M3, False), (MMA_F16, False)])
+@pytest.mark.parametrize(
+    ("mma", "sm90a"), [(MMA_WGMMA, True), (MMA_E4M3, False), (MMA_E4M3_HMMA, False), (MMA_F16, False)]
+)
 def test_the_backend_builds_for_sm_90a_exactly_the_wgmma_launches(monkeypatch, mma, sm90a):
     # The scorer's own launch (made by the op on a backend whose tensor core is ``mma``), handed to the GPU
     # backend: its template's MMA decides the build.
@@ -460,7 +469,13 @@ def test_a_plain_sm_90_build_of_wgmma_is_refused(sass_tools, cache):
 
 @pytest.mark.parametrize(
     ("arch", "mma"),
-    [("sm_90a", MMA_WGMMA), ("compute_90a", MMA_WGMMA), ("sm_90", MMA_E4M3), ("sm_100a", MMA_E4M3), ("sm_80", MMA_F16)],
+    [
+        ("sm_90a", MMA_WGMMA),
+        ("compute_90a", MMA_WGMMA),
+        ("sm_90", MMA_E4M3_HMMA),
+        ("sm_100a", MMA_E4M3),
+        ("sm_80", MMA_F16),
+    ],
 )
 def test_the_tools_scorer_variant_follows_the_arch(arch, mma):
     _, name = op_variant("index_logits_fp8", 128, 4, "bfloat16", arch)
@@ -516,11 +531,11 @@ def test_the_precompile_adds_the_sm_90a_twin_of_each_engine_shape_scorer_and_sel
 
     select = {"HEAD_DIM": 128, "VECTOR": 3, "CAP": 512, "IO": np.int64, "IC": np.uint32, "PAGED": True}
     variants = [
-        listed(INDEX_LOGITS_FP8, HEAD_DIM=128, MMA=MMA_E4M3, IO=np.int64),
-        listed(INDEX_LOGITS_FP8, HEAD_DIM=64, MMA=MMA_E4M3),
+        listed(INDEX_LOGITS_FP8, HEAD_DIM=128, MMA=MMA_E4M3_HMMA, IO=np.int64),
+        listed(INDEX_LOGITS_FP8, HEAD_DIM=64, MMA=MMA_E4M3_HMMA),
         listed(INDEX_LOGITS_FP8, HEAD_DIM=128, MMA=MMA_F16),
-        listed(INDEX_SELECT_FP8, MMA=MMA_E4M3, **select),
-        listed(INDEX_SELECT_FP8, MMA=MMA_E4M3, **(select | {"COMPACT": True})),
+        listed(INDEX_SELECT_FP8, MMA=MMA_E4M3_HMMA, **select),
+        listed(INDEX_SELECT_FP8, MMA=MMA_E4M3_HMMA, **(select | {"COMPACT": True})),
         listed(INDEX_SELECT_FP8, MMA=MMA_WGMMA, **(select | {"COMPACT": True})),  # its twin, already listed
         listed(INDEX_TOPK, CAP=512, VECTOR=1),
         listed(COMPRESS, KT=np.float32, GT=np.float32, OT=np.float32, HEAD_DIM=128, KPOOL=4),
@@ -569,13 +584,13 @@ def test_the_index_check_picks_sm_90a_through_the_variable(monkeypatch):
     monkeypatch.setenv(VARIABLE, "sm_90")
     backend, original = CupyBackend(FakeCupy("90"), 0), CupyBackend.tensor_core
     # default right after sm_90a: it must see the variable as it was before, not sm_90a's.
-    for path, want in (("sm_90", MMA_E4M3), ("sm_90a", MMA_WGMMA), ("default", MMA_E4M3), ("f16", MMA_F16)):
+    for path, want in (("sm_90", MMA_E4M3_HMMA), ("sm_90a", MMA_WGMMA), ("default", MMA_E4M3_HMMA), ("f16", MMA_F16)):
         cupy_plans._plans["a plan of another path"] = None
         with check.on_path(path):
             assert backend.tensor_core() == want, path
             assert "a plan of another path" not in cupy_plans._plans
     assert os.environ[VARIABLE] == "sm_90" and CupyBackend.tensor_core is original
-    assert backend.tensor_core() == MMA_E4M3
+    assert backend.tensor_core() == MMA_E4M3_HMMA
 
 
 def _run_gpu_check(tmp_path: Path, *args: str) -> str:

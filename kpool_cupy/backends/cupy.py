@@ -22,7 +22,7 @@ from .cupy_arrays import import_cupy, on_device
 from .cupy_launch import launch_function
 
 # Which build of the scorer and the fused select a GPU of compute capability 9.0 runs: "sm_90a" (Hopper's wgmma,
-# MMA_WGMMA) or "sm_90" (e4m3 mma.sync, MMA_E4M3). Other devices do not read it.
+# MMA_WGMMA) or "sm_90" (f16 mma.sync on converted e4m3, MMA_E4M3_HMMA). Other devices do not read it.
 SM90_BUILD_VARIABLE = "KPOOL_CUPY_SM90_BUILD"
 SM90_BUILDS = ("sm_90a", "sm_90")
 # sm_90 while the wgmma kernel has run on the emulator only: the sm_90a build stays opt-in until an H200 run
@@ -115,8 +115,8 @@ class CupyBackend:
 
     def tensor_core(self) -> int:
         """The scorer's tensor-core instruction for this device: on compute capability 9.0 wgmma (the sm_90a
-        build) or e4m3 mma.sync as ``KPOOL_CUPY_SM90_BUILD`` says (``sm90_build``), e4m3 on sm_89 and from
-        sm_100, f16 on sm_80 to sm_88."""
+        build) or f16 mma.sync on converted e4m3 as ``KPOOL_CUPY_SM90_BUILD`` says (``sm90_build``), e4m3 on
+        sm_89 and from sm_100, f16 on sm_80 to sm_88."""
         capability = int(self.cupy.cuda.Device(self.device_id).compute_capability)
         kind = tensor_core_for(capability, sm90a=capability == 90 and sm90_build() == "sm_90a")
         if kind is not None:

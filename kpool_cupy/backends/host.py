@@ -9,15 +9,15 @@ from typing import Any
 import numpy as np
 
 from ..arrays import array_home, check_array_kind, dlpack_device_type, to_numpy_hint, type_name
-from ..kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
+from ..kernel.declarations import MMA_E4M3, MMA_E4M3_HMMA, MMA_F16, MMA_WGMMA
 from ..ops.framework.binding import Binding, execute, given_back
 from ..ops.framework.spec import Backend, OpSpec, spread
 
 # Which GPU path the emulator runs for the scorer and the fused select: the e4m3 mma.sync of sm_89 and newer
-# (default), the f16 one of sm_80, or the wgmma of an sm_90a build. The reference backend computes its model either
-# way.
+# (default), the f16 one of sm_80, sm_90's f16 mma.sync on converted e4m3 (hmma), or the wgmma of an sm_90a
+# build. The reference backend computes its model either way.
 EMULATE_MMA_VARIABLE = "KPOOL_CUPY_EMULATE_MMA"
-EMULATED_PATHS = {"e4m3": MMA_E4M3, "f16": MMA_F16, "wgmma": MMA_WGMMA}
+EMULATED_PATHS = {"e4m3": MMA_E4M3, "f16": MMA_F16, "hmma": MMA_E4M3_HMMA, "wgmma": MMA_WGMMA}
 
 
 def emulated_tensor_core() -> int:

@@ -338,14 +338,17 @@ INDEX_PAIRED_TOKENS = 8
 MMA_F16 = 0  # f16 mma.sync m16n8k16 after an exact conversion: sm_80 to sm_88
 MMA_E4M3 = 1  # e4m3 mma.sync m16n8k32: sm_89 and newer
 MMA_WGMMA = 2  # e4m3 wgmma.mma_async m64nNk32 by a warpgroup: sm_90a builds only (Hopper's arch-specific ISA)
+# f16 mma.sync m16n8k16 on e4m3 converted once a key tile: sm_90, which has no e4m3 mma.sync (ptxas lowered it to
+# f16 HMMAs converting both operands at every instruction, each step's sum added to the accumulator apart)
+MMA_E4M3_HMMA = 3
 
 
 def tensor_core_for(capability: int, sm90a: bool = False) -> int | None:
     """The scorer's tensor-core instruction on a GPU of compute ``capability`` (90 for sm_90): wgmma on 9.0 with
-    ``sm90a`` (the arch-specific build), else e4m3 mma.sync from sm_89, f16 on sm_80 to sm_88, None below (no FP8
-    scorer)."""
-    if capability == 90 and sm90a:
-        return MMA_WGMMA
+    ``sm90a`` (the arch-specific build), f16 mma.sync on converted e4m3 on 9.0 without it, else e4m3 mma.sync from
+    sm_89, f16 on sm_80 to sm_88, None below (no FP8 scorer)."""
+    if capability == 90:
+        return MMA_WGMMA if sm90a else MMA_E4M3_HMMA
     if capability >= 89:
         return MMA_E4M3
     return MMA_F16 if capability >= 80 else None

@@ -208,9 +208,9 @@ def select_group_tokens(num_tokens: int, batch: int, heads: int, head_dim: int, 
 
 
 def index_block_pools(head_dim: int, mma: int) -> int:
-    """Pools a block of the scorer covers per step of its walk: on the mma.sync paths (``mma`` MMA_E4M3 or
-    MMA_F16 of kernel.declarations) 4 warps x 8 x NT, NT as kp::index_key_tiles (kernels/kpool_index.cuh) sets it;
-    on the wgmma path one key tile of 64, kp::wgmma_keys."""
+    """Pools a block of the scorer covers per step of its walk: on the mma.sync paths (``mma`` MMA_E4M3,
+    MMA_E4M3_HMMA or MMA_F16 of kernel.declarations) 4 warps x 8 x NT, NT as kp::index_key_tiles
+    (kernels/kpool_index.cuh) sets it; on the wgmma path one key tile of 64, kp::wgmma_keys."""
     if mma == MMA_WGMMA:
         return WGMMA_ROWS
     key_tiles = 2 if head_dim > 128 or (mma == MMA_F16 and head_dim == 128) else 4

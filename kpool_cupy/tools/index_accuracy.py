@@ -35,10 +35,11 @@ GPU bound replaces the D-sum's 2^-24 by 2^-(bits - 1), ``accumulation_bits``
 from ``gpu_accumulation_bits``:
 
 - 23 where the instruction is an f16 ``HMMA`` with float32 accumulation: the
-  sm_80 path (e4m3 converted exactly to f16), and the e4m3 path on sm_90,
-  where ptxas lowers ``mma.sync`` e4m3 to two f16 ``HMMA.16816`` (the SASS
-  tests pin it). The H200 run met even the CPU bound (worst 0.057 of it,
-  docs/gpu-runs/2026-12-04-h200/index-check.log).
+  sm_80 path (e4m3 converted exactly to f16), sm_90's (``MMA_E4M3_HMMA``:
+  the same on conversions by the hardware), and the e4m3 path had it run on
+  sm_90, where ptxas lowers ``mma.sync`` e4m3 to two f16 ``HMMA.16816`` (the
+  SASS tests pin it). The H200 run of that lowering met even the CPU bound
+  (worst 0.057 of it, docs/gpu-runs/2026-12-04-h200/index-check.log).
 - 13 where the tensor cores take e4m3 natively (sm_89, sm_100 and newer,
   and the sm_90a build's wgmma, ``QGMMA`` in the SASS): they accumulate FP8
   products narrower than float32. NVIDIA documents no width; the public
@@ -71,12 +72,12 @@ E4M3_AS_HMMA = frozenset({90})
 
 def gpu_accumulation_bits(compute_capability: int, mma: int) -> int:
     """``accumulation_bits`` for a GPU of ``compute_capability`` (90 for sm_90) running the scorer's ``mma``
-    path (``kernel.declarations.MMA_E4M3``, ``MMA_F16`` or ``MMA_WGMMA``)."""
-    from ..kernel.declarations import MMA_F16, MMA_WGMMA
+    path (``kernel.declarations.MMA_E4M3``, ``MMA_E4M3_HMMA``, ``MMA_F16`` or ``MMA_WGMMA``)."""
+    from ..kernel.declarations import MMA_E4M3_HMMA, MMA_F16, MMA_WGMMA
 
     if mma == MMA_WGMMA:  # sm_90a: QGMMA, Hopper's native FP8 tensor cores (sm_90's e4m3 mma.sync is HMMA)
         return FP8_MMA_ACCUMULATION_BITS
-    if mma == MMA_F16 or compute_capability in E4M3_AS_HMMA:
+    if mma in (MMA_F16, MMA_E4M3_HMMA) or compute_capability in E4M3_AS_HMMA:
         return HMMA_ACCUMULATION_BITS
     return FP8_MMA_ACCUMULATION_BITS
 

@@ -27,7 +27,7 @@ SELECT_POOL_TOPK = 512  # the selections' variant: the buffer that holds this ma
 def op_variant(op: str, head_dim: int, kpool: int, dtype: str, arch: str = "sm_90") -> tuple[Kernel, str]:
     """``op``'s kernel and the instance the tools compile for ``arch`` ('sm_NN', 'sm_NNa', 'sm_NNf' or 'compute_NN'); a
     ValueError naming the argument out of range. The scorer's tensor-core instruction is the one its launcher picks
-    for that architecture: wgmma for sm_90a (the arch-specific build), e4m3 mma.sync for sm_90."""
+    for that architecture: wgmma for sm_90a (the arch-specific build), f16 mma.sync on converted e4m3 for sm_90."""
     if op not in OP_KERNELS:
         raise ValueError(f"Invalid op: expected one of {', '.join(OP_KERNELS)}, got {op!r}")
     spec = OP_SPECS[op]

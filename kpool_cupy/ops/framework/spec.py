@@ -213,8 +213,8 @@ class Backend(Protocol):
 
     def tensor_core(self) -> int:
         """The tensor-core instruction the scorer's kernels are built for on this backend's device
-        (``kernel.declarations.MMA_E4M3``, ``MMA_F16`` or ``MMA_WGMMA``: the ``MMA`` template argument); a
-        ValueError naming the device where it has none."""
+        (``kernel.declarations.MMA_E4M3``, ``MMA_E4M3_HMMA``, ``MMA_F16`` or ``MMA_WGMMA``: the ``MMA`` template
+        argument); a ValueError naming the device where it has none."""
         ...
 
 
