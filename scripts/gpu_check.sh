@@ -74,9 +74,10 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # scripts/gpu_variants.json (363 less the 25 of kpool_compress_backward_rest,
 # which the backward no longer launches, and one more for the ring-close
 # records' plain close, 2026-12-05), sm_90 cubins: 128.9 s one after
-# another (64.0 on 2026-12-04: the scorer's and the fused select's sm_90
-# builds, now MMA_E4M3_HMMA, take 0.4-0.6 s and 2.0-2.6 s each where their
-# e4m3 ones took 0.2 and 0.7-0.9); over 16 processes (scripts/gpu_variants.py estimate) 8.1 s. The H200 machine's
+# another (64.0 when last timed, 2026-12-04: the scorer's and the fused
+# select's variants have grown since, to 0.4-0.6 s and 2.0-2.6 s each from
+# 0.2 and 0.7-0.9; their sm_90 path's MMA_E4M3_HMMA and e4m3 builds take the
+# same time); over 16 processes (scripts/gpu_variants.py estimate) 8.1 s. The H200 machine's
 # precompile took 8.7 s with 16 processes for 248, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(

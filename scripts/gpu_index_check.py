@@ -8,7 +8,8 @@ line; exits 1 when a check failed.
     python scripts/gpu_index_check.py --no-timing       (the checks alone: scripts/gpu_check.sh runs this)
     python scripts/gpu_index_check.py --path sm_90a     (one path; repeat --path for more)
 
-The paths (``device_paths``): on compute capability 9.0, ``sm_90a`` (wgmma) and ``sm_90`` (e4m3 mma.sync), each
+The paths (``device_paths``): on compute capability 9.0, ``sm_90a`` (wgmma) and ``sm_90`` (f16 mma.sync on e4m3
+converted by the hardware, MMA_E4M3_HMMA), each
 chosen through KPOOL_CUPY_SM90_BUILD as a user chooses it, and ``f16`` (the sm_80 path, forced by patching
 CupyBackend.tensor_core: no setting picks it on a newer GPU); on other GPUs ``default`` (what the device takes)
 and, from sm_89, ``f16``. The fused select takes the same path as the scorer, so its logits must be the scorer's.

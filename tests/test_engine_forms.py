@@ -196,10 +196,13 @@ def test_lengths_that_count_the_step_are_refused_naming_cache_lengths(spare_colu
 
 def test_deep_gemms_cache_takes_a_launch_plan_on_the_gpu_path():
     # The kernel reads the 3-D view of the caller's 4-D cache; a plan passes the caller's array in its place (the
-    # same pointer), so a hot call with it replays one launch like the 3-D cache's (on the CuPy double).
+    # same pointer), so a hot call with it replays one launch like the 3-D cache's (on the CuPy double, an sm_90:
+    # the emulator runs sm_90's path for the bits to compare).
     from double import run_on_double
 
     script = """
+import os
+os.environ["KPOOL_CUPY_EMULATE_MMA"] = "hmma"
 import numpy as np, cupy
 import kpool_cupy
 from kpool_cupy import emulate

@@ -137,3 +137,20 @@ def test_gpu_decode_steps_fill_the_cache_with_one_compress_bytes_and_replay_a_pl
     )  # fmt: skip
     assert cupy.asnumpy(whole).any()
     assert cupy.asnumpy(cache).tobytes() == cupy.asnumpy(whole).tobytes()
+
+
+def test_gpu_scorer_takes_every_e4m3_byte_as_its_value():
+    # The scorer's conversions as the device runs them (sm_90: cvt.rn.f16x2.e4m3x2, a key tile's once and a query
+    # row's once a head tile; sm_89 and newer: e4m3 mma.sync; sm_80: from the bits): each logit one product with
+    # 1.0, so exact on every path, for each of the 256 bytes at positions all over a lane's words, as a key and
+    # as a query (NaN where the byte is one).
+    import cupy
+    from test_index_logits_fp8 import _every_byte_case
+
+    import kpool_cupy
+
+    for keys_vary in (True, False):
+        case = _every_byte_case(128, keys_vary)
+        want = reference.kpool_index_logits_fp8(*case.args, kpool=1)
+        got = kpool_cupy.kpool_index_logits_fp8(*(cupy.asarray(a) for a in case.args), kpool=1)
+        assert np.array_equal(cupy.asnumpy(got), want, equal_nan=True), keys_vary
