@@ -37,7 +37,8 @@ struct Bytes8 {
 constexpr unsigned int kIndexWarpLanes = 0xffffffffu;
 
 // Which tensor-core instruction scores: e4m3 mma.sync m16n8k32 (sm_89 and
-// newer) or, on sm_80, f16 mma.sync m16n8k16 after an exact conversion.
+// newer but sm_90) or, on sm_80, f16 mma.sync m16n8k16 after an exact
+// conversion.
 constexpr int kMmaF16 = 0;
 constexpr int kMmaE4m3 = 1;
 // Or, in an sm_90a build, a warpgroup's e4m3 wgmma (kpool_index_wgmma.cuh),
@@ -494,15 +495,19 @@ __device__ __forceinline__ void score_token(const unsigned char* q_token, long l
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
     for (int n = 0; n < NT; ++n) sums[n][0] = sums[n][1] = 0.0f;
-    for (long long first = 0; first < heads; first += 16) {
+    // Rows g and g + 8 of each tile of 16 heads: pointers stepped a tile at a time (no 64-bit multiply a tile).
+    const unsigned char* row0 = q_token + g * head_stride;
+    const long long row_step = 8 * head_stride;
+    const float* weight0 = w_token + g;
+    for (long long first = 0; first < heads; first += 16, row0 += 2 * row_step, weight0 += 16) {
         const long long h0 = first + g, h1 = first + g + 8;
         Bytes8 x[kSteps], y[kSteps];
 #pragma unroll
         for (int s = 0; s < kSteps; ++s) x[s] = y[s] = Bytes8{0u, 0u};
         // A missing head's rows are zero and its term is never added.
-        if (h0 < heads) load_row_part<HEAD_DIM, VECTOR_Q, false>(q_token + h0 * head_stride, t, x);
-        if (h1 < heads) load_row_part<HEAD_DIM, VECTOR_Q, false>(q_token + h1 * head_stride, t, y);
-        const float w0 = h0 < heads ? w_token[h0] : 0.0f, w1 = h1 < heads ? w_token[h1] : 0.0f;
+        if (h0 < heads) load_row_part<HEAD_DIM, VECTOR_Q, false>(row0, t, x);
+        if (h1 < heads) load_row_part<HEAD_DIM, VECTOR_Q, false>(row0 + row_step, t, y);
+        const float w0 = h0 < heads ? weight0[0] : 0.0f, w1 = h1 < heads ? weight0[8] : 0.0f;
 #pragma unroll
         for (int n = 0; n < NT; ++n) {
             float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};

@@ -62,7 +62,8 @@ constexpr int kWgmmaStageBytes = 32768;
 
 namespace kp {
 
-// The mma.sync path (MMA kp::kMmaE4m3 or kp::kMmaF16): each warp scores its key tiles with kp::score_token.
+// The mma.sync paths (MMA kp::kMmaE4m3, kp::kMmaE4m3Hmma or kp::kMmaF16): each warp scores its key tiles with
+// kp::score_token.
 template <int HEAD_DIM, int MMA, int VECTOR, typename IO, typename IC>
 __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
     constexpr int NT = kp::index_key_tiles<HEAD_DIM, MMA>();
@@ -385,8 +386,8 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
 
 }  // namespace kp
 
-// HEAD_DIM: 64, 128 or 256. MMA: kp::kMmaE4m3, kp::kMmaF16 or (an sm_90a
-// build) kp::kMmaWgmma. VECTOR: kIndexVectorCache | kIndexVectorQ. IO, IC:
+// HEAD_DIM: 64, 128 or 256. MMA: kp::kMmaE4m3, kp::kMmaE4m3Hmma, kp::kMmaF16
+// or (an sm_90a build) kp::kMmaWgmma. VECTOR: kIndexVectorCache | kIndexVectorQ. IO, IC:
 // the index types of input_row_offsets and cache_lengths.
 template <int HEAD_DIM, int MMA, int VECTOR, typename IO, typename IC>
 __global__ void __launch_bounds__(kp::kIndexThreads, 2) kpool_index_logits_fp8(KP_INDEX_LOGITS_PARAMS) {

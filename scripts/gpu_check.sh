@@ -74,10 +74,10 @@ export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 # scripts/gpu_variants.json (363 less the 25 of kpool_compress_backward_rest,
 # which the backward no longer launches, and one more for the ring-close
 # records' plain close, 2026-12-05), sm_90 cubins: 128.9 s one after
-# another (64.0 when last timed, 2026-12-04: the scorer's and the fused
-# select's variants have grown since, to 0.4-0.6 s and 2.0-2.6 s each from
-# 0.2 and 0.7-0.9; their sm_90 path's MMA_E4M3_HMMA and e4m3 builds take the
-# same time); over 16 processes (scripts/gpu_variants.py estimate) 8.1 s. The H200 machine's
+# another (64.0 when last timed, 2026-12-04: kpool_index_topk's 29 variants
+# have grown since from 9.4 to 43.6 s, the fused select's 20 from 15.1 to
+# 44.7, the scorer's 6 from 1.3 to 3.0; their sm_90 path's MMA_E4M3_HMMA and e4m3
+# builds take the same time); over 16 processes (scripts/gpu_variants.py estimate) 8.1 s. The H200 machine's
 # precompile took 8.7 s with 16 processes for 248, slowest variant 4.1 s.
 steps=(environment precompile pytest-gpu check memcheck bench bench-compile)
 declare -A limit=(

@@ -198,13 +198,14 @@ def test_selection_garbage_lands_in_the_same_places(chunk):
         ("e4m3", 0),
         *(pytest.param("e4m3", chunk, marks=pytest.mark.slow) for chunk in range(1, 4)),
         pytest.param("wgmma", 0, marks=pytest.mark.slow),  # 28 s cold: the default tier's budget keeps e4m3's
+        pytest.param("hmma", 0, marks=pytest.mark.slow),  # sm_90's path, 33 s
     ],
 )
 def test_fused_selection_garbage_equals_the_two_calls(monkeypatch, path, chunk):
     # The scorer's garbage with selections on top: the fused call, with a zeroed workspace, equals the same
     # backend's two calls with the logits as wide as the cache table reaches (its candidates' limit without
-    # validation), bit for bit on the emulator and on the reference alike. The sm_90a path (wgmma) takes the
-    # default tier's chunk: the sweep's others would add minutes to the full tier for the same kernels.
+    # validation), bit for bit on the emulator and on the reference alike. The sm_90a path (wgmma) and sm_90's
+    # (hmma) take the default tier's chunk: the sweep's others would add minutes to the full tier for the same kernels.
     monkeypatch.setenv(EMULATE_MMA_VARIABLE, path)
     for i, (_, case) in enumerate(select_garbage_cases(seed=chunk, count=CASES // 8)):
         case.pop("workspace", None)

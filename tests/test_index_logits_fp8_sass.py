@@ -103,14 +103,24 @@ def test_pages_and_queries_without_16_byte_alignment_take_no_16_byte_loads():
     assert "LDG.E.U8" in machine.sass  # the stage reads unaligned query rows byte by byte
 
 
-def head_tile_loops(text: str) -> list[list[sass.Instruction]]:
-    """The loops around tensor-core instructions that hold no other such loop: a token's 16-head tiles (one in
-    the scorer, one a call of the fused select's loop, which runs two calls a trip)."""
+def head_tile_loops(text: str) -> list[tuple[list[sass.Instruction], list[sass.Instruction]]]:
+    """The loops around tensor-core instructions that hold no other such loop, a token's 16-head tiles (one in
+    the scorer, one a call of the fused select's loop, which runs two calls a trip), each with the smallest loop
+    around it (the loop over the tokens)."""
     instructions, labels = sass.parse_instructions(text)
     tensor = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA")]
-    spans = [s for s in sass.loop_spans(instructions, labels) if any(s[0] <= a <= s[1] for a in tensor)]
+    loops = sass.loop_spans(instructions, labels)
+    spans = [s for s in loops if any(s[0] <= a <= s[1] for a in tensor)]
     inner = [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
-    return [[i for i in instructions if start <= i.address <= end] for start, end in inner]
+
+    def body(span: tuple[int, int]) -> list[sass.Instruction]:
+        return [i for i in instructions if span[0] <= i.address <= span[1]]
+
+    found = []
+    for span in inner:
+        around = min((o for o in loops if o != span and o[0] <= span[0] and span[1] <= o[1]), key=lambda o: o[1] - o[0])
+        found.append((body(span), body(around)))
+    return found
 
 
 @pytest.mark.usefixtures("sass_tools")
@@ -122,18 +132,26 @@ def test_sm90_converts_a_tokens_queries_at_each_head_tile_and_the_keys_once_a_ti
     # 96 F2FP and 80 FADD of 317 instructions in the scorer and 344 in the select (the e4m3 build for sm_90,
     # 2026-12-06); now 185 and 215. The loop converts only the token's two query rows (8 F2FP a 32-wide step)
     # and adds only the weighted terms (4 FADD a key tile: two keys a lane, two heads): C runs through the HMMAs.
+    # The rows' and weights' addresses step a tile at a time: no 64-bit multiply (IMAD.WIDE) and no parameter
+    # reloaded (LDC) in the loop, where the select's took 25 instructions a tile for them (215 then, 190 now).
+    # Around it, the loop over the tokens converts no key (the select) or one tile's keys, for a token of another
+    # request than the tile's lead (the scorer, 4 F2FP a key tile and step): a warp's keys are converted when it
+    # takes them, not for each token.
     template = {"HEAD_DIM": head_dim, "MMA": MMA_E4M3_HMMA, "VECTOR": INDEX_VECTOR_CACHE | INDEX_VECTOR_Q}
     if kernel is INDEX_SELECT_FP8:
         template |= {"CAP": 512, "IO": np.dtype(np.int32), "IC": np.dtype(np.int32), "PAGED": True, "COMPACT": True}
     machine = sass.summarize_sass(kernel.source, kernel.instance(**template), arch="sm_90")
     loops = head_tile_loops(machine.sass)
     assert len(loops) == (2 if kernel is INDEX_SELECT_FP8 and head_dim < 256 else 1), [len(loop) for loop in loops]
-    for loop in loops:
+    tiles = key_tiles(head_dim, MMA_E4M3_HMMA)
+    for loop, tokens in loops:
         opcodes = [i.opcode[0] for i in loop]
-        tiles = key_tiles(head_dim, MMA_E4M3_HMMA)
         assert opcodes.count("HMMA") == 2 * tiles * (head_dim // 32)
         assert opcodes.count("F2FP") == 8 * (head_dim // 32), opcodes.count("F2FP")
         assert opcodes.count("FADD") == 4 * tiles, opcodes.count("FADD")
+        assert not [i for i in loop if i.opcode[:2] == ("IMAD", "WIDE") or i.opcode[0] == "LDC"]
+        reloaded = 4 * tiles * (head_dim // 32) if kernel is INDEX_LOGITS_FP8 else 0
+        assert [i.opcode[0] for i in tokens].count("F2FP") - opcodes.count("F2FP") == reloaded
     assert machine.spill_stores == machine.spill_loads == 0
 
 

@@ -3,8 +3,8 @@ the pages after them while it scores this one, with its tokens' query rows stage
 
 At the tests' small shapes the launch gives every block one step of its walk, so these tests shrink the grid the
 launcher aims at (kernel.geometry.INDEX_TARGET_BLOCKS) until one block walks the whole row: each logit must keep
-the bits it has with one step a block, on both tensor-core paths, across requests inside a tile, missing pages
-and unaligned queries."""
+the bits it has with one step a block, on every tensor-core path (sm_90's converts each tile's keys once, when a warp
+takes them), across requests inside a tile, missing pages and unaligned queries."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from kpool_cupy.backends.host import host_binding
 from kpool_cupy.emulator.launch import recording
 from kpool_cupy.functions import definition
 from kpool_cupy.kernel import geometry
-from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_F16, MMA_WGMMA
+from kpool_cupy.kernel.declarations import MMA_E4M3, MMA_E4M3_HMMA, MMA_F16, MMA_WGMMA
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC, tokens_per_block
 
@@ -64,7 +64,7 @@ def _case(head_dim: int, seed: int):
     )
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_WGMMA])
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_F16, MMA_E4M3_HMMA, MMA_WGMMA])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 def test_one_block_walking_the_whole_row_gives_the_bits_of_one_step_a_block(monkeypatch, head_dim, mma):
     case = _case(head_dim, head_dim + mma)
@@ -77,7 +77,7 @@ def test_one_block_walking_the_whole_row_gives_the_bits_of_one_step_a_block(monk
     np.testing.assert_array_equal(np.isneginf(walked), np.isneginf(want))
 
 
-@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_WGMMA])
+@pytest.mark.parametrize("mma", [MMA_E4M3, MMA_E4M3_HMMA, MMA_WGMMA])
 @pytest.mark.parametrize("target", [1, 2, 5])
 def test_missing_pages_and_unaligned_queries_along_the_walk(monkeypatch, target, mma):
     case = _case(128, 11 + target)

@@ -98,7 +98,7 @@ def tensor_core_opcodes(text: str) -> dict[str, int]:
 
 
 def tensor_core_count(text: str) -> int:
-    """Static tensor-core instructions in SASS text (``load_depth.TENSOR_CORE``): a warp's HMMA (f16, and e4m3
-    mma.sync on sm_90, which ptxas lowers to two f16 HMMAs) and QMMA (e4m3 on sm_89 and sm_120), a warpgroup's
-    HGMMA and QGMMA (wgmma on sm_90a)."""
+    """Static tensor-core instructions in SASS text (``load_depth.TENSOR_CORE``): a warp's HMMA (f16 mma.sync: sm_80's
+    path and sm_90's, and e4m3 mma.sync had it run on sm_90, which ptxas lowers to two f16 HMMAs) and QMMA (e4m3
+    on sm_89 and sm_120), a warpgroup's HGMMA and QGMMA (wgmma on sm_90a)."""
     return sum(i.opcode[0] in TENSOR_CORE for i in sass.parse_instructions(text)[0])
