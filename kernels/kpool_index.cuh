@@ -11,7 +11,8 @@
 // the f16 paths in two mmas of 16, the second adding into the first's
 // result); the H-sum per lane over its heads g, g + 8, g + 16, g + 24, ... (heads
 // ascending in steps of 8, each lane a residue class mod 8), then across the
-// 8 lanes of a column by the butterfly xor 4, 8, 16.
+// 8 lanes of a column by the butterfly xor 4, 8, 16 (kp::own_tile_sums takes
+// its sums, each lane left with its own tile's).
 //
 // Lane contract: lane = 4 g + t holds, for every 32-wide step, 8 bytes of
 // query rows g and g + 8 of a 16-head tile and 8 bytes of key g of each
@@ -480,19 +481,56 @@ __device__ __forceinline__ void find_tile_tokens(const RequestTree& tree, const 
     __syncthreads();
 }
 
-// One warp's sums for one token: logits of keys 8 n + 2 t + e (n < NT,
-// e < 2) of the warp's key tiles in sums[n][e], the same in every lane of a
-// column (the butterfly leaves each lane the whole sum). keys: this lane's
-// parts of key g of each tile (zero where there is none); scales[n][e]: s of
-// key 8 n + 2 t + e. q_token: the token's [heads, HEAD_DIM] rows, head_stride
-// apart; w_token: its heads' weights. Every lane of the warp calls it
-// together (mma.sync and the shuffles need the whole warp).
+// The sums of a column's 8 lanes (g = 0..7, one t) of each lane's values
+// sums[n][e] (n < NT), lane g left with those of n = g mod NT in own[e]: the
+// butterfly xor 4, 8, 16 (g's bits 0, 1, 2) of every value, halved where it
+// can be: at g's bit b < log2 NT each lane keeps the values whose n has its
+// bit b and adds its partner's partial of them, sending the others. Lane g's
+// own[e] is the expression the full butterfly leaves there (at each step the
+// lane's partial plus its partner's of the same n: the same operands, in an
+// addition that commutes), in 2 NT - 2 + 2 (3 - log2 NT) shuffles where the
+// butterfly took 6 NT (8 at NT 4, 24 before; 6 at NT 2, 12).
+template <int NT>
+__device__ __forceinline__ void own_tile_sums(float (&sums)[NT][2], int g, float (&own)[2]) {
+    static_assert(NT == 2 || NT == 4, "two or four key tiles");
+    // After the halving steps below, slot k holds n = k * step + g mod step.
+    float slot[NT][2];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) slot[n][0] = sums[n][0], slot[n][1] = sums[n][1];
+#pragma unroll
+    for (int bit = 0, count = NT; count > 1; ++bit, count /= 2) {
+        const bool high = ((g >> bit) & 1) != 0;
+#pragma unroll
+        for (int k = 0; k < count / 2; ++k)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float low_n = slot[2 * k][e], high_n = slot[2 * k + 1][e];
+                const float send = high ? low_n : high_n;
+                slot[k][e] = (high ? high_n : low_n) + __shfl_xor_sync(kIndexWarpLanes, send, 4 << bit);
+            }
+    }
+#pragma unroll
+    for (int mask = 4 * NT; mask < 32; mask *= 2)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) slot[0][e] += __shfl_xor_sync(kIndexWarpLanes, slot[0][e], mask);
+    own[0] = slot[0][0];
+    own[1] = slot[0][1];
+}
+
+// One warp's sums for one token: the logits of keys 8 g + 2 t + e (e < 2) of
+// tile g in own[e], for lanes g < NT (lanes g >= NT hold tile g mod NT's).
+// keys: this lane's parts of key g of each tile (zero where there is none);
+// scales[n][e]: s of key 8 n + 2 t + e. q_token: the token's [heads,
+// HEAD_DIM] rows, head_stride apart; w_token: its heads' weights. Every lane
+// of the warp calls it together (mma.sync and the shuffles need the whole
+// warp).
 template <int HEAD_DIM, int MMA, int NT, bool VECTOR_Q>
 __device__ __forceinline__ void score_token(const unsigned char* q_token, long long head_stride, long long heads,
                                             const float* w_token, const KeyOperands<HEAD_DIM, MMA, NT>& keys,
-                                            const float (&scales)[NT][2], int lane, float (&sums)[NT][2]) {
+                                            const float (&scales)[NT][2], int lane, float (&own)[2]) {
     constexpr int kSteps = HEAD_DIM / 32;
     const int g = lane / 4, t = lane % 4;
+    float sums[NT][2];
 #pragma unroll
     for (int n = 0; n < NT; ++n) sums[n][0] = sums[n][1] = 0.0f;
     // Rows g and g + 8 of each tile of 16 heads: pointers stepped a tile at a time (no 64-bit multiply a tile).
@@ -522,12 +560,7 @@ __device__ __forceinline__ void score_token(const unsigned char* q_token, long l
             }
         }
     }
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-            for (int mask = 4; mask < 32; mask *= 2) sums[n][e] += __shfl_xor_sync(kIndexWarpLanes, sums[n][e], mask);
+    own_tile_sums<NT>(sums, g, own);
 }
 
 }  // namespace kp

@@ -196,28 +196,24 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
                 kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
                 keys_of = request;
             }
-            float sums[NT][2];
+            float own[2] = {0.0f, 0.0f};
             if (scores)
                 kp::score_token<HEAD_DIM, MMA, NT, true>(q_stage + j * head_count * kPitch, kPitch, heads,
-                                                         w_stage + j * head_count, operands, scales, lane, sums);
+                                                         w_stage + j * head_count, operands, scales, lane, own);
             // Lane (g, t) writes keys 2 t and 2 t + 1 of tile g.
             if (g < NT) {
-                float value[2] = {0.0f, 0.0f};
                 bool there[2] = {false, false};
 #pragma unroll
                 for (int n = 0; n < NT; ++n)
                     if (n == g)
 #pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            value[e] = scores ? sums[n][e] : 0.0f;
-                            there[e] = present[n][e];
-                        }
+                        for (int e = 0; e < 2; ++e) there[e] = present[n][e];
                 float* row = out + (token_begin + j) * out_stride;
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const long long pool = first_pool + 8 * g + 2 * t + e;
                     if (pool < range_hi)
-                        row[pool] = scores && there[e] && pool < visible ? value[e] : minus_infinity;
+                        row[pool] = scores && there[e] && pool < visible ? own[e] : minus_infinity;
                 }
             }
         }

@@ -350,24 +350,27 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 kp::share_key_scales<NT>(scale, have, t, scales, present);
                 kp::KeyOperands<HEAD_DIM, MMA, NT> operands;
                 kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
+                bool own_present[2] = {false, false};  // keys 2 t and 2 t + 1 of tile g, for lanes g < NT
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                    if (n == g)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) own_present[e] = present[n][e];
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
                     if (!takes(j, first_pool)) continue;  // uniform in the warp
                     const long long token = first_token + j;
-                    float sums[NT][2];
+                    float own[2];
                     kp::score_token<HEAD_DIM, MMA, NT, kVectorQ>(q + token * q_token_stride, q_head_stride, heads,
                                                                  weights + token * weights_stride, operands, scales,
-                                                                 lane, sums);
+                                                                 lane, own);
                     // Lane (g, t) keeps keys 2 t and 2 t + 1 of tile g, as the scorer writes them.
                     float* const chunk_logits = held.logits(j);
                     if (g < NT) {
 #pragma unroll
-                        for (int n = 0; n < NT; ++n)
-                            if (n == g)
-#pragma unroll
-                                for (int e = 0; e < 2; ++e)
-                                    chunk_logits[first_pool - base + 8 * n + 2 * t + e] =
-                                        present[n][e] ? sums[n][e] : minus_infinity;
+                        for (int e = 0; e < 2; ++e)
+                            chunk_logits[first_pool - base + 8 * g + 2 * t + e] = own_present[e] ? own[e]
+                                                                                                 : minus_infinity;
                     }
                 }
             }

@@ -155,6 +155,30 @@ def test_sm90_converts_a_tokens_queries_at_each_head_tile_and_the_keys_once_a_ti
     assert machine.spill_stores == machine.spill_loads == 0
 
 
+@pytest.mark.usefixtures("sass_tools")
+@pytest.mark.parametrize("kernel", [INDEX_LOGITS_FP8, INDEX_SELECT_FP8], ids=["scorer", "select"])
+@pytest.mark.parametrize(
+    ("arch", "head_dim"), [("sm_90", 128), ("sm_89", 256), pytest.param("sm_89", 64, marks=pytest.mark.slow)]
+)
+def test_a_tokens_head_sums_leave_each_lane_its_own_tiles_logits(kernel, arch, head_dim):
+    # kp::own_tile_sums: a lane writes only tile g's two logits, so the column's 8 lanes halve what they exchange
+    # at g's bits below log2 NT and take the butterfly's last steps on two values: 8 shuffles a token at 4 key
+    # tiles, 6 at 2, where the butterfly of every value took 24 and 12 (the same sums: each step adds a lane's
+    # partial and its partner's of the same tile). The scorer's loop over tokens also holds the 4 NT shuffles of
+    # a token of another request than the tile's lead (kp::share_key_scales).
+    mma, _ = ARCHES[arch]
+    template = {"HEAD_DIM": head_dim, "MMA": mma, "VECTOR": INDEX_VECTOR_CACHE | INDEX_VECTOR_Q}
+    if kernel is INDEX_SELECT_FP8:
+        template |= {"CAP": 512, "IO": np.dtype(np.int32), "IC": np.dtype(np.int32), "PAGED": True, "COMPACT": True}
+    machine = sass.summarize_sass(kernel.source, kernel.instance(**template), arch=arch)
+    tiles = key_tiles(head_dim, mma)
+    halvings = tiles.bit_length() - 1  # log2 NT of g's 3 bits
+    own = 2 * (tiles - 1) + 2 * (3 - halvings)
+    want = own + (4 * tiles if kernel is INDEX_LOGITS_FP8 else 0)
+    shuffles = [[i.opcode[0] for i in tokens].count("SHFL") for _, tokens in head_tile_loops(machine.sass)]
+    assert shuffles and all(count == want for count in shuffles), (shuffles, want)
+
+
 def _engine_path_sass(mma: int = MMA_E4M3_HMMA, arch: str = "sm_90", one_page: bool | None = None) -> str:
     """The scorer's SASS at head_dim 128 on the path an engine's step takes (tools/scorer_paths.py: no search step
     past 512 requests, no tile across requests); on sm_90a with ``one_page`` True or False, the walk's tiles

@@ -539,14 +539,16 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
     # No GPU here: the CUDA implementation runs on the CuPy double (CuPy over
     # NumPy, kernels on the emulator) with CPU tensors standing in, torch's
     # stream and DLPack stubbed. It must give the emulated kernel's bits, write the
-    # ring in place, and hand back torch-allocated outputs where it makes them.
+    # ring in place, and hand back torch-allocated outputs where it makes them. The
+    # double is an sm_90, so the emulator runs sm_90's scorer path to compare.
     import textwrap
 
     from double import run_on_double
 
     script = textwrap.dedent(
         """
-        import contextlib, copy, sys
+        import contextlib, copy, os, sys
+        os.environ["KPOOL_CUPY_EMULATE_MMA"] = "hmma"
         import numpy as np, torch, cupy
         sys.path.insert(0, "tests")
         import test_torch_ops as t
