@@ -20,6 +20,7 @@ from .families.scoring import (
     check_scorer_head_dim,
     check_scoring_inputs,
     check_table_covers,
+    query_values,
     scoring_launch,
 )
 from .framework.checks import (
@@ -94,7 +95,7 @@ def index_logits_launch(call: IndexLogitsCall, operands: dict[str, Any], max_poo
     geometry, pools_per_block = index_geometry(call.num_tokens, max_pools, per_block, block_pools)
     if geometry.grid > MAX_POOLS:  # ranges shrink as token tiles grow: only the tokens can pass the bound
         raise fail("q", "few enough tokens for one launch (token tiles x pool ranges < 2^31)", call.num_tokens)
-    values = {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
+    values = query_values(q, call.heads)
     values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
     values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages, "block_size": call.block_size}
     values |= {"cache_block_table": table, "table_columns": table.shape[1], "table_stride": table.strides[0] // 4}

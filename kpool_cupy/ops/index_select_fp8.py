@@ -35,6 +35,7 @@ from .families.scoring import (
     check_scorer_head_dim,
     check_scoring_inputs,
     check_table_covers,
+    query_values,
 )
 from .families.selection import MAX_POOL_TOPK, MAX_TOKENS, POOL_TOPK, check_covered, check_pool_topk, select_cap
 from .framework.checks import check_rows_and_cache, check_workspace, check_workspace_size, fail
@@ -91,7 +92,7 @@ def index_select_launch(call: IndexSelectCall, operands: dict[str, Any], mma: in
     o = operands
     q, weights, cache, table = (o[n] for n in ("q", "weights", "cache", "cache_block_table"))
     values, template = expansion.launch_values(call, o)
-    values |= {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1], "heads": call.heads}
+    values |= query_values(q, call.heads)
     values |= {"weights": weights, "weights_stride": weights.strides[0] // 4}
     values |= {"cache": cache, "page_stride": cache.strides[0], "pages": call.pages}
     values |= {"cache_block_size": call.cache_block_size, "cache_block_table": table}

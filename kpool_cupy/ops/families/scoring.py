@@ -126,6 +126,15 @@ def scoring_launch(head_dim: int) -> LaunchGeometry:
     return index_geometry(LARGE_BATCH, LARGE_BATCH, 1, index_block_pools(head_dim, MMA_E4M3))[0]
 
 
+def query_values(q: Any, heads: int) -> dict[str, Any]:
+    """The scoring kernels' query arguments: q, its token and head strides in bytes, and ``heads``. A single
+    head's stride is passed as a whole row's (``head_dim`` bytes): a size-1 dimension's stride may be anything
+    (NumPy and torch keep what a view gave it), and kp::score_token forms the addresses of rows g and g + 8 of
+    each tile of 16 heads before it knows they exist, which with such a stride would overflow."""
+    return {"q": q, "q_token_stride": q.strides[0], "q_head_stride": q.strides[1] if heads > 1 else q.shape[2],
+            "heads": heads}  # fmt: skip
+
+
 def aligned16(array: Any, *strides: int) -> bool:
     """Whether ``array``'s data and every stride given (in bytes) are multiples of 16: the 16-byte path's rule."""
     return data_pointer(array) % 16 == 0 and all(s % 16 == 0 for s in strides)
