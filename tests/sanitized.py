@@ -48,14 +48,19 @@ REPORT_LOADED = textwrap.dedent(
 )
 
 
-def libasan() -> str | None:
-    """The host compiler's AddressSanitizer runtime, or None."""
+def runtime(library: str) -> str | None:
+    """The host compiler's copy of a sanitizer's runtime ``library`` (``libasan.so``, ``libubsan.so``), or None."""
     try:
         cxx = toolchain.compiler()
     except toolchain.CompilerNotFoundError:
         return None
-    path = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True).stdout.strip()
+    path = subprocess.run([cxx, f"-print-file-name={library}"], capture_output=True, text=True).stdout.strip()
     return path if os.path.isabs(path) and os.path.exists(path) else None
+
+
+def libasan() -> str | None:
+    """The host compiler's AddressSanitizer runtime, or None."""
+    return runtime("libasan.so")
 
 
 def cache_home() -> Path:

@@ -47,18 +47,9 @@ _HUGE_STRIDES = textwrap.dedent(
 )
 
 
-def _libubsan() -> str | None:
-    try:
-        cxx = toolchain.compiler()
-    except toolchain.CompilerNotFoundError:
-        return None
-    path = subprocess.run([cxx, "-print-file-name=libubsan.so"], capture_output=True, text=True).stdout.strip()
-    return path if os.path.isabs(path) and os.path.exists(path) else None
-
-
 @pytest.mark.slow
 def test_a_single_heads_huge_stride_forms_no_overflowing_address():
-    libubsan = _libubsan()
+    libubsan = sanitized.runtime("libubsan.so")
     if libubsan is None:
         pytest.skip("the host compiler has no UndefinedBehaviorSanitizer runtime")
     env = dict(os.environ)
