@@ -3,10 +3,9 @@
 Per warp and 16-head tile the kernel issues NT key tiles x head_dim / 32 mma steps; each step is one QMMA on
 sm_89 (e4m3 mma.sync), two HMMA.16816 on sm_80 (the f16 path: two m16n8k16 a step) and two HMMA on sm_90
 (f16 mma.sync on e4m3 the hardware converts, a key tile's once: sm_90 has no e4m3 mma.sync, and Hopper's FP8
-rate needs wgmma). A lane reads head_dim / 4
-bytes of each of its NT keys, head_dim / 64 16-byte loads each, at three places: the walk's first tile, the
-load-ahead of the next, and a tile's token of another request than the lead's. Query rows come from the
-shared stage, not from global memory.
+rate needs wgmma). A lane reads head_dim / 4 bytes of each of its NT keys, head_dim / 64 16-byte loads each,
+at three places: the walk's first tile, the load-ahead of the next, and a tile's token of another request than
+the lead's. Query rows come from the shared stage, not from global memory.
 """
 
 from __future__ import annotations
@@ -130,7 +129,7 @@ def test_sm90_converts_a_tokens_queries_at_each_head_tile_and_the_keys_once_a_ti
     # sm_90 has no e4m3 mma.sync: ptxas lowered it to f16 HMMAs, converting both operands (F2FP) at every
     # instruction and adding each step's sum to C apart (FADD). In the head-tile loop at head_dim 128 that was
     # 96 F2FP and 80 FADD of 317 instructions in the scorer and 344 in the select (the e4m3 build for sm_90,
-    # 2026-12-06); now 185 and 215. The loop converts only the token's two query rows (8 F2FP a 32-wide step)
+    # 2026-12-06); 185 and 215 on this path. The loop converts only the token's two query rows (8 F2FP a step)
     # and adds only the weighted terms (4 FADD a key tile: two keys a lane, two heads): C runs through the HMMAs.
     # The rows' and weights' addresses step a tile at a time: no 64-bit multiply (IMAD.WIDE) and no parameter
     # reloaded (LDC) in the loop, where the select's took 25 instructions a tile for them (215 then, 190 now).
