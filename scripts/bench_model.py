@@ -104,7 +104,13 @@ from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.ops.index_topk import TOPK_TILE, index_topk_workspace_bytes  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
 from kpool_cupy.tools.load_depth import TENSOR_CORE, load_depth  # noqa: E402
-from kpool_cupy.tools.sass import loop_spans, parse_instructions, summarize_code_sass, summarize_sass  # noqa: E402
+from kpool_cupy.tools.sass import (  # noqa: E402
+    innermost_loops,
+    loop_spans,
+    parse_instructions,
+    summarize_code_sass,
+    summarize_sass,
+)
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
 
@@ -629,9 +635,8 @@ def token_loop_body(sass: str) -> int:
 def head_loop_body(sass: str) -> int:
     """The fused select's mma.sync loop over a token's groups of 16 heads: the largest of the call loop's loops
     around tensor-core instructions that holds no other such loop, its instructions; 0 for none."""
-    inside = _tensor_loops_in_call(sass)
-    inner = [span for span in inside if not any(o != span and span[1] <= o[1] and o[2] <= span[2] for o in inside)]
-    return max((size for size, _, _ in inner), default=0)
+    inner = set(innermost_loops(*parse_instructions(sass), TENSOR_CORE))
+    return max((size for size, start, end in _tensor_loops_in_call(sass) if (start, end) in inner), default=0)
 
 
 def finish_loop_body(sass: str) -> int:

@@ -107,10 +107,8 @@ def head_tile_loops(text: str) -> list[tuple[list[sass.Instruction], list[sass.I
     the scorer, one a call of the fused select's loop, which runs two calls a trip), each with the smallest loop
     around it (the loop over the tokens)."""
     instructions, labels = sass.parse_instructions(text)
-    tensor = [i.address for i in instructions if i.opcode[0] in ("HMMA", "QMMA")]
     loops = sass.loop_spans(instructions, labels)
-    spans = [s for s in loops if any(s[0] <= a <= s[1] for a in tensor)]
-    inner = [s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans)]
+    inner = sass.innermost_loops(instructions, labels, ("HMMA", "QMMA"))
 
     def body(span: tuple[int, int]) -> list[sass.Instruction]:
         return [i for i in instructions if span[0] <= i.address <= span[1]]

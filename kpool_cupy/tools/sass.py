@@ -14,6 +14,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -140,6 +141,17 @@ def loop_spans(instructions: list[Instruction], labels: dict[str, int]) -> list[
         if target is not None and target < instruction.address <= body_end:
             spans.append((target, instruction.address))
     return spans
+
+
+def innermost_loops(
+    instructions: list[Instruction], labels: dict[str, int], opcodes: Collection[str]
+) -> list[tuple[int, int]]:
+    """The loops (``loop_spans``) that hold an instruction whose opcode is one of ``opcodes`` and hold no other
+    such loop, in address order: the scorer's and the fused select's loops over a token's tiles of 16 heads, for
+    the tensor-core opcodes."""
+    at = [i.address for i in instructions if i.opcode[0] in opcodes]
+    spans = [s for s in loop_spans(instructions, labels) if any(s[0] <= a <= s[1] for a in at)]
+    return sorted(s for s in spans if not any(o != s and s[0] <= o[0] and o[1] <= s[1] for o in spans))
 
 
 def parse_sass(text: str) -> SassCounts:
