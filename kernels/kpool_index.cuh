@@ -251,31 +251,68 @@ struct KeyPages {
     unsigned int entry[NT];   // the pool's row in its page
 };
 
+// The page size as find_key_pages divides by it: clamped to [1, 2^31] (the
+// checks refuse an empty page; a kernel called without them must not divide
+// by zero).
+__device__ __forceinline__ unsigned int block_size32(long long block_size) {
+    return block_size < 1 ? 1u : (block_size < 2147483648LL ? static_cast<unsigned int>(block_size) : 2147483648u);
+}
+
+// The page size d (block_size32's) with what turns a division by it into a
+// multiply and a shift, worked out once a block: for every n < 2^31,
+// floor(n / d) = floor(n m / 2^p), where l = ceil(log2 d), p = 31 + l and
+// m = ceil(2^p / d) (below 2^32: d > 2^(l - 1)). Why it is exact: m d = 2^p +
+// e with 0 <= e < d <= 2^l, so n m / 2^p = n / d + n e / (d 2^p), and
+// n e < 2^(31 + l) = 2^p keeps the second term below 1 / d, which the first's
+// fraction (at most (d - 1) / d) cannot pass 1 with. Pool ids below a reach
+// (at most 2^31 - 1) are such n.
+struct PageSize {
+    unsigned int size;        // d
+    unsigned int multiplier;  // m (p follows from d: two registers live, not three)
+
+    __device__ __forceinline__ unsigned int quotient(unsigned int n) const {
+        const int shift = 63 - __clz(static_cast<int>(size - 1u));  // p = 31 + l; d = 1: clz(0) = 32
+        return static_cast<unsigned int>(static_cast<unsigned long long>(n) * multiplier >> shift);
+    }
+};
+
+__device__ __forceinline__ PageSize page_size_of(long long block_size) {
+    const unsigned int d = block_size32(block_size);
+    const unsigned int l = static_cast<unsigned int>(32 - __clz(static_cast<int>(d - 1u)));
+    return PageSize{d, static_cast<unsigned int>(((1ull << (31u + l)) + d - 1ull) / d)};
+}
+
 // The pages of this lane's pools: first_pool + g + STEP n (n < NT; the
 // mma.sync scorer's lane g takes key g of each 8-pool tile). Pools below
-// reach (at most 2^31 - 1, every pool id an int32) need 32 bits: one 32-bit
-// division for the lane's first pool, then steps of STEP rows. block_size32:
-// the page size, clamped to 2^31 (a larger one puts every pool below reach
-// in column 0, as the clamped one does).
+// reach (at most 2^31 - 1, every pool id an int32) need 32 bits: one
+// division (page's multiply) for the lane's first pool, then steps of STEP
+// rows, each STEP / d columns and STEP % d rows with one carry (both below d).
 template <int NT, int STEP = 8>
 __device__ __forceinline__ void find_key_pages(long long first_pool, long long reach, const int* table_row,
-                                               long long table_columns, unsigned int block_size32, int g,
+                                               long long table_columns, const PageSize& page, int g,
                                                KeyPages<NT>& at) {
     const long long first = first_pool + g;
+    // The lane's pools below reach, reach taken at most 2^31 - 1 (as every caller's is) so that the multiply
+    // divides exactly whatever a kernel is passed; 0 where none.
+    const long long below = (reach < 2147483647LL ? reach : 2147483647LL) - first;
+    const int ahead = below > 0 ? static_cast<int>(below) : 0;
     unsigned int column = 0u, entry = 0u;
-    if (first < reach) {
-        column = static_cast<unsigned int>(first) / block_size32;
-        entry = static_cast<unsigned int>(first) - column * block_size32;
+    if (ahead > 0) {
+        column = page.quotient(static_cast<unsigned int>(first));
+        entry = static_cast<unsigned int>(first) - column * page.size;
     }
+    const unsigned int step_columns = page.quotient(static_cast<unsigned int>(STEP));
+    const unsigned int step_rows = static_cast<unsigned int>(STEP) - step_columns * page.size;
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
         at.page[n] = -1;
         at.entry[n] = entry;
-        if (first + STEP * n < reach && column < table_columns) at.page[n] = table_row[column];
-        entry += static_cast<unsigned int>(STEP);  // the next pool of the lane
-        if (entry >= block_size32) {
-            column += entry / block_size32;
-            entry %= block_size32;
+        if (STEP * n < ahead && column < table_columns) at.page[n] = table_row[column];
+        column += step_columns;  // the next pool of the lane
+        entry += step_rows;
+        if (entry >= page.size) {
+            entry -= page.size;
+            ++column;
         }
     }
 }
@@ -290,11 +327,11 @@ __device__ __forceinline__ void load_key_rows(const KeyPages<NT>& at, const unsi
                                               bool (&have)[NT]) {
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-        const long long page = at.page[n];
-        have[n] = page >= 0 && page < pages;
+        have[n] = at.page[n] >= 0 && at.page[n] < pages;
         scale[n] = 0.0f;
         if (have[n]) {
-            const unsigned char* base = cache + page * page_stride;
+            const unsigned char* base =
+                cache + static_cast<unsigned long long>(static_cast<unsigned int>(at.page[n])) * page_stride;
             load_row_part<HEAD_DIM, VECTOR_CACHE, true>(base + static_cast<long long>(at.entry[n]) * HEAD_DIM, t,
                                                         keys[n]);
             scale[n] = reinterpret_cast<const float*>(base + block_size * HEAD_DIM)[at.entry[n]];
@@ -320,13 +357,6 @@ __device__ __forceinline__ void share_key_scales(const float (&scale)[NT], const
         }
 }
 
-// The page size as find_key_pages divides by it: clamped to [1, 2^31] (the
-// checks refuse an empty page; a kernel called without them must not divide
-// by zero).
-__device__ __forceinline__ unsigned int block_size32(long long block_size) {
-    return block_size < 1 ? 1u : (block_size < 2147483648LL ? static_cast<unsigned int>(block_size) : 2147483648u);
-}
-
 // A warp's keys for pools first_pool + 8 n + g (n < NT) of `request`, lane
 // (g, t) reading its part of key g of each tile: zero where the pool is at or
 // past `reach`, its column past the table, or its page missing or outside the
@@ -335,13 +365,13 @@ __device__ __forceinline__ unsigned int block_size32(long long block_size) {
 template <int HEAD_DIM, int NT, bool VECTOR_CACHE>
 __device__ __forceinline__ void load_key_tiles(long long first_pool, long long reach, long long request,
                                                const unsigned char* cache, long long page_stride, long long pages,
-                                               long long block_size, const int* cache_block_table,
-                                               long long table_columns, long long table_stride, int g, int t,
+                                               long long block_size, const PageSize& page,
+                                               const int* cache_block_table, long long table_columns,
+                                               long long table_stride, int g, int t,
                                                Bytes8 (&keys)[NT][HEAD_DIM / 32], float (&scales)[NT][2],
                                                bool (&present)[NT][2]) {
     KeyPages<NT> at;
-    find_key_pages<NT>(first_pool, reach, cache_block_table + request * table_stride, table_columns,
-                       block_size32(block_size), g, at);
+    find_key_pages<NT>(first_pool, reach, cache_block_table + request * table_stride, table_columns, page, g, at);
     float scale[NT];
     bool have[NT];
     load_key_rows<HEAD_DIM, NT, VECTOR_CACHE>(at, cache, page_stride, pages, block_size, t, keys, scale, have);

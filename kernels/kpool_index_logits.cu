@@ -150,7 +150,7 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
     const long long lead = token_request[0];
     const long long lead_reach = lead >= 0 ? token_reach[0] : 0;
     const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
-    const unsigned int page_size = kp::block_size32(block_size);
+    const kp::PageSize page_size = kp::page_size_of(block_size);
     kp::KeyPages<NT> next_pages;
     kp::Bytes8 keys[NT][kSteps], next_keys[NT][kSteps] = {};
     float scale[NT], next_scale[NT] = {};
@@ -190,7 +190,8 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
             if (scores && request != keys_of) {
                 // A token of another request than the lead's (a tile across requests): its keys now.
                 kp::load_key_tiles<HEAD_DIM, NT, kVectorCache>(first_pool, token_reach[j], request, cache,
-                                                              page_stride, pages, block_size, cache_block_table,
+                                                              page_stride, pages, block_size, page_size,
+                                                              cache_block_table,
                                                               table_columns, table_stride, g, t, keys, scales,
                                                               present);
                 kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
@@ -305,12 +306,12 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
     const long long lead = token_request[0];
     const long long lead_reach = lead >= 0 ? token_reach[0] : 0;
     const int* lead_table = cache_block_table + (lead >= 0 ? lead : 0) * table_stride;
-    const unsigned int page_size = block_size32(block_size);
+    const PageSize page_size = page_size_of(block_size);
     const int walk = static_cast<int>((range_hi - range_lo + N - 1) / N);
     WgmmaTileWhere<HEAD_DIM> next;  // where the next tile to copy lies
     // Pages of a multiple of 64 pools (the engines' 64) and 16-byte aligned: each tile lies in one page (range_lo
     // and N are multiples of 64), found and copied from once. The same in every thread.
-    const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;
+    const bool one_page = kVectorCache && page_size.size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;
     const WgmmaTileSource<HEAD_DIM, kVectorCache> source{cache,      page_stride,   pages,      block_size,
                                                          lead_table, table_columns, lead_reach, page_size,
                                                          thread,     one_page};
@@ -386,7 +387,8 @@ __device__ __forceinline__ void index_logits_wgmma(KP_INDEX_LOGITS_PARAMS) {
 // or (an sm_90a build) kp::kMmaWgmma. VECTOR: kIndexVectorCache | kIndexVectorQ. IO, IC:
 // the index types of input_row_offsets and cache_lengths.
 template <int HEAD_DIM, int MMA, int VECTOR, typename IO, typename IC>
-__global__ void __launch_bounds__(kp::kIndexThreads, 2) kpool_index_logits_fp8(KP_INDEX_LOGITS_PARAMS) {
+__global__ void __launch_bounds__(kp::kIndexThreads, MMA == kp::kMmaWgmma ? 4 : 2)
+    kpool_index_logits_fp8(KP_INDEX_LOGITS_PARAMS) {
     KP_THREADS_COOPERATE(true);
     static_assert(HEAD_DIM == 64 || HEAD_DIM == 128 || HEAD_DIM == 256, "head_dim 64, 128 or 256");
     if constexpr (MMA == kp::kMmaWgmma)

@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         // first (find), the copies issued after (copy), so a caller may put a barrier between.
         const kp::WgmmaTileSource<HEAD_DIM, kVectorCache> source{
             cache,         page_stride, pages, cache_block_size, cache_block_table + request * table_stride,
-            table_columns, hi,          kp::block_size32(cache_block_size), member, kTilePages};
+            table_columns, hi,          kp::page_size_of(cache_block_size), member, kTilePages};
         const auto copy_chain = [&](int pass, int c, const kp::WgmmaTileWhere<HEAD_DIM>& where) {
             const int slot = chain_slot(pass, c);
             if (chain_pool(pass, c) < hi)
@@ -262,9 +262,10 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const auto warp_tiles = [&](int pass, int call) {
             return chunk_at(pass + call / kCalls) + (warp * kCalls + call % kCalls) * (8 * NT);
         };
+        const int* const table_row = cache_block_table + request * table_stride;
+        const kp::PageSize page_size = kp::page_size_of(cache_block_size);
         const auto find_pages = [&](long long first_pool, kp::KeyPages<NT>& at) {
-            kp::find_key_pages<NT>(first_pool, hi, cache_block_table + request * table_stride, table_columns,
-                                   kp::block_size32(cache_block_size), g, at);
+            kp::find_key_pages<NT>(first_pool, hi, table_row, table_columns, page_size, g, at);
         };
         kp::KeyPages<NT> next_pages;
         kp::Bytes8 next_keys[NT][HEAD_DIM / 32] = {};
@@ -341,9 +342,12 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                     scale[n] = next_scale[n];
                     have[n] = next_have[n];
                 }
+                // The table reads first: they wait on nothing, where the rows wait on the pages read a call ago.
+                kp::KeyPages<NT> pages_after;
+                find_pages(warp_tiles(pass, call + 2), pages_after);
                 kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, cache_block_size,
                                                               t, next_keys, next_scale, next_have);
-                find_pages(warp_tiles(pass, call + 2), next_pages);
+                next_pages = pages_after;
                 if (first_pool >= hi) continue;  // the same in every lane of the warp
                 float scales[NT][2];
                 bool present[NT][2];

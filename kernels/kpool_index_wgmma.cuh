@@ -120,10 +120,10 @@ struct WgmmaKeyPart {
 
 template <int HEAD_DIM>
 __device__ __forceinline__ void wgmma_find_key_pages(long long first_pool, long long reach, const int* table_row,
-                                                     long long table_columns, unsigned int block_size32, int thread,
+                                                     long long table_columns, const PageSize& page, int thread,
                                                      WgmmaKeyPart<HEAD_DIM>& part) {
     find_key_pages<WgmmaKeyPart<HEAD_DIM>::kPieces, WgmmaKeyPart<HEAD_DIM>::kRowStep>(
-        first_pool, reach, table_row, table_columns, block_size32,
+        first_pool, reach, table_row, table_columns, page,
         static_cast<int>(wgmma_row<HEAD_DIM>(static_cast<unsigned int>(thread))), part.at);
 }
 
@@ -301,12 +301,12 @@ struct TilePage {
 };
 
 __device__ __forceinline__ TilePage wgmma_find_tile_page(long long first_pool, long long reach, const int* table_row,
-                                                         long long table_columns, unsigned int block_size32,
+                                                         long long table_columns, const PageSize& page,
                                                          unsigned int row0) {
     TilePage at{-1, row0};
-    if (first_pool < reach) {  // reach is at most 2^31 - 1: 32-bit from here
-        const unsigned int column = static_cast<unsigned int>(first_pool) / block_size32;
-        at.entry += static_cast<unsigned int>(first_pool) - column * block_size32;
+    if (first_pool < reach && first_pool < 2147483647LL) {  // reach is at most 2^31 - 1: 32-bit from here
+        const unsigned int column = page.quotient(static_cast<unsigned int>(first_pool));
+        at.entry += static_cast<unsigned int>(first_pool) - column * page.size;
         if (column < table_columns) at.page = table_row[column];
     }
     return at;
@@ -404,7 +404,7 @@ struct WgmmaTileSource {
     long long page_stride, pages, block_size;
     const int* table_row;  // the request's row of the block table
     long long table_columns, reach;
-    unsigned int page_size;  // block_size32(block_size)
+    PageSize page_size;  // page_size_of(block_size)
     int thread;              // of the warpgroup
     bool one_page;
 

@@ -38,9 +38,10 @@ struct alignas(8) float2 {
 // indices of "the current CUDA thread" exactly as a kernel reads them.
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-// The bit counts CUDA names as intrinsics (POPC, FLO on a GPU).
+// The bit counts CUDA names as intrinsics (POPC, FLO on a GPU; __clz of 0 is 32).
 inline int __popc(unsigned int x) { return __builtin_popcount(x); }
 inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(static_cast<unsigned int>(x)); }
 
 inline float kp_bits_to_float(unsigned int bits) {
     float value;

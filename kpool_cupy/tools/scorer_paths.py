@@ -18,7 +18,9 @@ PAST_THE_TREE = (
     "const long long length = held ? tree.length[node] : load_index(lengths, mid);",
 )
 ANOTHER_REQUEST = ("if (scores && request != keys_of) {", "if (scores && spare && request != spare_of) {")
-ONE_PAGE = "const bool one_page = kVectorCache && page_size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;"
+ONE_PAGE = (
+    "const bool one_page = kVectorCache && page_size.size % static_cast<unsigned int>(N) == 0u && range_lo % N == 0;"
+)
 
 
 def engine_path_code(one_page: bool | None = None) -> str:

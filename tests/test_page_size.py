@@ -1,0 +1,147 @@
+"""kp::PageSize and kp::find_key_pages (kernels/kpool_index.cuh), on the emulator and on a GPU: a division by the
+page size as a multiply and a shift gives exact quotients for every pool id below 2^31 and every page size the
+kernels take (clamped to [1, 2^31]), and the key pages a lane finds at each step (8, 16, 32 pools) are those of
+exact integer division: the table's entry where the pool is below its reach (taken at most 2^31 - 1) and its
+column inside the table, -1 elsewhere, and the pool's row in its page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kpool_cupy.emulator.launch import launch_code
+from kpool_cupy.kernel.sources import kernel_source
+
+ROOT = Path(__file__).resolve().parent.parent
+THREADS = 128
+STEPS = (8, 16, 32)  # the mma.sync lane's step; kp::WgmmaKeyPart's kRowStep at head_dim 128 and 64
+TABLE_COLUMNS = 40
+INT32_MAX = 2**31 - 1
+
+
+def page_code() -> str:
+    """tests/kernels/page_size.cu after the index header (and what it includes)."""
+    code = kernel_source("kpool_portability.h") + kernel_source("kpool_index.cuh")
+    return code + '#line 1 "tests/kernels/page_size.cu"\n' + (ROOT / "tests" / "kernels" / "page_size.cu").read_text()
+
+
+def clamped(block_sizes: np.ndarray) -> np.ndarray:
+    """The page size the kernels divide by (kp::block_size32): block_size clamped to [1, 2^31]."""
+    return np.clip(block_sizes, 1, 2**31)
+
+
+def quotient_cases() -> tuple[np.ndarray, np.ndarray]:
+    """(block_sizes int64, pools uint32): every page size near a power of two, the extremes and the clamped
+    (0, negative, past 2^31), each against the pools next to its multiples, the largest pool ids and random
+    ones; then random pairs. The largest pools make n e largest, where an inexact multiplier would show."""
+    rng = np.random.default_rng(7)
+    powers = [2**k + o for k in range(32) for o in (-1, 0, 1)]
+    sizes = sorted({s for s in powers if s >= 1} | {3, 5, 7, 63, 65, 100, 1000, 2**31, 2**40, 0, -5})
+    block_sizes, pools = [], []
+    for size in sizes:
+        d = int(clamped(np.array([size]))[0])
+        near = [0, 1, d - 1, d, d + 1, 2 * d - 1, 2 * d, 3 * d + 1, INT32_MAX, INT32_MAX - 1, INT32_MAX - d]
+        top = INT32_MAX // d * d  # the largest multiple below 2^31, and its neighbours
+        near += [top - 1, top, top + 1] + [int(x) for x in rng.integers(0, 2**31, 8)]
+        near = [n for n in near if 0 <= n <= INT32_MAX]
+        block_sizes += [size] * len(near)
+        pools += near
+    block_sizes += [int(x) for x in rng.integers(1, 2**31 + 1, 4000)]
+    pools += [int(x) for x in rng.integers(0, 2**31, 4000)]
+    return np.array(block_sizes, np.int64), np.array(pools, np.uint32)
+
+
+def emulated_quotients(block_sizes: np.ndarray, pools: np.ndarray) -> np.ndarray:
+    quotients = np.full(pools.size, 0xDEADBEEF, np.uint32)
+    grid = -(-pools.size // THREADS)
+    launch_code(page_code(), "page_quotients", grid, THREADS, (block_sizes, pools, np.int64(pools.size), quotients))
+    return quotients
+
+
+def test_the_page_sizes_multiply_divides_every_pool_id_exactly():
+    block_sizes, pools = quotient_cases()
+    want = pools.astype(np.int64) // clamped(block_sizes)
+    got = emulated_quotients(block_sizes, pools)
+    wrong = np.flatnonzero(got.astype(np.int64) != want)
+    assert wrong.size == 0, [(int(block_sizes[i]), int(pools[i]), int(got[i]), int(want[i])) for i in wrong[:5]]
+
+
+def key_page_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(block_sizes, first_pools, reaches), int64: pages smaller and larger than every step; first pools at and
+    next to page bounds; reaches before, inside and past the four steps, and past 2^31 - 1 (a kernel takes them
+    at most that); first pools whose steps cross the table's end, and the pool ids near 2^31."""
+    rng = np.random.default_rng(11)
+    block_sizes, firsts, reaches = [], [], []
+    for size in (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 2**31, 2**40):
+        d = int(clamped(np.array([size]))[0])
+        starts = {0, 1, d - 1, d, d + 1, 2 * d - 3} | {int(x) for x in rng.integers(0, 400, 6)}
+        starts |= {INT32_MAX - 40, INT32_MAX - 1}
+        for first in sorted(s for s in starts if 0 <= s <= INT32_MAX):
+            for reach in (first, first + 1, first + 9, first + 17, first + 40, first + 200, INT32_MAX, 2**40):
+                block_sizes.append(size)
+                firsts.append(first)
+                reaches.append(reach)
+    return np.array(block_sizes, np.int64), np.array(firsts, np.int64), np.array(reaches, np.int64)
+
+
+def model_key_pages(step, block_sizes, firsts, reaches, table):
+    """The pages (-1 where none) and the entries of exact division, entries compared where a page is found."""
+    d = clamped(block_sizes)[:, None]
+    pools = firsts[:, None] + step * np.arange(4)[None, :]
+    columns = pools // d
+    found = (pools < np.minimum(reaches, INT32_MAX)[:, None]) & (columns < table.size)
+    pages = np.where(found, table[np.minimum(columns, table.size - 1)], -1)
+    return pages, pools % d, found
+
+
+def emulated_key_pages(step, block_sizes, firsts, reaches, table):
+    count = firsts.size
+    pages = np.full(4 * count, -7, np.int32)
+    entries = np.zeros(4 * count, np.uint32)
+    args = (block_sizes, firsts, reaches, np.int64(count), table, np.int64(table.size), pages, entries)
+    launch_code(page_code(), f"key_pages_step{step}", -(-count // THREADS), THREADS, args)
+    return pages.reshape(count, 4), entries.reshape(count, 4)
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_a_lanes_key_pages_are_those_of_exact_division(step):
+    block_sizes, firsts, reaches = key_page_cases()
+    table = np.arange(1000, 1000 + TABLE_COLUMNS, dtype=np.int32)
+    want_pages, want_entries, found = model_key_pages(step, block_sizes, firsts, reaches, table)
+    pages, entries = emulated_key_pages(step, block_sizes, firsts, reaches, table)
+    assert found.any() and (~found).any()  # both kinds of step are there
+    wrong = np.flatnonzero((pages != want_pages).any(axis=1) | ((entries != want_entries) & found).any(axis=1))
+    cases = [(int(block_sizes[i]), int(firsts[i]), int(reaches[i]), pages[i].tolist(), want_pages[i].tolist(),
+              entries[i].tolist(), want_entries[i].tolist()) for i in wrong[:3]]  # fmt: skip
+    assert wrong.size == 0, cases
+
+
+@pytest.mark.gpu
+def test_gpu_page_size_divides_and_finds_pages_as_the_emulator():
+    # NVRTC's build of the same text: __clz, the 64-bit product and its shift as the emulator's host build.
+    import cupy
+
+    from kpool_cupy.kernel.sources import NVRTC_OPTIONS
+
+    module = cupy.RawModule(code=page_code(), options=NVRTC_OPTIONS)
+    block_sizes, pools = quotient_cases()
+    quotients = cupy.zeros(pools.size, cupy.uint32)
+    module.get_function("page_quotients")(
+        (-(-pools.size // THREADS),), (THREADS,),
+        (cupy.asarray(block_sizes), cupy.asarray(pools), np.int64(pools.size), quotients),
+    )  # fmt: skip
+    assert np.array_equal(cupy.asnumpy(quotients), pools.astype(np.int64) // clamped(block_sizes))
+    block_sizes, firsts, reaches = key_page_cases()
+    table = np.arange(1000, 1000 + TABLE_COLUMNS, dtype=np.int32)
+    for step in STEPS:
+        want_pages, want_entries, found = model_key_pages(step, block_sizes, firsts, reaches, table)
+        pages = cupy.full(4 * firsts.size, -7, cupy.int32)
+        entries = cupy.zeros(4 * firsts.size, cupy.uint32)
+        args = (cupy.asarray(block_sizes), cupy.asarray(firsts), cupy.asarray(reaches), np.int64(firsts.size),
+                cupy.asarray(table), np.int64(table.size), pages, entries)  # fmt: skip
+        module.get_function(f"key_pages_step{step}")((-(-firsts.size // THREADS),), (THREADS,), args)
+        got_pages, got_entries = cupy.asnumpy(pages).reshape(-1, 4), cupy.asnumpy(entries).reshape(-1, 4)
+        assert np.array_equal(got_pages, want_pages), step
+        assert np.array_equal(np.where(found, got_entries, 0), np.where(found, want_entries, 0)), step
