@@ -547,6 +547,19 @@ __device__ __forceinline__ void own_tile_sums(float (&sums)[NT][2], int g, float
     own[1] = slot[0][1];
 }
 
+// Whether keys 2 t and 2 t + 1 of this lane's own tile (n = g, as
+// own_tile_sums leaves its logits) are present: present[g][e] for lanes g < NT,
+// false on the others (they write nothing).
+template <int NT>
+__device__ __forceinline__ void own_tile_present(const bool (&present)[NT][2], int g, bool (&own)[2]) {
+    own[0] = own[1] = false;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+        if (n == g)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) own[e] = present[n][e];
+}
+
 // One warp's sums for one token: the logits of keys 8 g + 2 t + e (e < 2) of
 // tile g in own[e], for lanes g < NT (lanes g >= NT hold tile g mod NT's).
 // keys: this lane's parts of key g of each tile (zero where there is none);

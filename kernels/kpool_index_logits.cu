@@ -203,12 +203,8 @@ __device__ __forceinline__ void index_logits_mma(KP_INDEX_LOGITS_PARAMS) {
                                                          w_stage + j * head_count, operands, scales, lane, own);
             // Lane (g, t) writes keys 2 t and 2 t + 1 of tile g.
             if (g < NT) {
-                bool there[2] = {false, false};
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-                    if (n == g)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) there[e] = present[n][e];
+                bool there[2];
+                kp::own_tile_present<NT>(present, g, there);
                 float* row = out + (token_begin + j) * out_stride;
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {

@@ -354,12 +354,8 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                 kp::share_key_scales<NT>(scale, have, t, scales, present);
                 kp::KeyOperands<HEAD_DIM, MMA, NT> operands;
                 kp::key_operands<HEAD_DIM, MMA, NT>(keys, operands);
-                bool own_present[2] = {false, false};  // keys 2 t and 2 t + 1 of tile g, for lanes g < NT
-#pragma unroll
-                for (int n = 0; n < NT; ++n)
-                    if (n == g)
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) own_present[e] = present[n][e];
+                bool own_present[2];  // keys 2 t and 2 t + 1 of tile g, for lanes g < NT
+                kp::own_tile_present<NT>(present, g, own_present);
 #pragma unroll 1
                 for (int j = r0; j < r1; ++j) {
                     if (!takes(j, first_pool)) continue;  // uniform in the warp
