@@ -207,9 +207,6 @@ __host__ __device__ constexpr int index_key_tiles() {
     return HEAD_DIM > 128 || (MMA == kMmaF16 && HEAD_DIM == 128) ? 2 : 4;
 }
 
-// relu that keeps NaN.
-__device__ __forceinline__ float relu_keep_nan(float x) { return x < 0.0f ? 0.0f : x; }
-
 // This lane's D/4 bytes of a row as the steps' 8-byte pieces. VECTOR: the
 // row's bytes are 16-byte aligned (16-byte loads); else 4-byte aligned
 // (cache rows) or not at all (ALIGNED4 false: byte loads).
@@ -598,8 +595,8 @@ __device__ __forceinline__ void score_token(const unsigned char* q_token, long l
             for (int e = 0; e < 2; ++e) {
                 const float dot0 = MMA == kMmaF16 ? c[e] * kF16Unscale : c[e];
                 const float dot1 = MMA == kMmaF16 ? c[2 + e] * kF16Unscale : c[2 + e];
-                if (h0 < heads) sums[n][e] += w0 * relu_keep_nan(scales[n][e] * dot0);
-                if (h1 < heads) sums[n][e] += w1 * relu_keep_nan(scales[n][e] * dot1);
+                if (h0 < heads) sums[n][e] += w0 * kp_relu_nan(scales[n][e] * dot0);
+                if (h1 < heads) sums[n][e] += w1 * kp_relu_nan(scales[n][e] * dot1);
             }
         }
     }

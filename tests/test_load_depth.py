@@ -264,6 +264,25 @@ def test_a_call_that_never_returns_is_a_jump_out_of_the_loop(in_order):
 
 
 @BOTH
+def test_a_jump_to_a_label_on_a_nop_goes_on_at_the_next_instruction(in_order):
+    # ptxas for sm_80 puts a NOP under the label a predicated CALL.REL.NOINC jumps to; the parser drops NOPs, so
+    # the label names the instruction after it (a CALL to the NOP's own address was "an unknown target").
+    assert _depths(
+        "LDG.E R4, desc[UR4][R2.64]",
+        "ISETP.NE.AND P0, PT, R4, RZ, PT",
+        "@P0 CALL.REL.NOINC `(.L_x_1)",
+        "BRA `(.L_x_2)",
+        ".L_x_1:",
+        "NOP",
+        "IMAD.WIDE R2, R4, 0x4, R2",
+        ".L_x_2:",
+        "LDG.E R6, desc[UR4][R2.64]",
+        "EXIT",
+        in_order=in_order,
+    ) == [1, 2]
+
+
+@BOTH
 def test_an_unpredicated_jump_by_call_has_no_fall_through(in_order):
     # Nothing returns to the IMAD.WIDE after the CALL, so the second load's address needs no load.
     assert _depths(

@@ -206,10 +206,10 @@ def _calls(text: str) -> list[list[sass.Instruction]]:
     return calls
 
 
-def _waits_on_its_own_loads(call: list[sass.Instruction]) -> list[sass.Instruction]:
-    """The instructions of a call, up to its last global load, that read (through registers or a guard) data a load
-    of the same call brought: issuing in order, the warp would hold every later load of the call behind them."""
-    last = max(i.address for i in call if i.opcode[0] == "LDG")
+def _waits_on_its_own_loads(call: list[sass.Instruction], loads: int) -> list[sass.Instruction]:
+    """The instructions of a call, up to its ``loads``-th global load, that read (through registers or a guard)
+    data a load of the same call brought: issuing in order, the warp would hold every later load behind them."""
+    last = [i.address for i in call if i.opcode[0] == "LDG"][loads - 1]
     brought: set[str] = set()
     waits = []
     for instruction in call:
@@ -231,17 +231,20 @@ def _waits_on_its_own_loads(call: list[sass.Instruction]) -> list[sass.Instructi
 @pytest.mark.parametrize("arch", ["sm_90", pytest.param("sm_89", marks=pytest.mark.slow)])  # 5 s a build
 def test_the_fused_kernels_mma_sync_path_loads_its_next_tile_while_it_scores_this_one(arch):
     # Each warp's key rows arrive a tile ahead and their pages two ahead, across chunks (as the scorer's walk):
-    # in a call of the chunk loop no global load issues after an instruction that waits for the data of another
+    # a call's first 16 global loads are its key fetch (4 tiles: the next-but-one tile's page, this tile's two
+    # 16-byte row pieces and scale), and none issues after an instruction that waits for the data of another
     # load of the call. Until 2026-12-06 a call found its pages, then loaded their rows, then scored: its loads
     # sat at three depths (tools/load_depth.py). The loop runs two calls a trip, so the tiles' registers
-    # alternate with no copy between them. (A call's loads may still sit at two depths: ptxas may issue a table
-    # read before the check of a page read a call ago, which the in-order rule counts as a wait.)
+    # alternate with no copy between them. (The fetch's loads may still sit at two depths: ptxas may issue a
+    # table read before the check of a page read a call ago, which the in-order rule counts as a wait. After the
+    # fetch a call may hold its first token's query rows, whose conversion waits for them, where ptxas peels
+    # the token loop's first head tile.)
     machine = sass.summarize_sass(INDEX_SELECT_FP8.source, _select(512), arch=arch)
     calls = _calls(machine.sass)
     assert len(calls) == 2, [len(call) for call in calls]
     for call in calls:
         assert sum(i.opcode[0] == "LDG" for i in call) >= 16
-        assert _waits_on_its_own_loads(call) == []
+        assert _waits_on_its_own_loads(call, 16) == []
     assert machine.spill_stores == machine.spill_loads == 0
 
 

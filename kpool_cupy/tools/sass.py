@@ -8,6 +8,7 @@ The cubin comes from ptxas, not from NVRTC: CUDA 13's nvdisasm refuses NVRTC
 
 from __future__ import annotations
 
+import bisect
 import importlib.util
 import os
 import re
@@ -122,7 +123,15 @@ def parse_instructions(text: str) -> tuple[list[Instruction], dict[str, int]]:
             return False
         return branch_target(instruction, labels) == instruction.address
 
-    return [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)], labels
+    kept = [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)]
+    # A label on a NOP (ptxas puts one where a CALL.REL.NOINC jumps) names the next instruction kept: the
+    # NOP does nothing, so a branch to it goes on there.
+    addresses = [i.address for i in kept]
+    for name, address in labels.items():
+        at = bisect.bisect_left(addresses, address)
+        if at < len(addresses):
+            labels[name] = addresses[at]
+    return kept, labels
 
 
 def loop_spans(instructions: list[Instruction], labels: dict[str, int]) -> list[tuple[int, int]]:
