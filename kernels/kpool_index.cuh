@@ -289,10 +289,11 @@ __device__ __forceinline__ void find_key_pages(long long first_pool, long long r
                                                long long table_columns, const PageSize& page, int g,
                                                KeyPages<NT>& at) {
     const long long first = first_pool + g;
-    // The lane's pools below reach, reach taken at most 2^31 - 1 (as every caller's is) so that the multiply
-    // divides exactly whatever a kernel is passed; 0 where none.
+    // The lane's pools below reach, reach taken at most 2^31 - 1 (as every caller's is) and none where first is
+    // negative (no caller's is), so that the multiply divides exactly (first below 2^31) whatever a kernel is
+    // passed and the entry stays below d; 0 where none.
     const long long below = (reach < 2147483647LL ? reach : 2147483647LL) - first;
-    const int ahead = below > 0 ? static_cast<int>(below) : 0;
+    const int ahead = below > 0 && first >= 0 ? static_cast<int>(below) : 0;
     unsigned int column = 0u, entry = 0u;
     if (ahead > 0) {
         column = page.quotient(static_cast<unsigned int>(first));

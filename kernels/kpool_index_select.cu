@@ -342,12 +342,9 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
                     scale[n] = next_scale[n];
                     have[n] = next_have[n];
                 }
-                // The table reads first: they wait on nothing, where the rows wait on the pages read a call ago.
-                kp::KeyPages<NT> pages_after;
-                find_pages(warp_tiles(pass, call + 2), pages_after);
                 kp::load_key_rows<HEAD_DIM, NT, kVectorCache>(next_pages, cache, page_stride, pages, cache_block_size,
                                                               t, next_keys, next_scale, next_have);
-                next_pages = pages_after;
+                find_pages(warp_tiles(pass, call + 2), next_pages);
                 if (first_pool >= hi) continue;  // the same in every lane of the warp
                 float scales[NT][2];
                 bool present[NT][2];

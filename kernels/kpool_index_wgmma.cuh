@@ -304,7 +304,9 @@ __device__ __forceinline__ TilePage wgmma_find_tile_page(long long first_pool, l
                                                          long long table_columns, const PageSize& page,
                                                          unsigned int row0) {
     TilePage at{-1, row0};
-    if (first_pool < reach && first_pool < 2147483647LL) {  // reach is at most 2^31 - 1: 32-bit from here
+    // reach is at most 2^31 - 1 and first_pool not negative in every caller: 32-bit from here, exact whatever
+    // a kernel is passed.
+    if (first_pool < reach && first_pool < 2147483647LL && first_pool >= 0) {
         const unsigned int column = page.quotient(static_cast<unsigned int>(first_pool));
         at.entry += static_cast<unsigned int>(first_pool) - column * page.size;
         if (column < table_columns) at.page = table_row[column];

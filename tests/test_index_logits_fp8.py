@@ -313,6 +313,21 @@ def test_a_width_refusal_names_the_argument_the_caller_passed(backend):
 
 
 @pytest.mark.parametrize("backend", [reference, emulate])
+@pytest.mark.parametrize("validate", [True, False])
+def test_an_out_wider_than_int32_pool_ids_is_refused(backend, validate):
+    # max_pools= past 2^31 - 1 was refused, an out that wide was not (the hostile review of 2026-12-07): the
+    # kernels take a pool id past 2^31 - 2 as past every token's reach, where the formula says the token sees it.
+    # A view of 2^31 columns over one float (8 GiB it does not own): refused before anything reads it.
+    rng = np.random.default_rng(15)
+    case = index_case(rng, heads=4, kpool=4, counts=(1,), cache_lengths=(17,))
+    wide = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), shape=(1, 2**31), strides=(0, 4))
+    with pytest.raises(ValueError) as error:
+        backend.kpool_index_logits_fp8(*case.args, kpool=4, out=wide, validate=validate)
+    wanted = "at most 2147483647 pools a row (pool ids are int32)"
+    assert str(error.value) == f"Invalid out: expected {wanted}, got shape (1, {2**31})"
+
+
+@pytest.mark.parametrize("backend", [reference, emulate])
 def test_zero_tokens_give_an_empty_result_with_validation(backend):
     # A width refusal's token index once read argmax of no tokens (the hostile review).
     rng = np.random.default_rng(14)

@@ -71,14 +71,15 @@ def test_the_page_sizes_multiply_divides_every_pool_id_exactly():
 def key_page_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(block_sizes, first_pools, reaches), int64: pages smaller and larger than every step; first pools at and
     next to page bounds; reaches before, inside and past the four steps, and past 2^31 - 1 (a kernel takes them
-    at most that); first pools whose steps cross the table's end, and the pool ids near 2^31."""
+    at most that); first pools whose steps cross the table's end, the pool ids near 2^31, and negative first
+    pools (garbage no caller passes: no page, so no entry outside its page)."""
     rng = np.random.default_rng(11)
     block_sizes, firsts, reaches = [], [], []
     for size in (1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 32, 33, 64, 100, 2**31, 2**40):
         d = int(clamped(np.array([size]))[0])
         starts = {0, 1, d - 1, d, d + 1, 2 * d - 3} | {int(x) for x in rng.integers(0, 400, 6)}
-        starts |= {INT32_MAX - 40, INT32_MAX - 1}
-        for first in sorted(s for s in starts if 0 <= s <= INT32_MAX):
+        starts |= {INT32_MAX - 40, INT32_MAX - 1, -1, -d - 5, -(2**31) - 7}  # negative: garbage, never a caller's
+        for first in sorted(s for s in starts if s <= INT32_MAX):
             for reach in (first, first + 1, first + 9, first + 17, first + 40, first + 200, INT32_MAX, 2**40):
                 block_sizes.append(size)
                 firsts.append(first)
@@ -87,12 +88,13 @@ def key_page_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def model_key_pages(step, block_sizes, firsts, reaches, table):
-    """The pages (-1 where none) and the entries of exact division, entries compared where a page is found."""
+    """The pages (-1 where none: none at all from a negative first pool) and the entries of exact division,
+    entries compared where a page is found."""
     d = clamped(block_sizes)[:, None]
     pools = firsts[:, None] + step * np.arange(4)[None, :]
     columns = pools // d
-    found = (pools < np.minimum(reaches, INT32_MAX)[:, None]) & (columns < table.size)
-    pages = np.where(found, table[np.minimum(columns, table.size - 1)], -1)
+    found = (pools < np.minimum(reaches, INT32_MAX)[:, None]) & (columns < table.size) & (firsts >= 0)[:, None]
+    pages = np.where(found, table[np.clip(columns, 0, table.size - 1)], -1)
     return pages, pools % d, found
 
 

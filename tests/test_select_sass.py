@@ -220,7 +220,7 @@ def _waits_on_its_own_loads(call: list[sass.Instruction], loads: int) -> list[sa
         if any(register in brought for register in read):
             waits.append(instruction)
             brought |= set(written)
-        else:
+        elif not instruction.guard:  # a guarded write may not happen: what the register held may stay
             brought -= set(written)
         if instruction.opcode[0] == "LDG":
             brought |= set(written)

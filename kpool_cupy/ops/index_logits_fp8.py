@@ -63,6 +63,8 @@ def check_index_logits_fp8_args(a: CallArgs) -> IndexLogitsCall:
         check_rows_of("out", a.out, FLOAT32, 2, "[num_tokens, max_pools]")
         check_writable_rows("out", a.out)
         width = as_size(a.out.shape[1])
+        if width > MAX_POOLS:  # as max_pools is, and kpool_index_topk's logits: the kernels' pool ids are int32
+            raise fail("out", f"at most {MAX_POOLS} pools a row (pool ids are int32)", f"shape {tuple(a.out.shape)}")
         if a.out.shape[0] != num_tokens or (max_pools is not None and width != max_pools):
             wanted = f"shape [{num_tokens}, {'max_pools' if max_pools is None else max_pools}]"
             raise fail("out", f"{wanted} (q's tokens)", f"shape {tuple(a.out.shape)}")
