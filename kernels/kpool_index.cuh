@@ -596,8 +596,8 @@ __device__ __forceinline__ void score_token(const unsigned char* q_token, long l
             for (int e = 0; e < 2; ++e) {
                 const float dot0 = MMA == kMmaF16 ? c[e] * kF16Unscale : c[e];
                 const float dot1 = MMA == kMmaF16 ? c[2 + e] * kF16Unscale : c[2 + e];
-                if (h0 < heads) sums[n][e] += w0 * kp_relu_nan(scales[n][e] * dot0);
-                if (h1 < heads) sums[n][e] += w1 * kp_relu_nan(scales[n][e] * dot1);
+                if (h0 < heads) sums[n][e] = fmaf(w0, kp_relu_nan(scales[n][e] * dot0), sums[n][e]);
+                if (h1 < heads) sums[n][e] = fmaf(w1, kp_relu_nan(scales[n][e] * dot1), sums[n][e]);
             }
         }
     }

@@ -131,8 +131,11 @@ def test_the_metadata_and_the_logits_call_refuse_bad_arguments_by_name():
         call(tq, tc, tw, tl.float(), tt, None, max_model_len)
     with pytest.raises(ValueError, match=r"^Invalid block_tables: expected shape \[2, max_blocks\]"):
         call(tq, tc, tw, tl, tt[:1], None, max_model_len)
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected an integer >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected an integer in \[1, 2147483647\], got 0$"):
         call(tq, tc, tw, tl, tt, None, 0)
+    # Past int32 pool ids: refused before the result (8 GiB a token here) is allocated (the hostile review).
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected an integer in \[1, 2147483647\], got 2147"):
+        call(tq, tc, tw, tl, tt, None, 2**31)
     with pytest.raises(TypeError, match=r"^Invalid max_model_len: expected an integer, got float$"):  # a type
         call(tq, tc, tw, tl, tt, None, 256.0)
     with pytest.raises(TypeError, match=r"^Invalid weights: expected dtype float32"):  # the scorer's own check
@@ -216,6 +219,13 @@ def test_the_flat_call_refuses_bad_arguments_by_deep_gemms_names():
         call(tq, (tv.float(), ts), tw, ks, ke)
     with pytest.raises(TypeError, match=r"^Invalid kv\[1\]: expected dtype float32, got float16$"):
         call(tq, (tv, ts.half()), tw, ks, ke)
+    # More keys than int32 pool ids (a stride-0 view: no memory): refused before the result and the cache
+    # page (146 GiB here) are allocated (the hostile review).
+    many = tv[:1].expand(2**31, tv.shape[1])
+    with pytest.raises(
+        ValueError, match=r"^Invalid kv\[0\]: expected at most 2147483647 keys .*, got shape \(2147483648, 128\)$"
+    ):
+        call(tq, (many, ts), tw, ks, ke)
     # A tensor on another device than q is named (torch's meta device stands in for a GPU here): the hostile
     # round found torch's own errors from the copy and the mask instead.
     elsewhere = {

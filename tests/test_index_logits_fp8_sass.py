@@ -127,8 +127,10 @@ def test_sm90_converts_a_tokens_queries_at_each_head_tile_and_the_keys_once_a_ti
     # sm_90 has no e4m3 mma.sync: ptxas lowered it to f16 HMMAs, converting both operands (F2FP) at every
     # instruction and adding each step's sum to C apart (FADD). In the head-tile loop at head_dim 128 that was
     # 96 F2FP and 80 FADD of 317 instructions in the scorer and 344 in the select (the e4m3 build for sm_90,
-    # 2026-12-06); 185 and 215 on this path. The loop converts only the token's two query rows (8 F2FP a step)
-    # and adds only the weighted terms (4 FADD a key tile: two keys a lane, two heads): C runs through the HMMAs.
+    # 2026-12-06); 185 and 215 on this path (146 and 153 since 2026-12-07). The loop converts only the token's
+    # two query rows (8 F2FP a step), and C runs through the HMMAs: the only adds are the weighted terms', each
+    # one FFMA after one FMNMX for its relu (4 a key tile: two keys a lane, two heads; until 2026-12-07 an FADD
+    # after an FMUL, and a compare and a select for the relu).
     # The rows' and weights' addresses step a tile at a time: no 64-bit multiply (IMAD.WIDE) and no parameter
     # reloaded (LDC) in the loop, where the select's took 25 instructions a tile for them (215 then, 190 now).
     # Around it, the loop over the tokens converts no key (the select) or one tile's keys, for a token of another
@@ -145,7 +147,11 @@ def test_sm90_converts_a_tokens_queries_at_each_head_tile_and_the_keys_once_a_ti
         opcodes = [i.opcode[0] for i in loop]
         assert opcodes.count("HMMA") == 2 * tiles * (head_dim // 32)
         assert opcodes.count("F2FP") == 8 * (head_dim // 32), opcodes.count("F2FP")
-        assert opcodes.count("FADD") == 4 * tiles, opcodes.count("FADD")
+        assert opcodes.count("FADD") == 0, opcodes.count("FADD")
+        assert opcodes.count("FFMA") == opcodes.count("FMNMX") == 4 * tiles, (
+            opcodes.count("FFMA"),
+            opcodes.count("FMNMX"),
+        )
         assert not [i for i in loop if i.opcode[:2] == ("IMAD", "WIDE") or i.opcode[0] == "LDC"]
         reloaded = 4 * tiles * (head_dim // 32) if kernel is INDEX_LOGITS_FP8 else 0
         assert [i.opcode[0] for i in tokens].count("F2FP") - opcodes.count("F2FP") == reloaded

@@ -283,6 +283,22 @@ def test_a_jump_to_a_label_on_a_nop_goes_on_at_the_next_instruction(in_order):
 
 
 @BOTH
+def test_a_branch_to_a_nops_address_goes_on_at_the_next_instruction(in_order):
+    # A literal target (cuobjdump's form) on a NOP, which the parser drops: the BRA was taken for the kernel's
+    # exit and the load after the NOP went missing (the hostile review of 2026-12-07).
+    assert _depths(
+        "LDG.E R4, desc[UR4][R2.64]",
+        "IMAD.WIDE R2, R4, 0x4, R2",
+        "BRA 0x40",
+        "EXIT",
+        "NOP",
+        "LDG.E R6, desc[UR4][R2.64]",
+        "EXIT",
+        in_order=in_order,
+    ) == [1, 2]
+
+
+@BOTH
 def test_an_unpredicated_jump_by_call_has_no_fall_through(in_order):
     # Nothing returns to the IMAD.WIDE after the CALL, so the second load's address needs no load.
     assert _depths(

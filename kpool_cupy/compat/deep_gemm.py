@@ -43,7 +43,7 @@ except ImportError as error:  # said as kpool_cupy.torch says it, not torch's ba
 import kpool_cupy.torch as kt
 
 from ..arrays import type_name
-from ..ops.families.scoring import LENGTHS_HINT
+from ..ops.families.scoring import LENGTHS_HINT, MAX_POOLS
 from ..ops.framework.checks import MAX_CACHE_LENGTH, check_bool, check_integer, check_nowhere, dtype_fail, fail
 
 # The scorer's arguments by DeepGEMM's names: a refusal names what the caller passed.
@@ -185,7 +185,8 @@ def fp8_paged_mqa_logits(
     _tensor("block_tables", block_tables)
     if block_tables.ndim != 2 or block_tables.shape[0] != batch:
         raise fail("block_tables", f"shape [{batch}, max_blocks] (q's batch)", f"shape {tuple(block_tables.shape)}")
-    _positive("max_model_len", max_model_len)
+    # In the scorer's range (pool ids are int32) before the result is allocated: past it, 8 GiB a token or more.
+    check_integer("max_model_len", max_model_len, 1, MAX_POOLS)
     check_bool("clean_logits", clean_logits)
     check_bool("validate", validate)
     device = q.device
@@ -268,6 +269,10 @@ def fp8_mqa_logits(
     if values.ndim != 2 or values.shape[1] != head_dim:
         raise fail("kv[0]", f"shape [N, {head_dim}] (q's head_dim)", f"shape {tuple(values.shape)}")
     keys = values.shape[0]
+    if keys > MAX_POOLS:  # before anything is allocated: a key is a pool of the scorer, whose ids are int32
+        raise fail(
+            "kv[0]", f"at most {MAX_POOLS} keys (N; the scorer's pool ids are int32)", f"shape {tuple(values.shape)}"
+        )
     if scales.dtype != torch.float32:
         raise dtype_fail("kv[1]", "dtype float32", _dtype_name(scales))
     if tuple(scales.shape) not in ((keys,), (keys, 1)):

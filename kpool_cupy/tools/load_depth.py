@@ -66,6 +66,7 @@ instruction writes, and which are register pairs, quads or groups.
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
@@ -292,11 +293,22 @@ def _layout(code: list[Instruction], labels: dict[str, int]) -> list[_Block]:
     """Basic blocks as the code lays them out, each with the blocks its last instruction may go to (-1 the
     kernel's exit), a CALL's fall-through included: ``_flow`` decides where a CALL and a RET go."""
     index_of = {i.address: n for n, i in enumerate(code)}
+    addresses = [i.address for i in code]
+
+    def target_of(instruction: Instruction) -> int | None:
+        # An address between kept instructions (a dropped NOP's, as a literal target names it; parse_instructions
+        # moves labels already) goes on at the next one; past the last, nowhere (the kernel's end).
+        target = branch_target(instruction, labels)
+        if target is None or target in index_of:
+            return target
+        at = bisect.bisect_left(addresses, target)
+        return addresses[at] if at < len(addresses) else target
+
     leaders = {0}
     for n, i in enumerate(code):
         if i.opcode[0] in ("BRA", "EXIT", "RET", "BRX", "JMP", "CALL"):
             leaders.add(n + 1)
-            target = branch_target(i, labels)
+            target = target_of(i)
             if i.opcode[0] in ("BRA", "CALL") and target in index_of:
                 leaders.add(index_of[target])
     starts = sorted(n for n in leaders if n < len(code))
@@ -306,7 +318,7 @@ def _layout(code: list[Instruction], labels: dict[str, int]) -> list[_Block]:
         last = code[block.end - 1]
         after = block_at.get(block.end)
         name = last.opcode[0]
-        target = branch_target(last, labels)
+        target = target_of(last)
         if name in ("BRX", "JMP"):
             raise ValueError(f"an indirect branch at {last.address:#x}: the depth needs every target known")
         if name == "CALL" and target not in index_of:
