@@ -129,7 +129,7 @@ def test_gpu_page_size_divides_and_finds_pages_as_the_emulator():
 
     module = cupy.RawModule(code=page_code(), options=NVRTC_OPTIONS)
     block_sizes, pools = quotient_cases()
-    quotients = cupy.zeros(pools.size, cupy.uint32)
+    quotients = cupy.zeros(pools.size, np.uint32)
     module.get_function("page_quotients")(
         (-(-pools.size // THREADS),), (THREADS,),
         (cupy.asarray(block_sizes), cupy.asarray(pools), np.int64(pools.size), quotients),
@@ -139,8 +139,8 @@ def test_gpu_page_size_divides_and_finds_pages_as_the_emulator():
     table = np.arange(1000, 1000 + TABLE_COLUMNS, dtype=np.int32)
     for step in STEPS:
         want_pages, want_entries, found = model_key_pages(step, block_sizes, firsts, reaches, table)
-        pages = cupy.full(4 * firsts.size, -7, cupy.int32)
-        entries = cupy.zeros(4 * firsts.size, cupy.uint32)
+        pages = cupy.full(4 * firsts.size, -7, np.int32)
+        entries = cupy.zeros(4 * firsts.size, np.uint32)
         args = (cupy.asarray(block_sizes), cupy.asarray(firsts), cupy.asarray(reaches), np.int64(firsts.size),
                 cupy.asarray(table), np.int64(table.size), pages, entries)  # fmt: skip
         module.get_function(f"key_pages_step{step}")((-(-firsts.size // THREADS),), (THREADS,), args)
