@@ -2,7 +2,8 @@
 page size as a multiply and a shift gives exact quotients for every pool id below 2^31 and every page size the
 kernels take (clamped to [1, 2^31]), and the key pages a lane finds at each step (8, 16, 32 pools) are those of
 exact integer division: the table's entry where the pool is below its reach (taken at most 2^31 - 1) and its
-column inside the table, -1 elsewhere, and the pool's row in its page."""
+column inside the table, -1 elsewhere, and the pool's row in its page; so is the sm_90a paths' page of a tile
+that lies in one page (kp::wgmma_find_tile_page)."""
 
 from __future__ import annotations
 
@@ -118,6 +119,48 @@ def test_a_lanes_key_pages_are_those_of_exact_division(step):
     cases = [(int(block_sizes[i]), int(firsts[i]), int(reaches[i]), pages[i].tolist(), want_pages[i].tolist(),
               entries[i].tolist(), want_entries[i].tolist()) for i in wrong[:3]]  # fmt: skip
     assert wrong.size == 0, cases
+
+
+def test_a_tiles_page_is_that_of_exact_division():
+    # The sm_90a paths' one-page tiles (kp::wgmma_find_tile_page): the page of the tile's first pool where it is
+    # below its reach (taken at most 2^31 - 1) and not negative (garbage no caller passes) and its column inside
+    # the table, -1 elsewhere; a row's entry is its first pool's row in the page plus the row.
+    code = kernel_source("kpool_portability.h") + kernel_source("kpool_index_wgmma.cuh")
+    code += '#line 1 "tests/kernels/tile_page.cu"\n' + (ROOT / "tests" / "kernels" / "tile_page.cu").read_text()
+    rng = np.random.default_rng(13)
+    cases = []
+    for size in (64, 128, 192, 640, 2**20, 2**31, 2**40):
+        d = int(clamped(np.array([size]))[0])
+        for first in (
+            0,
+            64,
+            d - 64,
+            d,
+            5 * d,
+            INT32_MAX - 63,
+            INT32_MAX,
+            2**31,
+            -64,
+            -(2**31),
+            *rng.integers(0, 2**31, 3),
+        ):
+            for reach in (int(first) + 1, int(first), INT32_MAX, 2**40):
+                cases.append((size, int(first), reach, int(rng.integers(0, 64))))
+    columns = list(zip(*cases, strict=True))
+    block_sizes, firsts, reaches = (np.array(column, np.int64) for column in columns[:3])
+    rows = np.array(columns[3], np.uint32)
+    table = np.arange(1000, 1000 + TABLE_COLUMNS, dtype=np.int32)
+    pages = np.full(len(cases), -7, np.int32)
+    entries = np.zeros(len(cases), np.uint32)
+    args = (block_sizes, firsts, reaches, rows, np.int64(len(cases)), table, np.int64(table.size), pages, entries)
+    launch_code(code, "tile_pages", -(-len(cases) // THREADS), THREADS, args)
+    d = clamped(block_sizes)
+    found = (firsts < reaches) & (firsts < INT32_MAX) & (firsts >= 0) & (firsts // d < table.size)
+    want_pages = np.where(found, table[np.clip(firsts // d, 0, table.size - 1)], -1)
+    want_entries = (firsts % d + rows).astype(np.uint32)
+    assert found.any() and (~found).any()
+    wrong = np.flatnonzero((pages != want_pages) | ((entries != want_entries) & found))
+    assert wrong.size == 0, [(cases[i], int(pages[i]), int(want_pages[i])) for i in wrong[:3]]
 
 
 @pytest.mark.gpu
