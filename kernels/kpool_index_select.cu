@@ -233,9 +233,10 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const auto chain_slot = [](int pass, int c) { return (pass * kChains + c) % kStages; };
         // Copies chain c of pass `pass` into its slot where it scores (its first pool below hi): the pages found
         // first (find), the copies issued after (copy), so a caller may put a barrier between.
+        const int* const table_row = cache_block_table + request * table_stride;
+        const kp::PageSize page_size = kp::page_size_of(cache_block_size);  // both paths' page lookups
         const kp::WgmmaTileSource<HEAD_DIM, kVectorCache> source{
-            cache,         page_stride, pages, cache_block_size, cache_block_table + request * table_stride,
-            table_columns, hi,          kp::page_size_of(cache_block_size), member, kTilePages};
+            cache, page_stride, pages, cache_block_size, table_row, table_columns, hi, page_size, member, kTilePages};
         const auto copy_chain = [&](int pass, int c, const kp::WgmmaTileWhere<HEAD_DIM>& where) {
             const int slot = chain_slot(pass, c);
             if (chain_pool(pass, c) < hi)
@@ -262,8 +263,6 @@ __global__ void __launch_bounds__(kp::kSelectThreads, MMA == kp::kMmaWgmma ? 2 :
         const auto warp_tiles = [&](int pass, int call) {
             return chunk_at(pass + call / kCalls) + (warp * kCalls + call % kCalls) * (8 * NT);
         };
-        const int* const table_row = cache_block_table + request * table_stride;
-        const kp::PageSize page_size = kp::page_size_of(cache_block_size);
         const auto find_pages = [&](long long first_pool, kp::KeyPages<NT>& at) {
             kp::find_key_pages<NT>(first_pool, hi, table_row, table_columns, page_size, g, at);
         };

@@ -66,12 +66,11 @@ instruction writes, and which are register pairs, quads or groups.
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
-from .sass import Instruction, branch_target, parse_instructions
+from .sass import Instruction, branch_target, next_kept, parse_instructions
 
 # A register operand: R5, UR4, P0, UP1, with an optional width suffix (R2.64 in an address).
 _REGISTER = re.compile(r"(?<![\w.])(U?R\d+|U?P\d+)(?:\.(64|128))?")
@@ -301,8 +300,8 @@ def _layout(code: list[Instruction], labels: dict[str, int]) -> list[_Block]:
         target = branch_target(instruction, labels)
         if target is None or target in index_of:
             return target
-        at = bisect.bisect_left(addresses, target)
-        return addresses[at] if at < len(addresses) else target
+        goes_on = next_kept(addresses, target)
+        return target if goes_on is None else goes_on
 
     leaders = {0}
     for n, i in enumerate(code):

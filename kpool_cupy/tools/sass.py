@@ -124,14 +124,19 @@ def parse_instructions(text: str) -> tuple[list[Instruction], dict[str, int]]:
         return branch_target(instruction, labels) == instruction.address
 
     kept = [i for i in found if i.opcode[0] != "NOP" and not self_branch(i)]
-    # A label on a NOP (ptxas puts one where a CALL.REL.NOINC jumps) names the next instruction kept: the
-    # NOP does nothing, so a branch to it goes on there.
+    # A label on a NOP (ptxas puts one where a CALL.REL.NOINC jumps) names the next instruction kept.
     addresses = [i.address for i in kept]
     for name, address in labels.items():
-        at = bisect.bisect_left(addresses, address)
-        if at < len(addresses):
-            labels[name] = addresses[at]
+        goes_on = next_kept(addresses, address)
+        labels[name] = address if goes_on is None else goes_on
     return kept, labels
+
+
+def next_kept(addresses: list[int], address: int) -> int | None:
+    """Where a branch to ``address`` goes on among the kept instructions' ``addresses`` (ascending): the first at
+    or after it (a dropped NOP does nothing); None past the last."""
+    at = bisect.bisect_left(addresses, address)
+    return addresses[at] if at < len(addresses) else None
 
 
 def loop_spans(instructions: list[Instruction], labels: dict[str, int]) -> list[tuple[int, int]]:
