@@ -113,6 +113,8 @@ from kpool_cupy.tools.sass import (  # noqa: E402
 )
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
+from kpool_cupy.tools.selection_cost import SelectionLoops, selection_loops  # noqa: E402
+from kpool_cupy.tools.selection_trace import SelectionTrace, trace_select_best  # noqa: E402
 
 # NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
 # issues one warp-instruction per clock on each of its four schedulers.
@@ -213,6 +215,9 @@ class Case:
     # The SASS counted: the kernel's whole text, or (the scorer) its engine path (tools/scorer_paths.py: the bench's
     # tiles hold one request's tokens, its batches at most 512 requests, its pages 64 pools)
     engine_path: bool = False
+    # kpool_index_topk: what select_best did on the benchmark's logits in a sample of its blocks (a row's split
+    # each), its tile loop, cut-backs and radix selects counted as they ran (tools/selection_cost.py)
+    traces: tuple[SelectionTrace, ...] = ()
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -457,20 +462,33 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written
-        cases += [fused, Case("index_topk", shape.name, nbytes, launch, repeats=topk_tiles(launch, shape.pools))]
+        cases += [fused, Case("index_topk", shape.name, nbytes, launch, traces=topk_traces(launch, shape.pools))]
     return cases
 
 
-def topk_tiles(launch: Launch, pools: int) -> int:
-    """The tiles a block of kpool_index_topk reads (its longest loop's trips): its split's share of a row."""
+# Rows whose selection a topk row's prediction averages: the benchmark's logits are independent standard normal
+# draws (bench/topk.py, bench/select.py's scorer output taken as such), so a few rows give the mean of many.
+TRACED_ROWS = 4
+
+
+def topk_traces(launch: Launch, pools: int, rising: bool = False) -> tuple[SelectionTrace, ...]:
+    """select_best in a block of kpool_index_topk on the benchmark's logits: the first split of a row of
+    ``pools`` (its share of the row's tiles), standard normal or (``rising``) sorted, TRACED_ROWS rows."""
     splits = launch.geometry.grid // launch.geometry.items
     tiles = -(-pools // TOPK_TILE)
-    return -(-tiles // splits)
+    per_split = -(-tiles // splits)
+    width = min(pools, per_split * TOPK_TILE)
+    cap, k = int(launch.template["CAP"]), int(launch.values["pool_topk"])
+    traces = []
+    for seed in range(TRACED_ROWS):
+        row = np.random.default_rng(seed).standard_normal(width).astype(np.float32)
+        traces.append(trace_select_best(np.sort(row) if rising else row, k, TOPK_TILE, cap))
+    return tuple(traces)
 
 
 def topk_cases() -> list[Case]:
-    """bench.topk.bench_topk: kpool_index_topk alone at the issue's records; the tile loop (load, rank, and a cut
-    back at every tile, as rising logits take) counted once a tile a block, an upper bound."""
+    """bench.topk.bench_topk: kpool_index_topk alone at the issue's records; select_best's loops counted as they
+    ran on the benchmark's logits (topk_traces)."""
     cases = []
     for shape in topk_shapes():
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
@@ -483,8 +501,8 @@ def topk_cases() -> list[Case]:
         workspace = device_like((index_topk_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk),), np.uint8)
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=shape.kpool, pool_topk=shape.pool_topk,
                           workspace=workspace if workspace.shape[0] else None, **paged)  # fmt: skip
-        tiles = topk_tiles(launch, shape.pools)
-        cases.append(Case("index_topk", shape.name, topk_bytes(shape), launch, repeats=tiles))
+        traces = topk_traces(launch, shape.pools, shape.rising)
+        cases.append(Case("index_topk", shape.name, topk_bytes(shape), launch, traces=traces))
     return cases
 
 
@@ -723,6 +741,7 @@ class Variant:
     offer_loop_body: int = 0
     head_loop_body: int = 0
     finish_loop_body: int = 0
+    selection: SelectionLoops | None = None  # kpool_index_topk's select_best loops
 
 
 @functools.cache
@@ -747,6 +766,7 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         offer_loop_body(sass),
         head_loop_body(sass),
         finish_loop_body(sass),
+        selection_loops(sass) if "kpool_index_topk" in instance else None,
     )
 
 
@@ -798,6 +818,12 @@ def predict(
     # finish.
     per_thread += case.token_repeats * v.token_loop_body + case.offer_repeats * v.offer_loop_body
     per_thread += case.finish_repeats * v.finish_loop_body
+    if case.traces:
+        # select_best's loops as they ran (tools/selection_cost.py), the mean of the traced blocks, in place of
+        # their bodies' static once.
+        assert v.selection is not None, case
+        issued = sum(v.selection.issued(trace) for trace in case.traces) / len(case.traces)
+        per_thread += issued - v.selection.static()
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.

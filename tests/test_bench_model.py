@@ -107,3 +107,18 @@ def test_the_decode_step_is_predicted_latency_bound(model, cases):
             assert v.depth >= 1, case.launch.instance
             assert p.predicted_us >= v.depth * model.DRAM_LATENCY * 1e6, (case.shape, p)
             assert p.bound == "latency", (case.family, case.shape, p)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
+    # kpool_index_topk's rows count select_best's loops as the benchmark's logits run them (topk_traces): the
+    # random row's blocks cut back and run radix selects the rising row's never need (its seed holds), so the
+    # same launch must issue fewer instructions on the rising row. A count of the tile loop's whole body a tile,
+    # cut-back and all, made them equal.
+    rows = {case.shape: case for case in cases if case.family == "index_topk"}
+    random, rising = rows["topk decode-512x1 128K top512"], rows["topk rising decode-512x1 128K top512"]
+    assert random.launch.instance == rising.launch.instance
+    assert all(trace.cuts or trace.finish is not None for trace in random.traces), random.traces
+    assert not any(trace.cuts or trace.finish is not None for trace in rising.traces), rising.traces
+    v = model.variant(random.launch.kernel.source, random.launch.instance)
+    assert model.predict(rising, v).issue_us < model.predict(random, v).issue_us

@@ -333,6 +333,12 @@ def _layout(code: list[Instruction], labels: dict[str, int]) -> list[_Block]:
     return blocks
 
 
+def basic_blocks(code: list[Instruction], labels: dict[str, int]) -> list[tuple[int, int, list[int]]]:
+    """The code's basic blocks as laid out: each one's first instruction's index, one past its last, and the blocks
+    its last instruction may go to (-1: the kernel's exit; a CALL's target and fall-through both)."""
+    return [(block.start, block.end, list(block.successors)) for block in _layout(code, labels)]
+
+
 def _returns(code: list[Instruction], layout: list[_Block]) -> set[int]:
     """The blocks a CALL enters that reach a RET, nested CALLs stepped over: subroutines (ptxas's arithmetic
     helpers, such as the 64-bit division, and its out-of-line shuffles). A CALL whose target reaches none is

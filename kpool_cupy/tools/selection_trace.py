@@ -1,0 +1,91 @@
+"""What one block's streaming selection (kernels/kpool_select.cuh's ``select_best``) does on given logits: how many
+tiles it offers, and at which buffer fill it cuts back. The selection's result never depends on this; its cost
+does (a cut-back is a radix select over the buffer, ten tiles' worth of instructions), so
+``scripts/bench_model.py`` counts the cut-backs the benchmark's logits make instead of one at every tile.
+
+The rule, as the kernel's comments state it: keys are ``order_key``'s; a range of more than one tile, whose last
+tile holds ``k`` candidates, starts from that tile's k-th largest key (a key at or above it is offered); each
+tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where they would not fit, the buffer and
+they are cut back to their ``k`` best and only keys above the k-th largest are offered after; after the last tile
+a buffer of more than ``k`` is cut back once more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates of one group a block (256 threads x 4)
+SELECT_THREADS = 256  # kp::kSelectThreads: a histogram round's entries a trip
+RADIX_ROUNDS = 4  # kth_largest_key's 8-bit rounds over a 32-bit key
+ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's two, the digit found and read
+
+
+def order_keys(logits: np.ndarray) -> np.ndarray:
+    """kp::order_key of each float32 logit: larger logits larger keys, -0.0 as +0.0, every NaN 0."""
+    bits = np.ascontiguousarray(logits, dtype=np.float32).view(np.uint32).copy()
+    nan = (bits & 0x7FFFFFFF) > 0x7F800000
+    bits[bits == 0x80000000] = 0
+    keys = np.where(bits & 0x80000000, ~bits, bits | 0x80000000).astype(np.uint32)
+    keys[nan] = 0
+    return keys
+
+
+def _kth_largest(keys: np.ndarray, k: int) -> int:
+    return int(np.partition(keys, keys.size - k)[keys.size - k])
+
+
+@dataclass(frozen=True)
+class SelectionTrace:
+    """One range's selection: ``tiles`` offered; ``seeded`` when it started from a threshold (a radix select over
+    a tile, no buffer); ``cuts`` the buffer's count at each cut-back in a tile's offer, ``finish`` at the cut
+    after the last tile (None: none)."""
+
+    tiles: int
+    seeded: bool
+    cuts: tuple[int, ...]
+    finish: int | None
+
+    def barriers(self) -> int:
+        """The block-wide barriers it passes (kernels/kpool_select.cuh): a radix select ROUND_BARRIERS a round;
+        an offer two (its block sum, its append) or, cut back, its block sum and the cut's; a cut its radix
+        select, one a buffer chunk it compacts, one for the tile's candidates and one after."""
+
+        def cut(count: int) -> int:
+            return RADIX_ROUNDS * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + 2
+
+        seed = RADIX_ROUNDS * ROUND_BARRIERS if self.seeded else 0
+        offers = 2 * (self.tiles - len(self.cuts)) + sum(1 + cut(count) for count in self.cuts)
+        return seed + offers + (cut(self.finish) if self.finish is not None else 0)
+
+
+def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> SelectionTrace:
+    """select_best over one range of ``logits`` (float32, ascending pool id) at ``pool_topk`` k, ``tile``
+    candidates a tile (kTile) and a buffer for ``cap``."""
+    keys = order_keys(logits)
+    size = cap + SELECT_CHUNK
+    count, cut, threshold = 0, False, 0
+    seeded = False
+    seed_first = (keys.size - tile) // 4 * 4
+    if keys.size > tile and min(keys.size - seed_first, tile) >= k:
+        seed = _kth_largest(keys[seed_first : seed_first + tile], k)
+        seeded, cut, threshold = True, seed > 0, (seed - 1) % 2**32
+    buffer = np.empty(0, np.uint32)
+    cuts = []
+    tiles = 0
+    for first in range(0, keys.size, tile):
+        part = keys[first : first + tile]
+        entering = part[part > threshold] if cut else part
+        tiles += 1
+        if count + entering.size > size:
+            cuts.append(count)
+            both = np.concatenate([buffer, entering])
+            threshold = _kth_largest(both, k)
+            buffer = np.sort(both)[-k:]  # the k best (which of tied keys stay does not change the next fill)
+            count, cut = k, True
+        else:
+            buffer = np.concatenate([buffer, entering])
+            count += entering.size
+    finish = count if count > k else None
+    return SelectionTrace(tiles, seeded, tuple(cuts), finish)
