@@ -90,6 +90,11 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     assert loops.barriers == (2, ROUND_BARRIERS, 1), loops
     assert 0 < loops.tile_path < loops.tile_loop / 2 and loops.cut_straight > 0, loops
     assert loops.cut_radix.histogram > 0 and loops.seed_radix.histogram == 0, loops  # the seed's buffer is empty
+    # ptxas unrolls the histogram loop: a body covers `unroll` trips of 256 entries, so a radix select pays a
+    # body more each round only past them.
+    radix = loops.cut_radix
+    assert radix.issued(1) == radix.issued(256 * radix.unroll) < radix.issued(256 * radix.unroll + 1), radix
+    assert radix.issued(256 * radix.unroll + 1) - radix.issued(1) == 4 * radix.histogram, radix
     row = np.sort(np.random.default_rng(0).standard_normal(32_768).astype(np.float32))
     trace = trace_select_best(row, 512, TOPK_TILE, cap)
     assert not trace.cuts and trace.finish is None and trace.seeded, trace

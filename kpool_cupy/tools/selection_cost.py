@@ -27,14 +27,21 @@ Span = tuple[int, int]
 @dataclass(frozen=True)
 class RadixLoops:
     """A radix select's loops: ``rounds`` the instructions of its loop over rounds (its histogram loop's among
-    them), ``histogram`` those of its loop over the buffer (0: none, as where the buffer is known empty)."""
+    them), ``histogram`` those of its loop over the buffer (0: none, as where the buffer is known empty), which
+    ptxas unrolls: its body holds ``unroll`` trips of 256 entries (a warp vote each), the rounds loop's own code
+    the trips left over."""
 
     rounds: int
     histogram: int
+    unroll: int = 1
 
     def issued(self, count: int) -> int:
-        """Its instructions over a buffer of ``count`` entries."""
-        return RADIX_ROUNDS * (self.rounds - self.histogram + -(-count // SELECT_THREADS) * self.histogram)
+        """Its instructions over a buffer of ``count`` entries: the histogram loop's body once for each
+        ``unroll`` trips or part (the part left over taken as a whole body, with the rounds' own code whole:
+        an upper bound)."""
+        trips = -(-count // SELECT_THREADS)
+        bodies = -(-trips // self.unroll)
+        return RADIX_ROUNDS * (self.rounds - self.histogram + bodies * self.histogram)
 
 
 @dataclass(frozen=True)
@@ -129,7 +136,16 @@ def selection_loops(sass: str) -> SelectionLoops:
         inner = within(rounds)
         if len(inner) > 1:
             raise ValueError(f"the rounds loop at {rounds[0]:#x} holds {len(inner)} loops, not one")
-        return RadixLoops(size(rounds), size(inner[0]) if inner else 0)
+        if not inner:
+            return RadixLoops(size(rounds), 0)
+        histogram = inner[0]
+        # A trip loads one buffer key (LDS) and votes once in add_to_histogram (VOTE.ALL: do its counting lanes
+        # share a digit); the two counts agree where the body holds whole trips.
+        body = [i for i in code if histogram[0] <= i.address <= histogram[1]]
+        votes = sum(i.opcode[:2] == ("VOTE", "ALL") for i in body)
+        if votes < 1 or votes != sum(i.opcode[0] == "LDS" for i in body):
+            raise ValueError(f"the histogram loop at {histogram[0]:#x} holds no whole trips")
+        return RadixLoops(size(rounds), size(histogram), votes)
 
     tile = max(spans, key=size)
     inner = within(tile)
