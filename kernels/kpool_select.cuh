@@ -10,8 +10,8 @@
 // a tile at a time in registers (SelectTile: GROUPS groups of 4 a thread,
 // each warp's share one contiguous run), and the block appends the ones
 // that can still be selected to a shared buffer, in order: a warp ranks its
-// candidates with ballots, the block with one barrier. When a tile would not
-// fit, the buffer and the tile are cut back together to their k best (a
+// candidates with one shuffle scan, the block with one barrier. When a tile
+// would not fit, the buffer and the tile are cut back together to their k best (a
 // radix select finds the k-th largest key K in four 8-bit rounds, then a
 // stable compaction keeps every key above K and the lowest-id keys equal to
 // K), and from then on only keys above K are offered: one comparison a
@@ -36,11 +36,13 @@ constexpr int kSelectPerThread = 4;  // consecutive candidates a thread takes fr
 constexpr int kSelectChunk = kSelectThreads * kSelectPerThread;
 
 // A logit's place in the selection order as an unsigned key.
+// A number's key: a positive one (+0.0 included) its bits with the top one set, a negative one 0x80000000
+// less its magnitude (so -0.0 takes +0.0's key, a larger magnitude a lower key, -inf 0x00800000); NaN 0.
 __device__ __forceinline__ unsigned int order_key(float logit) {
-    unsigned int bits = kp_float_to_bits(logit);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN, either sign
-    if (bits == 0x80000000u) bits = 0u;                  // -0.0 as +0.0
-    return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+    const unsigned int bits = kp_float_to_bits(logit);
+    const unsigned int magnitude = bits & 0x7fffffffu;
+    const unsigned int key = (bits & 0x80000000u) ? 0x80000000u - magnitude : (bits | 0x80000000u);
+    return magnitude > 0x7f800000u ? 0u : key;  // NaN, either sign
 }
 
 static_assert(kSelectThreads == kExpandThreads, "a selecting block writes its row as an expanding one");
@@ -62,7 +64,7 @@ struct SelectBuffer {
 // thread. Candidate `tile_offset<GROUPS>(j, e)` of the tile is entry e of
 // the thread's group j, so each warp holds one contiguous run of the tile,
 // in the order (group, lane, entry): a warp ranks its candidates in id order
-// with ballots, and the block with one barrier (block_base). With GROUPS 1
+// with one shuffle scan, and the block with one barrier (block_base). With GROUPS 1
 // a thread holds 4 consecutive candidates, thread t from 4 t.
 template <int GROUPS>
 struct SelectTile {
@@ -72,7 +74,7 @@ struct SelectTile {
 };
 
 __device__ __forceinline__ bool has_bit(unsigned int bits, int group, int entry) {
-    return ((bits >> (kSelectPerThread * group + entry)) & 1u) != 0u;
+    return (bits & (1u << (kSelectPerThread * group + entry))) != 0u;  // one LOP3 to a predicate
 }
 constexpr int kSelectWarpGroup = 32 * kSelectPerThread;  // a warp's candidates of one group
 
@@ -85,22 +87,30 @@ __device__ __forceinline__ int tile_offset(int group, int entry) {
 // Ranks, in the warp's order, of its candidates whose bit of `pass` is set
 // (has_bit): before[j], how many of the warp's pass before this thread's
 // group j; the warp's count is returned. Every lane of the warp calls it
-// together.
+// together. A thread's count in each group, a byte a group, summed over the
+// lanes below it in one scan of 5 shuffles (a group's bytes never carry: a
+// warp's group holds 128 candidates).
 template <int GROUPS>
 __device__ __forceinline__ unsigned int warp_ranks(unsigned int pass, unsigned int (&before)[GROUPS]) {
-    const unsigned int lower = (1u << (threadIdx.x % 32)) - 1u;  // the lanes below this one
+    static_assert(GROUPS <= 4, "a byte a group in one word");
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    unsigned int mine = 0u;
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j)
+        mine |= static_cast<unsigned int>(__popc(pass & (0xfu << (kSelectPerThread * j)))) << (8 * j);
+    unsigned int inclusive = mine;
+#pragma unroll
+    for (int delta = 1; delta < 32; delta *= 2) {
+        const unsigned int other = __shfl_up_sync(0xffffffffu, inclusive, delta);
+        if (lane >= delta) inclusive += other;
+    }
+    const unsigned int all = __shfl_sync(0xffffffffu, inclusive, 31);
+    const unsigned int below = inclusive - mine;
     unsigned int count = 0u;
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
-        unsigned int mine = 0u, all = 0u;
-#pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e) {
-            const unsigned int voters = __ballot_sync(0xffffffffu, has_bit(pass, j, e));
-            mine += static_cast<unsigned int>(__popc(voters & lower));
-            all += static_cast<unsigned int>(__popc(voters));
-        }
-        before[j] = count + mine;
-        count += all;
+        before[j] = count + ((below >> (8 * j)) & 255u);
+        count += (all >> (8 * j)) & 255u;
     }
     return count;
 }
@@ -292,14 +302,15 @@ __device__ __forceinline__ void cut_back(SelectBuffer<CAP>& buffer, SelectState&
 template <int CAP, int GROUPS, typename IdOf>
 __device__ __forceinline__ void offer_held(SelectBuffer<CAP>& buffer, SelectState& state, SelectTile<GROUPS>& tile,
                                            unsigned int held, int k, IdOf id_of) {
-    tile.enter = 0u;
+    // Whole masks, not a bit taken out of `held` for each candidate: the keys above the threshold, then those
+    // held among them (every one held before the first cut).
+    unsigned int above = 0u;
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j)
 #pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e) {
-            const bool offered = has_bit(held, j, e) && (!state.cut || tile.keys[j][e] > state.threshold);
-            tile.enter |= static_cast<unsigned int>(offered) << (kSelectPerThread * j + e);
-        }
+        for (int e = 0; e < kSelectPerThread; ++e)
+            above |= static_cast<unsigned int>(tile.keys[j][e] > state.threshold) << (kSelectPerThread * j + e);
+    tile.enter = held & (state.cut ? above : 0xffffffffu);
     unsigned int before[GROUPS];
     const unsigned int warp_count = warp_ranks(tile.enter, before);
     unsigned int total;
@@ -327,12 +338,14 @@ __device__ __forceinline__ void offer_held(SelectBuffer<CAP>& buffer, SelectStat
 template <int CAP, int GROUPS, typename IdOf>
 __device__ __forceinline__ void offer_tile(SelectBuffer<CAP>& buffer, SelectState& state, SelectTile<GROUPS>& tile,
                                            int count, int k, IdOf id_of) {
+    // A group's 4 offsets are consecutive: the first `left` of them are held, a group's bits at once.
     unsigned int held = 0u;
 #pragma unroll
-    for (int j = 0; j < GROUPS; ++j)
-#pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e)
-            held |= static_cast<unsigned int>(tile_offset<GROUPS>(j, e) < count) << (kSelectPerThread * j + e);
+    for (int j = 0; j < GROUPS; ++j) {
+        const int left = count - tile_offset<GROUPS>(j, 0);
+        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? left : kSelectPerThread);
+        held |= ((1u << mine) - 1u) << (kSelectPerThread * j);
+    }
     offer_held(buffer, state, tile, held, k, id_of);
 }
 

@@ -24,12 +24,10 @@ ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's 
 
 def order_keys(logits: np.ndarray) -> np.ndarray:
     """kp::order_key of each float32 logit: larger logits larger keys, -0.0 as +0.0, every NaN 0."""
-    bits = np.ascontiguousarray(logits, dtype=np.float32).view(np.uint32).copy()
-    nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    bits[bits == 0x80000000] = 0
-    keys = np.where(bits & 0x80000000, ~bits, bits | 0x80000000).astype(np.uint32)
-    keys[nan] = 0
-    return keys
+    bits = np.ascontiguousarray(logits, dtype=np.float32).view(np.uint32)
+    magnitude = bits & np.uint32(0x7FFFFFFF)
+    keys = np.where(bits & np.uint32(0x80000000), np.uint32(0x80000000) - magnitude, bits | np.uint32(0x80000000))
+    return np.where(magnitude > 0x7F800000, np.uint32(0), keys).astype(np.uint32)
 
 
 def _kth_largest(keys: np.ndarray, k: int) -> int:
