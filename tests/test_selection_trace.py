@@ -4,11 +4,15 @@ select_best's loops with the barriers the trace counts in each."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from kpool_cupy import emulate
+from kpool_cupy.emulator.launch import launch_code
 from kpool_cupy.kernel.declarations import INDEX_TOPK
+from kpool_cupy.kernel.sources import kernel_source
 from kpool_cupy.ops import index_topk
 from kpool_cupy.ops.index_topk import TOPK_TILE
 from kpool_cupy.tools import sass
@@ -16,6 +20,7 @@ from kpool_cupy.tools.selection_cost import selection_loops
 from kpool_cupy.tools.selection_trace import ROUND_BARRIERS, order_keys, trace_select_best
 
 I32 = np.dtype(np.int32)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
@@ -34,12 +39,33 @@ def _row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
     return normal
 
 
-def test_order_keys_order_as_the_selection_rule():
-    # Larger logits larger keys, -0.0 = +0.0, every NaN below -inf (0).
-    logits = np.array([-np.inf, -1.5, -0.0, 0.0, 1e-45, 2.0, np.inf, np.nan, -np.nan], np.float32)
-    keys = order_keys(logits)
-    assert keys[2] == keys[3] and keys[7] == keys[8] == 0
-    assert np.all(np.diff(keys[:7].astype(np.int64)[[0, 1, 3, 4, 5, 6]]) > 0) and keys[0] > 0
+def _kernel_order_keys(logits: np.ndarray) -> np.ndarray:
+    code = kernel_source("kpool_portability.h") + kernel_source("kpool_select.cuh")
+    code += '#line 1 "tests/kernels/order_keys.cu"\n' + (ROOT / "tests" / "kernels" / "order_keys.cu").read_text()
+    keys = np.full(logits.size, 0xDEADBEEF, np.uint32)
+    launch_code(code, "order_keys", -(-logits.size // 256), 256, (logits, np.int64(logits.size), keys))
+    return keys
+
+
+def test_order_key_orders_logits_as_the_selection_rule_and_as_the_twin():
+    # kp::order_key on the emulator: a larger logit a larger key, -0.0 the key of +0.0, every NaN (either sign,
+    # any payload) 0, below -inf; and the twin's keys bit for bit. Numbers: every sign, the denormals next to
+    # zero, the largest finite, the infinities, and random bit patterns. Seen failing with -0.0 not folded
+    # into +0.0 and with NaN keyed by its bits.
+    special = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x7F7FFFFF,
+                        0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF,
+                        0x3F800000, 0xBF800000], np.uint32)  # fmt: skip
+    bits = np.concatenate([special, np.random.default_rng(3).integers(0, 2**32, 20_000, dtype=np.uint32)])
+    logits = bits.view(np.float32)
+    keys = _kernel_order_keys(logits)
+    np.testing.assert_array_equal(keys, order_keys(logits))
+    nan = np.isnan(logits)
+    assert np.all(keys[nan] == 0) and np.all(keys[~nan] > 0)
+    numbers = logits[~nan].astype(np.float64)
+    order = np.argsort(numbers, kind="stable")
+    sorted_keys = keys[~nan][order].astype(np.int64)
+    steps = np.diff(sorted_keys)
+    assert np.all((steps > 0) == (np.diff(numbers[order]) > 0)) and np.all(steps >= 0)  # equal only where equal
 
 
 @pytest.mark.parametrize(
