@@ -824,6 +824,8 @@ def predict(
         assert v.selection is not None, case
         issued = sum(v.selection.issued(trace) for trace in case.traces) / len(case.traces)
         per_thread += issued - v.selection.static()
+        if geometry.grid == geometry.items:  # a block a row: gather_splits returns at once, no list, no merge
+            per_thread -= v.selection.merge
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.

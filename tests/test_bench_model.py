@@ -122,3 +122,24 @@ def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
     assert not any(trace.cuts or trace.finish is not None for trace in rising.traces), rising.traces
     v = model.variant(random.launch.kernel.source, random.launch.instance)
     assert model.predict(rising, v).issue_us < model.predict(random, v).issue_us
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
+    # A row that one block selects returns from gather_splits at once: the model takes the published list's
+    # radix select and the merge (SelectionLoops.merge, read off the SASS) out of its count; a launch of the
+    # same variant that splits its rows keeps them.
+    from dataclasses import replace
+
+    case = next(c for c in cases if c.family == "index_topk" and c.shape == "topk decode-512x1 128K top512")
+    geometry = case.launch.geometry
+    assert geometry.grid == geometry.items  # a block a row
+    split = replace(case, launch=replace(case.launch, geometry=replace(geometry, grid=2 * geometry.grid)))
+    v = model.variant(case.launch.kernel.source, case.launch.instance)
+
+    def per_thread(c):
+        warps = c.launch.geometry.grid * (c.launch.geometry.block // 32)
+        return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
+
+    assert v.selection.merge > 1000, v.selection  # publish and merge: thousands of instructions
+    assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.merge)

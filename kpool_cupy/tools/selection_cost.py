@@ -59,6 +59,9 @@ class SelectionLoops:
     # The block-wide barriers (BAR) a tile not cut back meets, a cut-back's radix round and its compaction trip:
     # what tools/selection_trace.py's SelectionTrace.barriers counts, checked against the emulator.
     barriers: tuple[int, int, int] = (0, 0, 0)
+    # The code after the finish's compaction up to the end of the merge's (a split's list published, the lists
+    # merged: gather_splits), which a row that one block selects never runs.
+    merge: int = 0
 
     def static(self) -> int:
         """What the static count holds of these loops (each body once)."""
@@ -154,12 +157,15 @@ def selection_loops(sass: str) -> SelectionLoops:
     if len(rounds) != 1 or len(compaction) != 1:
         raise ValueError(f"the tile loop at {tile[0]:#x} holds {len(rounds)} rounds and {len(compaction)} compaction")
     seed = [s for s in spans if s[1] < tile[0] and has_barrier(s)]
-    after = sorted(s for s in spans if s[0] > tile[1])
-    finish = next((s for s in after if within(s) and has_barrier(s)), None)
-    past_finish = [s for s in after if finish and s[0] > finish[1]]
-    finish_compaction = next((s for s in past_finish if not within(s) and has_barrier(s)), None)
-    if not seed or finish is None or finish_compaction is None:
-        raise ValueError("no seed, finish or finish compaction loop around the tile loop")
+    # After the tile loop, the outermost loops with a barrier: the finish's rounds (around a histogram loop) and
+    # compaction; gather_splits's: the published list's radix select, the merge's tile loop, its finish's rounds
+    # and compaction.
+    after = [s for s in sorted(spans) if s[0] > tile[1] and has_barrier(s) and not any(_inside(s, o) for o in spans)]
+    shape = [bool(within(s)) for s in after[:6]]
+    if not seed or shape != [True, False, True, True, True, False]:
+        raise ValueError(f"no seed before the tile loop, or not the finish and the merge after it: {shape}")
+    finish, finish_compaction = after[0], after[1]
+    merge = sum(finish_compaction[1] < i.address <= after[5][1] for i in code)
     path = longest_path(code, labels, tile, inner)
     round_barriers = barriers(rounds[0]) - sum(barriers(s) for s in within(rounds[0]))
     in_inner = sum(size(s) for s in inner if not any(_inside(s, o) for o in inner))
@@ -173,4 +179,5 @@ def selection_loops(sass: str) -> SelectionLoops:
         size(finish_compaction),
         radix(max(seed)),
         (sum(i.opcode[0] == "BAR" for i in path), round_barriers, barriers(compaction[0])),
+        merge,
     )
