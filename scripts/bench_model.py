@@ -113,8 +113,12 @@ from kpool_cupy.tools.sass import (  # noqa: E402
 )
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
-from kpool_cupy.tools.selection_cost import SelectionLoops, selection_loops  # noqa: E402
-from kpool_cupy.tools.selection_trace import SelectionTrace, trace_select_best  # noqa: E402
+from kpool_cupy.tools.selection_cost import OfferLoops, SelectionLoops, offer_loop_within, selection_loops  # noqa: E402
+from kpool_cupy.tools.selection_trace import (  # noqa: E402
+    SelectionTrace,
+    trace_fused_select,
+    trace_select_best,
+)
 
 # NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
 # issues one warp-instruction per clock on each of its four schedulers.
@@ -218,6 +222,11 @@ class Case:
     # kpool_index_topk: what select_best did on the benchmark's logits in a sample of its blocks (a row's split
     # each), its tile loop, cut-backs and radix selects counted as they ran (tools/selection_cost.py)
     traces: tuple[SelectionTrace, ...] = ()
+    # kpool_index_select_fp8: what a token's selection did in a block on the benchmark's logits (TRACED_ROWS
+    # rows, each a block's share of a token's row), its offers and cut-backs counted as they ran for each of
+    # the block's `offer_tokens` tokens (in place of the offer loop's body once a chunk and a further token)
+    offer_traces: tuple[SelectionTrace, ...] = ()
+    offer_tokens: int = 0
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -413,8 +422,9 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
     further token of the group and its loop over 16 heads once more for each further 16 heads of a token; on
     the wgmma path the chain step (the innermost loop around the first mma that meets a barrier) 7 times more
     a chunk, its token loop once more a chain for each further token (each further pair, where tokens go two
-    to a chain); on both the offer loop (the chunk loop's largest loop with a barrier and no mma) once more a
-    chunk, and the loop over a block's tokens after its chunks once more, for each further token."""
+    to a chain); on both the loop over a block's tokens after its chunks once more for each further token,
+    and each token's offers (the chunk loop's largest loop with a barrier and no mma) as a trace of its selection
+    ran them (offer_traces), in place of that loop's body once a chunk and further token."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -450,12 +460,18 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
         calls = 0 if wgmma else SELECT_CHUNK // 8 // (index_block_pools(INDEX_HEAD_DIM, mma) // 4)
         head_groups = -(-shape.heads // 16)
         # A group's further tokens: each its offer of every chunk and (mma.sync) its run of every call's token loop.
+        # The offers a token makes: its rows' chunks of the block's split, seeded as the kernel seeds them.
+        width = min(shape.pools, -(-chunks // splits) * 1024)
+        rows = [np.random.default_rng(seed).standard_normal(width).astype(np.float32) for seed in range(TRACED_ROWS)]
+        cap = int(launch.template["CAP"])
+        offers = tuple(trace_fused_select(row, SELECT_TOPK, cap) for row in rows)
         fused = Case(family, shape.name, select_bytes(shape), launch, repeats=repeats,
                      repeated_loop="chunk around first mma", chain_repeats=chain_steps,
                      chain_token_repeats=chain_tokens, calls=repeats * calls,
                      head_repeats=repeats * calls * group * (head_groups - 1),
                      token_repeats=repeats * calls * (group - 1),
-                     offer_repeats=repeats * (group - 1), finish_repeats=group - 1)  # fmt: skip
+                     offer_repeats=repeats * (group - 1), finish_repeats=group - 1,
+                     offer_traces=offers, offer_tokens=group)  # fmt: skip
         if wgmma:
             cases.append(fused)
             continue
@@ -742,6 +758,7 @@ class Variant:
     head_loop_body: int = 0
     finish_loop_body: int = 0
     selection: SelectionLoops | None = None  # kpool_index_topk's select_best loops
+    offer: OfferLoops | None = None  # kpool_index_select_fp8's offer loop
 
 
 @functools.cache
@@ -767,7 +784,15 @@ def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool =
         head_loop_body(sass),
         finish_loop_body(sass),
         selection_loops(sass) if "kpool_index_topk" in instance else None,
+        _fused_offer(sass) if "kpool_index_select_fp8" in instance else None,
     )
+
+
+def _fused_offer(sass: str) -> OfferLoops:
+    """The fused select's offer loop, inside its chunk loop (the loop just inside the outermost around its first
+    tensor-core instruction)."""
+    _, first, last = _spans_around_first_mma(sass)[-2]
+    return offer_loop_within(sass, (first, last))
 
 
 @dataclass(frozen=True)
@@ -826,6 +851,12 @@ def predict(
         per_thread += issued - v.selection.static()
         if geometry.grid == geometry.items:  # a block a row: gather_splits returns at once, no list, no merge
             per_thread -= v.selection.merge
+    if case.offer_traces:
+        # The fused select's offers as they ran for each of its tokens (tools/selection_cost.py), in place of
+        # the offer loop's body in each chunk's and each further token's count.
+        assert v.offer is not None and v.offer.loop == v.offer_loop_body, case
+        issued = sum(v.offer.issued(t.tiles, t.cuts) for t in case.offer_traces) / len(case.offer_traces)
+        per_thread += case.offer_tokens * issued - (case.repeats + case.offer_repeats) * v.offer.loop
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.

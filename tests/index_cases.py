@@ -117,3 +117,22 @@ def repaged(case: IndexCase, block_size: int, rng: np.random.Generator) -> Index
                     new_keys[page, e] = keys[source, pool % old_size]
                     new_scales[page, e] = scales[source, pool % old_size]
     return replace(case, cache=paged_cache(new_keys, new_scales), cache_block_table=table)
+
+
+def rising_case(counts: tuple[int, ...], cache_lengths: tuple[int, ...], heads: int = 4, head_dim: int = 64):
+    """Equal keys, queries and weights, each pool's scale rising with its id (kpool 1): a pool's logit rises with
+    its position, so each token's best are the last pools it sees, and a pool it does not see would beat them."""
+    rng = np.random.default_rng(len(counts))
+    case = index_case(rng, heads=heads, head_dim=head_dim, kpool=1, block_size=16, counts=counts,
+                      cache_lengths=cache_lengths)  # fmt: skip
+    pages, size = case.cache.shape[:2]
+    flat = case.cache.reshape(pages, -1)
+    flat[:, : size * head_dim] = 0x38  # e4m3 1.0
+    scales = np.ones((pages, size), np.float32)
+    for b, length in enumerate(cache_lengths):
+        pools = np.arange(length + counts[b])
+        scales[case.cache_block_table[b, pools // size], pools % size] = 1 + pools / 8192  # exact in float32
+    flat[:, size * head_dim :] = scales.view(np.uint8).reshape(pages, -1)
+    case.q[...] = 0x38
+    case.weights[...] = 1.0
+    return case

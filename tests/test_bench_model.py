@@ -143,3 +143,30 @@ def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
 
     assert v.selection.merge > 1000, v.selection  # publish and merge: thousands of instructions
     assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.merge)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_the_fused_selects_rows_count_its_offers_as_they_ran(model, cases):
+    # kpool_index_select_fp8's rows count each token's offers by a trace of its selection (offer_traces): a
+    # chunk's offer that does not cut back costs the offer loop's path, each cut-back its own code, radix
+    # select and compaction; without traces every chunk and further token counted the loop's whole body.
+    from dataclasses import replace
+
+    from kpool_cupy.tools.selection_trace import SelectionTrace
+
+    case = next(c for c in cases if c.family == "index_select_fp8 sm_90a" and c.shape == "decode-512x2 128K h32")
+    v = model.variant(case.launch.kernel.source, case.launch.instance, "sm_90a")
+    tiles = 32
+    none = SelectionTrace(tiles, True, (), None)
+    every = SelectionTrace(tiles, True, (1500,) * tiles, None)
+
+    def per_thread(c):
+        warps = c.launch.geometry.grid * (c.launch.geometry.block // 32)
+        return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
+
+    offer = v.offer
+    cut = offer.cut_straight + offer.radix.issued(1500) + 2 * offer.compaction
+    got = per_thread(replace(case, offer_traces=(every,))) - per_thread(replace(case, offer_traces=(none,)))
+    assert got == pytest.approx(case.offer_tokens * tiles * cut)
+    assert per_thread(replace(case, offer_traces=(none,))) < per_thread(replace(case, offer_traces=()))
+    assert case.offer_tokens == 2 and all(t.seeded for t in case.offer_traces), case.offer_traces

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from index_cases import index_case, repaged
+from index_cases import index_case, repaged, rising_case
 
 import kpool_cupy
 from kpool_cupy import emulate, reference
@@ -93,25 +93,6 @@ def _vector(launch) -> int:
     return int(launch.kernel_name.split("<")[1].split(",")[2])
 
 
-def _rising_case(counts: tuple[int, ...], cache_lengths: tuple[int, ...], heads: int = 4, head_dim: int = 64):
-    """Equal keys, queries and weights, each pool's scale rising with its id (kpool 1): a pool's logit rises with
-    its position, so each token's best are the last pools it sees, and a pool it does not see would beat them."""
-    rng = np.random.default_rng(len(counts))
-    case = index_case(rng, heads=heads, head_dim=head_dim, kpool=1, block_size=16, counts=counts,
-                      cache_lengths=cache_lengths)  # fmt: skip
-    pages, size = case.cache.shape[:2]
-    flat = case.cache.reshape(pages, -1)
-    flat[:, : size * head_dim] = 0x38  # e4m3 1.0
-    scales = np.ones((pages, size), np.float32)
-    for b, length in enumerate(cache_lengths):
-        pools = np.arange(length + counts[b])
-        scales[case.cache_block_table[b, pools // size], pools % size] = 1 + pools / 8192  # exact in float32
-    flat[:, size * head_dim :] = scales.view(np.uint8).reshape(pages, -1)
-    case.q[...] = 0x38
-    case.weights[...] = 1.0
-    return case
-
-
 # More than 128 tokens (one split a token, so blocks take groups): 3 ragged requests first, so runs start
 # mid-group (the second group holds request 1's 3 tokens and request 2's first), then 30 requests of 4 whose
 # groups straddle two requests each; 131 tokens of 33 requests, groups of 4.
@@ -128,7 +109,7 @@ GROUPED_LENGTHS = (3000, 40, 2000, *(700 + 37 * b for b in range(30)))
 def test_a_requests_tokens_share_its_keys_but_select_only_the_pools_each_sees(backend, heads, head_dim, pool_topk):
     # Each token's row is its own last pool_topk pools, ending at the one pool the token before it did not see;
     # at pool_topk 600 a token that sees no more (request 1, 40 pools) takes them all.
-    case = _rising_case(GROUPED_COUNTS, GROUPED_LENGTHS, heads, head_dim)
+    case = rising_case(GROUPED_COUNTS, GROUPED_LENGTHS, heads, head_dim)
     got = backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk)
     _same(got, two_step(backend, case, pool_topk=pool_topk))
     token = 0
@@ -194,7 +175,7 @@ def test_a_block_takes_a_requests_mean_tokens_as_far_as_its_shared_memory_holds(
     assert select_group_tokens(2048, 1, 64, 128, MMA_WGMMA, 4096, 1) == 3
     assert select_group_tokens(5, 0, 64, 128, MMA_E4M3, 512, 1) == 1  # no request: nothing to share
     assert select_group_tokens(128, 64, 64, 128, MMA_E4M3, 512, 2) == 1
-    case = _rising_case(GROUPED_COUNTS, GROUPED_LENGTHS)
+    case = rising_case(GROUPED_COUNTS, GROUPED_LENGTHS)
     with recording() as launches:
         emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=16)
     (launch,) = launches
@@ -268,7 +249,7 @@ def test_a_starting_threshold_from_chunks_scored_first_keeps_the_bits(monkeypatc
     rng = np.random.default_rng(pool_topk)
     random = index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, **shape)
     equal = _equal_keys(index_case(rng, heads=4, head_dim=64, kpool=1, block_size=16, **shape))
-    for case in (_rising_case(**shape), random, equal):
+    for case in (rising_case(**shape), random, equal):
         for backend in BACKENDS:
             got = backend.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk)
             _same(got, two_step(backend, case, pool_topk=pool_topk))
@@ -288,7 +269,7 @@ def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypat
 
     monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
     shape = {"counts": (1,), "cache_lengths": (32_000,)}
-    rising = _rising_case(**shape)
+    rising = rising_case(**shape)
     random = index_case(np.random.default_rng(9), heads=4, head_dim=64, kpool=1, block_size=16, **shape)
     passed = {}
     for name, case in (("rising", rising), ("random", random)):

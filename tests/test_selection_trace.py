@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from index_cases import index_case, rising_case
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code
@@ -17,7 +18,7 @@ from kpool_cupy.ops import index_topk
 from kpool_cupy.ops.index_topk import TOPK_TILE
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.selection_cost import selection_loops
-from kpool_cupy.tools.selection_trace import ROUND_BARRIERS, order_keys, trace_select_best
+from kpool_cupy.tools.selection_trace import ROUND_BARRIERS, order_keys, trace_fused_select, trace_select_best
 
 I32 = np.dtype(np.int32)
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,15 +114,47 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     # rest), and a trace without a cut issues the path a tile and the seed's four rounds.
     name = INDEX_TOPK.instance(CAP=cap, VECTOR=1, IO=I32, IC=I32, PAGED=True, COMPACT=True)
     loops = selection_loops(sass.summarize_sass(INDEX_TOPK.source, name, arch="sm_90").sass)
-    assert loops.barriers == (2, ROUND_BARRIERS, 1), loops
-    assert 0 < loops.tile_path < loops.tile_loop / 2 and loops.cut_straight > 0, loops
-    assert loops.cut_radix.histogram > 0 and loops.seed_radix.histogram == 0, loops  # the seed's buffer is empty
+    offer = loops.offer
+    assert offer.barriers == (2, ROUND_BARRIERS, 1), offer
+    assert 0 < offer.path < offer.loop / 2 and offer.cut_straight > 0, offer
+    assert offer.radix.histogram > 0 and loops.seed_radix.histogram == 0, loops  # the seed's buffer is empty
     # ptxas unrolls the histogram loop: a body covers `unroll` trips of 256 entries, so a radix select pays a
     # body more each round only past them.
-    radix = loops.cut_radix
+    radix = offer.radix
     assert radix.issued(1) == radix.issued(256 * radix.unroll) < radix.issued(256 * radix.unroll + 1), radix
     assert radix.issued(256 * radix.unroll + 1) - radix.issued(1) == 4 * radix.histogram, radix
     row = np.sort(np.random.default_rng(0).standard_normal(32_768).astype(np.float32))
     trace = trace_select_best(row, 512, TOPK_TILE, cap)
     assert not trace.cuts and trace.finish is None and trace.seeded, trace
-    assert loops.issued(trace) == trace.tiles * loops.tile_path + 4 * loops.seed_radix.rounds
+    assert loops.issued(trace) == trace.tiles * offer.path + 4 * loops.seed_radix.rounds
+
+
+@pytest.mark.usefixtures("emulated_scorer_path")
+@pytest.mark.parametrize("pool_topk", [512, 2048])
+def test_the_fused_selects_trace_passes_the_barriers_its_offers_pass(monkeypatch, pool_topk):
+    # kpool_index_select_fp8 with one block a token (select_splits forced to 1): what its launch passes besides
+    # the token's selection (scoring a chunk, the seed's passes, writing the row) is the same for every input of
+    # one shape, so the launch's barriers less the trace's are one number over random and rising logits (the
+    # trace of the token's row as the scorer computes it). The rising row starts from a seed that holds; the
+    # random ones cut back at other fills. Seen failing with the seed taken from the last whole chunk (as
+    # select_best takes its tile) and with a chunk's offer counted one barrier.
+    from kpool_cupy.emulator.launch import recording
+    from kpool_cupy.ops import index_select_fp8
+
+    monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)
+    shape = {"counts": (1,), "cache_lengths": (12_345,)}
+    cases = [rising_case(**shape)]
+    for seed in (1, 2):
+        cases.append(index_case(np.random.default_rng(seed), heads=4, head_dim=64, kpool=1, block_size=16, **shape))
+    cap = max(512, 1 << (pool_topk - 1).bit_length())
+    rest, traces = set(), []
+    for case in cases:
+        row = emulate.kpool_index_logits_fp8(*case.args, kpool=1)[0, :12_346]
+        with recording() as launches:
+            emulate.kpool_index_select_fp8(*case.args, kpool=1, pool_topk=pool_topk)
+        (launch,) = launches
+        trace = trace_fused_select(row, pool_topk, cap)
+        traces.append(trace)
+        rest.add(launch.barriers - trace.barriers())
+    assert len(rest) == 1, (rest, traces)
+    assert len({(len(t.cuts), t.finish is not None) for t in traces}) > 1, traces  # the rows cut back differently

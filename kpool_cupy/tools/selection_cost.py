@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from .load_depth import basic_blocks
+from .load_depth import TENSOR_CORE, basic_blocks
 from .sass import Instruction, loop_spans, parse_instructions
 from .selection_trace import RADIX_ROUNDS, SELECT_CHUNK, SELECT_THREADS, SelectionTrace
 
@@ -45,32 +45,46 @@ class RadixLoops:
 
 
 @dataclass(frozen=True)
-class SelectionLoops:
-    """select_best's loops in a kernel's SASS (``selection_loops``), each as instructions."""
+class OfferLoops:
+    """A loop that offers a tile of candidates a trip (select_best's tile loop; the fused select's loop over a
+    chunk's tokens), each as instructions: ``loop`` its body, its cut-back's included; ``path`` a tile not cut
+    back, the longest path through the body that enters none of its loops; ``cut_straight`` the body's
+    instructions on neither that path nor an inner loop (a cut-back's own); the cut-back's radix select and
+    compaction; ``barriers`` the block-wide barriers (BAR) a tile not cut back meets, a radix round and a
+    compaction trip, what tools/selection_trace.py's SelectionTrace.barriers counts."""
 
-    tile_loop: int  # the tile loop's body, its cut-back's included
-    tile_path: int  # a tile not cut back: the longest path through the body that enters none of its loops
-    cut_straight: int  # the body's instructions on neither that path nor an inner loop: a cut-back's own
-    cut_radix: RadixLoops
-    cut_compaction: int
+    loop: int
+    path: int
+    cut_straight: int
+    radix: RadixLoops
+    compaction: int
+    barriers: tuple[int, int, int]
+
+    def issued(self, tiles: int, cuts: tuple[int, ...]) -> int:
+        """What a thread issues in it over ``tiles`` offers that cut back at the buffer fills ``cuts``."""
+        total = tiles * self.path + len(cuts) * self.cut_straight
+        return total + sum(self.radix.issued(count) + _chunks(count) * self.compaction for count in cuts)
+
+
+@dataclass(frozen=True)
+class SelectionLoops:
+    """select_best's loops in kpool_index_topk's SASS (``selection_loops``), each as instructions."""
+
+    offer: OfferLoops  # the tile loop
     finish_radix: RadixLoops
     finish_compaction: int
     seed_radix: RadixLoops
-    # The block-wide barriers (BAR) a tile not cut back meets, a cut-back's radix round and its compaction trip:
-    # what tools/selection_trace.py's SelectionTrace.barriers counts, checked against the emulator.
-    barriers: tuple[int, int, int] = (0, 0, 0)
     # The code after the finish's compaction up to the end of the merge's (a split's list published, the lists
     # merged: gather_splits), which a row that one block selects never runs.
     merge: int = 0
 
     def static(self) -> int:
         """What the static count holds of these loops (each body once)."""
-        return self.tile_loop + self.finish_radix.rounds + self.finish_compaction + self.seed_radix.rounds
+        return self.offer.loop + self.finish_radix.rounds + self.finish_compaction + self.seed_radix.rounds
 
     def issued(self, trace: SelectionTrace) -> int:
         """What a thread issues in them over one range the trace describes."""
-        total = trace.tiles * self.tile_path + len(trace.cuts) * self.cut_straight
-        total += sum(self.cut_radix.issued(count) + _chunks(count) * self.cut_compaction for count in trace.cuts)
+        total = self.offer.issued(trace.tiles, trace.cuts)
         if trace.finish is not None:
             total += self.finish_radix.issued(trace.finish) + _chunks(trace.finish) * self.finish_compaction
         if trace.seeded:
@@ -115,69 +129,96 @@ def longest_path(code: list[Instruction], labels: dict[str, int], loop: Span, av
     return [code[n] for b in found for n in range(blocks[b][0], blocks[b][1])]
 
 
-def selection_loops(sass: str) -> SelectionLoops:
-    """select_best's loops in ``sass`` (kpool_index_topk's): the tile loop, the kernel's largest, holds a radix
-    select's rounds loop (around its histogram loop) and a compaction loop; the seed's rounds loop is the last
-    loop with a barrier before it, the finish's radix select and compaction the first such loops after it. A
-    ValueError where the code has another shape."""
-    code, labels = parse_instructions(sass)
-    spans = loop_spans(code, labels)
+class _Reading:
+    """The loops of one kernel's SASS and what the readings below ask of them."""
 
-    def size(span: Span) -> int:
-        return sum(span[0] <= i.address <= span[1] for i in code)
+    def __init__(self, sass: str) -> None:
+        self.code, self.labels = parse_instructions(sass)
+        self.spans = loop_spans(self.code, self.labels)
 
-    def barriers(span: Span) -> int:
-        return sum(span[0] <= i.address <= span[1] and i.opcode[0] == "BAR" for i in code)
+    def size(self, span: Span) -> int:
+        return sum(span[0] <= i.address <= span[1] for i in self.code)
 
-    def has_barrier(span: Span) -> bool:
-        return barriers(span) > 0
+    def barriers(self, span: Span) -> int:
+        return sum(span[0] <= i.address <= span[1] and i.opcode[0] == "BAR" for i in self.code)
 
-    def within(span: Span) -> list[Span]:
-        return sorted(s for s in spans if _inside(s, span))
+    def within(self, span: Span) -> list[Span]:
+        return sorted(s for s in self.spans if _inside(s, span))
 
-    def radix(rounds: Span) -> RadixLoops:
-        inner = within(rounds)
+    def radix(self, rounds: Span) -> RadixLoops:
+        inner = self.within(rounds)
         if len(inner) > 1:
             raise ValueError(f"the rounds loop at {rounds[0]:#x} holds {len(inner)} loops, not one")
         if not inner:
-            return RadixLoops(size(rounds), 0)
+            return RadixLoops(self.size(rounds), 0)
         histogram = inner[0]
         # A trip loads one buffer key (LDS) and votes once in add_to_histogram (VOTE.ALL: do its counting lanes
         # share a digit); the two counts agree where the body holds whole trips.
-        body = [i for i in code if histogram[0] <= i.address <= histogram[1]]
+        body = [i for i in self.code if histogram[0] <= i.address <= histogram[1]]
         votes = sum(i.opcode[:2] == ("VOTE", "ALL") for i in body)
         if votes < 1 or votes != sum(i.opcode[0] == "LDS" for i in body):
             raise ValueError(f"the histogram loop at {histogram[0]:#x} holds no whole trips")
-        return RadixLoops(size(rounds), size(histogram), votes)
+        return RadixLoops(self.size(rounds), self.size(histogram), votes)
 
-    tile = max(spans, key=size)
-    inner = within(tile)
-    rounds = [s for s in inner if within(s)]
-    compaction = [s for s in inner if not within(s) and not any(_inside(s, r) for r in rounds) and has_barrier(s)]
-    if len(rounds) != 1 or len(compaction) != 1:
-        raise ValueError(f"the tile loop at {tile[0]:#x} holds {len(rounds)} rounds and {len(compaction)} compaction")
-    seed = [s for s in spans if s[1] < tile[0] and has_barrier(s)]
-    # After the tile loop, the outermost loops with a barrier: the finish's rounds (around a histogram loop) and
-    # compaction; gather_splits's: the published list's radix select, the merge's tile loop, its finish's rounds
-    # and compaction.
-    after = [s for s in sorted(spans) if s[0] > tile[1] and has_barrier(s) and not any(_inside(s, o) for o in spans)]
+    def offer(self, loop: Span) -> OfferLoops:
+        """The offer loop ``loop``: it holds a radix select's rounds loop (around its histogram loop) and a
+        compaction loop (a barrier, no loop)."""
+        inner = self.within(loop)
+        rounds = [s for s in inner if self.within(s)]
+        compaction = [
+            s for s in inner if not self.within(s) and not any(_inside(s, r) for r in rounds) and self.barriers(s)
+        ]
+        if len(rounds) != 1 or len(compaction) != 1:
+            raise ValueError(f"the loop at {loop[0]:#x} holds {len(rounds)} rounds and {len(compaction)} compaction")
+        path = longest_path(self.code, self.labels, loop, inner)
+        round_barriers = self.barriers(rounds[0]) - sum(self.barriers(s) for s in self.within(rounds[0]))
+        in_inner = sum(self.size(s) for s in inner if not any(_inside(s, o) for o in inner))
+        return OfferLoops(
+            self.size(loop),
+            len(path),
+            self.size(loop) - len(path) - in_inner,
+            self.radix(rounds[0]),
+            self.size(compaction[0]),
+            (sum(i.opcode[0] == "BAR" for i in path), round_barriers, self.barriers(compaction[0])),
+        )
+
+
+def selection_loops(sass: str) -> SelectionLoops:
+    """select_best's loops in ``sass`` (kpool_index_topk's): the tile loop, the kernel's largest, is an offer
+    loop (``_Reading.offer``); the seed's rounds loop is the last loop with a barrier before it; after it the
+    outermost loops with a barrier are the finish's rounds and compaction, then gather_splits's: the published
+    list's radix select, the merge's tile loop, its finish's rounds and compaction. A ValueError where the code
+    has another shape."""
+    reading = _Reading(sass)
+    spans, within = reading.spans, reading.within
+    tile = max(spans, key=reading.size)
+    seed = [s for s in spans if s[1] < tile[0] and reading.barriers(s)]
+    outermost = [s for s in sorted(spans) if not any(_inside(s, o) for o in spans)]
+    after = [s for s in outermost if s[0] > tile[1] and reading.barriers(s)]
     shape = [bool(within(s)) for s in after[:6]]
     if not seed or shape != [True, False, True, True, True, False]:
         raise ValueError(f"no seed before the tile loop, or not the finish and the merge after it: {shape}")
     finish, finish_compaction = after[0], after[1]
-    merge = sum(finish_compaction[1] < i.address <= after[5][1] for i in code)
-    path = longest_path(code, labels, tile, inner)
-    round_barriers = barriers(rounds[0]) - sum(barriers(s) for s in within(rounds[0]))
-    in_inner = sum(size(s) for s in inner if not any(_inside(s, o) for o in inner))
     return SelectionLoops(
-        size(tile),
-        len(path),
-        size(tile) - len(path) - in_inner,
-        radix(rounds[0]),
-        size(compaction[0]),
-        radix(finish),
-        size(finish_compaction),
-        radix(max(seed)),
-        (sum(i.opcode[0] == "BAR" for i in path), round_barriers, barriers(compaction[0])),
-        merge,
+        reading.offer(tile),
+        reading.radix(finish),
+        reading.size(finish_compaction),
+        reading.radix(max(seed)),
+        sum(finish_compaction[1] < i.address <= after[5][1] for i in reading.code),
     )
+
+
+def offer_loop_within(sass: str, outer: Span) -> OfferLoops:
+    """The fused select's offer loop, the largest loop inside ``outer`` (its chunk loop) that meets a barrier and
+    holds no tensor-core instruction (its loop over a chunk's tokens, each token's offer and cut-back)."""
+    reading = _Reading(sass)
+    candidates = [
+        s
+        for s in reading.spans
+        if _inside(s, outer)
+        and reading.barriers(s)
+        and not any(s[0] <= i.address <= s[1] and i.opcode[0] in TENSOR_CORE for i in reading.code)
+    ]
+    if not candidates:
+        raise ValueError(f"no offer loop inside the loop at {outer[0]:#x}")
+    return reading.offer(max(candidates, key=reading.size))

@@ -19,6 +19,7 @@ import numpy as np
 SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates of one group a block (256 threads x 4)
 SELECT_THREADS = 256  # kp::kSelectThreads: a histogram round's entries a trip
 RADIX_ROUNDS = 4  # kth_largest_key's 8-bit rounds over a 32-bit key
+SEED_CHUNKS = 3  # kpool_index_select.cu's kSeedChunks: a row this many seeds' worth takes a seed
 ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's two, the digit found and read
 
 
@@ -60,15 +61,33 @@ class SelectionTrace:
 
 def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> SelectionTrace:
     """select_best over one range of ``logits`` (float32, ascending pool id) at ``pool_topk`` k, ``tile``
-    candidates a tile (kTile) and a buffer for ``cap``."""
+    candidates a tile (kTile) and a buffer for ``cap``: seeded from the last whole tile's candidates (from the
+    last multiple of 4 that leaves one) where the range holds more than a tile and they number k."""
+    seed_first = (logits.size - tile) // 4 * 4
+    seeded = logits.size > tile and min(logits.size - seed_first, tile) >= k
+    return trace_offers(logits, k, tile, cap, (seed_first, tile) if seeded else None)
+
+
+def trace_fused_select(logits: np.ndarray, k: int, cap: int) -> SelectionTrace:
+    """One token's selection in a block of kpool_index_select_fp8 that holds its whole row (one split) of
+    ``logits`` (its visible pools'): chunks of SELECT_CHUNK; seeded from the chunks that hold its last k
+    candidates (as many chunks as hold k, from the one k before its end) where its row holds kSeedChunks (3)
+    times their worth (kernels/kpool_index_select.cu)."""
+    seed_chunks = -(-k // SELECT_CHUNK)
+    seeded = logits.size >= SEED_CHUNKS * seed_chunks * SELECT_CHUNK
+    seed_base = (logits.size - k) // SELECT_CHUNK * SELECT_CHUNK
+    return trace_offers(logits, k, SELECT_CHUNK, cap, (seed_base, seed_chunks * SELECT_CHUNK) if seeded else None)
+
+
+def trace_offers(logits: np.ndarray, k: int, tile: int, cap: int, seed: tuple[int, int] | None) -> SelectionTrace:
+    """A streaming selection over ``logits`` at k, a tile of ``tile`` candidates an offer, a buffer for ``cap``;
+    ``seed`` (first, count): it starts from the k-th largest key of those candidates (None: from none)."""
     keys = order_keys(logits)
     size = cap + SELECT_CHUNK
     count, cut, threshold = 0, False, 0
-    seeded = False
-    seed_first = (keys.size - tile) // 4 * 4
-    if keys.size > tile and min(keys.size - seed_first, tile) >= k:
-        seed = _kth_largest(keys[seed_first : seed_first + tile], k)
-        seeded, cut, threshold = True, seed > 0, (seed - 1) % 2**32
+    if seed is not None:
+        kth = _kth_largest(keys[seed[0] : seed[0] + seed[1]], k)
+        cut, threshold = kth > 0, (kth - 1) % 2**32
     buffer = np.empty(0, np.uint32)
     cuts = []
     tiles = 0
@@ -86,4 +105,4 @@ def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> Select
             buffer = np.concatenate([buffer, entering])
             count += entering.size
     finish = count if count > k else None
-    return SelectionTrace(tiles, seeded, tuple(cuts), finish)
+    return SelectionTrace(tiles, seed is not None, tuple(cuts), finish)
