@@ -22,8 +22,9 @@
 
 namespace kp {
 // A thread's groups of 4 logits a tile: 4 (a block has 16 KB of logits in flight, 4,096 candidates a
-// tile), and 3 blocks an SM (80 registers, no spill; 8 groups took 128 registers and spilled at 2 blocks).
-// KP_TOPK_GROUPS sets another count in a test's build (a tile smaller than the largest pool_topk).
+// tile), and 3 blocks an SM (80 registers, no spill; 8 groups took 128 registers and spilled at 2 blocks, and
+// a tile holds at most 4 since warp_ranks packs a group's count in a byte). KP_TOPK_GROUPS sets another count
+// (1 to 4) in a test's build (a tile smaller than the largest pool_topk).
 #ifndef KP_TOPK_GROUPS
 #define KP_TOPK_GROUPS 4
 #endif

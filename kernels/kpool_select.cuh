@@ -68,7 +68,7 @@ struct SelectBuffer {
 // a thread holds 4 consecutive candidates, thread t from 4 t.
 template <int GROUPS>
 struct SelectTile {
-    static_assert(GROUPS * kSelectPerThread <= 32, "a bit of `enter` for each candidate of a thread");
+    static_assert(GROUPS <= 4, "warp_ranks: a thread's count in each group a byte of one word");
     unsigned int keys[GROUPS][kSelectPerThread];
     unsigned int enter;  // bit 4 j + e: offered (in the tile, and above the threshold once cut)
 };

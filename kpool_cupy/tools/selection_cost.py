@@ -74,8 +74,10 @@ class SelectionLoops:
     finish_radix: RadixLoops
     finish_compaction: int
     seed_radix: RadixLoops
-    # The code after the finish's compaction up to the end of the merge's (a split's list published, the lists
-    # merged: gather_splits), which a row that one block selects never runs.
+    # The code from the first loop after the finish's compaction (the published list's writing) to the end of
+    # the merge's compaction (gather_splits), which a row that one block selects never runs; the finish's last
+    # instructions and the splits test before that loop stay counted, and so does the few the publish runs
+    # before it (an upper bound).
     merge: int = 0
 
     def static(self) -> int:
@@ -204,8 +206,12 @@ def selection_loops(sass: str) -> SelectionLoops:
         reading.radix(finish),
         reading.size(finish_compaction),
         reading.radix(max(seed)),
-        sum(finish_compaction[1] < i.address <= after[5][1] for i in reading.code),
+        sum(_first_loop_after(spans, finish_compaction[1]) <= i.address <= after[5][1] for i in reading.code),
     )
+
+
+def _first_loop_after(spans: list[Span], address: int) -> int:
+    return min(s[0] for s in spans if s[0] > address)
 
 
 def offer_loop_within(sass: str, outer: Span) -> OfferLoops:
