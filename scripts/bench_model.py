@@ -849,8 +849,11 @@ def predict(
         assert v.selection is not None, case
         issued = sum(v.selection.issued(trace) for trace in case.traces) / len(case.traces)
         per_thread += issued - v.selection.static()
-        if geometry.grid == geometry.items:  # a block a row: gather_splits returns at once, no list, no merge
-            per_thread -= v.selection.merge
+        splits = geometry.grid // geometry.items
+        if splits == 1:  # a block a row: gather_splits returns at once, no list, no merge
+            per_thread -= v.selection.publish + v.selection.merge
+        else:  # every block publishes its list; the row's last one merges
+            per_thread -= v.selection.merge * (splits - 1) / splits
     if case.offer_traces:
         # The fused select's offers as they ran for each of its tokens (tools/selection_cost.py), in place of
         # the offer loop's body in each chunk's and each further token's count.

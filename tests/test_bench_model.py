@@ -126,9 +126,9 @@ def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
 
 @pytest.mark.usefixtures("sass_tools")
 def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
-    # A row that one block selects returns from gather_splits at once: the model takes the published list's
-    # radix select and the merge (SelectionLoops.merge, read off the SASS) out of its count; a launch of the
-    # same variant that splits its rows keeps them.
+    # A row that one block selects returns from gather_splits at once: the model takes the published list and
+    # the merge (SelectionLoops.publish and .merge, read off the SASS) out of its count; a launch of the same
+    # variant that splits its rows in two keeps the list in every block and the merge in one of the two.
     from dataclasses import replace
 
     case = next(c for c in cases if c.family == "index_topk" and c.shape == "topk decode-512x1 128K top512")
@@ -141,8 +141,8 @@ def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
         warps = c.launch.geometry.grid * (c.launch.geometry.block // 32)
         return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
 
-    assert v.selection.merge > 1000, v.selection  # publish and merge: thousands of instructions
-    assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.merge)
+    assert v.selection.merge > 1000 and v.selection.publish > 100, v.selection  # the merge: thousands
+    assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.publish + v.selection.merge / 2)
 
 
 @pytest.mark.usefixtures("sass_tools")

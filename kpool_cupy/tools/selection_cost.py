@@ -74,11 +74,13 @@ class SelectionLoops:
     finish_radix: RadixLoops
     finish_compaction: int
     seed_radix: RadixLoops
-    # The code from the first loop after the finish's compaction (the published list's writing) to the end of
-    # the merge's compaction (gather_splits), which a row that one block selects never runs; the finish's last
-    # instructions and the splits test before that loop stay counted, and so does the few the publish runs
-    # before it (an upper bound).
+    # gather_splits, which a row that one block selects never runs: ``publish`` from the first loop after the
+    # finish's compaction (the published list's writing) to the end of the list's radix select, which every
+    # block of a split row runs; ``merge`` from there to the end of the merge's compaction, which the row's last
+    # block runs (the heads' writing and the last-block test among it: an upper bound). The finish's last
+    # instructions and the splits test before that loop stay counted.
     merge: int = 0
+    publish: int = 0
 
     def static(self) -> int:
         """What the static count holds of these loops (each body once)."""
@@ -206,7 +208,8 @@ def selection_loops(sass: str) -> SelectionLoops:
         reading.radix(finish),
         reading.size(finish_compaction),
         reading.radix(max(seed)),
-        sum(_first_loop_after(spans, finish_compaction[1]) <= i.address <= after[5][1] for i in reading.code),
+        sum(after[2][1] < i.address <= after[5][1] for i in reading.code),
+        sum(_first_loop_after(spans, finish_compaction[1]) <= i.address <= after[2][1] for i in reading.code),
     )
 
 
