@@ -11,10 +11,10 @@
 // each warp's share one contiguous run), and the block appends the ones
 // that can still be selected to a shared buffer, in order: a warp ranks its
 // candidates with one shuffle scan, the block with one barrier. When a tile
-// would not fit, the buffer and the tile are cut back together to their k best (a
-// radix select finds the k-th largest key K in four 8-bit rounds, then a
-// stable compaction keeps every key above K and the lowest-id keys equal to
-// K), and from then on only keys above K are offered: one comparison a
+// would not fit, the buffer and the tile are cut back together to their k
+// best (a radix select finds the k-th largest key K in four 8-bit rounds,
+// then a stable compaction keeps every key above K and the lowest-id keys
+// equal to K), and from then on only keys above K are offered: one comparison a
 // candidate, and a later candidate equal to K has a higher id than every
 // kept one and loses to all k of them. The buffer stays in ascending pool
 // id, so the selection comes out sorted with no sort. The order candidates
@@ -35,9 +35,10 @@ constexpr int kSelectWarps = kSelectThreads / 32;
 constexpr int kSelectPerThread = 4;  // consecutive candidates a thread takes from a chunk
 constexpr int kSelectChunk = kSelectThreads * kSelectPerThread;
 
-// A logit's place in the selection order as an unsigned key.
-// A number's key: a positive one (+0.0 included) its bits with the top one set, a negative one 0x80000000
-// less its magnitude (so -0.0 takes +0.0's key, a larger magnitude a lower key, -inf 0x00800000); NaN 0.
+// A logit's place in the selection order as an unsigned key: a positive
+// number's (+0.0 included) its bits with the top one set, a negative one's
+// 0x80000000 less its magnitude (so -0.0 takes +0.0's key, a larger
+// magnitude a lower key, -inf 0x00800000); NaN's 0.
 __device__ __forceinline__ unsigned int order_key(float logit) {
     const unsigned int bits = kp_float_to_bits(logit);
     const unsigned int magnitude = bits & 0x7fffffffu;
@@ -74,7 +75,7 @@ struct SelectTile {
 };
 
 __device__ __forceinline__ bool has_bit(unsigned int bits, int group, int entry) {
-    return (bits & (1u << (kSelectPerThread * group + entry))) != 0u;  // one LOP3 to a predicate
+    return ((bits >> (kSelectPerThread * group + entry)) & 1u) != 0u;
 }
 constexpr int kSelectWarpGroup = 32 * kSelectPerThread;  // a warp's candidates of one group
 
@@ -88,8 +89,8 @@ __device__ __forceinline__ int tile_offset(int group, int entry) {
 // (has_bit): before[j], how many of the warp's pass before this thread's
 // group j; the warp's count is returned. Every lane of the warp calls it
 // together. A thread's count in each group, a byte a group, summed over the
-// lanes below it in one scan of 5 shuffles (a group's bytes never carry: a
-// warp's group holds 128 candidates).
+// lanes below it in one scan of 5 shuffles, and the warp's from lane 31 (a
+// group's bytes never carry: a warp's group holds 128 candidates).
 template <int GROUPS>
 __device__ __forceinline__ unsigned int warp_ranks(unsigned int pass, unsigned int (&before)[GROUPS]) {
     static_assert(GROUPS <= 4, "a byte a group in one word");
