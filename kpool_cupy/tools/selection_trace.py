@@ -1,13 +1,15 @@
-"""What one block's streaming selection (kernels/kpool_select.cuh's ``select_best``) does on given logits: how many
-tiles it offers, and at which buffer fill it cuts back. The selection's result never depends on this; its cost
-does (a cut-back is a radix select over the buffer, ten tiles' worth of instructions), so
-``scripts/bench_model.py`` counts the cut-backs the benchmark's logits make instead of one at every tile.
+"""What one block's streaming selection does on given logits (kernels/kpool_select.cuh's ``select_best`` in
+kpool_index_topk; a token's offers in kpool_index_select_fp8): how many tiles it offers, and at which buffer fill
+it cuts back. The selection's result never depends on this; its cost does (a cut-back is a radix select over the
+buffer, ten tiles' worth of instructions), so ``scripts/bench_model.py`` counts the cut-backs the benchmark's
+logits make instead of one at every tile.
 
-The rule, as the kernel's comments state it: keys are ``order_key``'s; a range of more than one tile, whose last
-tile holds ``k`` candidates, starts from that tile's k-th largest key (a key at or above it is offered); each
-tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where they would not fit, the buffer and
-they are cut back to their ``k`` best and only keys above the k-th largest are offered after; after the last tile
-a buffer of more than ``k`` is cut back once more.
+The rule, as the kernels' comments state it: keys are ``order_key``'s; a selection may start from a seed's k-th
+largest key (a key at or above it is offered): select_best's range of more than one tile from its last tile's
+candidates, a fused select's token from the chunks that hold its last k; each tile's offered keys join the buffer
+(``CAP + kSelectChunk`` entries) or, where they would not fit, the buffer and they are cut back to their ``k``
+best and only keys above the k-th largest are offered after; after the last tile a buffer of more than ``k`` is
+cut back once more.
 """
 
 from __future__ import annotations
