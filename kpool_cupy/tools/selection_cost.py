@@ -1,13 +1,17 @@
-"""The instructions a thread of ``kpool_index_topk`` issues in its streaming selection (kernels/kpool_select.cuh's
-``select_best``), from the loops of its SASS and what the selection did (``tools.selection_trace``).
+"""The instructions a thread issues in the streaming selection (kernels/kpool_select.cuh): ``kpool_index_topk``'s
+``select_best`` and its split rows' merge, and ``kpool_index_select_fp8``'s offers, from the loops of the SASS and
+what the selection did (``tools.selection_trace``).
 
 A static count takes each loop's body once. The selection's loops run as often as the logits make them:
 
-    tile loop      once a tile; its cut-back (the part of its body off the path a tile takes when it is not cut
+    offer loop     once a tile; its cut-back (the part of its body off the path a tile takes when it is not cut
                    back, a radix select and a compaction among it) once a cut-back
-    radix select   four rounds, each its straight code once and its histogram loop once a 256 buffer entries
+    radix select   four rounds, each its straight code once and its histogram loop's body once for each 4 trips
+                   of 256 buffer entries (ptxas unrolls it; ``RadixLoops.unroll``)
     compaction     once a 1,024 buffer entries
     seed, finish   the radix select that starts the range from a threshold; the cut-back after the last tile
+    publish, merge a split row's list and its lists' merge (``gather_splits``), which a row that one block
+                   selects never runs
 
 so a thread's count is the static one with these loops' bodies taken out and put back as the trace ran them.
 """
