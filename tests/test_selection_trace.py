@@ -40,24 +40,34 @@ def _row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
     return normal
 
 
-def _kernel_order_keys(logits: np.ndarray) -> np.ndarray:
+def _order_key_code() -> str:
+    """tests/kernels/order_keys.cu after the selection header (and what it includes)."""
     code = kernel_source("kpool_portability.h") + kernel_source("kpool_select.cuh")
-    code += '#line 1 "tests/kernels/order_keys.cu"\n' + (ROOT / "tests" / "kernels" / "order_keys.cu").read_text()
+    return code + '#line 1 "tests/kernels/order_keys.cu"\n' + (ROOT / "tests" / "kernels" / "order_keys.cu").read_text()
+
+
+def _order_key_cases() -> np.ndarray:
+    """Logits: every sign of zero, the denormals next to it, the largest finite, the infinities, NaNs of both
+    signs and several payloads, then random bit patterns."""
+    special = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x7F7FFFFF,
+                        0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF,
+                        0x3F800000, 0xBF800000], np.uint32)  # fmt: skip
+    return np.concatenate([special, np.random.default_rng(3).integers(0, 2**32, 20_000, dtype=np.uint32)]).view(
+        np.float32
+    )
+
+
+def _kernel_order_keys(logits: np.ndarray) -> np.ndarray:
     keys = np.full(logits.size, 0xDEADBEEF, np.uint32)
-    launch_code(code, "order_keys", -(-logits.size // 256), 256, (logits, np.int64(logits.size), keys))
+    launch_code(_order_key_code(), "order_keys", -(-logits.size // 256), 256, (logits, np.int64(logits.size), keys))
     return keys
 
 
 def test_order_key_orders_logits_as_the_selection_rule_and_as_the_twin():
     # kp::order_key on the emulator: a larger logit a larger key, -0.0 the key of +0.0, every NaN (either sign,
-    # any payload) 0, below -inf; and the twin's keys bit for bit. Numbers: every sign, the denormals next to
-    # zero, the largest finite, the infinities, and random bit patterns. Seen failing with -0.0 not folded
-    # into +0.0 and with NaN keyed by its bits.
-    special = np.array([0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x7F7FFFFF,
-                        0xFF7FFFFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF,
-                        0x3F800000, 0xBF800000], np.uint32)  # fmt: skip
-    bits = np.concatenate([special, np.random.default_rng(3).integers(0, 2**32, 20_000, dtype=np.uint32)])
-    logits = bits.view(np.float32)
+    # any payload) 0, below -inf; and the twin's keys bit for bit. Seen failing with -0.0 not folded into +0.0
+    # and with NaN keyed by its bits.
+    logits = _order_key_cases()
     keys = _kernel_order_keys(logits)
     np.testing.assert_array_equal(keys, order_keys(logits))
     nan = np.isnan(logits)
@@ -67,6 +77,22 @@ def test_order_key_orders_logits_as_the_selection_rule_and_as_the_twin():
     sorted_keys = keys[~nan][order].astype(np.int64)
     steps = np.diff(sorted_keys)
     assert np.all((steps > 0) == (np.diff(numbers[order]) > 0)) and np.all(steps >= 0)  # equal only where equal
+
+
+@pytest.mark.gpu
+def test_gpu_order_key_is_the_emulators():
+    # NVRTC's build of the same text gives the emulator's keys (and so the twin's) for every case above.
+    import cupy
+
+    from kpool_cupy.kernel.sources import NVRTC_OPTIONS
+
+    logits = _order_key_cases()
+    keys = cupy.zeros(logits.size, np.uint32)
+    module = cupy.RawModule(code=_order_key_code(), options=NVRTC_OPTIONS)
+    module.get_function("order_keys")(
+        (-(-logits.size // 256),), (256,), (cupy.asarray(logits), np.int64(logits.size), keys)
+    )
+    np.testing.assert_array_equal(cupy.asnumpy(keys), _kernel_order_keys(logits))
 
 
 @pytest.mark.parametrize(
