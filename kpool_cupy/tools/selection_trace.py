@@ -86,25 +86,22 @@ def trace_offers(logits: np.ndarray, k: int, tile: int, cap: int, seed: tuple[in
     ``seed`` (first, count): it starts from the k-th largest key of those candidates (None: from none)."""
     keys = order_keys(logits)
     size = cap + SELECT_CHUNK
-    count, cut, threshold = 0, False, 0
+    cut, threshold = False, 0
     if seed is not None:
         kth = _kth_largest(keys[seed[0] : seed[0] + seed[1]], k)
         cut, threshold = kth > 0, (kth - 1) % 2**32
     buffer = np.empty(0, np.uint32)
     cuts = []
-    tiles = 0
     for first in range(0, keys.size, tile):
         part = keys[first : first + tile]
         entering = part[part > threshold] if cut else part
-        tiles += 1
-        if count + entering.size > size:
-            cuts.append(count)
-            both = np.concatenate([buffer, entering])
+        both = np.concatenate([buffer, entering])
+        if both.size > size:
+            cuts.append(buffer.size)
             threshold = _kth_largest(both, k)
             buffer = np.sort(both)[-k:]  # the k best (which of tied keys stay does not change the next fill)
-            count, cut = k, True
+            cut = True
         else:
-            buffer = np.concatenate([buffer, entering])
-            count += entering.size
-    finish = count if count > k else None
-    return SelectionTrace(tiles, seed is not None, tuple(cuts), finish)
+            buffer = both
+    finish = buffer.size if buffer.size > k else None
+    return SelectionTrace(-(-keys.size // tile), seed is not None, tuple(cuts), finish)
