@@ -113,7 +113,13 @@ from kpool_cupy.tools.sass import (  # noqa: E402
 )
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
-from kpool_cupy.tools.selection_cost import OfferLoops, SelectionLoops, offer_loop_within, selection_loops  # noqa: E402
+from kpool_cupy.tools.selection_cost import (  # noqa: E402
+    OfferLoops,
+    SelectionLoops,
+    offer_loop_span,
+    offer_loop_within,
+    selection_loops,
+)
 from kpool_cupy.tools.selection_trace import (  # noqa: E402
     SelectionTrace,
     trace_fused_select,
@@ -698,16 +704,8 @@ def offer_loop_body(sass: str) -> int:
     if len(spans) < 2:
         return 0
     _, first, last = spans[-2]  # the loop just inside the outermost around the first mma
-    instructions = parse_instructions(sass)[0]
-    _, loops = _loops(sass)
-    sizes = []
-    for start, end in loops:
-        if first <= start and end <= last and (start, end) != (first, last):
-            body = [i for i in instructions if start <= i.address <= end]
-            ops = {i.opcode[0] for i in body}
-            if "BAR" in ops and not ops & set(TENSOR_CORE):
-                sizes.append(len(body))
-    return max(sizes, default=0)
+    span = offer_loop_span(sass, (first, last))
+    return 0 if span is None else sum(span[0] <= i.address <= span[1] for i in parse_instructions(sass)[0])
 
 
 def mma_loop_body(sass: str) -> int:

@@ -221,9 +221,10 @@ def _first_loop_after(spans: list[Span], address: int) -> int:
     return min(s[0] for s in spans if s[0] > address)
 
 
-def offer_loop_within(sass: str, outer: Span) -> OfferLoops:
+def offer_loop_span(sass: str, outer: Span) -> Span | None:
     """The fused select's offer loop, the largest loop inside ``outer`` (its chunk loop) that meets a barrier and
-    holds no tensor-core instruction (its loop over a chunk's tokens, each token's offer and cut-back)."""
+    holds no tensor-core instruction (its loop over a chunk's tokens, each token's offer and cut-back); None for
+    none."""
     reading = _Reading(sass)
     candidates = [
         s
@@ -232,6 +233,12 @@ def offer_loop_within(sass: str, outer: Span) -> OfferLoops:
         and reading.barriers(s)
         and not any(s[0] <= i.address <= s[1] and i.opcode[0] in TENSOR_CORE for i in reading.code)
     ]
-    if not candidates:
+    return max(candidates, key=reading.size, default=None)
+
+
+def offer_loop_within(sass: str, outer: Span) -> OfferLoops:
+    """The fused select's offer loop inside ``outer`` (``offer_loop_span``), read as an offer loop."""
+    span = offer_loop_span(sass, outer)
+    if span is None:
         raise ValueError(f"no offer loop inside the loop at {outer[0]:#x}")
-    return reading.offer(max(candidates, key=reading.size))
+    return _Reading(sass).offer(span)
