@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from order_rows import order_row
 from selection_model import model
 
 import kpool_cupy
@@ -35,23 +36,6 @@ def _same(got, want):
         np.testing.assert_array_equal(got, want)
 
 
-def _row(rng, width: int, kind: str) -> np.ndarray:
-    if kind == "normal":
-        return rng.standard_normal(width).astype(np.float32)
-    if kind == "rising":  # every tile beats the last: a cut at every tile
-        return np.sort(rng.standard_normal(width)).astype(np.float32)
-    if kind == "falling":
-        return -np.sort(rng.standard_normal(width)).astype(np.float32)
-    if kind == "equal":  # one tie across the row: the lowest ids win
-        return np.full(width, 0.5, np.float32)
-    if kind == "nan":  # mostly NaN of both signs, a few numbers, -inf and -0.0
-        row = np.where(rng.random(width) < 0.5, np.float32(np.nan), -np.float32(np.nan))
-        numbers = rng.random(width) < 0.02
-        row[numbers] = rng.choice(np.array([1.0, -np.inf, -0.0, 0.0, 3.0], np.float32), int(numbers.sum()))
-        return row.astype(np.float32)
-    raise ValueError(kind)
-
-
 @pytest.mark.parametrize("backend", [emulate, reference], ids=["emulate", "reference"])
 def test_a_short_last_split_merges_with_the_full_ones(backend):
     # A rising row whose last split holds fewer than k candidates, the row's best: the merge must still take
@@ -70,7 +54,7 @@ def test_a_short_last_split_merges_with_the_full_ones(backend):
 @pytest.mark.parametrize("pool_topk", [7, 512])
 def test_split_rows_have_the_bits_of_one_block_rows_and_the_model(monkeypatch, kind, pool_topk):
     rng = np.random.default_rng([pool_topk, len(kind)])
-    rows = np.stack([_row(rng, 21000, kind) for _ in range(3)])
+    rows = np.stack([order_row(rng, 21000, kind) for _ in range(3)])
     logits, offsets, lengths = _one_request(rows)
     call = {"kpool": 1, "pool_topk": pool_topk, "always_select_tail": True, "compact": True}
     assert topk_splits(3, 21000, pool_topk) > 1  # the default splits these rows
@@ -121,7 +105,7 @@ def test_split_rows_are_the_same_under_the_reversed_thread_schedule(monkeypatch)
     # The split blocks, the last block's merge and the cuts share the buffer between barriers: both thread
     # orders, one answer.
     rng = np.random.default_rng(9)
-    rows = np.stack([_row(rng, 17000, kind) for kind in ("rising", "normal")])
+    rows = np.stack([order_row(rng, 17000, kind) for kind in ("rising", "normal")])
     logits, offsets, lengths = _one_request(rows)
     call = {"kpool": 1, "pool_topk": 600, "compact": True}
     want = model(logits, offsets, lengths, **call)
@@ -361,7 +345,7 @@ def test_no_order_of_a_row_costs_half_again_what_a_random_row_costs(monkeypatch,
     rng = np.random.default_rng(width + pool_topk)
     passed = {}
     for kind in ("normal", "rising", "falling", "equal", "nan"):
-        logits, offsets, lengths = _one_request(_row(rng, width, kind)[None, :])
+        logits, offsets, lengths = _one_request(order_row(rng, width, kind)[None, :])
         with recording() as launches:
             emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=pool_topk)
         (launch,) = launches

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from index_cases import index_case, rising_case
+from order_rows import order_row
 
 from kpool_cupy import emulate
 from kpool_cupy.emulator.launch import launch_code
@@ -22,22 +23,6 @@ from kpool_cupy.tools.selection_trace import ROUND_BARRIERS, order_keys, trace_f
 
 I32 = np.dtype(np.int32)
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
-    normal = rng.standard_normal(width).astype(np.float32)
-    if kind == "rising":
-        return np.sort(normal)
-    if kind == "falling":
-        return np.sort(normal)[::-1].copy()
-    if kind == "equal":
-        return np.full(width, 0.5, np.float32)
-    if kind == "nan":  # mostly NaN of both signs, some numbers: cut-backs at odd fills
-        row = np.where(rng.random(width) < 0.5, np.float32(np.nan), -np.float32(np.nan)).astype(np.float32)
-        numbers = rng.random(width) < 0.1
-        row[numbers] = normal[numbers]
-        return row
-    return normal
 
 
 def _order_key_code() -> str:
@@ -118,7 +103,7 @@ def test_the_trace_passes_the_barriers_the_emulated_kernel_passes(monkeypatch, w
     cap = max(512, 1 << (pool_topk - 1).bit_length())
     cut_back = set()
     for kind in ("normal", "rising", "falling", "equal", "nan"):
-        row = _row(rng, width, kind)
+        row = order_row(rng, width, kind)
         with recording() as launches:
             emulate.kpool_index_topk(
                 row[None, :], np.array([0, 1], np.int32), np.array([width - 1], np.int32), kpool=1,

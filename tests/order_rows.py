@@ -1,0 +1,23 @@
+"""Rows of logits in the orders a streaming selection meets (shared by the top-k tests and the selection trace's
+tests): what each order does to its cut-backs, never to its result."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
+    if kind == "normal":
+        return rng.standard_normal(width).astype(np.float32)
+    if kind == "rising":  # every tile beats the last: a cut at every tile
+        return np.sort(rng.standard_normal(width)).astype(np.float32)
+    if kind == "falling":
+        return -np.sort(rng.standard_normal(width)).astype(np.float32)
+    if kind == "equal":  # one tie across the row: the lowest ids win
+        return np.full(width, 0.5, np.float32)
+    if kind == "nan":  # mostly NaN of both signs, a few numbers, -inf and -0.0
+        row = np.where(rng.random(width) < 0.5, np.float32(np.nan), -np.float32(np.nan))
+        numbers = rng.random(width) < 0.02
+        row[numbers] = rng.choice(np.array([1.0, -np.inf, -0.0, 0.0, 3.0], np.float32), int(numbers.sum()))
+        return row.astype(np.float32)
+    raise ValueError(kind)
