@@ -225,7 +225,10 @@ def offer_loop_span(sass: str, outer: Span) -> Span | None:
     """The fused select's offer loop, the largest loop inside ``outer`` (its chunk loop) that meets a barrier and
     holds no tensor-core instruction (its loop over a chunk's tokens, each token's offer and cut-back); None for
     none."""
-    reading = _Reading(sass)
+    return _offer_span(_Reading(sass), outer)
+
+
+def _offer_span(reading: _Reading, outer: Span) -> Span | None:
     candidates = [
         s
         for s in reading.spans
@@ -238,7 +241,8 @@ def offer_loop_span(sass: str, outer: Span) -> Span | None:
 
 def offer_loop_within(sass: str, outer: Span) -> OfferLoops:
     """The fused select's offer loop inside ``outer`` (``offer_loop_span``), read as an offer loop."""
-    span = offer_loop_span(sass, outer)
+    reading = _Reading(sass)
+    span = _offer_span(reading, outer)
     if span is None:
         raise ValueError(f"no offer loop inside the loop at {outer[0]:#x}")
-    return _Reading(sass).offer(span)
+    return reading.offer(span)
