@@ -10,10 +10,12 @@
 // One block per token and split of its candidates (splits from the host:
 // ops/families/split_selection.py; the last of a token's blocks merges,
 // kpool_select.cuh). A token with at most pool_topk candidates reads no
-// logit; any other reads each of its logits once (kp::select_best), a tile
-// of kTopkGroups 16-byte loads a thread in flight together, so the logits
-// are read from global memory once whatever the context length, with shared
-// memory bounded by CAP (the largest pool_topk an instantiation takes).
+// logit; any other reads a sample of a tile's worth and then each of its
+// logits once (kp::select_best), a tile of kTopkGroups 16-byte loads a
+// thread in flight together, so the logits are read from global memory once
+// whatever the context length (the sample's sectors again from L2), with
+// shared memory bounded by CAP (the largest pool_topk an instantiation
+// takes).
 //
 // Every index may be garbage when the caller skipped validation: a token
 // outside its request's rows has no candidate, no logit past

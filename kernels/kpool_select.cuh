@@ -6,7 +6,7 @@
 // order_key maps a logit to an unsigned key with exactly that order (NaN
 // 0), so the rule is: larger key first, then lower pool id.
 //
-// Streaming, one read of each logit: candidates arrive in ascending pool id,
+// Streaming, each logit offered once: candidates arrive in ascending pool id,
 // a tile at a time in registers (SelectTile: GROUPS groups of 4 a thread,
 // each warp's share one contiguous run), and the block appends the ones
 // that can still be selected to a shared buffer, in order: a warp ranks its
@@ -19,10 +19,11 @@
 // kept one and loses to all k of them. The buffer stays in ascending pool
 // id, so the selection comes out sorted with no sort. The order candidates
 // arrive in changes how often a cut comes, never the result; select_best
-// starts a long range from its last tile's k-th largest key, so logits that
-// rise with pool id do not cut back at every tile. A warp whose keys
-// share a digit adds them to the histogram at once, so equal, NaN or
-// slowly rising keys do not queue a whole warp on one bin.
+// starts a long range from a threshold its sample sets (a tile's worth,
+// read first), so a range cuts back once, at its end, however its logits
+// rise with pool id. A warp whose keys share a digit adds them to the
+// histogram at once, so equal, NaN or slowly rising keys do not queue a
+// whole warp on one bin.
 #ifndef KPOOL_SELECT_CUH
 #define KPOOL_SELECT_CUH
 
@@ -152,16 +153,19 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
 }
 
 // The k-th largest key among the buffer's count keys and the tile's entering
-// ones (more than k in all): *greater, how many of them lie above it. Four
+// ones (more than k in all): *greater, how many of them lie above it. ROUNDS
 // rounds of an 8-bit histogram over the keys that match the digits found so
-// far.
-template <int CAP, int GROUPS>
+// far: with 4 the key itself, with fewer its top 8 ROUNDS bits (the rest 0,
+// a key at or below it; *greater then counts the keys above that prefix's
+// range).
+template <int CAP, int GROUPS, int ROUNDS = 4>
 __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count,
                                                         const SelectTile<GROUPS>& tile, int k,
                                                         unsigned int* greater) {
+    static_assert(ROUNDS >= 1 && ROUNDS <= 4, "8-bit rounds of a 32-bit key");
     unsigned int prefix = 0u, prefix_mask = 0u;
     unsigned int wanted = static_cast<unsigned int>(k);  // the rank still to find among the matching keys
-    for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int shift = 24; shift >= 32 - 8 * ROUNDS; shift -= 8) {
         buffer.histogram[threadIdx.x] = 0u;  // kSelectThreads == 256 bins
         __syncthreads();
         for (int base = 0; base < count; base += kSelectThreads) {  // the same trips in every thread
@@ -383,21 +387,55 @@ __device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long fi
         for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = order_key(logits[j][e]);
 }
 
+// load_tile of a sample: for each of the tile's groups of 4 (t its
+// tile_offset), candidates first + stride t .. + 3 of those below first +
+// count, entering where they are.
+template <int GROUPS, typename LoadLogits>
+__device__ __forceinline__ void load_sample(SelectTile<GROUPS>& tile, long long first, long long count,
+                                            long long stride, LoadLogits& load_logits) {
+    float logits[GROUPS][kSelectPerThread];
+    tile.enter = 0u;
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j) {
+        const long long left = count - stride * tile_offset<GROUPS>(j, 0);
+        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread);
+        load_logits(first + stride * tile_offset<GROUPS>(j, 0), logits[j], mine);
+        tile.enter |= ((1u << mine) - 1u) << (kSelectPerThread * j);
+    }
+#pragma unroll
+    for (int j = 0; j < GROUPS; ++j)
+#pragma unroll
+        for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = order_key(logits[j][e]);
+}
+
 // A selection's start from a threshold: the k-th largest key of the
 // buffer's first `kept` keys and the tile's entering candidates (k of them
-// or more, all among the selection's), a lower bound on the selection's
-// k-th largest, so only keys at or above it are offered until the first
-// cut-back sets the exact one. The buffer holds no candidate after (the
-// kept keys were a scratch copy); its histogram serves the radix select.
-// Every thread of the block calls it together; `state` comes out the same
-// in every thread.
-template <int CAP, int GROUPS>
+// or more, all among the selection's), or with ROUNDS < 4 that key's top 8
+// ROUNDS bits, a lower bound on the selection's k-th largest, so only keys
+// at or above it are offered until the first cut-back sets the exact one.
+// The buffer holds no candidate after (the kept keys were a scratch copy);
+// its histogram serves the radix select. Every thread of the block calls it
+// together; `state` comes out the same in every thread.
+template <int CAP, int GROUPS, int ROUNDS = 4>
 __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int kept, const SelectTile<GROUPS>& tile,
                                                int k, SelectState& state) {
     unsigned int greater;
-    const unsigned int seed = kth_largest_key(buffer, kept, tile, k, &greater);
+    const unsigned int seed = kth_largest_key<CAP, GROUPS, ROUNDS>(buffer, kept, tile, k, &greater);
     state.cut = seed > 0u;  // a key above seed - 1: at or above the seed
     state.threshold = seed - 1u;
+}
+
+// The rank in a sample of `sampled` of a range's `count` candidates whose
+// key starts select_best: the share of k the sample holds on average, e,
+// and 5 sqrt(e) more (5 standard deviations of a random sample's count, or
+// more). On logits in no order tied to the sample, the range then holds
+// fewer than k keys at or above that rank's key with the chance that a
+// random sample holds that rank of its k best: 3 in 10 million at 32,768
+// candidates and k 512, at most 1 in 100,000 at the shapes the model counts
+// (a hypergeometric tail); then select_best offers the range again.
+__device__ __forceinline__ long long sample_rank(int k, long long sampled, long long count) {
+    const long long share = (static_cast<long long>(k) * sampled + count - 1) / count;
+    return share + static_cast<long long>(ceilf(5.0f * sqrtf(static_cast<float>(share))));
 }
 
 // The k best of candidates lo .. hi - 1, a tile of GROUPS * kSelectChunk at
@@ -407,41 +445,52 @@ __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int ke
 // loads of a tile are issued together. Leaves min(hi - lo, k) entries in the
 // buffer.
 //
-// A range of more than one tile starts from a threshold: the k-th largest
-// key K_s of its last tile's candidates (read again at the end, from L2).
-// The range holds at least k keys at or above K_s, so its k-th largest is no
-// lower, and a key below K_s is never selected: only keys at or above it are
-// offered until the first cut-back sets the exact one. Logits that rise with
-// pool id then cut back about twice a range instead of at every tile; other
-// orders pay one radix select more.
+// A range of more than one tile starts from a threshold taken from a sample
+// of its candidates: every stride-th group of 4 (a tile's worth, spread over
+// the range, read again later from L2), and in it the key of sample_rank
+// (the range's k-th largest key's place in the sample, and a margin), its
+// top 16 bits (two radix rounds). Only keys at or above it are offered: on
+// random logits about k + 5 sqrt(k / stride) stride of them, fewer than the
+// buffer holds, so a range cuts back only once, at its end, in whatever
+// order its logits rise. When fewer than k keys of the range reach the
+// threshold (no cut-back came and the buffer holds fewer than k), the
+// sample was not like the range, and the range is offered again from no
+// threshold: the same result, the range's cost twice.
 template <int CAP, int GROUPS, typename LoadLogits>
 __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long lo, long long hi, int k,
                                                    LoadLogits load_logits) {
     constexpr int kTile = GROUPS * kSelectChunk;
+    constexpr int kSampleGroups = kTile / kSelectPerThread;  // groups of 4 a sample takes at most
     SelectState state;
-    // The kTile candidates from the last multiple of 4 past lo that leaves a whole tile; only with k of them.
-    const long long seed_first = lo + (hi - kTile - lo) / 4 * 4;
-    const long long seed_count = hi - seed_first < kTile ? hi - seed_first : kTile;
-    if (hi - lo > kTile && seed_count >= k) {
-        const long long first = seed_first;
-        const int count = static_cast<int>(seed_count);
-        SelectTile<GROUPS> tile;
-        load_tile(tile, first, count, load_logits);
-        tile.enter = 0u;
-#pragma unroll
-        for (int j = 0; j < GROUPS; ++j)
-#pragma unroll
-            for (int e = 0; e < kSelectPerThread; ++e)
-                tile.enter |= static_cast<unsigned int>(tile_offset<GROUPS>(j, e) < count) << (kSelectPerThread * j + e);
-        start_from_kth(buffer, 0, tile, k, state);
+    bool seeded = false;
+    if (hi - lo > kTile) {
+        const long long count = hi - lo;
+        const long long groups = (count + kSelectPerThread - 1) / kSelectPerThread;
+        const long long stride = (groups + kSampleGroups - 1) / kSampleGroups;  // 2 or more
+        const long long used = (groups + stride - 1) / stride;                    // groups sampled
+        const long long last = kSelectPerThread * stride * (used - 1);           // the last one's first candidate
+        const long long sampled =
+            kSelectPerThread * (used - 1) + (count - last < kSelectPerThread ? count - last : kSelectPerThread);
+        const long long rank = sample_rank(k, sampled, count);
+        if (rank <= sampled) {  // the same in every thread
+            SelectTile<GROUPS> tile;
+            load_sample(tile, lo, count, stride, load_logits);
+            start_from_kth<CAP, GROUPS, 2>(buffer, 0, tile, static_cast<int>(rank), state);
+            seeded = state.cut;
+        }
     }
-    for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
-        const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;
-        SelectTile<GROUPS> tile;
-        load_tile(tile, tile_first, count, load_logits);
-        offer_tile(buffer, state, tile, count, k, [tile_first](int j, int e) {
-            return static_cast<int>(tile_first + tile_offset<GROUPS>(j, e));
-        });
+    for (;;) {  // twice only when the seed was above the range's k-th largest key
+        for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
+            const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;
+            SelectTile<GROUPS> tile;
+            load_tile(tile, tile_first, count, load_logits);
+            offer_tile(buffer, state, tile, count, k, [tile_first](int j, int e) {
+                return static_cast<int>(tile_first + tile_offset<GROUPS>(j, e));
+            });
+        }
+        if (!seeded || state.count >= k) break;  // the same in every thread
+        state = SelectState();
+        seeded = false;
     }
     finish_selection(buffer, state, k);
     return state;

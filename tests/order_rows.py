@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kpool_cupy.ops.index_topk import TOPK_TILE
+from kpool_cupy.tools.selection_trace import sample_positions
+
 
 def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
     if kind == "normal":
@@ -20,4 +23,10 @@ def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
         numbers = rng.random(width) < 0.02
         row[numbers] = rng.choice(np.array([1.0, -np.inf, -0.0, 0.0, 3.0], np.float32), int(numbers.sum()))
         return row.astype(np.float32)
+    if kind == "sampled-high":  # the logits select_best samples above all others: its seed fails, it starts again
+        row = rng.standard_normal(width).astype(np.float32)
+        if width > TOPK_TILE:
+            sampled = sample_positions(width, TOPK_TILE)
+            row[sampled] = 10 + rng.random(sampled.size).astype(np.float32)
+        return row
     raise ValueError(kind)

@@ -111,17 +111,32 @@ def test_the_decode_step_is_predicted_latency_bound(model, cases):
 
 @pytest.mark.usefixtures("sass_tools")
 def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
-    # kpool_index_topk's rows count select_best's loops as the benchmark's logits run them (topk_traces): the
-    # random row's blocks cut back and run radix selects the rising row's never need (its seed holds), so the
-    # same launch must issue fewer instructions on the rising row. A count of the tile loop's whole body a tile,
-    # cut-back and all, made them equal.
+    # kpool_index_topk's rows count select_best's loops as the benchmark's logits run them (topk_traces): a tile
+    # not cut back costs the tile loop's path, a cut-back its own code, radix select and compaction, a range
+    # offered again its tiles twice. A count of the tile loop's whole body a tile, cut-back and all, made a row
+    # that cuts back cost what one that does not costs. The random and rising rows both start from their sample's
+    # threshold, cut back only at their end, and so cost the same.
+    from dataclasses import replace
+
+    from kpool_cupy.tools.selection_trace import SelectionTrace
+
     rows = {case.shape: case for case in cases if case.family == "index_topk"}
     random, rising = rows["topk decode-512x1 128K top512"], rows["topk rising decode-512x1 128K top512"]
     assert random.launch.instance == rising.launch.instance
-    assert all(trace.cuts or trace.finish is not None for trace in random.traces), random.traces
-    assert not any(trace.cuts or trace.finish is not None for trace in rising.traces), rising.traces
+    for trace in random.traces + rising.traces:
+        assert trace.seeded and not trace.cuts and trace.finish is not None and trace.tiles == 8, trace
     v = model.variant(random.launch.kernel.source, random.launch.instance)
-    assert model.predict(rising, v).issue_us < model.predict(random, v).issue_us
+
+    def per_thread(traces):
+        c = replace(random, traces=traces)
+        warps = c.launch.geometry.grid * (c.launch.geometry.block // 32)
+        return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
+
+    offer = v.selection.offer
+    plain = SelectionTrace(8, True, (), 850, 2)
+    cut = offer.cut_straight + offer.radix.issued(1500) + 2 * offer.compaction
+    assert per_thread((replace(plain, cuts=(1500,)),)) - per_thread((plain,)) == pytest.approx(cut)
+    assert per_thread((replace(plain, tiles=16),)) - per_thread((plain,)) == pytest.approx(8 * offer.path)
 
 
 @pytest.mark.usefixtures("sass_tools")

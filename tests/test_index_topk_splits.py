@@ -50,7 +50,7 @@ def test_a_short_last_split_merges_with_the_full_ones(backend):
     np.testing.assert_array_equal(got[0], np.arange(width - k, width))
 
 
-@pytest.mark.parametrize("kind", ["normal", "rising", "falling", "equal", "nan"])
+@pytest.mark.parametrize("kind", ["normal", "rising", "falling", "equal", "nan", "sampled-high"])
 @pytest.mark.parametrize("pool_topk", [7, 512])
 def test_split_rows_have_the_bits_of_one_block_rows_and_the_model(monkeypatch, kind, pool_topk):
     rng = np.random.default_rng([pool_topk, len(kind)])

@@ -102,7 +102,7 @@ def test_the_trace_passes_the_barriers_the_emulated_kernel_passes(monkeypatch, w
     rng = np.random.default_rng(width + pool_topk)
     cap = max(512, 1 << (pool_topk - 1).bit_length())
     cut_back = set()
-    for kind in ("normal", "rising", "falling", "equal", "nan"):
+    for kind in ("normal", "rising", "falling", "equal", "nan", "sampled-high"):
         row = order_row(rng, width, kind)
         with recording() as launches:
             emulate.kpool_index_topk(
@@ -136,8 +136,9 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     assert radix.issued(256 * radix.unroll + 1) - radix.issued(1) == 4 * radix.histogram, radix
     row = np.sort(np.random.default_rng(0).standard_normal(32_768).astype(np.float32))
     trace = trace_select_best(row, 512, TOPK_TILE, cap)
-    assert not trace.cuts and trace.finish is None and trace.seeded, trace
-    assert loops.issued(trace) == trace.tiles * offer.path + 4 * loops.seed_radix.rounds
+    assert not trace.cuts and trace.finish is not None and trace.seeded and trace.seed_rounds == 2, trace
+    finish = loops.finish_radix.issued(trace.finish) + -(-trace.finish // 1024) * loops.finish_compaction
+    assert loops.issued(trace) == trace.tiles * offer.path + 2 * loops.seed_radix.rounds + finish
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")

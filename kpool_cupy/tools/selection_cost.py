@@ -9,7 +9,8 @@ A static count takes each loop's body once. The selection's loops run as often a
     radix select   four rounds, each its straight code once and its histogram loop's body once for each 4 trips
                    of 256 buffer entries (ptxas unrolls it; ``RadixLoops.unroll``)
     compaction     once a 1,024 buffer entries
-    seed, finish   the radix select that starts the range from a threshold; the cut-back after the last tile
+    seed, finish   the radix select that starts the range from a threshold (two rounds in select_best); the
+                   cut-back after the last tile
     publish, merge a split row's list and its lists' merge (``gather_splits``), which a row that one block
                    selects never runs
 
@@ -39,13 +40,13 @@ class RadixLoops:
     histogram: int
     unroll: int = 1
 
-    def issued(self, count: int) -> int:
-        """Its instructions over a buffer of ``count`` entries: the histogram loop's body once for each
-        ``unroll`` trips or part (the part left over taken as a whole body, with the rounds' own code whole:
-        an upper bound)."""
+    def issued(self, count: int, rounds: int = RADIX_ROUNDS) -> int:
+        """Its instructions over a buffer of ``count`` entries in ``rounds`` rounds: the histogram loop's body
+        once for each ``unroll`` trips or part (the part left over taken as a whole body, with the rounds' own
+        code whole: an upper bound)."""
         trips = -(-count // SELECT_THREADS)
         bodies = -(-trips // self.unroll)
-        return RADIX_ROUNDS * (self.rounds - self.histogram + bodies * self.histogram)
+        return rounds * (self.rounds - self.histogram + bodies * self.histogram)
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class SelectionLoops:
         if trace.finish is not None:
             total += self.finish_radix.issued(trace.finish) + _chunks(trace.finish) * self.finish_compaction
         if trace.seeded:
-            total += self.seed_radix.issued(0)
+            total += self.seed_radix.issued(0, trace.seed_rounds)
         return total
 
 
@@ -153,6 +154,11 @@ class _Reading:
     def within(self, span: Span) -> list[Span]:
         return sorted(s for s in self.spans if _inside(s, span))
 
+    def direct(self, span: Span) -> list[Span]:
+        """The loops inside ``span`` and inside no other loop there."""
+        inner = self.within(span)
+        return [s for s in inner if not any(_inside(s, o) for o in inner)]
+
     def radix(self, rounds: Span) -> RadixLoops:
         inner = self.within(rounds)
         if len(inner) > 1:
@@ -192,14 +198,16 @@ class _Reading:
 
 
 def selection_loops(sass: str) -> SelectionLoops:
-    """select_best's loops in ``sass`` (kpool_index_topk's): the tile loop, the kernel's largest, is an offer
-    loop (``_Reading.offer``); the seed's rounds loop is the last loop with a barrier before it; after it the
-    outermost loops with a barrier are the finish's rounds and compaction, then gather_splits's: the published
-    list's radix select, the merge's tile loop, its finish's rounds and compaction. A ValueError where the code
-    has another shape."""
+    """select_best's loops in ``sass`` (kpool_index_topk's): the tile loop, the kernel's largest (or the one loop
+    directly inside it: that one offers a range again), is an offer loop (``_Reading.offer``); the seed's rounds
+    loop is the last loop with a barrier before it; after it the outermost loops with a barrier are the finish's
+    rounds and compaction, then gather_splits's: the published list's radix select, the merge's tile loop, its
+    finish's rounds and compaction. A ValueError where the code has another shape."""
     reading = _Reading(sass)
     spans, within = reading.spans, reading.within
     tile = max(spans, key=reading.size)
+    while len(direct := reading.direct(tile)) == 1:  # select_best's loop that offers the range again holds it
+        tile = direct[0]
     seed = [s for s in spans if s[1] < tile[0] and reading.barriers(s)]
     outermost = [s for s in sorted(spans) if not any(_inside(s, o) for o in spans)]
     after = [s for s in outermost if s[0] > tile[1] and reading.barriers(s)]

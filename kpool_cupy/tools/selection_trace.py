@@ -4,12 +4,13 @@ it cuts back. The selection's result never depends on this; its cost does (a cut
 buffer, ten tiles' worth of instructions), so ``scripts/bench_model.py`` counts the cut-backs the benchmark's
 logits make instead of one at every tile.
 
-The rule, as the kernels' comments state it: keys are ``order_key``'s; a selection may start from a seed's k-th
-largest key (a key at or above it is offered): select_best's range of more than one tile from its last tile's
-candidates, a fused select's token from the chunks that hold its last k; each tile's offered keys join the buffer
-(``CAP + kSelectChunk`` entries) or, where they would not fit, the buffer and they are cut back to their ``k``
-best and only keys above the k-th largest are offered after; after the last tile a buffer of more than ``k`` is
-cut back once more.
+The rule, as the kernels' comments state it: keys are ``order_key``'s; a selection may start from a seed's key (a
+key at or above it is offered): select_best's range of more than one tile from a sample of it (every stride-th
+group of 4, a tile's worth: the top 16 bits of its ``sample_rank``-th largest key, and the range offered again
+from no seed when fewer than k of its keys reach that), a fused select's token from the k-th largest key of the
+chunks that hold its last k; each tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where
+they would not fit, the buffer and they are cut back to their ``k`` best and only keys above the k-th largest are
+offered after; after the last tile a buffer of more than ``k`` is cut back once more.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import numpy as np
 SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates of one group a block (256 threads x 4)
 SELECT_THREADS = 256  # kp::kSelectThreads: a histogram round's entries a trip
 RADIX_ROUNDS = 4  # kth_largest_key's 8-bit rounds over a 32-bit key
+SAMPLE_ROUNDS = 2  # select_best's seed: the top 16 bits of its sample's key
+SAMPLE_SPREAD = 5  # sample_rank's standard deviations of margin
 SEED_CHUNKS = 3  # kpool_index_select.cu's kSeedChunks: a row this many seeds' worth takes a seed
 ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's two, the digit found and read
 
@@ -39,14 +42,15 @@ def _kth_largest(keys: np.ndarray, k: int) -> int:
 
 @dataclass(frozen=True)
 class SelectionTrace:
-    """One range's selection: ``tiles`` offered; ``seeded`` when it started from a threshold (a radix select over
-    a tile, no buffer); ``cuts`` the buffer's count at each cut-back in a tile's offer, ``finish`` at the cut
-    after the last tile (None: none)."""
+    """One range's selection: ``tiles`` offered (a range offered again counted twice); ``seeded`` when it started
+    from a threshold (a radix select of ``seed_rounds`` rounds over a tile, no buffer); ``cuts`` the buffer's count
+    at each cut-back in a tile's offer, ``finish`` at the cut after the last tile (None: none)."""
 
     tiles: int
     seeded: bool
     cuts: tuple[int, ...]
     finish: int | None
+    seed_rounds: int = RADIX_ROUNDS
 
     def barriers(self) -> int:
         """The block-wide barriers it passes (kernels/kpool_select.cuh): a radix select ROUND_BARRIERS a round;
@@ -56,18 +60,46 @@ class SelectionTrace:
         def cut(count: int) -> int:
             return RADIX_ROUNDS * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + 2
 
-        seed = RADIX_ROUNDS * ROUND_BARRIERS if self.seeded else 0
+        seed = self.seed_rounds * ROUND_BARRIERS if self.seeded else 0
         offers = 2 * (self.tiles - len(self.cuts)) + sum(1 + cut(count) for count in self.cuts)
         return seed + offers + (cut(self.finish) if self.finish is not None else 0)
 
 
+def sample_rank(k: int, sampled: int, count: int) -> int:
+    """kp::sample_rank: the share of k that ``sampled`` of ``count`` candidates hold on average, rounded up, and
+    SAMPLE_SPREAD square roots of it more (float32's square root, rounded up)."""
+    share = -(-k * sampled // count)
+    return share + int(np.ceil(np.float32(SAMPLE_SPREAD) * np.sqrt(np.float32(share))))
+
+
+def sample_positions(count: int, tile: int) -> np.ndarray:
+    """The candidates select_best samples of a range of ``count`` (more than a tile of ``tile``): the first of
+    every stride-th group of 4, stride the fewest that leaves ``tile`` / 4 groups or fewer, and the next 3."""
+    groups = -(-count // 4)
+    stride = -(-groups // (tile // 4))
+    first = 4 * stride * np.arange(-(-groups // stride))
+    positions = (first[:, None] + np.arange(4)).ravel()
+    return positions[positions < count]
+
+
 def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> SelectionTrace:
     """select_best over one range of ``logits`` (float32, ascending pool id) at ``pool_topk`` k, ``tile``
-    candidates a tile (kTile) and a buffer for ``cap``: seeded from the last whole tile's candidates (from the
-    last multiple of 4 that leaves one) where the range holds more than a tile and they number k."""
-    seed_first = (logits.size - tile) // 4 * 4
-    seeded = logits.size > tile and min(logits.size - seed_first, tile) >= k
-    return trace_offers(logits, k, tile, cap, (seed_first, tile) if seeded else None)
+    candidates a tile (kTile) and a buffer for ``cap``: a range of more than a tile seeded from its sample
+    (``sample_positions``) where that holds ``sample_rank`` keys, and offered again from no seed where fewer than
+    k keys reach the seed."""
+    keys = order_keys(logits)
+    tiles = -(-keys.size // tile)
+    sample = keys[sample_positions(keys.size, tile)] if keys.size > tile else keys[:0]
+    rank = sample_rank(k, sample.size, keys.size) if sample.size else 0
+    if not 0 < rank <= sample.size:
+        return SelectionTrace(tiles, False, *_offers(keys, k, tile, cap, None))
+    seed = _kth_largest(sample, rank) & 0xFFFF0000
+    threshold = seed - 1 if seed > 0 else None  # a seed of 0: every key is offered
+    cuts, finish = _offers(keys, k, tile, cap, threshold)
+    if threshold is not None and not cuts and int(np.count_nonzero(keys >= seed)) < k:
+        cuts, finish = _offers(keys, k, tile, cap, None)  # fewer than k reached the seed: again from none
+        tiles *= 2
+    return SelectionTrace(tiles, True, cuts, finish, SAMPLE_ROUNDS)
 
 
 def trace_fused_select(logits: np.ndarray, k: int, cap: int) -> SelectionTrace:
@@ -85,23 +117,27 @@ def trace_offers(logits: np.ndarray, k: int, tile: int, cap: int, seed: tuple[in
     """A streaming selection over ``logits`` at k, a tile of ``tile`` candidates an offer, a buffer for ``cap``;
     ``seed`` (first, count): it starts from the k-th largest key of those candidates (None: from none)."""
     keys = order_keys(logits)
-    size = cap + SELECT_CHUNK
-    cut, threshold = False, 0
+    threshold = None
     if seed is not None:
         kth = _kth_largest(keys[seed[0] : seed[0] + seed[1]], k)
-        cut, threshold = kth > 0, (kth - 1) % 2**32
+        threshold = kth - 1 if kth > 0 else None
+    return SelectionTrace(-(-keys.size // tile), seed is not None, *_offers(keys, k, tile, cap, threshold))
+
+
+def _offers(keys: np.ndarray, k: int, tile: int, cap: int, threshold: int | None) -> tuple[tuple[int, ...], int | None]:
+    """The cut-backs' buffer fills and the finish's of offering ``keys`` a tile at a time, only those above
+    ``threshold`` (None: every one) until the first cut-back."""
+    size = cap + SELECT_CHUNK
     buffer = np.empty(0, np.uint32)
     cuts = []
     for first in range(0, keys.size, tile):
         part = keys[first : first + tile]
-        entering = part[part > threshold] if cut else part
+        entering = part if threshold is None else part[part > threshold]
         both = np.concatenate([buffer, entering])
         if both.size > size:
             cuts.append(buffer.size)
             threshold = _kth_largest(both, k)
             buffer = np.sort(both)[-k:]  # the k best (which of tied keys stay does not change the next fill)
-            cut = True
         else:
             buffer = both
-    finish = buffer.size if buffer.size > k else None
-    return SelectionTrace(-(-keys.size // tile), seed is not None, tuple(cuts), finish)
+    return tuple(cuts), buffer.size if buffer.size > k else None
