@@ -391,15 +391,17 @@ __device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long fi
 // tile_offset), candidates first + stride t .. + 3 of those below first +
 // count, entering where they are.
 template <int GROUPS, typename LoadLogits>
-__device__ __forceinline__ void load_sample(SelectTile<GROUPS>& tile, long long first, long long count,
-                                            long long stride, LoadLogits& load_logits) {
+__device__ __forceinline__ void load_sample(SelectTile<GROUPS>& tile, long long first, unsigned int count,
+                                            unsigned int stride, LoadLogits& load_logits) {
     float logits[GROUPS][kSelectPerThread];
     tile.enter = 0u;
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
-        const long long left = count - stride * tile_offset<GROUPS>(j, 0);
-        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread);
-        load_logits(first + stride * tile_offset<GROUPS>(j, 0), logits[j], mine);
+        // Below count + 4,096 (the tile's last group 4 x 1,023 strides on), under 2^32: no wrap.
+        const unsigned int at = stride * static_cast<unsigned int>(tile_offset<GROUPS>(j, 0));
+        const unsigned int left = at < count ? count - at : 0u;
+        const int mine = left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread;
+        load_logits(first + at, logits[j], mine);
         tile.enter |= ((1u << mine) - 1u) << (kSelectPerThread * j);
     }
 #pragma unroll
@@ -433,9 +435,9 @@ __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int ke
 // random sample holds that rank of its k best: 3 in 10 million at 32,768
 // candidates and k 512, at most 1 in 100,000 at the shapes the model counts
 // (a hypergeometric tail); then select_best offers the range again.
-__device__ __forceinline__ long long sample_rank(int k, long long sampled, long long count) {
-    const long long share = (static_cast<long long>(k) * sampled + count - 1) / count;
-    return share + static_cast<long long>(ceilf(5.0f * sqrtf(static_cast<float>(share))));
+__device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int sampled, unsigned int count) {
+    const unsigned int share = (k * sampled + count - 1u) / count;  // k, sampled <= 4,096
+    return share + static_cast<unsigned int>(ceilf(5.0f * sqrtf(static_cast<float>(share))));
 }
 
 // The k best of candidates lo .. hi - 1, a tile of GROUPS * kSelectChunk at
@@ -464,14 +466,15 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
     SelectState state;
     bool seeded = false;
     if (hi - lo > kTile) {
-        const long long count = hi - lo;
-        const long long groups = (count + kSelectPerThread - 1) / kSelectPerThread;
-        const long long stride = (groups + kSampleGroups - 1) / kSampleGroups;  // 2 or more
-        const long long used = (groups + stride - 1) / stride;                    // groups sampled
-        const long long last = kSelectPerThread * stride * (used - 1);           // the last one's first candidate
-        const long long sampled =
-            kSelectPerThread * (used - 1) + (count - last < kSelectPerThread ? count - last : kSelectPerThread);
-        const long long rank = sample_rank(k, sampled, count);
+        // In 32 bits: a range is at most a row of logits, whose pool ids are int32.
+        const unsigned int count = static_cast<unsigned int>(hi - lo);
+        const unsigned int groups = (count + kSelectPerThread - 1u) / kSelectPerThread;
+        const unsigned int stride = (groups + kSampleGroups - 1u) / kSampleGroups;  // 2 or more
+        const unsigned int used = (groups + stride - 1u) / stride;                   // groups sampled
+        const unsigned int last = kSelectPerThread * stride * (used - 1u);          // the last one's first candidate
+        const unsigned int sampled =
+            kSelectPerThread * (used - 1u) + (count - last < kSelectPerThread ? count - last : kSelectPerThread);
+        const unsigned int rank = sample_rank(static_cast<unsigned int>(k), sampled, count);
         if (rank <= sampled) {  // the same in every thread
             SelectTile<GROUPS> tile;
             load_sample(tile, lo, count, stride, load_logits);
