@@ -559,6 +559,29 @@ __device__ __forceinline__ void pool8(MemberRows member_rows, const float* ape, 
     for (int c = 0; c < kChannelsPerThread; ++c) result[c] = channels[c].value();
 }
 
+// A divisor d (1 <= d <= 2^31) with what turns a division by it into a
+// multiply and a shift, worked out once a block: for every n < 2^31,
+// floor(n / d) = floor(n m / 2^p), where l = ceil(log2 d), p = 31 + l and
+// m = ceil(2^p / d) (below 2^32: d > 2^(l - 1)). Why it is exact: m d = 2^p +
+// e with 0 <= e < d <= 2^l, so n m / 2^p = n / d + n e / (d 2^p), and
+// n e < 2^(31 + l) = 2^p keeps the second term below 1 / d, which the first's
+// fraction (at most (d - 1) / d) cannot pass 1 with. Pool ids below a reach
+// (at most 2^31 - 1), a row's columns and an int32 position are such n.
+struct Divisor {
+    unsigned int size;        // d
+    unsigned int multiplier;  // m (p follows from d: two registers live, not three)
+
+    __device__ __forceinline__ unsigned int quotient(unsigned int n) const {
+        const int shift = 63 - __clz(static_cast<int>(size - 1u));  // p = 31 + l; d = 1: clz(0) = 32
+        return static_cast<unsigned int>(static_cast<unsigned long long>(n) * multiplier >> shift);
+    }
+};
+
+__device__ __forceinline__ Divisor divisor_of(unsigned int d) {
+    const unsigned int l = static_cast<unsigned int>(32 - __clz(static_cast<int>(d - 1u)));
+    return Divisor{d, static_cast<unsigned int>(((1ull << (31u + l)) + d - 1ull) / d)};
+}
+
 }  // namespace kp
 
 #endif  // KPOOL_COMMON_CUH

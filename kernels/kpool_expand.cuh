@@ -165,10 +165,10 @@ __device__ __forceinline__ ExpandRow block_expand_row(bool needed, long long tok
 struct ExpandTarget {
     const int* block_table;
     long long max_blocks, table_stride;
-    unsigned int block_size;
+    Divisor block_size;         // 1 without PAGED
     unsigned int width;         // columns of the row
     unsigned int pool_columns;  // pool_topk * kpool: the columns before the tail's
-    unsigned int kpool;
+    Divisor kpool;
     long long max_pool;  // the largest pool id whose positions all fit int32
     int max_entry;       // the largest table entry whose slots all fit int32
     // Whether a run inside the pool columns lies in one pool and one page: kpool and (PAGED) block_size
@@ -186,10 +186,10 @@ __device__ __forceinline__ ExpandTarget expand_target(const int* block_table, lo
     return ExpandTarget{block_table,
                         max_blocks,
                         table_stride,
-                        size,
+                        divisor_of(size),
                         static_cast<unsigned int>(width),
                         static_cast<unsigned int>(pool_columns),
-                        per_pool,
+                        divisor_of(per_pool),
                         (2147483647u - (per_pool - 1)) / per_pool,
                         static_cast<int>((2147483647u - (size - 1)) / size),
                         per_pool % kExpandRun == 0 && (!PAGED || size % kExpandRun == 0)};
@@ -217,7 +217,7 @@ __device__ __forceinline__ void run_pools(ExpandRun<ID>& run, const ExpandTarget
 #pragma unroll
     for (int r = 0; r < kExpandRun; ++r) {
         const unsigned int c = run.first + r;
-        run.pool[r] = (r == 0 || !run.one) && c < t.pool_columns ? pool_of(c / t.kpool) : static_cast<ID>(-1);
+        run.pool[r] = (r == 0 || !run.one) && c < t.pool_columns ? pool_of(t.kpool.quotient(c)) : static_cast<ID>(-1);
     }
 }
 
@@ -230,7 +230,8 @@ __device__ __forceinline__ int run_position(const ExpandRun<ID>& run, int r, con
     const unsigned int c = run.first + r;
     if (c < t.pool_columns) {
         const long long pool = signed_index(run.pool[r]);
-        return pool >= 0 && pool <= t.max_pool ? static_cast<int>(static_cast<unsigned int>(pool) * t.kpool + c % t.kpool)
+        const unsigned int member = c - t.kpool.quotient(c) * t.kpool.size;  // c % kpool
+        return pool >= 0 && pool <= t.max_pool ? static_cast<int>(static_cast<unsigned int>(pool) * t.kpool.size + member)
                                                : -1;
     }
     const unsigned int i = c - t.pool_columns;
@@ -251,17 +252,17 @@ __device__ __forceinline__ void run_values(ExpandRun<ID>& run, const ExpandRow& 
 #pragma unroll
     for (int r = 0; r < kExpandRun; ++r) {
         position[r] = r < columns ? run_position(run, r, row, t) : -1;
-        block[r] = PAGED && position[r] >= 0 ? static_cast<unsigned int>(position[r]) / t.block_size : 0u;
+        block[r] = PAGED && position[r] >= 0 ? t.block_size.quotient(static_cast<unsigned int>(position[r])) : 0u;
         entry[r] = PAGED && position[r] >= 0 && row.request >= 0 && block[r] < t.max_blocks
                        ? t.block_table[row.request * t.table_stride + block[r]]
                        : -1;
     }
 #pragma unroll
     for (int r = 0; r < kExpandRun; ++r) {
-        const unsigned int offset = static_cast<unsigned int>(position[r]) - block[r] * t.block_size;
+        const unsigned int offset = static_cast<unsigned int>(position[r]) - block[r] * t.block_size.size;
         run.value[r] = !PAGED ? position[r]
                        : entry[r] >= 0 && entry[r] <= t.max_entry
-                           ? static_cast<int>(static_cast<unsigned int>(entry[r]) * t.block_size + offset)
+                           ? static_cast<int>(static_cast<unsigned int>(entry[r]) * t.block_size.size + offset)
                            : -1;
     }
     if (run.one) {

@@ -255,29 +255,11 @@ __device__ __forceinline__ unsigned int block_size32(long long block_size) {
     return block_size < 1 ? 1u : (block_size < 2147483648LL ? static_cast<unsigned int>(block_size) : 2147483648u);
 }
 
-// The page size d (block_size32's) with what turns a division by it into a
-// multiply and a shift, worked out once a block: for every n < 2^31,
-// floor(n / d) = floor(n m / 2^p), where l = ceil(log2 d), p = 31 + l and
-// m = ceil(2^p / d) (below 2^32: d > 2^(l - 1)). Why it is exact: m d = 2^p +
-// e with 0 <= e < d <= 2^l, so n m / 2^p = n / d + n e / (d 2^p), and
-// n e < 2^(31 + l) = 2^p keeps the second term below 1 / d, which the first's
-// fraction (at most (d - 1) / d) cannot pass 1 with. Pool ids below a reach
-// (at most 2^31 - 1) are such n.
-struct PageSize {
-    unsigned int size;        // d
-    unsigned int multiplier;  // m (p follows from d: two registers live, not three)
+// The page size as find_key_pages divides by it (block_size32's, by a
+// multiply: kp::Divisor).
+using PageSize = Divisor;
 
-    __device__ __forceinline__ unsigned int quotient(unsigned int n) const {
-        const int shift = 63 - __clz(static_cast<int>(size - 1u));  // p = 31 + l; d = 1: clz(0) = 32
-        return static_cast<unsigned int>(static_cast<unsigned long long>(n) * multiplier >> shift);
-    }
-};
-
-__device__ __forceinline__ PageSize page_size_of(long long block_size) {
-    const unsigned int d = block_size32(block_size);
-    const unsigned int l = static_cast<unsigned int>(32 - __clz(static_cast<int>(d - 1u)));
-    return PageSize{d, static_cast<unsigned int>(((1ull << (31u + l)) + d - 1ull) / d)};
-}
+__device__ __forceinline__ PageSize page_size_of(long long block_size) { return divisor_of(block_size32(block_size)); }
 
 // The pages of this lane's pools: first_pool + g + STEP n (n < NT; the
 // mma.sync scorer's lane g takes key g of each 8-pool tile). Pools below

@@ -852,6 +852,9 @@ def predict(
             per_thread -= v.selection.publish + v.selection.merge
         else:  # every block publishes its list; the row's last one merges
             per_thread -= v.selection.merge * (splits - 1) / splits
+        # The row's last block writes it, a pass of kExpandSpan (1,024) columns at a time.
+        passes = -(-int(case.launch.values["width"]) // 1024)
+        per_thread += (passes / splits - 1) * v.selection.write
     if case.offer_traces:
         # The fused select's offers as they ran for each of its tokens (tools/selection_cost.py), in place of
         # the offer loop's body in each chunk's and each further token's count.

@@ -143,7 +143,10 @@ def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
 def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
     # A row that one block selects returns from gather_splits at once: the model takes the published list and
     # the merge (SelectionLoops.publish and .merge, read off the SASS) out of its count; a launch of the same
-    # variant that splits its rows in two keeps the list in every block and the merge in one of the two.
+    # variant that splits its rows in two keeps the list in every block and the merge in one of the two. The
+    # row's writing (SelectionLoops.write, a pass of 1,024 columns: two at top 512 and kpool 4) is the last
+    # block's: both passes in a block a row, one in each of two on average. Seen failing with the writing's loop
+    # counted once a block whatever the passes.
     from dataclasses import replace
 
     case = next(c for c in cases if c.family == "index_topk" and c.shape == "topk decode-512x1 128K top512")
@@ -157,7 +160,9 @@ def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
         return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
 
     assert v.selection.merge > 1000 and v.selection.publish > 100, v.selection  # the merge: thousands
-    assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.publish + v.selection.merge / 2)
+    assert case.launch.values["width"] == 2048 and v.selection.write > 100, v.selection
+    written = v.selection.write  # a block a row: 2 passes; split in two: 1 a block
+    assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.publish + v.selection.merge / 2 - written)
 
 
 @pytest.mark.usefixtures("sass_tools")

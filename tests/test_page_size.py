@@ -1,4 +1,5 @@
-"""kp::PageSize and kp::find_key_pages (kernels/kpool_index.cuh), on the emulator and on a GPU: a division by the
+"""kp::PageSize (kp::Divisor, kernels/kpool_common.cuh, which the expansion divides by kpool and the page size
+with too) and kp::find_key_pages (kernels/kpool_index.cuh), on the emulator and on a GPU: a division by the
 page size as a multiply and a shift gives exact quotients for every pool id below 2^31 and every page size the
 kernels take (clamped to [1, 2^31]), and the key pages a lane finds at each step (8, 16, 32 pools) are those of
 exact integer division: the table's entry where the pool is below its reach (taken at most 2^31 - 1) and its

@@ -86,6 +86,9 @@ class SelectionLoops:
     # instructions and the splits test before that loop stay counted.
     merge: int = 0
     publish: int = 0
+    # The row's writing (kp::write_expanded_row, after gather_splits, in a row's last block only): the loop over
+    # its passes of 1,024 columns, the outermost after the merge that stores the most to global memory.
+    write: int = 0
 
     def static(self) -> int:
         """What the static count holds of these loops (each body once)."""
@@ -151,6 +154,10 @@ class _Reading:
     def barriers(self, span: Span) -> int:
         return sum(span[0] <= i.address <= span[1] and i.opcode[0] == "BAR" for i in self.code)
 
+    def stores(self, span: Span) -> int:
+        """Its stores to global memory (STG)."""
+        return sum(span[0] <= i.address <= span[1] and i.opcode[0] == "STG" for i in self.code)
+
     def within(self, span: Span) -> list[Span]:
         return sorted(s for s in self.spans if _inside(s, span))
 
@@ -202,7 +209,8 @@ def selection_loops(sass: str) -> SelectionLoops:
     directly inside it: that one offers a range again), is an offer loop (``_Reading.offer``); the seed's rounds
     loop is the last loop with a barrier before it; after it the outermost loops with a barrier are the finish's
     rounds and compaction, then gather_splits's: the published list's radix select, the merge's tile loop, its
-    finish's rounds and compaction. A ValueError where the code has another shape."""
+    finish's rounds and compaction; after those, the row's writing. A ValueError where the code has another
+    shape."""
     reading = _Reading(sass)
     spans, within = reading.spans, reading.within
     tile = max(spans, key=reading.size)
@@ -222,6 +230,7 @@ def selection_loops(sass: str) -> SelectionLoops:
         reading.radix(max(seed)),
         sum(after[2][1] < i.address <= after[5][1] for i in reading.code),
         sum(_first_loop_after(spans, finish_compaction[1]) <= i.address <= after[2][1] for i in reading.code),
+        reading.size(max((s for s in outermost if s[0] > after[5][1]), key=reading.stores)),
     )
 
 
