@@ -153,12 +153,12 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
 }
 
 // The k-th largest key among the buffer's count keys and the tile's entering
-// ones (more than k in all): *greater, how many of them lie above it. ROUNDS
-// rounds of an 8-bit histogram over the keys that match the digits found so
-// far: with 4 the key itself, with fewer its top 8 ROUNDS bits (the rest 0,
-// a key at or below it; *greater then counts the keys above that prefix's
-// range).
-template <int CAP, int GROUPS, int ROUNDS = 4>
+// ones (more than k in all; without TILE the buffer's alone): *greater, how
+// many of them lie above it. ROUNDS rounds of an 8-bit histogram over the
+// keys that match the digits found so far: with 4 the key itself, with
+// fewer its top 8 ROUNDS bits (the rest 0, a key at or below it; *greater
+// then counts the keys above that prefix's range).
+template <int CAP, int GROUPS, int ROUNDS = 4, bool TILE = true>
 __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count,
                                                         const SelectTile<GROUPS>& tile, int k,
                                                         unsigned int* greater) {
@@ -168,13 +168,14 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
     for (int shift = 24; shift >= 32 - 8 * ROUNDS; shift -= 8) {
         buffer.histogram[threadIdx.x] = 0u;  // kSelectThreads == 256 bins
         __syncthreads();
+#pragma unroll 1
         for (int base = 0; base < count; base += kSelectThreads) {  // the same trips in every thread
             const int i = base + static_cast<int>(threadIdx.x);
             const unsigned int key = i < count ? buffer.keys[i] : 0u;
             add_to_histogram(buffer.histogram, (key >> shift) & 255u, i < count && (key & prefix_mask) == prefix);
         }
 #pragma unroll
-        for (int j = 0; j < GROUPS; ++j)
+        for (int j = 0; j < (TILE ? GROUPS : 0); ++j)
 #pragma unroll
             for (int e = 0; e < kSelectPerThread; ++e) {
                 const unsigned int key = tile.keys[j][e];
@@ -261,17 +262,18 @@ __device__ __forceinline__ void place_kept(SelectBuffer<CAP>& buffer, unsigned i
 }
 
 // Cuts the buffer's count candidates and the tile's entering ones (more
-// than k in all; the tile's ids all above the buffer's) back to their k
-// best, in id order, into the buffer: every key above the k-th largest K,
-// then as many keys equal to K as there is room for, lowest ids first.
-// The buffer is compacted in place a chunk at a time: an entry moves only
-// down, so a chunk's writes land on entries already read (each chunk's
-// reads come before its place_kept barrier), then the tile follows.
-template <int CAP, int GROUPS, typename IdOf>
+// than k in all; the tile's ids all above the buffer's; without TILE the
+// buffer's alone) back to their k best, in id order, into the buffer: every
+// key above the k-th largest K, then as many keys equal to K as there is
+// room for, lowest ids first. The buffer is compacted in place a chunk at a
+// time: an entry moves only down, so a chunk's writes land on entries
+// already read (each chunk's reads come before its place_kept barrier),
+// then the tile follows.
+template <int CAP, int GROUPS, bool TILE = true, typename IdOf>
 __device__ __forceinline__ void cut_back(SelectBuffer<CAP>& buffer, SelectState& state,
                                          const SelectTile<GROUPS>& tile, int k, IdOf id_of) {
     unsigned int greater;
-    const unsigned int threshold = kth_largest_key(buffer, state.count, tile, k, &greater);
+    const unsigned int threshold = kth_largest_key<CAP, GROUPS, 4, TILE>(buffer, state.count, tile, k, &greater);
     const unsigned int ties = static_cast<unsigned int>(k) - greater;  // keys equal to K that stay
     unsigned int above = 0u, equal = 0u;
     int parity = 0;  // warp_totals alternate: a chunk's barrier also frees the other half
@@ -292,7 +294,7 @@ __device__ __forceinline__ void cut_back(SelectBuffer<CAP>& buffer, SelectState&
                    [&ids](int, int e) { return ids[e]; });
         parity ^= 1;
     }
-    place_kept(buffer, buffer.warp_totals[parity], tile, threshold, ties, &above, &equal, id_of);
+    if (TILE) place_kept(buffer, buffer.warp_totals[parity], tile, threshold, ties, &above, &equal, id_of);
     __syncthreads();
     state.count = k;
     state.cut = true;
@@ -363,7 +365,7 @@ __device__ __forceinline__ void finish_selection(SelectBuffer<CAP>& buffer, Sele
 #pragma unroll
         for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
         none.enter = 0u;
-        cut_back(buffer, state, none, k, [](int, int) { return -1; });
+        cut_back<CAP, 1, false>(buffer, state, none, k, [](int, int) { return -1; });
     }
 }
 
@@ -594,7 +596,7 @@ __device__ __forceinline__ bool publish_split(SelectBuffer<CAP>& buffer, const S
         for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
         none.enter = 0u;
         unsigned int greater;
-        mth = kth_largest_key(buffer, held, none, m, &greater);
+        mth = kth_largest_key<CAP, 1, 4, false>(buffer, held, none, m, &greater);
     }
     if (threadIdx.x == 0) {
         // A full list (held == k >= m) has been through kth_largest_key, whose barriers make warp_least whole;

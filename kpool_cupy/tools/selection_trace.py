@@ -55,14 +55,15 @@ class SelectionTrace:
     def barriers(self) -> int:
         """The block-wide barriers it passes (kernels/kpool_select.cuh): a radix select ROUND_BARRIERS a round;
         an offer two (its block sum, its append) or, cut back, its block sum and the cut's; a cut its radix
-        select, one a buffer chunk it compacts, one for the tile's candidates and one after."""
+        select, one a buffer chunk it compacts, one for the tile's candidates (the finish has no tile) and one
+        after."""
 
-        def cut(count: int) -> int:
-            return RADIX_ROUNDS * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + 2
+        def cut(count: int, tile: int = 1) -> int:
+            return RADIX_ROUNDS * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + tile + 1
 
         seed = self.seed_rounds * ROUND_BARRIERS if self.seeded else 0
         offers = 2 * (self.tiles - len(self.cuts)) + sum(1 + cut(count) for count in self.cuts)
-        return seed + offers + (cut(self.finish) if self.finish is not None else 0)
+        return seed + offers + (cut(self.finish, tile=0) if self.finish is not None else 0)
 
 
 def sample_rank(k: int, sampled: int, count: int) -> int:
