@@ -129,9 +129,10 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     assert offer.barriers == (2, ROUND_BARRIERS, 1), offer
     assert 0 < offer.path < offer.loop / 2 and offer.cut_straight > 0, offer
     assert offer.radix.histogram > 0 and loops.seed_radix.histogram == 0, loops  # the seed's buffer is empty
-    # ptxas unrolls the histogram loop: a body covers `unroll` trips of 256 entries, so a radix select pays a
-    # body more each round only past them.
+    # The histogram loop's body covers `unroll` trips of 256 entries (1: kth_largest_key keeps ptxas from
+    # unrolling it), so a radix select pays a body more each round only past them.
     radix = offer.radix
+    assert radix.unroll == 1 and loops.finish_radix.unroll == 1, loops
     assert radix.issued(1) == radix.issued(256 * radix.unroll) < radix.issued(256 * radix.unroll + 1), radix
     assert radix.issued(256 * radix.unroll + 1) - radix.issued(1) == 4 * radix.histogram, radix
     row = np.sort(np.random.default_rng(0).standard_normal(32_768).astype(np.float32))

@@ -6,8 +6,9 @@ A static count takes each loop's body once. The selection's loops run as often a
 
     offer loop     once a tile; its cut-back (the part of its body off the path a tile takes when it is not cut
                    back, a radix select and a compaction among it) once a cut-back
-    radix select   four rounds, each its straight code once and its histogram loop's body once for each 4 trips
-                   of 256 buffer entries (ptxas unrolls it; ``RadixLoops.unroll``)
+    radix select   four rounds, each its straight code once and its histogram loop's body once a trip of 256
+                   buffer entries (``#pragma unroll 1``; where ptxas unrolls it, once for each ``RadixLoops.unroll``
+                   trips)
     compaction     once a 1,024 buffer entries
     seed, finish   the radix select that starts the range from a threshold (two rounds in select_best); the
                    cut-back after the last tile
@@ -32,9 +33,9 @@ Span = tuple[int, int]
 @dataclass(frozen=True)
 class RadixLoops:
     """A radix select's loops: ``rounds`` the instructions of its loop over rounds (its histogram loop's among
-    them), ``histogram`` those of its loop over the buffer (0: none, as where the buffer is known empty), which
-    ptxas unrolls: its body holds ``unroll`` trips of 256 entries (a warp vote each), the rounds loop's own code
-    the trips left over."""
+    them), ``histogram`` those of its loop over the buffer (0: none, as where the buffer is known empty), whose
+    body holds ``unroll`` trips of 256 entries (a warp vote each; 1 since kth_largest_key asks ptxas not to
+    unroll it, which had copied the trips left over into the rounds loop's own code)."""
 
     rounds: int
     histogram: int
