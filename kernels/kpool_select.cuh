@@ -20,8 +20,8 @@
 // id, so the selection comes out sorted with no sort. The order candidates
 // arrive in changes how often a cut comes, never the result; select_best
 // starts a long range from a threshold its sample sets (a tile's worth,
-// read first), so a range cuts back once, at its end, however its logits
-// rise with pool id. A warp whose keys share a digit adds them to the
+// read first), so a range cuts back about once, at its end, however its
+// logits rise with pool id. A warp whose keys share a digit adds them to the
 // histogram at once, so equal, NaN or slowly rising keys do not queue a
 // whole warp on one bin.
 #ifndef KPOOL_SELECT_CUH
@@ -58,7 +58,7 @@ struct SelectBuffer {
     unsigned int keys[kSize];
     int ids[kSize];
     unsigned int histogram[256];
-    unsigned int found[2];
+    unsigned int found[3];  // kth_largest_key's round: the digit, the keys above it, the keys in it
     unsigned int warp_totals[2][kSelectWarps];  // block_base's, two in turn
 };
 
@@ -154,18 +154,20 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
 
 // The k-th largest key among the buffer's count keys and the tile's entering
 // ones (more than k in all; without TILE the buffer's alone): *greater, how
-// many of them lie above it. ROUNDS rounds of an 8-bit histogram over the
-// keys that match the digits found so far: with 4 the key itself, with
-// fewer its top 8 ROUNDS bits (the rest 0, a key at or below it; *greater
-// then counts the keys above that prefix's range).
-template <int CAP, int GROUPS, int ROUNDS = 4, bool TILE = true>
+// many of them lie above it. Four rounds of an 8-bit histogram over the
+// keys that match the digits found so far; with `enough` above 0, a round
+// whose digit holds `enough` keys or fewer, or whose digits so far are all
+// 0, ends the search early with the digits found so far, the rest 0: a key
+// at or below the k-th largest, the top bits of it (*greater then counts
+// the keys above that prefix's range). With `enough` 0 the key itself: a
+// digit holding the k-th largest holds at least it.
+template <int CAP, int GROUPS, bool TILE = true>
 __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count,
-                                                        const SelectTile<GROUPS>& tile, int k,
-                                                        unsigned int* greater) {
-    static_assert(ROUNDS >= 1 && ROUNDS <= 4, "8-bit rounds of a 32-bit key");
+                                                        const SelectTile<GROUPS>& tile, int k, unsigned int* greater,
+                                                        unsigned int enough = 0u) {
     unsigned int prefix = 0u, prefix_mask = 0u;
     unsigned int wanted = static_cast<unsigned int>(k);  // the rank still to find among the matching keys
-    for (int shift = 24; shift >= 32 - 8 * ROUNDS; shift -= 8) {
+    for (int shift = 24; shift >= 0; shift -= 8) {
         buffer.histogram[threadIdx.x] = 0u;  // kSelectThreads == 256 bins
         __syncthreads();
 #pragma unroll 1
@@ -191,12 +193,17 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
         if (above < wanted && above + here >= wanted) {
             buffer.found[0] = digit;
             buffer.found[1] = above;
+            buffer.found[2] = here;
         }
         __syncthreads();
         prefix |= buffer.found[0] << shift;
         prefix_mask |= 255u << shift;
         wanted -= buffer.found[1];
+        const unsigned int in_digit = buffer.found[2];
         __syncthreads();  // found is read before the next round writes it
+        // The same in every thread. A prefix of 0 (given `enough`) admits every key below 2^(shift) whatever the
+        // digits below it: NaN's and those of the negatives nearest -inf.
+        if (in_digit <= enough || (enough > 0u && prefix == 0u)) break;
     }
     *greater = static_cast<unsigned int>(k) - wanted;
     return prefix;
@@ -273,7 +280,7 @@ template <int CAP, int GROUPS, bool TILE = true, typename IdOf>
 __device__ __forceinline__ void cut_back(SelectBuffer<CAP>& buffer, SelectState& state,
                                          const SelectTile<GROUPS>& tile, int k, IdOf id_of) {
     unsigned int greater;
-    const unsigned int threshold = kth_largest_key<CAP, GROUPS, 4, TILE>(buffer, state.count, tile, k, &greater);
+    const unsigned int threshold = kth_largest_key<CAP, GROUPS, TILE>(buffer, state.count, tile, k, &greater);
     const unsigned int ties = static_cast<unsigned int>(k) - greater;  // keys equal to K that stay
     unsigned int above = 0u, equal = 0u;
     int parity = 0;  // warp_totals alternate: a chunk's barrier also frees the other half
@@ -414,32 +421,35 @@ __device__ __forceinline__ void load_sample(SelectTile<GROUPS>& tile, long long 
 
 // A selection's start from a threshold: the k-th largest key of the
 // buffer's first `kept` keys and the tile's entering candidates (k of them
-// or more, all among the selection's), or with ROUNDS < 4 that key's top 8
-// ROUNDS bits, a lower bound on the selection's k-th largest, so only keys
-// at or above it are offered until the first cut-back sets the exact one.
-// The buffer holds no candidate after (the kept keys were a scratch copy);
-// its histogram serves the radix select. Every thread of the block calls it
-// together; `state` comes out the same in every thread.
-template <int CAP, int GROUPS, int ROUNDS = 4>
+// or more, all among the selection's), or the top digits of it that leave
+// `enough` of them or fewer below it (kth_largest_key's), a lower bound on
+// the selection's k-th largest, so only keys at or above it are offered
+// until the first cut-back sets the exact one. The buffer holds no
+// candidate after (the kept keys were a scratch copy); its histogram serves
+// the radix select. Every thread of the block calls it together; `state`
+// comes out the same in every thread.
+template <int CAP, int GROUPS>
 __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int kept, const SelectTile<GROUPS>& tile,
-                                               int k, SelectState& state) {
+                                               int k, SelectState& state, unsigned int enough = 0u) {
     unsigned int greater;
-    const unsigned int seed = kth_largest_key<CAP, GROUPS, ROUNDS>(buffer, kept, tile, k, &greater);
+    const unsigned int seed = kth_largest_key(buffer, kept, tile, k, &greater, enough);
     state.cut = seed > 0u;  // a key above seed - 1: at or above the seed
     state.threshold = seed - 1u;
 }
 
 // The rank in a sample of `sampled` of a range's `count` candidates whose
 // key starts select_best: the share of k the sample holds on average, e,
-// and 5 sqrt(e) more (5 standard deviations of a random sample's count, or
-// more). On logits in no order tied to the sample, the range then holds
-// fewer than k keys at or above that rank's key with the chance that a
-// random sample holds that rank of its k best: 3 in 10 million at 32,768
-// candidates and k 512, at most 1 in 100,000 at the shapes the model counts
-// (a hypergeometric tail); then select_best offers the range again.
+// and 5 sqrt(e) + 4 more (5 standard deviations of a random sample's count,
+// and 4 for a share of a few keys, whose count spreads more than that). On
+// logits in no order tied to the sample, the range then holds fewer than k
+// keys at or above that rank's key with the chance that a random sample
+// holds that rank of its k best (a hypergeometric tail): 2 in 100 million
+// at 32,768 candidates and k 512, at most 2 in 10 million over ranges of
+// 4,100 to 4M candidates and k 7 to 2,048; then select_best offers the
+// range again.
 __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int sampled, unsigned int count) {
     const unsigned int share = (k * sampled + count - 1u) / count;  // k, sampled <= 4,096
-    return share + static_cast<unsigned int>(ceilf(5.0f * sqrtf(static_cast<float>(share))));
+    return share + static_cast<unsigned int>(ceilf(5.0f * sqrtf(static_cast<float>(share)))) + 4u;
 }
 
 // The k best of candidates lo .. hi - 1, a tile of GROUPS * kSelectChunk at
@@ -450,16 +460,20 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // buffer.
 //
 // A range of more than one tile starts from a threshold taken from a sample
-// of its candidates: every stride-th group of 4 (a tile's worth, spread over
-// the range, read again later from L2), and in it the key of sample_rank
-// (the range's k-th largest key's place in the sample, and a margin), its
-// top 16 bits (two radix rounds). Only keys at or above it are offered: on
-// random logits about k + 5 sqrt(k / stride) stride of them, fewer than the
-// buffer holds, so a range cuts back only once, at its end, in whatever
-// order its logits rise. When fewer than k keys of the range reach the
-// threshold (no cut-back came and the buffer holds fewer than k), the
-// sample was not like the range, and the range is offered again from no
-// threshold: the same result, the range's cost twice.
+// of its candidates: every stride-th group of 4, a tile's worth spread over
+// the range (read first; the tiles read those sectors again, from L2 where
+// it still holds them), and in it the key of sample_rank (the range's k-th
+// largest key's place in the sample, and a margin), or its top digits once
+// a radix round's digit holds an eighth of that rank or fewer (two rounds
+// on standard normal logits, more where they sit far from zero for their
+// spread). Only keys at or above it are offered: on random logits about k +
+// 5 sqrt(k stride) + 4 stride of them, so a range whose buffer has that room
+// (CAP + 1,024 entries: 32K candidates at k 512, or 8K at 2,048) cuts back once,
+// at its end, in whatever order its logits rise; a wider one at a larger k
+// cuts back in the stream as well. When fewer than k keys of the range
+// reach the threshold (no cut-back came and the buffer holds fewer than k),
+// the sample was not like the range, and the range is offered again from no
+// threshold: the same result, its tiles offered twice.
 template <int CAP, int GROUPS, typename LoadLogits>
 __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long lo, long long hi, int k,
                                                    LoadLogits load_logits) {
@@ -480,7 +494,7 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
         if (rank <= sampled) {  // the same in every thread
             SelectTile<GROUPS> tile;
             load_sample(tile, lo, count, stride, load_logits);
-            start_from_kth<CAP, GROUPS, 2>(buffer, 0, tile, static_cast<int>(rank), state);
+            start_from_kth(buffer, 0, tile, static_cast<int>(rank), state, rank / 8u);
             seeded = state.cut;
         }
     }
@@ -596,7 +610,7 @@ __device__ __forceinline__ bool publish_split(SelectBuffer<CAP>& buffer, const S
         for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
         none.enter = 0u;
         unsigned int greater;
-        mth = kth_largest_key<CAP, 1, 4, false>(buffer, held, none, m, &greater);
+        mth = kth_largest_key<CAP, 1, false>(buffer, held, none, m, &greater);
     }
     if (threadIdx.x == 0) {
         // A full list (held == k >= m) has been through kth_largest_key, whose barriers make warp_least whole;

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from kpool_cupy.ops.index_topk import TOPK_TILE
-from kpool_cupy.tools.selection_trace import sample_positions
+from kpool_cupy.tools.selection_trace import sample_positions, sample_rank
 
 
 def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
@@ -30,3 +30,20 @@ def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
             row[sampled] = 10 + rng.random(sampled.size).astype(np.float32)
         return row
     raise ValueError(kind)
+
+
+def seed_boundary_row(rng: np.random.Generator, width: int, k: int, delta: int) -> np.ndarray:
+    """A row of ``width`` (more than a tile) whose sample's sample_rank-th key is exactly 5.0 and which holds
+    exactly k + delta logits of 5.0, the rest below it (many one ulp below, so ties decide a selection that takes
+    them): select_best's seed is 5.0 and it offers the row again exactly when delta < 0."""
+    sampled = sample_positions(width, TOPK_TILE)
+    rank = sample_rank(k, sampled.size, width)
+    assert rank <= sampled.size and k + delta >= rank, (width, k, delta, rank)
+    top = np.float32(5.0)
+    below = np.nextafter(top, np.float32(0), dtype=np.float32)
+    row = np.minimum(0.5 * rng.standard_normal(width), below).astype(np.float32)
+    row[rng.random(width) < 0.05] = below
+    others = np.setdiff1d(np.arange(width), sampled)
+    row[rng.choice(sampled, rank, replace=False)] = top
+    row[rng.choice(others, k + delta - rank, replace=False)] = top
+    return row

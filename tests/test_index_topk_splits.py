@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from order_rows import order_row
+from order_rows import order_row, seed_boundary_row
 from selection_model import model
 
 import kpool_cupy
@@ -63,6 +63,23 @@ def test_split_rows_have_the_bits_of_one_block_rows_and_the_model(monkeypatch, k
     _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), split)
     _same(split, model(logits, offsets, lengths, **call))
     _same(reference.kpool_index_topk(logits, offsets, lengths, **call), split)
+
+
+@pytest.mark.parametrize(("width", "pool_topk"), [(8193, 512), (20000, 100), (32768, 512)])
+def test_a_row_at_the_samples_restart_boundary_selects_its_k_best(monkeypatch, width, pool_topk):
+    # Rows holding k - 1, k and k + 1 logits at or above select_best's seed (tests/order_rows.py): with k - 1 the
+    # range is offered again from no seed and the lowest ids among the logits one ulp below fill the last place;
+    # with k and k + 1 the seed holds. One block and the default splits, each against the model. Seen failing
+    # (511 ids, then -1) with the restart taken only below k - 1; no other test noticed.
+    rng = np.random.default_rng(width + pool_topk)
+    call = {"kpool": 1, "pool_topk": pool_topk}
+    for delta in (-1, 0, 1):  # a call each: a request's earlier tokens see fewer pools, and other samples
+        logits, offsets, lengths = _one_request(seed_boundary_row(rng, width, pool_topk, delta)[None, :])
+        want = model(logits, offsets, lengths, **call)
+        with monkeypatch.context() as patch:
+            _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
+            patch.setattr(index_topk, "topk_splits", lambda *shape: 1)
+            _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
 
 
 @pytest.mark.parametrize("cap", SELECT_CAPS)

@@ -6,8 +6,9 @@ logits make instead of one at every tile.
 
 The rule, as the kernels' comments state it: keys are ``order_key``'s; a selection may start from a seed's key (a
 key at or above it is offered): select_best's range of more than one tile from a sample of it (every stride-th
-group of 4, a tile's worth: the top 16 bits of its ``sample_rank``-th largest key, and the range offered again
-from no seed when fewer than k of its keys reach that), a fused select's token from the k-th largest key of the
+group of 4, a tile's worth: its ``sample_rank``-th largest key, or that key's top digits once a radix round's
+digit holds an eighth of the rank or fewer, and the range offered again from no seed when fewer than k of its
+keys reach that), a fused select's token from the k-th largest key of the
 chunks that hold its last k; each tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where
 they would not fit, the buffer and they are cut back to their ``k`` best and only keys above the k-th largest are
 offered after; after the last tile a buffer of more than ``k`` is cut back once more.
@@ -22,8 +23,9 @@ import numpy as np
 SELECT_CHUNK = 1024  # kp::kSelectChunk: candidates of one group a block (256 threads x 4)
 SELECT_THREADS = 256  # kp::kSelectThreads: a histogram round's entries a trip
 RADIX_ROUNDS = 4  # kth_largest_key's 8-bit rounds over a 32-bit key
-SAMPLE_ROUNDS = 2  # select_best's seed: the top 16 bits of its sample's key
 SAMPLE_SPREAD = 5  # sample_rank's standard deviations of margin
+SAMPLE_SLACK = 4  # and its keys more
+SAMPLE_ENOUGH = 8  # select_best's seed stops at a digit holding its rank over this or fewer keys
 SEED_CHUNKS = 3  # kpool_index_select.cu's kSeedChunks: a row this many seeds' worth takes a seed
 ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's two, the digit found and read
 
@@ -68,9 +70,28 @@ class SelectionTrace:
 
 def sample_rank(k: int, sampled: int, count: int) -> int:
     """kp::sample_rank: the share of k that ``sampled`` of ``count`` candidates hold on average, rounded up, and
-    SAMPLE_SPREAD square roots of it more (float32's square root, rounded up)."""
+    SAMPLE_SPREAD square roots of it (float32's square root, rounded up) and SAMPLE_SLACK more."""
     share = -(-k * sampled // count)
-    return share + int(np.ceil(np.float32(SAMPLE_SPREAD) * np.sqrt(np.float32(share))))
+    return share + int(np.ceil(np.float32(SAMPLE_SPREAD) * np.sqrt(np.float32(share)))) + SAMPLE_SLACK
+
+
+def radix_seed(keys: np.ndarray, k: int, enough: int) -> tuple[int, int]:
+    """kp::kth_largest_key's search over ``keys`` (k of them or more) for the k-th largest, ended (``enough``
+    above 0) after the first 8-bit round whose digit holds ``enough`` keys or fewer or whose digits so far are
+    all 0: the digits found (the rest 0) and the rounds it took."""
+    prefix, wanted, rounds = 0, k, 0
+    for shift in (24, 16, 8, 0):
+        rounds += 1
+        high = np.uint64(0xFFFFFFFF) << np.uint64(shift + 8) & np.uint64(0xFFFFFFFF)
+        matching = keys[(keys.astype(np.uint64) & high) == prefix]
+        counts = np.bincount((matching >> np.uint32(shift)) & np.uint32(255), minlength=256)[::-1]
+        above = np.cumsum(counts) - counts  # the keys in higher digits, digit 255 first
+        at = int(np.nonzero((above < wanted) & (above + counts >= wanted))[0][0])
+        prefix |= (255 - at) << shift
+        wanted -= int(above[at])
+        if counts[at] <= enough or (enough > 0 and prefix == 0):
+            break
+    return prefix, rounds
 
 
 def sample_positions(count: int, tile: int) -> np.ndarray:
@@ -94,13 +115,13 @@ def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> Select
     rank = sample_rank(k, sample.size, keys.size) if sample.size else 0
     if not 0 < rank <= sample.size:
         return SelectionTrace(tiles, False, *_offers(keys, k, tile, cap, None))
-    seed = _kth_largest(sample, rank) & 0xFFFF0000
+    seed, rounds = radix_seed(sample, rank, rank // SAMPLE_ENOUGH)
     threshold = seed - 1 if seed > 0 else None  # a seed of 0: every key is offered
     cuts, finish = _offers(keys, k, tile, cap, threshold)
     if threshold is not None and not cuts and int(np.count_nonzero(keys >= seed)) < k:
         cuts, finish = _offers(keys, k, tile, cap, None)  # fewer than k reached the seed: again from none
         tiles *= 2
-    return SelectionTrace(tiles, True, cuts, finish, SAMPLE_ROUNDS)
+    return SelectionTrace(tiles, True, cuts, finish, rounds)
 
 
 def trace_fused_select(logits: np.ndarray, k: int, cap: int) -> SelectionTrace:
