@@ -444,9 +444,9 @@ __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int ke
 // logits in no order tied to the sample, the range then holds fewer than k
 // keys at or above that rank's key with the chance that a random sample
 // holds that rank of its k best (a hypergeometric tail): 2 in 100 million
-// at 32,768 candidates and k 512, at most 2 in 10 million over ranges of
-// 4,100 to 4M candidates and k 7 to 2,048; then select_best offers the
-// range again.
+// at 32,768 candidates and k 512, at most 3 in 10 million over ranges of
+// 4,100 to 4M candidates and k 7 to 2,048 (the seed's digits cut short only
+// lower it); then select_best offers the range again.
 __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int sampled, unsigned int count) {
     const unsigned int share = (k * sampled + count - 1u) / count;  // k, sampled <= 4,096
     return share + static_cast<unsigned int>(ceilf(5.0f * sqrtf(static_cast<float>(share)))) + 4u;
@@ -467,10 +467,11 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // a radix round's digit holds an eighth of that rank or fewer (two rounds
 // on standard normal logits, more where they sit far from zero for their
 // spread). Only keys at or above it are offered: on random logits about k +
-// 5 sqrt(k stride) + 4 stride of them, so a range whose buffer has that room
-// (CAP + 1,024 entries: 32K candidates at k 512, or 8K at 2,048) cuts back once,
-// at its end, in whatever order its logits rise; a wider one at a larger k
-// cuts back in the stream as well. When fewer than k keys of the range
+// 5 sqrt(k stride) + 4 stride of them and up to k / 8 stride more where the
+// digits were cut short, so a range whose buffer (CAP + 1,024 entries) has
+// that room cuts back once, at its end, in whatever order its logits rise
+// (by the model's trace: up to about 128K candidates at k 512 and 32K at
+// 2,048); a wider one cuts back in the stream as well. When fewer than k keys of the range
 // reach the threshold (no cut-back came and the buffer holds fewer than k),
 // the sample was not like the range, and the range is offered again from no
 // threshold: the same result, its tiles offered twice.

@@ -70,6 +70,28 @@ def test_the_page_sizes_multiply_divides_every_pool_id_exactly():
     assert wrong.size == 0, [(int(block_sizes[i]), int(pools[i]), int(got[i]), int(want[i])) for i in wrong[:5]]
 
 
+def test_the_multiply_divides_exactly_by_every_kpool_and_page_size():
+    # kp::divisor_of's multiplier in NumPy (m = ceil(2^(31 + l) / d), l = ceil(log2 d); a quotient is n m >>
+    # (31 + l)), for every divisor the expansion takes (kpool <= 1,024, block_size <= 2^20) at the numerators
+    # where an inexact multiplier would show first (the largest multiples below 2^31 and their neighbours, 2^31
+    # - 1): the emulated test above holds the kernel to exact division at sampled divisors, this one the formula
+    # at all of these. Seen failing with m rounded down.
+    d = np.arange(1, 2**20 + 1, dtype=np.uint64)
+    bits = np.frexp((d - np.uint64(1)).astype(np.float64))[1].astype(np.uint64)  # l: d - 1's bit length
+    multiplier = ((np.uint64(1) << (np.uint64(31) + bits)) + d - np.uint64(1)) // d
+    assert (multiplier < 2**32).all()
+    top = np.uint64(INT32_MAX) // d * d
+    for n in (
+        top - np.uint64(1),
+        top,
+        np.minimum(top + np.uint64(1), np.uint64(INT32_MAX)),
+        np.full_like(d, INT32_MAX),
+    ):
+        quotient = (n * multiplier) >> (np.uint64(31) + bits)
+        wrong = np.flatnonzero(quotient != n // d)
+        assert wrong.size == 0, [(int(d[i]), int(n[i])) for i in wrong[:5]]
+
+
 def key_page_cases() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(block_sizes, first_pools, reaches), int64: pages smaller and larger than every step; first pools at and
     next to page bounds; reaches before, inside and past the four steps, and past 2^31 - 1 (a kernel takes them
