@@ -194,7 +194,7 @@ class _Reading:
             raise ValueError(f"the loop at {loop[0]:#x} holds {len(rounds)} rounds and {len(compaction)} compaction")
         path = longest_path(self.code, self.labels, loop, inner)
         round_barriers = self.barriers(rounds[0]) - sum(self.barriers(s) for s in self.within(rounds[0]))
-        in_inner = sum(self.size(s) for s in inner if not any(_inside(s, o) for o in inner))
+        in_inner = sum(self.size(s) for s in self.direct(loop))
         return OfferLoops(
             self.size(loop),
             len(path),
