@@ -19,7 +19,7 @@
 // kept one and loses to all k of them. The buffer stays in ascending pool
 // id, so the selection comes out sorted with no sort. The order candidates
 // arrive in changes how often a cut comes, never the result; select_best
-// starts a long range from a threshold its sample sets (a tile's worth,
+// starts a long range from a threshold its sample sets (a chunk's worth,
 // read first), so a range cuts back about once, at its end, however its
 // logits rise with pool id. A warp whose keys share a digit adds them to the
 // histogram at once, so equal, NaN or slowly rising keys do not queue a
@@ -443,8 +443,8 @@ __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int ke
 // and 4 for a share of a few keys, whose count spreads more than that). On
 // logits in no order tied to the sample, the range then holds fewer than k
 // keys at or above that rank's key with the chance that a random sample
-// holds that rank of its k best (a hypergeometric tail): 2 in 100 million
-// at 32,768 candidates and k 512, at most 3 in 10 million over ranges of
+// holds that rank of its k best (a hypergeometric tail): 1.3 in 10 million
+// at 32,768 candidates and k 512, at most 2.2 in 10 million over ranges of
 // 4,100 to 4M candidates and k 7 to 2,048 (the seed's digits cut short only
 // lower it); then select_best offers the range again.
 __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int sampled, unsigned int count) {
@@ -460,9 +460,9 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // buffer.
 //
 // A range of more than one tile starts from a threshold taken from a sample
-// of its candidates: every stride-th group of 4, a tile's worth spread over
-// the range (read first; the tiles read those sectors again, from L2 where
-// it still holds them), and in it the key of sample_rank (the range's k-th
+// of its candidates: every stride-th group of 4, a chunk's worth (1,024)
+// spread over the range (read first; the tiles read those sectors again,
+// from L2 where it still holds them), and in it the key of sample_rank (the range's k-th
 // largest key's place in the sample, and a margin), or its top digits once
 // a radix round's digit holds an eighth of that rank or fewer (two rounds
 // on standard normal logits, more where they sit far from zero for their
@@ -470,8 +470,10 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // 5 sqrt(k stride) + 4 stride of them and up to k / 8 stride more where the
 // digits were cut short, so a range whose buffer (CAP + 1,024 entries) has
 // that room cuts back once, at its end, in whatever order its logits rise
-// (by the model's trace: up to about 128K candidates at k 512 and 32K at
-// 2,048); a wider one cuts back in the stream as well. When fewer than k keys of the range
+// (by the model's trace: up to about 32K candidates at k 512, where one
+// random row in four cuts back in the stream too, and 16K at 2,048; a sample of a tile's worth let in fewer, to 128K and 32K, but its
+// radix rounds cost more than the keys it kept out); a wider one cuts back
+// in the stream as well. When fewer than k keys of the range
 // reach the threshold (no cut-back came and the buffer holds fewer than k),
 // the sample was not like the range, and the range is offered again from no
 // threshold: the same result, its tiles offered twice.
@@ -479,7 +481,7 @@ template <int CAP, int GROUPS, typename LoadLogits>
 __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long lo, long long hi, int k,
                                                    LoadLogits load_logits) {
     constexpr int kTile = GROUPS * kSelectChunk;
-    constexpr int kSampleGroups = kTile / kSelectPerThread;  // groups of 4 a sample takes at most
+    constexpr int kSampleGroups = kSelectChunk / kSelectPerThread;  // groups of 4 a sample takes at most: 256
     SelectState state;
     bool seeded = false;
     if (hi - lo > kTile) {
@@ -493,7 +495,7 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
             kSelectPerThread * (used - 1u) + (count - last < kSelectPerThread ? count - last : kSelectPerThread);
         const unsigned int rank = sample_rank(static_cast<unsigned int>(k), sampled, count);
         if (rank <= sampled) {  // the same in every thread
-            SelectTile<GROUPS> tile;
+            SelectTile<1> tile;
             load_sample(tile, lo, count, stride, load_logits);
             start_from_kth(buffer, 0, tile, static_cast<int>(rank), state, rank / 8u);
             seeded = state.cut;

@@ -26,7 +26,7 @@ def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
     if kind == "sampled-high":  # the logits select_best samples above all others: its seed fails, it starts again
         row = rng.standard_normal(width).astype(np.float32)
         if width > TOPK_TILE:
-            sampled = sample_positions(width, TOPK_TILE)
+            sampled = sample_positions(width)
             row[sampled] = 10 + rng.random(sampled.size).astype(np.float32)
         return row
     raise ValueError(kind)
@@ -36,7 +36,7 @@ def seed_boundary_row(rng: np.random.Generator, width: int, k: int, delta: int) 
     """A row of ``width`` (more than a tile) whose sample's sample_rank-th key is exactly 5.0 and which holds
     exactly k + delta logits of 5.0, the rest below it (many one ulp below, so ties decide a selection that takes
     them): select_best's seed is 5.0 and it offers the row again exactly when delta < 0."""
-    sampled = sample_positions(width, TOPK_TILE)
+    sampled = sample_positions(width)
     rank = sample_rank(k, sampled.size, width)
     assert rank <= sampled.size and k + delta >= rank, (width, k, delta, rank)
     top = np.float32(5.0)

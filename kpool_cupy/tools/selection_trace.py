@@ -6,7 +6,7 @@ logits make instead of one at every tile.
 
 The rule, as the kernels' comments state it: keys are ``order_key``'s; a selection may start from a seed's key (a
 key at or above it is offered): select_best's range of more than one tile from a sample of it (every stride-th
-group of 4, a tile's worth: its ``sample_rank``-th largest key, or that key's top digits once a radix round's
+group of 4, a chunk's worth: its ``sample_rank``-th largest key, or that key's top digits once a radix round's
 digit holds an eighth of the rank or fewer, and the range offered again from no seed when fewer than k of its
 keys reach that), a fused select's token from the k-th largest key of the
 chunks that hold its last k; each tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where
@@ -25,6 +25,7 @@ SELECT_THREADS = 256  # kp::kSelectThreads: a histogram round's entries a trip
 RADIX_ROUNDS = 4  # kth_largest_key's 8-bit rounds over a 32-bit key
 SAMPLE_SPREAD = 5  # sample_rank's standard deviations of margin
 SAMPLE_SLACK = 4  # and its keys more
+SAMPLE_GROUPS = SELECT_CHUNK // 4  # select_best's sample: at most this many groups of 4, a chunk's worth
 SAMPLE_ENOUGH = 8  # select_best's seed stops at a digit holding its rank over this or fewer keys
 SEED_CHUNKS = 3  # kpool_index_select.cu's kSeedChunks: a row this many seeds' worth takes a seed
 ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's two, the digit found and read
@@ -94,11 +95,11 @@ def radix_seed(keys: np.ndarray, k: int, enough: int) -> tuple[int, int]:
     return prefix, rounds
 
 
-def sample_positions(count: int, tile: int) -> np.ndarray:
-    """The candidates select_best samples of a range of ``count`` (more than a tile of ``tile``): the first of
-    every stride-th group of 4, stride the fewest that leaves ``tile`` / 4 groups or fewer, and the next 3."""
+def sample_positions(count: int) -> np.ndarray:
+    """The candidates select_best samples of a range of ``count`` (more than a tile): the first of every
+    stride-th group of 4, stride the fewest that leaves SAMPLE_GROUPS groups or fewer, and the next 3."""
     groups = -(-count // 4)
-    stride = -(-groups // (tile // 4))
+    stride = -(-groups // SAMPLE_GROUPS)
     first = 4 * stride * np.arange(-(-groups // stride))
     positions = (first[:, None] + np.arange(4)).ravel()
     return positions[positions < count]
@@ -111,7 +112,7 @@ def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> Select
     k keys reach the seed."""
     keys = order_keys(logits)
     tiles = -(-keys.size // tile)
-    sample = keys[sample_positions(keys.size, tile)] if keys.size > tile else keys[:0]
+    sample = keys[sample_positions(keys.size)] if keys.size > tile else keys[:0]
     rank = sample_rank(k, sample.size, keys.size) if sample.size else 0
     if not 0 < rank <= sample.size:
         return SelectionTrace(tiles, False, *_offers(keys, k, tile, cap, None))
