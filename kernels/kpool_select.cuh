@@ -12,7 +12,8 @@
 // that can still be selected to a shared buffer, in order: a warp ranks its
 // candidates with one shuffle scan, the block with one barrier. When a tile
 // would not fit, the buffer and the tile are cut back together to their k
-// best (a radix select finds the k-th largest key K in four 8-bit rounds,
+// best (a radix select finds the k-th largest key K in up to four 8-bit
+// rounds, or the digits of it that already part the k best from the rest,
 // then a stable compaction keeps every key above K and the lowest-id keys
 // equal to K), and from then on only keys above K are offered: one comparison a
 // candidate, and a later candidate equal to K has a higher id than every
@@ -153,14 +154,16 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
 }
 
 // The k-th largest key among the buffer's count keys and the tile's entering
-// ones (more than k in all; without TILE the buffer's alone): *greater, how
-// many of them lie above it. Four rounds of an 8-bit histogram over the
-// keys that match the digits found so far; with `enough` above 0, a round
-// whose digit holds `enough` keys or fewer, or whose digits so far are all
-// 0, ends the search early with the digits found so far, the rest 0: a key
-// at or below the k-th largest, the top bits of it (*greater then counts
-// the keys above that prefix's range). With `enough` 0 the key itself: a
-// digit holding the k-th largest holds at least it.
+// ones (more than k in all; without TILE the buffer's alone), or a key P at
+// or below it: *greater, how many of them lie above P's digits (those whose
+// digits found so far exceed them). Up to four rounds of an 8-bit histogram
+// over the keys that match the digits found so far; a round ends the search
+// early, with the digits found so far and the rest 0, where its digit holds
+// exactly the keys the rank still wants (every key at or above P is then
+// among the k largest and every other below them: the exact answer for a
+// cut, since k - *greater keys of the digit are all it keeps), and with
+// `enough` above 0 where its digit holds `enough` keys or fewer or the
+// digits so far are all 0 (a lower bound only).
 template <int CAP, int GROUPS, bool TILE = true>
 __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count,
                                                         const SelectTile<GROUPS>& tile, int k, unsigned int* greater,
@@ -203,7 +206,7 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
         __syncthreads();  // found is read before the next round writes it
         // The same in every thread. A prefix of 0 (given `enough`) admits every key below 2^(shift) whatever the
         // digits below it: NaN's and those of the negatives nearest -inf.
-        if (in_digit <= enough || (enough > 0u && prefix == 0u)) break;
+        if (in_digit == wanted || in_digit <= enough || (enough > 0u && prefix == 0u)) break;
     }
     *greater = static_cast<unsigned int>(k) - wanted;
     return prefix;
@@ -271,8 +274,9 @@ __device__ __forceinline__ void place_kept(SelectBuffer<CAP>& buffer, unsigned i
 // Cuts the buffer's count candidates and the tile's entering ones (more
 // than k in all; the tile's ids all above the buffer's; without TILE the
 // buffer's alone) back to their k best, in id order, into the buffer: every
-// key above the k-th largest K, then as many keys equal to K as there is
-// room for, lowest ids first. The buffer is compacted in place a chunk at a
+// key above K (kth_largest_key's: the k-th largest, or the digits of it
+// that part the k best from the rest, the rest 0), then as many keys equal
+// to K as there is room for, lowest ids first. The buffer is compacted in place a chunk at a
 // time: an entry moves only down, so a chunk's writes land on entries
 // already read (each chunk's reads come before its place_kept barrier),
 // then the tile follows.
@@ -376,41 +380,27 @@ __device__ __forceinline__ void finish_selection(SelectBuffer<CAP>& buffer, Sele
     }
 }
 
-// Loads the logits of candidates first .. first + count - 1 (count <= the
-// tile) into the tile as keys: every load of the thread first, then every
-// conversion, so no load waits behind another's data.
+// Loads a tile's candidates into it as keys, and sets tile.enter to those
+// held: each group of 4 (t its tile_offset) takes candidates first + stride
+// t .. + 3 of those below first + count (stride 1: a tile of consecutive
+// candidates, count <= the tile; more: a sample spread over a range). Every
+// load of the thread first, then every conversion, so no load waits behind
+// another's data.
 template <int GROUPS, typename LoadLogits>
-__device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long first, int count,
-                                          LoadLogits& load_logits) {
-    float logits[GROUPS][kSelectPerThread];
-#pragma unroll
-    for (int j = 0; j < GROUPS; ++j) {
-        const int offset = tile_offset<GROUPS>(j, 0);
-        const int left = count - offset;
-        const int mine = left <= 0 ? 0 : (left < kSelectPerThread ? left : kSelectPerThread);
-        load_logits(first + offset, logits[j], mine);
-    }
-#pragma unroll
-    for (int j = 0; j < GROUPS; ++j)
-#pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e) tile.keys[j][e] = order_key(logits[j][e]);
-}
-
-// load_tile of a sample: for each of the tile's groups of 4 (t its
-// tile_offset), candidates first + stride t .. + 3 of those below first +
-// count, entering where they are.
-template <int GROUPS, typename LoadLogits>
-__device__ __forceinline__ void load_sample(SelectTile<GROUPS>& tile, long long first, unsigned int count,
-                                            unsigned int stride, LoadLogits& load_logits) {
+__device__ __forceinline__ void load_tile(SelectTile<GROUPS>& tile, long long first, unsigned int count,
+                                          unsigned int stride, LoadLogits& load_logits) {
     float logits[GROUPS][kSelectPerThread];
     tile.enter = 0u;
 #pragma unroll
     for (int j = 0; j < GROUPS; ++j) {
-        // Below count + 4,096 (the tile's last group 4 x 1,023 strides on), under 2^32: no wrap.
-        const unsigned int at = stride * static_cast<unsigned int>(tile_offset<GROUPS>(j, 0));
+        // Below count + 4,096 (a sample's last group 4 x 255 strides on), under 2^32: no wrap.
+        const int offset = tile_offset<GROUPS>(j, 0);
+        const unsigned int at = stride * static_cast<unsigned int>(offset);
         const unsigned int left = at < count ? count - at : 0u;
         const int mine = left < kSelectPerThread ? static_cast<int>(left) : kSelectPerThread;
-        load_logits(first + at, logits[j], mine);
+        // The same place in 64 bits from the signed offset: a tile's groups then load at one address plus
+        // constants, where an unsigned sum took its own address arithmetic a group.
+        load_logits(first + static_cast<long long>(stride) * offset, logits[j], mine);
         tile.enter |= ((1u << mine) - 1u) << (kSelectPerThread * j);
     }
 #pragma unroll
@@ -421,8 +411,9 @@ __device__ __forceinline__ void load_sample(SelectTile<GROUPS>& tile, long long 
 
 // A selection's start from a threshold: the k-th largest key of the
 // buffer's first `kept` keys and the tile's entering candidates (k of them
-// or more, all among the selection's), or the top digits of it that leave
-// `enough` of them or fewer below it (kth_largest_key's), a lower bound on
+// or more, all among the selection's), or the top digits of it that part
+// their k best from the rest or leave `enough` of them or fewer below it
+// (kth_largest_key's), a lower bound on
 // the selection's k-th largest, so only keys at or above it are offered
 // until the first cut-back sets the exact one. The buffer holds no
 // candidate after (the kept keys were a scratch copy); its histogram serves
@@ -496,17 +487,17 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
         const unsigned int rank = sample_rank(static_cast<unsigned int>(k), sampled, count);
         if (rank <= sampled) {  // the same in every thread
             SelectTile<1> tile;
-            load_sample(tile, lo, count, stride, load_logits);
+            load_tile(tile, lo, count, stride, load_logits);
             start_from_kth(buffer, 0, tile, static_cast<int>(rank), state, rank / 8u);
             seeded = state.cut;
         }
     }
     for (;;) {  // twice only when the seed was above the range's k-th largest key
         for (long long tile_first = lo; tile_first < hi; tile_first += kTile) {
-            const int count = hi - tile_first < kTile ? static_cast<int>(hi - tile_first) : kTile;
+            const unsigned int count = hi - tile_first < kTile ? static_cast<unsigned int>(hi - tile_first) : kTile;
             SelectTile<GROUPS> tile;
-            load_tile(tile, tile_first, count, load_logits);
-            offer_tile(buffer, state, tile, count, k, [tile_first](int j, int e) {
+            load_tile(tile, tile_first, count, 1u, load_logits);
+            offer_held(buffer, state, tile, tile.enter, k, [tile_first](int j, int e) {
                 return static_cast<int>(tile_first + tile_offset<GROUPS>(j, e));
             });
         }
@@ -531,10 +522,12 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
 // at or above both of these bounds:
 // - a full list's least key (the list holds k keys at or above it; this
 //   one finds it when the best lie in one split, as rising logits put them);
-// - the least of the lists' m-th largest keys, m = ceil(k / splits), taken
-//   over the lists that hold m (when those lists number at least k / m:
-//   their m best each are k keys at or above it; this one finds it when the
-//   best are spread over the splits, as random logits spread them).
+// - the least of the lists' m-th largest keys (or the digits of one that
+//   part the list's m best from the rest: kth_largest_key's), m = ceil(k /
+//   splits), taken over the lists that hold m (when those lists number at
+//   least k / m: their m best each are k keys at or above it; this one finds
+//   it when the best are spread over the splits, as random logits spread
+//   them).
 // Every key at or above the larger bound enters; the rest cannot be selected.
 //
 // Where the workspace keeps what: a counter per token in the first
@@ -578,7 +571,8 @@ __device__ __forceinline__ int split_bound_rank(long long splits, long long pool
 
 // Writes this split's best (the buffer's first min(count, pool_topk)
 // entries) to its list, and its head: the count, the least key when the
-// list is full (else 0) and its m-th largest key when it holds m (else 0).
+// list is full (else 0) and its m-th largest key (kth_largest_key's, a key
+// below it that keeps the same m) when it holds m (else 0).
 // True, in every thread of the block, for the last of the token's splits
 // to finish, which then merges. The counter is an atomicInc that wraps back
 // to 0 at the last split, so the counters stay zero between calls. Every

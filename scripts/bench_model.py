@@ -859,7 +859,7 @@ def predict(
         # The fused select's offers as they ran for each of its tokens (tools/selection_cost.py), in place of
         # the offer loop's body in each chunk's and each further token's count.
         assert v.offer is not None and v.offer.loop == v.offer_loop_body, case
-        issued = sum(v.offer.issued(t.tiles, t.cuts) for t in case.offer_traces) / len(case.offer_traces)
+        issued = sum(v.offer.issued(t.tiles, t.cuts, t.rounds()) for t in case.offer_traces) / len(case.offer_traces)
         per_thread += case.offer_tokens * issued - (case.repeats + case.offer_repeats) * v.offer.loop
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line

@@ -69,14 +69,16 @@ def test_the_selection_reads_logits_16_bytes_at_a_time_and_spills_nothing_in_its
     machine = sass.summarize_sass(INDEX_TOPK.source, _topk(512), arch="sm_90")
     assert machine.spill_stores == machine.spill_loads == 0 and machine.registers <= 80, machine.registers
     assert local_accesses_in_loops(machine.sass) == []
-    # A tile's kTopkGroups groups of four logits a thread (kernels/kpool_index_topk.cu), in two places (the
-    # range's sample read first for the threshold, then the tile loop), each issued together before the
-    # first vote ranks them, so a block has 16 KB in flight; no load waits behind another's data.
-    assert machine.vector_loads == 2 * TOPK_GROUPS
+    # The range's sample, read first for the threshold (a group of four logits a thread: a chunk's worth), then
+    # a tile's kTopkGroups groups of four a thread (kernels/kpool_index_topk.cu), issued together before a vote
+    # ranks them, so a block has 16 KB in flight; no load waits behind another's data.
+    assert machine.vector_loads == 1 + TOPK_GROUPS
     instructions, _ = sass.parse_instructions(machine.sass)
     opcodes = [i.opcode for i in instructions]
-    first_vote = next(n for n, o in enumerate(opcodes) if o[0] == "VOTE")
-    assert sum(o[0] == "LDG" and "128" in o for o in opcodes[:first_vote]) == TOPK_GROUPS
+    loads = [n for n, o in enumerate(opcodes) if o[0] == "LDG" and "128" in o]
+    votes = [n for n, o in enumerate(opcodes) if o[0] == "VOTE"]
+    assert len(loads) == 1 + TOPK_GROUPS and loads[0] < votes[0] < loads[1], (loads, votes[:3])
+    assert not any(loads[1] < vote < loads[-1] for vote in votes), (loads, votes)
     # 9 round trips on the longest path; 41 when a partial group's scalar loads each waited for the conversion of
     # the one before (load_tile converts after every load now), 11 while the expansion's request search took a
     # round trip a step (kp::warp_request_rows reads five steps at once).

@@ -130,7 +130,7 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     # The bench model counts kpool_index_topk's loops as a trace ran them; each loop it finds must be the one the
     # trace counts: a tile not cut back meets its offer's two barriers, a radix round ROUND_BARRIERS outside its
     # histogram loop, a compaction trip one. A tile's path is a fraction of the tile loop (its cut-back is the
-    # rest), and a trace without a cut issues the path a tile and the seed's four rounds.
+    # rest), and a trace without a cut issues the path a tile, the seed's rounds and the finish's.
     name = INDEX_TOPK.instance(CAP=cap, VECTOR=1, IO=I32, IC=I32, PAGED=True, COMPACT=True)
     loops = selection_loops(sass.summarize_sass(INDEX_TOPK.source, name, arch="sm_90").sass)
     offer = loops.offer
@@ -146,7 +146,10 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     row = np.sort(np.random.default_rng(0).standard_normal(32_768).astype(np.float32))
     trace = trace_select_best(row, 512, TOPK_TILE, cap)
     assert not trace.cuts and trace.finish is not None and trace.seeded and trace.seed_rounds == 2, trace
-    finish = loops.finish_radix.issued(trace.finish) + -(-trace.finish // 1024) * loops.finish_compaction
+    finish = (
+        loops.finish_radix.issued(trace.finish, trace.finish_rounds)
+        + -(-trace.finish // 1024) * loops.finish_compaction
+    )
     assert loops.issued(trace) == trace.tiles * offer.path + 2 * loops.seed_radix.rounds + finish
 
 

@@ -4,13 +4,14 @@ what the selection did (``tools.selection_trace``).
 
 A static count takes each loop's body once. The selection's loops run as often as the logits make them:
 
-    offer loop     once a tile; its cut-back (the part of its body off the path a tile takes when it is not cut
-                   back, a radix select and a compaction among it) once a cut-back
-    radix select   four rounds, each its straight code once and its histogram loop's body once a trip of 256
-                   buffer entries (``#pragma unroll 1``; where ptxas unrolls it, once for each ``RadixLoops.unroll``
-                   trips)
+    offer loop     once a tile, on the path a whole tile of an aligned row takes (16-byte loads; a row's last
+                   tile may take 4-byte loads for a group the range ends in); its cut-back (the part of its
+                   body off that path, a radix select and a compaction among it) once a cut-back
+    radix select   up to four rounds (as many as the trace's ``radix_select`` took), each its straight code once
+                   and its histogram loop's body once a trip of 256 buffer entries (``#pragma unroll 1``; where
+                   ptxas unrolls it, once for each ``RadixLoops.unroll`` trips)
     compaction     once a 1,024 buffer entries
-    seed, finish   the radix select that starts the range from a threshold (two rounds in select_best); the
+    seed, finish   the radix select that starts the range from a threshold (two or three rounds in select_best); the
                    cut-back after the last tile
     publish, merge a split row's list and its lists' merge (``gather_splits``), which a row that one block
                    selects never runs
@@ -54,8 +55,9 @@ class RadixLoops:
 class OfferLoops:
     """A loop that offers a tile of candidates a trip (select_best's tile loop; the fused select's loop over a
     chunk's tokens), each as instructions: ``loop`` its body, its cut-back's included; ``path`` a tile not cut
-    back, the longest path through the body that enters none of its loops; ``cut_straight`` the body's
-    instructions on neither that path nor an inner loop (a cut-back's own); the cut-back's radix select and
+    back, the longest path through the body that enters none of its loops nor a partial group's 4-byte loads
+    (``_Reading.partial_loads``); ``cut_straight`` the body's instructions on neither that path nor an inner loop
+    nor those loads (a cut-back's own); the cut-back's radix select and
     compaction; ``barriers`` the block-wide barriers (BAR) a tile not cut back meets, a radix round and a
     compaction trip, what tools/selection_trace.py's SelectionTrace.barriers counts."""
 
@@ -66,10 +68,13 @@ class OfferLoops:
     compaction: int
     barriers: tuple[int, int, int]
 
-    def issued(self, tiles: int, cuts: tuple[int, ...]) -> int:
-        """What a thread issues in it over ``tiles`` offers that cut back at the buffer fills ``cuts``."""
+    def issued(self, tiles: int, cuts: tuple[int, ...], rounds: tuple[int, ...] | None = None) -> int:
+        """What a thread issues in it over ``tiles`` offers that cut back at the buffer fills ``cuts``, their
+        radix selects in ``rounds`` rounds each (None: RADIX_ROUNDS)."""
         total = tiles * self.path + len(cuts) * self.cut_straight
-        return total + sum(self.radix.issued(count) + _chunks(count) * self.compaction for count in cuts)
+        each = rounds if rounds is not None else (RADIX_ROUNDS,) * len(cuts)
+        pairs = zip(cuts, each, strict=True)
+        return total + sum(self.radix.issued(n, r) + _chunks(n) * self.compaction for n, r in pairs)
 
 
 @dataclass(frozen=True)
@@ -97,9 +102,10 @@ class SelectionLoops:
 
     def issued(self, trace: SelectionTrace) -> int:
         """What a thread issues in them over one range the trace describes."""
-        total = self.offer.issued(trace.tiles, trace.cuts)
+        total = self.offer.issued(trace.tiles, trace.cuts, trace.rounds())
         if trace.finish is not None:
-            total += self.finish_radix.issued(trace.finish) + _chunks(trace.finish) * self.finish_compaction
+            total += self.finish_radix.issued(trace.finish, trace.finish_rounds)
+            total += _chunks(trace.finish) * self.finish_compaction
         if trace.seeded:
             total += self.seed_radix.issued(0, trace.seed_rounds)
         return total
@@ -167,6 +173,22 @@ class _Reading:
         inner = self.within(span)
         return [s for s in inner if not any(_inside(s, o) for o in inner)]
 
+    def partial_loads(self, loop: Span) -> list[Span]:
+        """The blocks of ``loop`` that load global memory 4 bytes at a time where the loop also loads 16 bytes at
+        once (LDG.128): a group of 4 that the range ends inside, the scalar path of a row's last tile, where
+        every whole group of an aligned row loads at once (kpool_index_topk's loader). None where the loop
+        makes no 16-byte load."""
+        loads = [i for i in self.code if loop[0] <= i.address <= loop[1] and i.opcode[0] == "LDG"]
+        if not any("128" in i.opcode for i in loads):
+            return []
+        spans = []
+        for start, end, _ in basic_blocks(self.code, self.labels):
+            block = self.code[start:end]
+            first, last = block[0].address, block[-1].address
+            if loop[0] <= first <= loop[1] and any(i.opcode[0] == "LDG" and "128" not in i.opcode for i in block):
+                spans.append((first, last))
+        return spans
+
     def radix(self, rounds: Span) -> RadixLoops:
         inner = self.within(rounds)
         if len(inner) > 1:
@@ -192,9 +214,10 @@ class _Reading:
         ]
         if len(rounds) != 1 or len(compaction) != 1:
             raise ValueError(f"the loop at {loop[0]:#x} holds {len(rounds)} rounds and {len(compaction)} compaction")
-        path = longest_path(self.code, self.labels, loop, inner)
+        partial = self.partial_loads(loop)
+        path = longest_path(self.code, self.labels, loop, inner + partial)
         round_barriers = self.barriers(rounds[0]) - sum(self.barriers(s) for s in self.within(rounds[0]))
-        in_inner = sum(self.size(s) for s in self.direct(loop))
+        in_inner = sum(self.size(s) for s in self.direct(loop)) + sum(self.size(s) for s in partial)
         return OfferLoops(
             self.size(loop),
             len(path),

@@ -8,10 +8,12 @@ The rule, as the kernels' comments state it: keys are ``order_key``'s; a selecti
 key at or above it is offered): select_best's range of more than one tile from a sample of it (every stride-th
 group of 4, a chunk's worth: its ``sample_rank``-th largest key, or that key's top digits once a radix round's
 digit holds an eighth of the rank or fewer, and the range offered again from no seed when fewer than k of its
-keys reach that), a fused select's token from the k-th largest key of the
-chunks that hold its last k; each tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where
-they would not fit, the buffer and they are cut back to their ``k`` best and only keys above the k-th largest are
-offered after; after the last tile a buffer of more than ``k`` is cut back once more.
+keys reach that), a fused select's token from the k-th largest key of the chunks that hold its last k; each
+tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where they would not fit, the buffer and
+they are cut back to their ``k`` best and only keys above the k-th largest are offered after; after the last tile
+a buffer of more than ``k`` is cut back once more. Each of those k-th largest keys is ``radix_select``'s: its
+digits up to the first round whose digit holds exactly the keys still wanted, the rest 0 (a key at or below the
+k-th largest that keeps the same k), in as many rounds.
 """
 
 from __future__ import annotations
@@ -39,21 +41,24 @@ def order_keys(logits: np.ndarray) -> np.ndarray:
     return np.where(magnitude > 0x7F800000, np.uint32(0), keys).astype(np.uint32)
 
 
-def _kth_largest(keys: np.ndarray, k: int) -> int:
-    return int(np.partition(keys, keys.size - k)[keys.size - k])
-
-
 @dataclass(frozen=True)
 class SelectionTrace:
     """One range's selection: ``tiles`` offered (a range offered again counted twice); ``seeded`` when it started
     from a threshold (a radix select of ``seed_rounds`` rounds over a tile, no buffer); ``cuts`` the buffer's count
-    at each cut-back in a tile's offer, ``finish`` at the cut after the last tile (None: none)."""
+    at each cut-back in a tile's offer, ``finish`` at the cut after the last tile (None: none); ``cut_rounds`` and
+    ``finish_rounds`` the rounds their radix selects took (``radix_select``; empty: RADIX_ROUNDS each)."""
 
     tiles: int
     seeded: bool
     cuts: tuple[int, ...]
     finish: int | None
     seed_rounds: int = RADIX_ROUNDS
+    cut_rounds: tuple[int, ...] = ()
+    finish_rounds: int = RADIX_ROUNDS
+
+    def rounds(self) -> tuple[int, ...]:
+        """Each cut-back's radix select's rounds, in ``cuts``'s order."""
+        return self.cut_rounds or (RADIX_ROUNDS,) * len(self.cuts)
 
     def barriers(self) -> int:
         """The block-wide barriers it passes (kernels/kpool_select.cuh): a radix select ROUND_BARRIERS a round;
@@ -61,12 +66,13 @@ class SelectionTrace:
         select, one a buffer chunk it compacts, one for the tile's candidates (the finish has no tile) and one
         after."""
 
-        def cut(count: int, tile: int = 1) -> int:
-            return RADIX_ROUNDS * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + tile + 1
+        def cut(count: int, rounds: int, tile: int = 1) -> int:
+            return rounds * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + tile + 1
 
         seed = self.seed_rounds * ROUND_BARRIERS if self.seeded else 0
-        offers = 2 * (self.tiles - len(self.cuts)) + sum(1 + cut(count) for count in self.cuts)
-        return seed + offers + (cut(self.finish, tile=0) if self.finish is not None else 0)
+        pairs = zip(self.cuts, self.rounds(), strict=True)
+        offers = 2 * (self.tiles - len(self.cuts)) + sum(1 + cut(n, r) for n, r in pairs)
+        return seed + offers + (cut(self.finish, self.finish_rounds, tile=0) if self.finish is not None else 0)
 
 
 def sample_rank(k: int, sampled: int, count: int) -> int:
@@ -76,10 +82,12 @@ def sample_rank(k: int, sampled: int, count: int) -> int:
     return share + int(np.ceil(np.float32(SAMPLE_SPREAD) * np.sqrt(np.float32(share)))) + SAMPLE_SLACK
 
 
-def radix_seed(keys: np.ndarray, k: int, enough: int) -> tuple[int, int]:
-    """kp::kth_largest_key's search over ``keys`` (k of them or more) for the k-th largest, ended (``enough``
-    above 0) after the first 8-bit round whose digit holds ``enough`` keys or fewer or whose digits so far are
-    all 0: the digits found (the rest 0) and the rounds it took."""
+def radix_select(keys: np.ndarray, k: int, enough: int = 0) -> tuple[int, int]:
+    """kp::kth_largest_key's search over ``keys`` (k of them or more) for the k-th largest, ended after the first
+    8-bit round whose digit holds exactly the keys the rank still wants (every key at or above its digits is among
+    the k largest: a cut keeps exactly those) or, with ``enough`` above 0, ``enough`` keys or fewer, or whose digits
+    so far are all 0: the digits found (the rest 0; the k-th largest itself after four rounds) and the rounds it
+    took."""
     prefix, wanted, rounds = 0, k, 0
     for shift in (24, 16, 8, 0):
         rounds += 1
@@ -90,7 +98,7 @@ def radix_seed(keys: np.ndarray, k: int, enough: int) -> tuple[int, int]:
         at = int(np.nonzero((above < wanted) & (above + counts >= wanted))[0][0])
         prefix |= (255 - at) << shift
         wanted -= int(above[at])
-        if counts[at] <= enough or (enough > 0 and prefix == 0):
+        if counts[at] == wanted or counts[at] <= enough or (enough > 0 and prefix == 0):
             break
     return prefix, rounds
 
@@ -115,14 +123,14 @@ def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> Select
     sample = keys[sample_positions(keys.size)] if keys.size > tile else keys[:0]
     rank = sample_rank(k, sample.size, keys.size) if sample.size else 0
     if not 0 < rank <= sample.size:
-        return SelectionTrace(tiles, False, *_offers(keys, k, tile, cap, None))
-    seed, rounds = radix_seed(sample, rank, rank // SAMPLE_ENOUGH)
+        return _traced(tiles, None, _offers(keys, k, tile, cap, None))
+    seed, rounds = radix_select(sample, rank, rank // SAMPLE_ENOUGH)
     threshold = seed - 1 if seed > 0 else None  # a seed of 0: every key is offered
-    cuts, finish = _offers(keys, k, tile, cap, threshold)
-    if threshold is not None and not cuts and int(np.count_nonzero(keys >= seed)) < k:
-        cuts, finish = _offers(keys, k, tile, cap, None)  # fewer than k reached the seed: again from none
+    offers = _offers(keys, k, tile, cap, threshold)
+    if threshold is not None and not offers.cuts and int(np.count_nonzero(keys >= seed)) < k:
+        offers = _offers(keys, k, tile, cap, None)  # fewer than k reached the seed: again from none
         tiles *= 2
-    return SelectionTrace(tiles, True, cuts, finish, rounds)
+    return _traced(tiles, rounds, offers)
 
 
 def trace_fused_select(logits: np.ndarray, k: int, cap: int) -> SelectionTrace:
@@ -140,27 +148,46 @@ def trace_offers(logits: np.ndarray, k: int, tile: int, cap: int, seed: tuple[in
     """A streaming selection over ``logits`` at k, a tile of ``tile`` candidates an offer, a buffer for ``cap``;
     ``seed`` (first, count): it starts from the k-th largest key of those candidates (None: from none)."""
     keys = order_keys(logits)
-    threshold = None
+    threshold, rounds = None, None
     if seed is not None:
-        kth = _kth_largest(keys[seed[0] : seed[0] + seed[1]], k)
-        threshold = kth - 1 if kth > 0 else None
-    return SelectionTrace(-(-keys.size // tile), seed is not None, *_offers(keys, k, tile, cap, threshold))
+        found, rounds = radix_select(keys[seed[0] : seed[0] + seed[1]], k)
+        threshold = found - 1 if found > 0 else None
+    return _traced(-(-keys.size // tile), rounds, _offers(keys, k, tile, cap, threshold))
 
 
-def _offers(keys: np.ndarray, k: int, tile: int, cap: int, threshold: int | None) -> tuple[tuple[int, ...], int | None]:
+@dataclass(frozen=True)
+class _Offers:
+    cuts: tuple[int, ...]
+    cut_rounds: tuple[int, ...]
+    finish: int | None
+    finish_rounds: int
+
+
+def _traced(tiles: int, seed_rounds: int | None, offers: _Offers) -> SelectionTrace:
+    """The trace of ``tiles`` offers that started from a seed found in ``seed_rounds`` rounds (None: no seed)."""
+    seeded = seed_rounds is not None
+    rounds = seed_rounds if seeded else RADIX_ROUNDS
+    return SelectionTrace(tiles, seeded, offers.cuts, offers.finish, rounds, offers.cut_rounds, offers.finish_rounds)
+
+
+def _offers(keys: np.ndarray, k: int, tile: int, cap: int, threshold: int | None) -> _Offers:
     """The cut-backs' buffer fills and the finish's of offering ``keys`` a tile at a time, only those above
-    ``threshold`` (None: every one) until the first cut-back."""
+    ``threshold`` (None: every one), then above each cut's (``radix_select``'s digits: the k-th largest key or
+    a key below it that keeps the same k), and the rounds each cut's radix select took."""
     size = cap + SELECT_CHUNK
     buffer = np.empty(0, np.uint32)
-    cuts = []
+    cuts, rounds = [], []
     for first in range(0, keys.size, tile):
         part = keys[first : first + tile]
         entering = part if threshold is None else part[part > threshold]
         both = np.concatenate([buffer, entering])
         if both.size > size:
             cuts.append(buffer.size)
-            threshold = _kth_largest(both, k)
+            threshold, took = radix_select(both, k)
+            rounds.append(took)
             buffer = np.sort(both)[-k:]  # the k best (which of tied keys stay does not change the next fill)
         else:
             buffer = both
-    return tuple(cuts), buffer.size if buffer.size > k else None
+    if buffer.size <= k:
+        return _Offers(tuple(cuts), tuple(rounds), None, RADIX_ROUNDS)
+    return _Offers(tuple(cuts), tuple(rounds), buffer.size, radix_select(buffer, k)[1])
