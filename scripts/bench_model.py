@@ -55,7 +55,7 @@ from kpool_cupy.bench.fp8 import (  # noqa: E402
 )
 from kpool_cupy.bench.index import HEAD_DIM as INDEX_HEAD_DIM  # noqa: E402
 from kpool_cupy.bench.index import KPOOL as INDEX_KPOOL  # noqa: E402
-from kpool_cupy.bench.index import index_bytes, index_shapes  # noqa: E402
+from kpool_cupy.bench.index import IndexShape, index_bytes, index_shapes  # noqa: E402
 from kpool_cupy.bench.lifecycle import (  # noqa: E402
     BLOCK_SIZE,
     POOL_TOPK,
@@ -391,46 +391,47 @@ def index_cases(heads: int = 64, mma: int = SM90_MMA) -> list[Case]:
     """bench.index.bench_index_logits at ``heads`` heads: its cache of shuffled pages, e4m3 queries, int32 indices,
     a logits row of every pool the request's last token sees; on the path ``mma`` (MMA_WGMMA: the sm_90a build,
     the bench's kpool-cupy-sm90a)."""
-    cases = []
-    for shape in (s for s in index_shapes() if s.heads == heads):
-        pages = shape.requests * shape.columns
-        q = device_like((shape.tokens, heads, INDEX_HEAD_DIM), np.uint8, 0)
-        weights = device_like((shape.tokens, heads), np.float32, 1)
-        cache = device_like((pages, CACHE_BLOCK_SIZE, INDEX_HEAD_DIM + 4), np.uint8)
-        table = device_like((shape.requests, shape.columns), np.int32, np.arange(pages).reshape(shape.requests, -1))
-        offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
-        lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
-        out = device_like((shape.tokens, shape.pools), np.float32)
-        arrays = (q, weights, cache, table, offsets, lengths)
-        launch = launched(INDEX_LOGITS_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
-        # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time (16 heads
-        # on mma.sync, an M-tile of 64 on wgmma).
-        steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, mma)
-        rows = 64 if mma == MMA_WGMMA else 16
-        head_tiles = launch.values["tokens_per_block"] * -(-heads // rows) * steps
-        family = "index_logits_fp8 sm_90a" if mma == MMA_WGMMA else "index_logits_fp8"
-        per_request = shape.requests == 1 or shape.next_n % launch.values["tokens_per_block"] == 0  # tiles in one
-        assert per_request and shape.requests <= 512 and CACHE_BLOCK_SIZE % 64 == 0, shape  # the engine path
-        case = Case(
-            family, shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles, engine_path=True
-        )
-        cases.append(case)
-    return cases
+    return [scorer_case(shape, mma) for shape in index_shapes() if shape.heads == heads]
+
+
+def scorer_case(shape: IndexShape, mma: int, family: str = "index_logits_fp8") -> Case:
+    """kpool_index_logits_fp8 at ``shape`` as the index and select benchmarks call it (``max_pools`` and ``out``
+    given), on the path ``mma``."""
+    heads = shape.heads
+    pages = shape.requests * shape.columns
+    q = device_like((shape.tokens, heads, INDEX_HEAD_DIM), np.uint8, 0)
+    weights = device_like((shape.tokens, heads), np.float32, 1)
+    cache = device_like((pages, CACHE_BLOCK_SIZE, INDEX_HEAD_DIM + 4), np.uint8)
+    table = device_like((shape.requests, shape.columns), np.int32, np.arange(pages).reshape(shape.requests, -1))
+    offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
+    lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
+    out = device_like((shape.tokens, shape.pools), np.float32)
+    arrays = (q, weights, cache, table, offsets, lengths)
+    launch = launched(INDEX_LOGITS_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
+    # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time (16 heads
+    # on mma.sync, an M-tile of 64 on wgmma).
+    steps = launch.values["pools_per_block"] // index_block_pools(INDEX_HEAD_DIM, mma)
+    rows = 64 if mma == MMA_WGMMA else 16
+    head_tiles = launch.values["tokens_per_block"] * -(-heads // rows) * steps
+    family = f"{family} sm_90a" if mma == MMA_WGMMA else family
+    per_request = shape.requests == 1 or shape.next_n % launch.values["tokens_per_block"] == 0  # tiles in one
+    assert per_request and shape.requests <= 512 and CACHE_BLOCK_SIZE % 64 == 0, shape  # the engine path
+    return Case(family, shape.name, index_bytes(shape), launch, repeats=steps, mma_repeats=head_tiles, engine_path=True)
 
 
 def select_cases(mma: int = SM90_MMA) -> list[Case]:
-    """bench.select.bench_select: the fused call and kpool_index_topk of the two-step, at its shapes (on the
-    wgmma path of an sm_90a build the fused call alone). The loop of a chunk of 1024 candidates (scored and
-    offered: the loop just inside the outermost around the fused call's first mma; read and offered:
-    kpool_index_topk's longest) counted once a chunk a block (a seed pass's chunk too): the same upper bound as
-    the scorer's. Inside the fused call's chunk loop, what runs more than its body holds once is counted as
-    often as it runs: on mma.sync the call loop's further trips, each call's token loop once more for each
-    further token of the group and its loop over 16 heads once more for each further 16 heads of a token; on
-    the wgmma path the chain step (the innermost loop around the first mma that meets a barrier) 7 times more
-    a chunk, its token loop once more a chain for each further token (each further pair, where tokens go two
-    to a chain); on both the loop over a block's tokens after its chunks once more for each further token,
-    and each token's offers (the chunk loop's largest loop with a barrier and no mma) as a trace of its selection
-    ran them (offer_traces), in place of that loop's body once a chunk and further token."""
+    """bench.select.bench_select: the fused call and the two-step's scorer on the path ``mma``, and (on sm_90's path
+    only: the top-k has no other) the two-step's kpool_index_topk, at its shapes. The loop of a chunk of 1024 candidates
+    (scored and offered: the loop just inside the outermost around the fused call's first mma; read and offered:
+    kpool_index_topk's longest) counted once a chunk a block (a seed pass's chunk too): the same upper bound as the
+    scorer's. Inside the fused call's chunk loop, what runs more than its body holds once is counted as often as it
+    runs: on mma.sync the call loop's further trips, each call's token loop once more for each further token of the
+    group and its loop over 16 heads once more for each further 16 heads of a token; on the wgmma path the chain step
+    (the innermost loop around the first mma that meets a barrier) 7 times more a chunk, its token loop once more a
+    chain for each further token (each further pair, where tokens go two to a chain); on both the loop over a block's
+    tokens after its chunks once more for each further token, and each token's offers (the chunk loop's largest loop
+    with a barrier and no mma) as a trace of its selection ran them (offer_traces), in place of that loop's body once a
+    chunk and further token."""
     cases = []
     for shape in select_shapes():
         pages = shape.requests * shape.columns
@@ -478,9 +479,12 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
                      token_repeats=repeats * calls * (group - 1),
                      offer_repeats=repeats * (group - 1), finish_repeats=group - 1,
                      offer_traces=offers, offer_tokens=group)  # fmt: skip
+        # The two-step's scorer on the same build (its logits written, as the record's two calls write them).
+        two_step_scorer = scorer_case(shape, mma, family="index_logits_fp8 two-step")
         if wgmma:
-            cases.append(fused)
+            cases += [fused, two_step_scorer]
             continue
+        cases.append(two_step_scorer)
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written

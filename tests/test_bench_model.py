@@ -86,6 +86,16 @@ def test_the_decode_step_has_a_row_at_every_batch_and_next_n(cases):
         assert got == want, (family, sorted(got ^ want))
 
 
+def test_every_select_record_has_its_two_steps_rows(cases):
+    # Issue 34 holds the fused select to its two-step (the scorer, then kpool_index_topk, on the same inputs):
+    # each select shape has the fused call and the two-step's scorer on both builds, and its top-k row.
+    fused = {case.shape for case in cases if case.family == "index_select_fp8"}
+    assert fused, "no select rows"
+    for family in ("index_select_fp8 sm_90a", "index_logits_fp8 two-step", "index_logits_fp8 two-step sm_90a"):
+        assert {case.shape for case in cases if case.family == family} == fused, family
+    assert fused <= {case.shape for case in cases if case.family == "index_topk"}
+
+
 def test_the_rows_model_the_variant_the_benchmark_launches(cases):
     # The benchmark passes int64 pool offsets (bench.inputs) and int64 slots (bench.fp8): the model must
     # compile those instances, not the tools' all-int32 default.
