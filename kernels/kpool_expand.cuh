@@ -223,12 +223,13 @@ __device__ __forceinline__ void run_pools(ExpandRun<ID>& run, const ExpandTarget
 
 // Column first + r's position before paging (-1: none): its pool's
 // position pool * kpool + c % kpool, -1 for a negative pool or one whose
-// last position would not fit int32; or the tail's.
-template <typename ID>
+// last position would not fit int32; or the tail's. POOLED: the column is
+// known to lie in the pool columns.
+template <bool POOLED = false, typename ID>
 __device__ __forceinline__ int run_position(const ExpandRun<ID>& run, int r, const ExpandRow& row,
                                             const ExpandTarget& t) {
     const unsigned int c = run.first + r;
-    if (c < t.pool_columns) {
+    if (POOLED || c < t.pool_columns) {
         const long long pool = signed_index(run.pool[r]);
         const unsigned int member = c - t.kpool.quotient(c) * t.kpool.size;  // c % kpool
         return pool >= 0 && pool <= t.max_pool ? static_cast<int>(static_cast<unsigned int>(pool) * t.kpool.size + member)
@@ -243,15 +244,16 @@ __device__ __forceinline__ int run_position(const ExpandRun<ID>& run, int r, con
 // block_size (-1 for a block past the table, a negative entry, or one whose
 // slots pass int32), every table entry read before any is looked at. A
 // whole run reads one, and its values are consecutive (or all -1: one
-// pool, one page).
-template <bool PAGED, typename ID>
+// pool, one page). WHOLE: the run is known whole (run.one), inside the pool
+// columns.
+template <bool PAGED, bool WHOLE = false, typename ID>
 __device__ __forceinline__ void run_values(ExpandRun<ID>& run, const ExpandRow& row, const ExpandTarget& t) {
-    const int columns = run.one ? 1 : kExpandRun;
+    const int columns = WHOLE || run.one ? 1 : kExpandRun;
     int position[kExpandRun], entry[kExpandRun];
     unsigned int block[kExpandRun];
 #pragma unroll
     for (int r = 0; r < kExpandRun; ++r) {
-        position[r] = r < columns ? run_position(run, r, row, t) : -1;
+        position[r] = r < columns ? run_position<WHOLE>(run, r, row, t) : -1;
         block[r] = PAGED && position[r] >= 0 ? t.block_size.quotient(static_cast<unsigned int>(position[r])) : 0u;
         entry[r] = PAGED && position[r] >= 0 && row.request >= 0 && block[r] < t.max_blocks
                        ? t.block_table[row.request * t.table_stride + block[r]]
@@ -265,7 +267,7 @@ __device__ __forceinline__ void run_values(ExpandRun<ID>& run, const ExpandRow& 
                            ? static_cast<int>(static_cast<unsigned int>(entry[r]) * t.block_size.size + offset)
                            : -1;
     }
-    if (run.one) {
+    if (WHOLE || run.one) {
 #pragma unroll
         for (int r = 1; r < kExpandRun; ++r) run.value[r] = run.value[0] < 0 ? -1 : run.value[0] + r;
     }
@@ -293,13 +295,30 @@ __device__ __forceinline__ void store_run(const ExpandRun<ID>& run, int* out, un
 // Writes a whole row `out` by its runs: without COMPACT every column; with
 // COMPACT its valid entries packed left in column order, -1 after, their
 // number in *count (thread 0's). Every thread of the block calls it
-// together.
+// together. Without COMPACT, where runs lie in one pool and one page
+// (t.whole), the passes of kExpandSpan columns inside the pool columns come
+// first, in a loop of their own: a run there reads one id and one table
+// entry and stores once, with no column's own path (run.one known true);
+// the rest of the row (the tail's columns, any partial pass) follows in the
+// general loop.
 template <bool PAGED, bool COMPACT, typename PoolOf>
 __device__ __forceinline__ void write_expanded_row(const ExpandRow& row, const ExpandTarget& t, PoolOf pool_of,
                                                    int* out, int* count) {
-    ExpandRun<decltype(pool_of(0u))> run;
+    using ID = decltype(pool_of(0u));
+    ExpandRun<ID> run;
+    unsigned int base = 0;
+    if (!COMPACT && t.whole) {
+        const unsigned int whole_end = t.pool_columns < t.width ? t.pool_columns : t.width;
+        for (; base + kExpandSpan <= whole_end; base += kExpandSpan) {
+            run.first = base + threadIdx.x * kExpandRun;
+            run.one = true;
+            run.pool[0] = pool_of(t.kpool.quotient(run.first));  // the run's other ids are never read
+            run_values<PAGED, true>(run, row, t);
+            store_run(run, out, t.width);
+        }
+    }
     unsigned int kept = 0;
-    for (unsigned int base = 0; base < t.width; base += kExpandSpan) {
+    for (; base < t.width; base += kExpandSpan) {
         run.first = base + threadIdx.x * kExpandRun;
         run_pools(run, t, pool_of);
         run_values<PAGED>(run, row, t);

@@ -856,9 +856,17 @@ def predict(
             per_thread -= v.selection.publish + v.selection.merge
         else:  # every block publishes its list; the row's last one merges
             per_thread -= v.selection.merge * (splits - 1) / splits
-        # The row's last block writes it, a pass of kExpandSpan (1,024) columns at a time.
-        passes = -(-int(case.launch.values["width"]) // 1024)
-        per_thread += (passes / splits - 1) * v.selection.write
+        # The row's last block writes it, a pass of kExpandSpan (1,024) columns at a time: first the passes
+        # inside the pool columns, when a run lies in one pool and one page, in their own loop; the rest in the
+        # general loop (each loop's body is in the static count once).
+        values = case.launch.values
+        width = int(values["width"])
+        passes = -(-width // 1024)
+        kpool, page = int(values["kpool"]), int(values["block_size"]) if case.launch.template["PAGED"] else 4
+        whole = (min(int(values["pool_topk"]) * kpool, width) // 1024) if kpool % 4 == page % 4 == 0 else 0
+        whole = whole if v.selection.write_whole else 0
+        per_thread += whole / splits * v.selection.write_whole + (passes - whole) / splits * v.selection.write
+        per_thread -= v.selection.write + v.selection.write_whole
     if case.offer_traces:
         # The fused select's offers as they ran for each of its tokens (tools/selection_cost.py), in place of
         # the offer loop's body in each chunk's and each further token's count.

@@ -112,3 +112,33 @@ def test_a_row_wider_than_int32_columns_is_refused_naming_pool_ids(module):
     ids = np.zeros((1, 2**21 + 1), np.int32)
     with pytest.raises(ValueError, match=r"Invalid pool_ids: expected pool_topk \* kpool \+ tail <= 2147483647"):
         module.kpool_expand_topk(ids, np.array([0, 1], np.int32), np.array([0], np.int32), kpool=1024)
+
+
+@pytest.mark.parametrize("kpool, block_size", [(4, None), (4, 64), (4, 16), (8, 16), (4, 6), (2, 16)])
+def test_selected_rows_write_whole_passes_as_the_general_loop_would(kpool, block_size):
+    # kpool_index_topk's rows (kp::write_expanded_row, which the fused select shares): without COMPACT, the passes
+    # of 1,024 columns inside the pool columns go through a loop of their own where kpool and the page size are
+    # multiples of 4. 300 pools a row: 1,200 columns at kpool 4 (one such pass and a partial one), 2,400 at kpool
+    # 8 (two and a partial); the tail's columns after; page sizes 6 and kpool 2 take the general loop alone. The
+    # reference is the oracle; table entries past int32's slots and negative ones, and ids of no pool, included.
+    # Seen failing with the whole loop's pool id read one pool off (no other test wrote such a pass).
+    rng = np.random.default_rng(kpool * 1000 + (block_size or 0))
+    offsets = np.array([0, 2, 3], np.int32)
+    cache = np.array([4000, 2500], np.int32)  # 500 pools or more a token at kpool 8: more than 300 to select
+    width = (int(cache.max()) + 3) // kpool + 1  # every pool a token sees
+    logits = rng.standard_normal((3, width)).astype(np.float32)
+    logits[0, :50] = np.nan  # no pool beats a number, whatever its id
+    paged = {}
+    if block_size is not None:
+        pages = -(-(int(cache.max()) + 3) // block_size)
+        table = rng.integers(0, 100_000, (2, pages)).astype(np.int32)
+        table[0, ::7] = -1
+        table[1, ::5] = 2**31 // block_size  # its slots pass int32: -1
+        paged = {"block_table": table, "block_size": block_size}
+    call = {"kpool": kpool, "pool_topk": 300, **paged}
+    for tail in (False, True):
+        for compact in (False, True):
+            got = emulate.kpool_index_topk(logits, offsets, cache, always_select_tail=tail, compact=compact, **call)
+            want = reference.kpool_index_topk(logits, offsets, cache, always_select_tail=tail, compact=compact, **call)
+            for g, w in zip(got if compact else (got,), want if compact else (want,), strict=True):
+                np.testing.assert_array_equal(g, w, err_msg=f"tail {tail} compact {compact}")

@@ -92,9 +92,12 @@ class SelectionLoops:
     # instructions and the splits test before that loop stay counted.
     merge: int = 0
     publish: int = 0
-    # The row's writing (kp::write_expanded_row, after gather_splits, in a row's last block only): the loop over
-    # its passes of 1,024 columns, the outermost after the merge that stores the most to global memory.
+    # The row's writing (kp::write_expanded_row, after gather_splits, in a row's last block only), loops over its
+    # passes of 1,024 columns, the outermost after the merge that store to global memory: ``write`` the general
+    # loop (the last); ``write_whole`` the loop before it, where the kernel has one (0: none), over the passes
+    # inside the pool columns when a run lies in one pool and one page (kpool and the page size multiples of 4).
     write: int = 0
+    write_whole: int = 0
 
     def static(self) -> int:
         """What the static count holds of these loops (each body once)."""
@@ -254,8 +257,15 @@ def selection_loops(sass: str) -> SelectionLoops:
         reading.radix(max(seed)),
         sum(after[2][1] < i.address <= after[5][1] for i in reading.code),
         sum(_first_loop_after(spans, finish_compaction[1]) <= i.address <= after[2][1] for i in reading.code),
-        reading.size(max((s for s in outermost if s[0] > after[5][1]), key=reading.stores)),
+        *_writing(reading, [s for s in outermost if s[0] > after[5][1] and reading.stores(s)]),
     )
+
+
+def _writing(reading: _Reading, loops: list[Span]) -> tuple[int, int]:
+    """``SelectionLoops.write`` and ``.write_whole`` from the loops that store after the merge, in order."""
+    if len(loops) not in (1, 2):
+        raise ValueError(f"{len(loops)} loops store after the merge, not the row's one or two")
+    return reading.size(loops[-1]), reading.size(loops[0]) if len(loops) == 2 else 0
 
 
 def _first_loop_after(spans: list[Span], address: int) -> int:
