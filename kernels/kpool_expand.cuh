@@ -298,7 +298,7 @@ __device__ __forceinline__ void store_run(const ExpandRun<ID>& run, int* out, un
 // together. Without COMPACT, where runs lie in one pool and one page
 // (t.whole), the passes of kExpandSpan columns inside the pool columns come
 // first, in a loop of their own: a run there reads one id and one table
-// entry and stores once, with no column's own path (run.one known true);
+// entry and stores once, with no column's own path (run_values<PAGED, true>);
 // the rest of the row (the tail's columns, any partial pass) follows in the
 // general loop.
 template <bool PAGED, bool COMPACT, typename PoolOf>
@@ -308,10 +308,11 @@ __device__ __forceinline__ void write_expanded_row(const ExpandRow& row, const E
     ExpandRun<ID> run;
     unsigned int base = 0;
     if (!COMPACT && t.whole) {
+        // The host makes a row at least its pool columns wide; a launch made by hand may not, and no pass may
+        // write past its row.
         const unsigned int whole_end = t.pool_columns < t.width ? t.pool_columns : t.width;
         for (; base + kExpandSpan <= whole_end; base += kExpandSpan) {
             run.first = base + threadIdx.x * kExpandRun;
-            run.one = true;
             run.pool[0] = pool_of(t.kpool.quotient(run.first));  // the run's other ids are never read
             run_values<PAGED, true>(run, row, t);
             store_run(run, out, t.width);

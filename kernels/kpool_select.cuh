@@ -461,8 +461,9 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // 5 sqrt(k stride) + 4 stride of them and up to k / 8 stride more where the
 // digits were cut short, so a range whose buffer (CAP + 1,024 entries) has
 // that room cuts back once, at its end, in whatever order its logits rise
-// (by the model's trace: up to about 32K candidates at k 512, where one
-// random row in four cuts back in the stream too, and 16K at 2,048; a sample of a tile's worth let in fewer, to 128K and 32K, but its
+// (by the model's trace on random rows: up to about 24K candidates at k
+// 512, where 3 rows in 100 cut back in the stream too, 7 at 32K, half at
+// 48K; and 8K at 2,048, 15 in 100 at 12K, 43 at 16K; a sample of a tile's worth let in fewer, to 128K and 32K, but its
 // radix rounds cost more than the keys it kept out); a wider one cuts back
 // in the stream as well. When fewer than k keys of the range
 // reach the threshold (no cut-back came and the buffer holds fewer than k),
@@ -479,7 +480,7 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
         // In 32 bits: a range is at most a row of logits, whose pool ids are int32.
         const unsigned int count = static_cast<unsigned int>(hi - lo);
         const unsigned int groups = (count + kSelectPerThread - 1u) / kSelectPerThread;
-        const unsigned int stride = (groups + kSampleGroups - 1u) / kSampleGroups;  // 2 or more
+        const unsigned int stride = (groups + kSampleGroups - 1u) / kSampleGroups;  // 5 or more at 4 groups a tile, 2 at 1
         const unsigned int used = (groups + stride - 1u) / stride;                   // groups sampled
         const unsigned int last = kSelectPerThread * stride * (used - 1u);          // the last one's first candidate
         const unsigned int sampled =

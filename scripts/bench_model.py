@@ -122,6 +122,7 @@ from kpool_cupy.tools.selection_cost import (  # noqa: E402
 )
 from kpool_cupy.tools.selection_trace import (  # noqa: E402
     SelectionTrace,
+    split_ranges,
     trace_fused_select,
     trace_select_best,
 )
@@ -500,10 +501,8 @@ TRACED_ROWS = 4
 def topk_traces(launch: Launch, pools: int, rising: bool = False) -> tuple[SelectionTrace, ...]:
     """select_best in a block of kpool_index_topk on the benchmark's logits: the first split of a row of
     ``pools`` (its share of the row's tiles), standard normal or (``rising``) sorted, TRACED_ROWS rows."""
-    splits = launch.geometry.grid // launch.geometry.items
-    tiles = -(-pools // TOPK_TILE)
-    per_split = -(-tiles // splits)
-    width = min(pools, per_split * TOPK_TILE)
+    lo, hi = split_ranges(pools, launch.geometry.grid // launch.geometry.items, TOPK_TILE)[0]
+    width = hi - lo
     cap, k = int(launch.template["CAP"]), int(launch.values["pool_topk"])
     traces = []
     for seed in range(TRACED_ROWS):
@@ -863,7 +862,9 @@ def predict(
         width = int(values["width"])
         passes = -(-width // 1024)
         kpool, page = int(values["kpool"]), int(values["block_size"]) if case.launch.template["PAGED"] else 4
+        compact = bool(case.launch.template["COMPACT"])  # a compacted row has no whole passes' loop
         whole = (min(int(values["pool_topk"]) * kpool, width) // 1024) if kpool % 4 == page % 4 == 0 else 0
+        whole = 0 if compact else whole
         whole = whole if v.selection.write_whole else 0
         per_thread += whole / splits * v.selection.write_whole + (passes - whole) / splits * v.selection.write
         per_thread -= v.selection.write + v.selection.write_whole

@@ -153,6 +153,18 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     assert loops.issued(trace) == trace.tiles * offer.path + 2 * loops.seed_radix.rounds + finish
 
 
+@pytest.mark.parametrize("compact", [False, True])
+def test_the_sass_reading_finds_the_rows_writing_loops(compact):
+    # The row's writing after the merge: without COMPACT a loop of whole passes (one id, one table entry and
+    # one store a run) before the general loop; with COMPACT the general loop alone, then a loop that fills
+    # -1 and loads nothing, which is not a pass. Seen failing with the fill loop read as the general loop
+    # (write 35) and the general loop as the whole passes' (write_whole 577).
+    name = INDEX_TOPK.instance(CAP=512, VECTOR=1, IO=I32, IC=I32, PAGED=True, COMPACT=compact)
+    loops = selection_loops(sass.summarize_sass(INDEX_TOPK.source, name, arch="sm_90").sass)
+    assert loops.write > 300, loops
+    assert loops.write_whole == 0 if compact else 50 < loops.write_whole < loops.write / 3, loops
+
+
 @pytest.mark.usefixtures("emulated_scorer_path")
 @pytest.mark.parametrize("pool_topk", [512, 2048])
 def test_the_fused_selects_trace_passes_the_barriers_its_offers_pass(monkeypatch, pool_topk):

@@ -168,6 +168,10 @@ class _Reading:
         """Its stores to global memory (STG)."""
         return sum(span[0] <= i.address <= span[1] and i.opcode[0] == "STG" for i in self.code)
 
+    def loads(self, span: Span) -> int:
+        """Its loads from global or shared memory (LDG, LDS)."""
+        return sum(span[0] <= i.address <= span[1] and i.opcode[0] in ("LDG", "LDS") for i in self.code)
+
     def within(self, span: Span) -> list[Span]:
         return sorted(s for s in self.spans if _inside(s, span))
 
@@ -262,10 +266,13 @@ def selection_loops(sass: str) -> SelectionLoops:
 
 
 def _writing(reading: _Reading, loops: list[Span]) -> tuple[int, int]:
-    """``SelectionLoops.write`` and ``.write_whole`` from the loops that store after the merge, in order."""
-    if len(loops) not in (1, 2):
-        raise ValueError(f"{len(loops)} loops store after the merge, not the row's one or two")
-    return reading.size(loops[-1]), reading.size(loops[0]) if len(loops) == 2 else 0
+    """``SelectionLoops.write`` and ``.write_whole`` from the loops that store after the merge, in order: those
+    that also load (a run's pool ids, its table entries) write the row's passes; the one that loads nothing is
+    COMPACT's fill of -1 after the valid entries, which the static count holds once."""
+    passes = [s for s in loops if reading.loads(s)]
+    if len(passes) not in (1, 2):
+        raise ValueError(f"{len(passes)} loops write a row's passes after the merge, not one or two")
+    return reading.size(passes[-1]), reading.size(passes[0]) if len(passes) == 2 else 0
 
 
 def _first_loop_after(spans: list[Span], address: int) -> int:

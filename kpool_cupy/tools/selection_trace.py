@@ -113,6 +113,15 @@ def sample_positions(count: int) -> np.ndarray:
     return positions[positions < count]
 
 
+def split_ranges(candidates: int, splits: int, tile: int) -> list[tuple[int, int]]:
+    """The candidates each of a row's ``splits`` blocks selects among in kpool_index_topk (kpool_index_topk.cu):
+    whole tiles of ``tile``, as many to each block, the last block's range ending at the row's."""
+    tiles = -(-candidates // tile)
+    per_split = -(-tiles // splits)
+    lows = [min(split * per_split * tile, candidates) for split in range(splits)]
+    return [(lo, min(lo + per_split * tile, candidates)) for lo in lows]
+
+
 def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> SelectionTrace:
     """select_best over one range of ``logits`` (float32, ascending pool id) at ``pool_topk`` k, ``tile``
     candidates a tile (kTile) and a buffer for ``cap``: a range of more than a tile seeded from its sample
