@@ -453,22 +453,23 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // A range of more than one tile starts from a threshold taken from a sample
 // of its candidates: every stride-th group of 4, a chunk's worth (1,024)
 // spread over the range (read first; the tiles read those sectors again,
-// from L2 where it still holds them), and in it the key of sample_rank (the range's k-th
-// largest key's place in the sample, and a margin), or its top digits once
-// a radix round's digit holds an eighth of that rank or fewer (two rounds
-// on standard normal logits, more where they sit far from zero for their
-// spread). Only keys at or above it are offered: on random logits about k +
-// 5 sqrt(k stride) + 4 stride of them and up to k / 8 stride more where the
-// digits were cut short, so a range whose buffer (CAP + 1,024 entries) has
-// that room cuts back once, at its end, in whatever order its logits rise
-// (by the model's trace on random rows: up to about 24K candidates at k
-// 512, where 3 rows in 100 cut back in the stream too, 7 at 32K, half at
-// 48K; and 8K at 2,048, 15 in 100 at 12K, 43 at 16K; a sample of a tile's worth let in fewer, to 128K and 32K, but its
-// radix rounds cost more than the keys it kept out); a wider one cuts back
-// in the stream as well. When fewer than k keys of the range
-// reach the threshold (no cut-back came and the buffer holds fewer than k),
-// the sample was not like the range, and the range is offered again from no
-// threshold: the same result, its tiles offered twice.
+// from L2 where it still holds them), and in it the key of sample_rank (the
+// range's k-th largest key's place in the sample, and a margin), or its top
+// digits once a radix round's digit holds an eighth of that rank or fewer
+// (two rounds on standard normal logits, more where they sit far from zero
+// for their spread). Only keys at or above it are offered: on random logits
+// about k + 5 sqrt(k stride) + 4 stride of them and up to k / 8 stride more
+// where the digits were cut short, so a range whose buffer (CAP + 1,024
+// entries) has that room cuts back once, at its end, in whatever order its
+// logits rise (by the model's trace on random rows: up to about 24K
+// candidates at k 512, where 3 rows in 100 cut back in the stream too, 7 at
+// 32K, half at 48K; and 8K at 2,048, 15 in 100 at 12K, 43 at 16K; a sample
+// of a tile's worth let in fewer, to 128K and 32K, but its radix rounds cost
+// more than the keys it kept out); a wider one cuts back in the stream as
+// well. When fewer than k keys of the range reach the threshold (no cut-back
+// came and the buffer holds fewer than k), the sample was not like the
+// range, and the range is offered again from no threshold: the same result,
+// its tiles offered twice.
 template <int CAP, int GROUPS, typename LoadLogits>
 __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, long long lo, long long hi, int k,
                                                    LoadLogits load_logits) {
@@ -480,7 +481,8 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
         // In 32 bits: a range is at most a row of logits, whose pool ids are int32.
         const unsigned int count = static_cast<unsigned int>(hi - lo);
         const unsigned int groups = (count + kSelectPerThread - 1u) / kSelectPerThread;
-        const unsigned int stride = (groups + kSampleGroups - 1u) / kSampleGroups;  // 5 or more at 4 groups a tile, 2 at 1
+        // 5 or more at 4 groups a tile (2 or more at 1, a test build's).
+        const unsigned int stride = (groups + kSampleGroups - 1u) / kSampleGroups;
         const unsigned int used = (groups + stride - 1u) / stride;                   // groups sampled
         const unsigned int last = kSelectPerThread * stride * (used - 1u);          // the last one's first candidate
         const unsigned int sampled =
