@@ -44,9 +44,10 @@ def order_keys(logits: np.ndarray) -> np.ndarray:
 @dataclass(frozen=True)
 class SelectionTrace:
     """One range's selection: ``tiles`` offered (a range offered again counted twice); ``seeded`` when it started
-    from a threshold (a radix select of ``seed_rounds`` rounds over a tile, no buffer); ``cuts`` the buffer's count
-    at each cut-back in a tile's offer, ``finish`` at the cut after the last tile (None: none); ``cut_rounds`` and
-    ``finish_rounds`` the rounds their radix selects took (``radix_select``; empty: RADIX_ROUNDS each)."""
+    from a threshold (a radix select of ``seed_rounds`` rounds over select_best's sample or the fused select's
+    seed chunks, no buffer); ``cuts`` the buffer's count at each cut-back in a tile's offer, ``finish`` at the cut
+    after the last tile (None: none); ``cut_rounds`` and ``finish_rounds`` the rounds their radix selects took
+    (``radix_select``; empty: RADIX_ROUNDS each)."""
 
     tiles: int
     seeded: bool
