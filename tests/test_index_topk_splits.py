@@ -351,6 +351,7 @@ def test_a_reused_workspace_leaves_nothing_of_the_last_call_in_the_merge():
     np.testing.assert_array_equal(got[0], np.arange(seen - k, seen))
 
 
+@pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize(
     ("width", "pool_topk", "one_block"),
     [

@@ -153,6 +153,7 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     assert loops.issued(trace) == trace.tiles * offer.path + 2 * loops.seed_radix.rounds + finish
 
 
+@pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("compact", [False, True])
 def test_the_sass_reading_finds_the_rows_writing_loops(compact):
     # The row's writing after the merge: without COMPACT a loop of whole passes (one id, one table entry and
