@@ -395,19 +395,25 @@ def index_cases(heads: int = 64, mma: int = SM90_MMA) -> list[Case]:
     return [scorer_case(shape, mma) for shape in index_shapes() if shape.heads == heads]
 
 
-def scorer_case(shape: IndexShape, mma: int, family: str = "index_logits_fp8") -> Case:
-    """kpool_index_logits_fp8 at ``shape`` as the index and select benchmarks call it (``max_pools`` and ``out``
-    given), on the path ``mma``."""
-    heads = shape.heads
+def scorer_arrays(shape: IndexShape) -> tuple[np.ndarray, ...]:
+    """The scorer's operands at ``shape`` as the index and select benchmarks make them: e4m3 queries, float32
+    weights, a paged cache with its table (each request's pages in order), int32 offsets and cache lengths."""
     pages = shape.requests * shape.columns
-    q = device_like((shape.tokens, heads, INDEX_HEAD_DIM), np.uint8, 0)
-    weights = device_like((shape.tokens, heads), np.float32, 1)
+    q = device_like((shape.tokens, shape.heads, INDEX_HEAD_DIM), np.uint8, 0)
+    weights = device_like((shape.tokens, shape.heads), np.float32, 1)
     cache = device_like((pages, CACHE_BLOCK_SIZE, INDEX_HEAD_DIM + 4), np.uint8)
     table = device_like((shape.requests, shape.columns), np.int32, np.arange(pages).reshape(shape.requests, -1))
     offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
     lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
+    return q, weights, cache, table, offsets, lengths
+
+
+def scorer_case(shape: IndexShape, mma: int, family: str = "index_logits_fp8") -> Case:
+    """kpool_index_logits_fp8 at ``shape`` as the index and select benchmarks call it (``max_pools`` and ``out``
+    given), on the path ``mma``."""
+    heads = shape.heads
     out = device_like((shape.tokens, shape.pools), np.float32)
-    arrays = (q, weights, cache, table, offsets, lengths)
+    arrays = scorer_arrays(shape)
     launch = launched(INDEX_LOGITS_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, max_pools=shape.pools, out=out)
     # A warp's walk: steps of its key tiles, each scoring the tile's tokens a head tile at a time (16 heads
     # on mma.sync, an M-tile of 64 on wgmma).
@@ -435,18 +441,12 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
     chunk and further token."""
     cases = []
     for shape in select_shapes():
-        pages = shape.requests * shape.columns
-        q = device_like((shape.tokens, shape.heads, INDEX_HEAD_DIM), np.uint8, 0)
-        weights = device_like((shape.tokens, shape.heads), np.float32, 1)
-        cache = device_like((pages, CACHE_BLOCK_SIZE, INDEX_HEAD_DIM + 4), np.uint8)
-        table = device_like((shape.requests, shape.columns), np.int32, np.arange(pages).reshape(shape.requests, -1))
-        offsets = device_like((shape.requests + 1,), np.int32, np.arange(0, shape.tokens + 1, shape.next_n))
-        lengths = device_like((shape.requests,), np.int32, shape.context - shape.next_n)
+        arrays = scorer_arrays(shape)
+        *_, offsets, lengths = arrays  # the top-k of the two-step takes these too
         kv_columns = -(-shape.context // KV_BLOCK_SIZE)
         kv = device_like((shape.requests, kv_columns), np.int32, 0)
         paged = {"block_table": kv, "block_size": KV_BLOCK_SIZE}
         chunks = -(-shape.pools // 1024)
-        arrays = (q, weights, cache, table, offsets, lengths)
         launch = launched(INDEX_SELECT_FP8, *arrays, mma=mma, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         splits, group = int(launch.values["splits"]), int(launch.values["group_tokens"])
         # A block's passes: its split's chunks, and first the seed's (as many as hold pool_topk) where its token
