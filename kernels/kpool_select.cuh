@@ -372,10 +372,7 @@ __device__ __forceinline__ void offer_tile(SelectBuffer<CAP>& buffer, SelectStat
 template <int CAP>
 __device__ __forceinline__ void finish_selection(SelectBuffer<CAP>& buffer, SelectState& state, int k) {
     if (state.count > k) {
-        SelectTile<1> none;
-#pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
-        none.enter = 0u;
+        const SelectTile<1> none{};  // no tile: TILE false reads none of it
         cut_back<CAP, 1, false>(buffer, state, none, k, [](int, int) { return -1; });
     }
 }
@@ -605,10 +602,7 @@ __device__ __forceinline__ bool publish_split(SelectBuffer<CAP>& buffer, const S
     const int m = split_bound_rank(splits, pool_topk);
     unsigned int mth = 0u;
     if (held >= m) {  // the same in every thread
-        SelectTile<1> none;
-#pragma unroll
-        for (int e = 0; e < kSelectPerThread; ++e) none.keys[0][e] = 0u;
-        none.enter = 0u;
+        const SelectTile<1> none{};  // no tile: TILE false reads none of it
         unsigned int greater;
         mth = kth_largest_key<CAP, 1, false>(buffer, held, none, m, &greater);
     }
