@@ -13,10 +13,11 @@
 // candidates with one shuffle scan, the block with one barrier. When a tile
 // would not fit, the buffer and the tile are cut back together to their k
 // best (a radix select finds the k-th largest key K in up to four 8-bit
-// rounds, or the digits of it that already part the k best from the rest,
-// then a stable compaction keeps every key above K and the lowest-id keys
-// equal to K), and from then on only keys above K are offered: one comparison a
-// candidate, and a later candidate equal to K has a higher id than every
+// rounds, fewer where the keys left are all K, or the digits of it that
+// already part the k best from the rest, then a stable compaction keeps
+// every key above K and the lowest-id keys equal to K), and from then on
+// only keys above K are offered: one comparison a candidate, and a later
+// candidate equal to K has a higher id than every
 // kept one and loses to all k of them. The buffer stays in ascending pool
 // id, so the selection comes out sorted with no sort. The order candidates
 // arrive in changes how often a cut comes, never the result; select_best
@@ -60,6 +61,7 @@ struct SelectBuffer {
     int ids[kSize];
     unsigned int histogram[256];
     unsigned int found[3];  // kth_largest_key's round: the digit, the keys above it, the keys in it
+    unsigned int span[2];   // and the AND and the OR of the keys it counts, all one key where they agree
     unsigned int warp_totals[2][kSelectWarps];  // block_base's, two in turn
 };
 
@@ -157,13 +159,19 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
 // ones (more than k in all; without TILE the buffer's alone), or a key P at
 // or below it: *greater, how many of them lie above P's digits (those whose
 // digits found so far exceed them). Up to four rounds of an 8-bit histogram
-// over the keys that match the digits found so far; a round ends the search
+// over the keys that match the digits found so far. A round whose keys are
+// all one key (their AND is their OR) ends the search after its fill with
+// that key, the k-th largest: a tie across the rank (equal logits, NaNs)
+// takes one or two rounds, not four. A round ends it
 // early, with the digits found so far and the rest 0, where its digit holds
 // exactly the keys the rank still wants (every key at or above P is then
 // among the k largest and every other below them: the exact answer for a
 // cut, since k - *greater keys of the digit are all it keeps), and with
 // `enough` above 0 where its digit holds `enough` keys or fewer or the
-// digits so far are all 0 (a lower bound only).
+// digits so far are all 0 (a lower bound only). The next call's first round
+// rewrites the span words the last round read after its fill's barrier:
+// every caller meets a barrier before it calls again on the same buffer
+// (place_kept's or block_base's, publish_split's).
 template <int CAP, int GROUPS, bool TILE = true>
 __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffer, int count,
                                                         const SelectTile<GROUPS>& tile, int k, unsigned int* greater,
@@ -172,22 +180,42 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
     unsigned int wanted = static_cast<unsigned int>(k);  // the rank still to find among the matching keys
     for (int shift = 24; shift >= 0; shift -= 8) {
         buffer.histogram[threadIdx.x] = 0u;  // kSelectThreads == 256 bins
+        if (threadIdx.x == 0) {
+            buffer.span[0] = 0xffffffffu;
+            buffer.span[1] = 0u;
+        }
         __syncthreads();
+        unsigned int common = 0xffffffffu, any = 0u;  // the AND and the OR of the keys this thread counts
 #pragma unroll 1
         for (int base = 0; base < count; base += kSelectThreads) {  // the same trips in every thread
             const int i = base + static_cast<int>(threadIdx.x);
             const unsigned int key = i < count ? buffer.keys[i] : 0u;
-            add_to_histogram(buffer.histogram, (key >> shift) & 255u, i < count && (key & prefix_mask) == prefix);
+            const bool counts = i < count && (key & prefix_mask) == prefix;
+            add_to_histogram(buffer.histogram, (key >> shift) & 255u, counts);
+            if (counts) {
+                common &= key;
+                any |= key;
+            }
         }
 #pragma unroll
         for (int j = 0; j < (TILE ? GROUPS : 0); ++j)
 #pragma unroll
             for (int e = 0; e < kSelectPerThread; ++e) {
                 const unsigned int key = tile.keys[j][e];
-                add_to_histogram(buffer.histogram, (key >> shift) & 255u,
-                                 has_bit(tile.enter, j, e) && (key & prefix_mask) == prefix);
+                const bool counts = has_bit(tile.enter, j, e) && (key & prefix_mask) == prefix;
+                add_to_histogram(buffer.histogram, (key >> shift) & 255u, counts);
+                if (counts) {
+                    common &= key;
+                    any |= key;
+                }
             }
+        atomicAnd(&buffer.span[0], common);  // ptxas sums a warp's first (REDUX), then one lane adds
+        atomicOr(&buffer.span[1], any);
         __syncthreads();
+        if (buffer.span[0] == buffer.span[1]) {  // the same in every thread: every key counted is this one
+            prefix = buffer.span[0];
+            break;
+        }
         // Thread j looks at digit 255 - j: the keys in higher digits are the exclusive sum before it.
         const unsigned int digit = 255u - threadIdx.x;
         const unsigned int here = buffer.histogram[digit];

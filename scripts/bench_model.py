@@ -122,9 +122,10 @@ from kpool_cupy.tools.selection_cost import (  # noqa: E402
 )
 from kpool_cupy.tools.selection_trace import (  # noqa: E402
     SelectionTrace,
-    split_ranges,
+    SplitTrace,
     trace_fused_select,
     trace_select_best,
+    trace_split_row,
 )
 
 # NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
@@ -226,9 +227,12 @@ class Case:
     # The SASS counted: the kernel's whole text, or (the scorer) its engine path (tools/scorer_paths.py: the bench's
     # tiles hold one request's tokens, its batches at most 512 requests, its pages 64 pools)
     engine_path: bool = False
-    # kpool_index_topk: what select_best did on the benchmark's logits in a sample of its blocks (a row's split
-    # each), its tile loop, cut-backs and radix selects counted as they ran (tools/selection_cost.py)
+    # kpool_index_topk: what select_best did on the benchmark's logits in a sample of its blocks (a row each),
+    # its tile loop, cut-backs and radix selects counted as they ran (tools/selection_cost.py); where a row is
+    # split over blocks, what its blocks did on a sample of rows (``split_traces``: select_best, each list's
+    # publishing and the merge)
     traces: tuple[SelectionTrace, ...] = ()
+    split_traces: tuple[SplitTrace, ...] = ()
     # kpool_index_select_fp8: what a token's selection did in a block on the benchmark's logits (TRACED_ROWS
     # rows, each a block's share of a token's row), its offers and cut-backs counted as they ran for each of
     # the block's `offer_tokens` tokens (in place of the offer loop's body once a chunk and a further token)
@@ -489,7 +493,7 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=INDEX_KPOOL, pool_topk=SELECT_TOPK, **paged)
         nbytes = shape.tokens * (shape.pools + SELECT_TOPK * INDEX_KPOOL) * 4  # the logits read, positions written
-        cases += [fused, Case("index_topk", shape.name, nbytes, launch, traces=topk_traces(launch, shape.pools))]
+        cases += [fused, topk_case(shape.name, nbytes, launch, shape.pools)]
     return cases
 
 
@@ -498,22 +502,24 @@ def select_cases(mma: int = SM90_MMA) -> list[Case]:
 TRACED_ROWS = 4
 
 
-def topk_traces(launch: Launch, pools: int, rising: bool = False) -> tuple[SelectionTrace, ...]:
-    """select_best in a block of kpool_index_topk on the benchmark's logits: the first split of a row of
-    ``pools`` (its share of the row's tiles), standard normal or (``rising``) sorted, TRACED_ROWS rows."""
-    lo, hi = split_ranges(pools, launch.geometry.grid // launch.geometry.items, TOPK_TILE)[0]
-    width = hi - lo
+def topk_case(name: str, nbytes: float, launch: Launch, pools: int, rising: bool = False) -> Case:
+    """A kpool_index_topk row, its selection traced on the benchmark's logits: TRACED_ROWS rows of ``pools``
+    standard normal logits, or (``rising``) those sorted; select_best over each row where a block holds it
+    (``traces``), the row's blocks, lists and merge where it is split (``split_traces``)."""
+    splits = launch.geometry.grid // launch.geometry.items
     cap, k = int(launch.template["CAP"]), int(launch.values["pool_topk"])
-    traces = []
-    for seed in range(TRACED_ROWS):
-        row = np.random.default_rng(seed).standard_normal(width).astype(np.float32)
-        traces.append(trace_select_best(np.sort(row) if rising else row, k, TOPK_TILE, cap))
-    return tuple(traces)
+    rows = [np.random.default_rng(seed).standard_normal(pools).astype(np.float32) for seed in range(TRACED_ROWS)]
+    rows = [np.sort(row) if rising else row for row in rows]
+    if splits > 1:
+        split = tuple(trace_split_row(row, k, splits, TOPK_TILE, cap) for row in rows)
+        return Case("index_topk", name, nbytes, launch, split_traces=split)
+    traces = tuple(trace_select_best(row, k, TOPK_TILE, cap) for row in rows)
+    return Case("index_topk", name, nbytes, launch, traces=traces)
 
 
 def topk_cases() -> list[Case]:
     """bench.topk.bench_topk: kpool_index_topk alone at the issue's records; select_best's loops counted as they
-    ran on the benchmark's logits (topk_traces)."""
+    ran on the benchmark's logits (topk_case)."""
     cases = []
     for shape in topk_shapes():
         logits = device_like((shape.tokens, shape.pools), np.float32)  # never touched: no host pages
@@ -526,8 +532,7 @@ def topk_cases() -> list[Case]:
         workspace = device_like((index_topk_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk),), np.uint8)
         launch = launched(INDEX_TOPK, logits, offsets, lengths, kpool=shape.kpool, pool_topk=shape.pool_topk,
                           workspace=workspace if workspace.shape[0] else None, **paged)  # fmt: skip
-        traces = topk_traces(launch, shape.pools, shape.rising)
-        cases.append(Case("index_topk", shape.name, topk_bytes(shape), launch, traces=traces))
+        cases.append(topk_case(shape.name, topk_bytes(shape), launch, shape.pools, shape.rising))
     return cases
 
 
@@ -844,17 +849,18 @@ def predict(
     # finish.
     per_thread += case.token_repeats * v.token_loop_body + case.offer_repeats * v.offer_loop_body
     per_thread += case.finish_repeats * v.finish_loop_body
-    if case.traces:
+    if case.traces or case.split_traces:
         # select_best's loops as they ran (tools/selection_cost.py), the mean of the traced blocks, in place of
-        # their bodies' static once.
+        # their bodies' static once; and gather_splits's: where a block holds a row it returns at once (no list,
+        # no merge), where a row is split every block publishes its list and the row's last one merges.
         assert v.selection is not None, case
-        issued = sum(v.selection.issued(trace) for trace in case.traces) / len(case.traces)
-        per_thread += issued - v.selection.static()
         splits = geometry.grid // geometry.items
-        if splits == 1:  # a block a row: gather_splits returns at once, no list, no merge
-            per_thread -= v.selection.publish + v.selection.merge
-        else:  # every block publishes its list; the row's last one merges
-            per_thread -= v.selection.merge * (splits - 1) / splits
+        if case.split_traces:
+            issued = sum(v.selection.split_issued(trace) for trace in case.split_traces) / len(case.split_traces)
+            issued /= splits
+        else:
+            issued = sum(v.selection.issued(trace) for trace in case.traces) / len(case.traces)
+        per_thread += issued - v.selection.static() - v.selection.publish - v.selection.merge
         # The row's last block writes it, a pass of kExpandSpan (1,024) columns at a time: first the passes
         # inside the pool columns, when a run lies in one pool and one page, in their own loop; the rest in the
         # general loop (each loop's body is in the static count once).
@@ -872,7 +878,7 @@ def predict(
         # The fused select's offers as they ran for each of its tokens (tools/selection_cost.py), in place of
         # the offer loop's body in each chunk's and each further token's count.
         assert v.offer is not None and v.offer.loop == v.offer_loop_body, case
-        issued = sum(v.offer.issued(t.tiles, t.cuts, t.rounds()) for t in case.offer_traces) / len(case.offer_traces)
+        issued = sum(v.offer.issued(t.tiles, t.cuts, t.searches()) for t in case.offer_traces) / len(case.offer_traces)
         per_thread += case.offer_tokens * issued - (case.repeats + case.offer_repeats) * v.offer.loop
     if case.mma_repeats:
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line

@@ -128,7 +128,7 @@ def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
     # threshold, cut back only at their end, and so cost the same.
     from dataclasses import replace
 
-    from kpool_cupy.tools.selection_trace import SelectionTrace
+    from kpool_cupy.tools.selection_trace import Search, SelectionTrace
 
     rows = {case.shape: case for case in cases if case.family == "index_topk"}
     random, rising = rows["topk decode-512x1 128K top512"], rows["topk rising decode-512x1 128K top512"]
@@ -143,37 +143,47 @@ def test_a_topk_row_counts_the_cut_backs_its_logits_make(model, cases):
         return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
 
     offer = v.selection.offer
-    plain = SelectionTrace(8, True, (), 850, 2)
+    plain = SelectionTrace(8, True, (), 850, Search(2))
     cut = offer.cut_straight + offer.radix.issued(1500) + 2 * offer.compaction
     assert per_thread((replace(plain, cuts=(1500,)),)) - per_thread((plain,)) == pytest.approx(cut)
     assert per_thread((replace(plain, tiles=16),)) - per_thread((plain,)) == pytest.approx(8 * offer.path)
 
 
 @pytest.mark.usefixtures("sass_tools")
-def test_a_topk_row_one_block_selects_is_not_counted_a_merge(model, cases):
+def test_a_topk_row_counts_lists_and_a_merge_only_where_it_is_split(model, cases):
     # A row that one block selects returns from gather_splits at once: the model takes the published list and
-    # the merge (SelectionLoops.publish and .merge, read off the SASS) out of its count; a launch of the same
-    # variant that splits its rows in two keeps the list in every block and the merge in one of the two. The
-    # row's writing (a pass of 1,024 columns: two at top 512 and kpool 4, both inside the pool columns with runs
-    # of one pool and one page, so SelectionLoops.write_whole's loop) is the last block's: both passes in a block
+    # the merge (SelectionLoops.publish and .merge, read off the SASS) out of its count. A row split over blocks
+    # counts, averaged over its blocks, each block's select_best and list (SelectionLoops.published: its m-th
+    # key's radix select as the trace ran it, or none) and the merge once a row (SelectionLoops.merged). Here
+    # a launch of the same variant split in two, each half's select_best the one-block row's trace. The row's
+    # writing (a pass of 1,024 columns: two at top 512 and kpool 4, both inside the pool columns with runs of
+    # one pool and one page, so SelectionLoops.write_whole's loop) is the last block's: both passes in a block
     # a row, one in each of two on average. Seen failing with the writing's loop counted once a block whatever
-    # the passes.
+    # the passes, and with the merge counted in every block.
     from dataclasses import replace
+
+    from kpool_cupy.tools.selection_trace import Search, SelectionTrace, SplitTrace
 
     case = next(c for c in cases if c.family == "index_topk" and c.shape == "topk decode-512x1 128K top512")
     geometry = case.launch.geometry
-    assert geometry.grid == geometry.items  # a block a row
-    split = replace(case, launch=replace(case.launch, geometry=replace(geometry, grid=2 * geometry.grid)))
+    assert geometry.grid == geometry.items and case.traces and not case.split_traces  # a block a row
+    one = replace(case, traces=case.traces[:1])
+    merge = SelectionTrace(1, False, (), 562, finish_search=Search(3))
+    halves = SplitTrace((one.traces[0],) * 2, (512, 512), (Search(2), None), merge)
+    launch = replace(case.launch, geometry=replace(geometry, grid=2 * geometry.grid))
+    split = replace(one, launch=launch, traces=(), split_traces=(halves,))
     v = model.variant(case.launch.kernel.source, case.launch.instance)
 
     def per_thread(c):
         warps = c.launch.geometry.grid * (c.launch.geometry.block // 32)
         return model.predict(c, v).issue_us * 1e-6 * model.ISSUE_RATE / warps
 
-    assert v.selection.merge > 1000 and v.selection.publish > 100, v.selection  # the merge: thousands
-    assert case.launch.values["width"] == 2048 and 50 < v.selection.write_whole < v.selection.write, v.selection
-    written = v.selection.write_whole  # a block a row: 2 passes; split in two: 1 a block
-    assert per_thread(split) - per_thread(case) == pytest.approx(v.selection.publish + v.selection.merge / 2 - written)
+    loops = v.selection
+    assert loops.merge > 1000 and loops.publish > 100, loops  # the merge: thousands
+    assert case.launch.values["width"] == 2048 and 50 < loops.write_whole < loops.write, loops
+    written = loops.write_whole  # a block a row: 2 passes; split in two: 1 a block
+    lists = loops.published(512, Search(2)) + loops.published(512, None)
+    assert per_thread(split) - per_thread(one) == pytest.approx((lists + loops.merged(merge)) / 2 - written)
 
 
 @pytest.mark.usefixtures("sass_tools")

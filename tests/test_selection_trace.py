@@ -19,7 +19,15 @@ from kpool_cupy.ops import index_topk
 from kpool_cupy.ops.index_topk import TOPK_TILE
 from kpool_cupy.tools import sass
 from kpool_cupy.tools.selection_cost import selection_loops
-from kpool_cupy.tools.selection_trace import ROUND_BARRIERS, order_keys, trace_fused_select, trace_select_best
+from kpool_cupy.tools.selection_trace import (
+    ROUND_BARRIERS,
+    Search,
+    SelectionTrace,
+    order_keys,
+    trace_fused_select,
+    trace_select_best,
+    trace_split_row,
+)
 
 I32 = np.dtype(np.int32)
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +132,41 @@ def test_the_trace_passes_the_barriers_the_emulated_kernel_passes(monkeypatch, w
     assert restarts == [True, False, False]
 
 
+@pytest.mark.parametrize(
+    ("width", "pool_topk"),
+    [
+        (32_768, 512),  # `topk decode-1x1 128K top512`'s row: 4 splits of 2 tiles, lists merged in one tile
+        (100_000, 256),  # 25 splits, some lists' m-th keys found in other rounds
+        (20_000, 100),  # 5 splits, a list holds fewer than m where the NaN row leaves it few numbers
+    ],
+)
+def test_a_split_rows_trace_passes_the_barriers_the_emulated_kernel_passes(width, pool_topk):
+    # A row split over blocks (kpool_index_topk's own choice): the launch's barriers, summed over its blocks, are
+    # each block's select_best, its list's publishing (the m-th largest key's radix select and three more) and
+    # the last block's merge (its threshold's two, its offers of the lists' slots, its finish). Equal and mostly
+    # NaN rows end their radix selects at a round whose keys are all one key, after its fill (two barriers, not
+    # six). Seen failing with the trace's tie check taken out (equal: 63 barriers, traced 349) and with the
+    # merge's threshold left out (every list's slot offered: cut-backs the kernel does not make).
+    from kpool_cupy.emulator.launch import recording
+
+    rng = np.random.default_rng(width + pool_topk)
+    cap = max(512, 1 << (pool_topk - 1).bit_length())
+    tied = set()
+    for kind in ("normal", "rising", "falling", "equal", "nan", "sampled-high"):
+        row = order_row(rng, width, kind)
+        with recording() as launches:
+            emulate.kpool_index_topk(
+                row[None, :], np.array([0, 1], np.int32), np.array([width - 1], np.int32), kpool=1,
+                pool_topk=pool_topk,
+            )  # fmt: skip
+        (launch,) = launches
+        assert launch.grid > 1, launch  # split
+        trace = trace_split_row(row, pool_topk, launch.grid, TOPK_TILE, cap)
+        assert launch.barriers == trace.barriers(), (kind, trace)
+        tied.add(any(search is not None and search.tied for search in trace.published))
+    assert tied == {False, True}  # some lists' searches ended at a tie, some did not
+
+
 @pytest.mark.usefixtures("sass_tools")
 @pytest.mark.parametrize("cap", [512, 2048])
 def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap):
@@ -145,12 +188,22 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     assert radix.issued(256 * radix.unroll + 1) - radix.issued(1) == 4 * radix.histogram, radix
     row = np.sort(np.random.default_rng(0).standard_normal(32_768).astype(np.float32))
     trace = trace_select_best(row, 512, TOPK_TILE, cap)
-    assert not trace.cuts and trace.finish is not None and trace.seeded and trace.seed_rounds == 2, trace
+    assert not trace.cuts and trace.finish is not None and trace.seeded and trace.seed == Search(2), trace
     finish = (
-        loops.finish_radix.issued(trace.finish, trace.finish_rounds)
+        loops.finish_radix.issued(trace.finish, trace.finish_search)
         + -(-trace.finish // 1024) * loops.finish_compaction
     )
     assert loops.issued(trace) == trace.tiles * offer.path + 2 * loops.seed_radix.rounds + finish
+    # gather_splits's loops: the merge's tile loop is an offer loop with the same barriers, the list's and the
+    # merge's finish radix selects read a buffer; a list searched in no round and a merge that offers nothing
+    # leave the static code outside those loops.
+    merge = loops.merge_offer
+    assert merge.barriers == (2, ROUND_BARRIERS, 1) and 0 < merge.path < merge.loop, merge
+    assert loops.publish_radix.histogram > 0 and loops.merge_finish_radix.histogram > 0, loops
+    assert loops.publish - loops.published(512, None) == loops.publish_radix.rounds, loops
+    idle = SelectionTrace(0, False, (), None)
+    merge_loops = merge.loop + loops.merge_finish_radix.rounds + loops.merge_finish_compaction
+    assert loops.merge - loops.merged(idle) == merge_loops, loops
 
 
 @pytest.mark.usefixtures("sass_tools")

@@ -606,6 +606,17 @@ inline int atomicAdd(int* address, int value) {
     return old;
 }
 
+inline unsigned int atomicAnd(unsigned int* address, unsigned int value) {
+    const unsigned int old = *address;
+    *address = old & value;
+    return old;
+}
+inline unsigned int atomicOr(unsigned int* address, unsigned int value) {
+    const unsigned int old = *address;
+    *address = old | value;
+    return old;
+}
+
 // atomicInc as CUDA defines it: old >= limit ? 0 : old + 1, the old value
 // returned.
 inline unsigned int atomicInc(unsigned int* address, unsigned int limit) {

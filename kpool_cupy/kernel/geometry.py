@@ -169,9 +169,9 @@ SELECT_SHARED_LIMIT_MMA_SYNC = 99 * 1024 - SELECT_STATIC_RESERVE
 
 def select_buffer_bytes(cap: int) -> int:
     """kp::SelectGroupShared<CAP>::kBufferBytes: a kp::SelectBuffer<CAP> (CAP + a chunk of keys and ids, a
-    256-bin histogram, a radix round's 3 found words, 2 x 8 warp totals, all 4-byte) at a multiple of 128
-    bytes."""
-    size = 8 * (cap + SELECT_CHUNK) + 4 * 256 + 4 * 3 + 4 * 2 * (SELECT_THREADS // 32)
+    256-bin histogram, a radix round's 3 found words and 2 span words, 2 x 8 warp totals, all 4-byte) at a
+    multiple of 128 bytes."""
+    size = 8 * (cap + SELECT_CHUNK) + 4 * 256 + 4 * (3 + 2) + 4 * 2 * (SELECT_THREADS // 32)
     return -(-size // 128) * 128
 
 

@@ -7,14 +7,16 @@ A static count takes each loop's body once. The selection's loops run as often a
     offer loop     once a tile, on the path a whole tile of an aligned row takes (16-byte loads; a row's last
                    tile may take 4-byte loads for a group the range ends in); its cut-back (the part of its
                    body off that path, a radix select and a compaction among it) once a cut-back
-    radix select   up to four rounds (as many as the trace's ``radix_select`` took), each its straight code once
+    radix select   up to four rounds (as many as the trace's ``radix_select`` took; a round that ends at its tie
+                   check counted whole, an upper bound), each its straight code once
                    and its histogram loop's body once a trip of 256 buffer entries (``#pragma unroll 1``; where
                    ptxas unrolls it, once for each ``RadixLoops.unroll`` trips)
     compaction     once a 1,024 buffer entries
     seed, finish   the radix select that starts the range from a threshold (two or three rounds in select_best); the
                    cut-back after the last tile
-    publish, merge a split row's list and its lists' merge (``gather_splits``), which a row that one block
-                   selects never runs
+    publish, merge a split row's list (its m-th largest key's radix select as the trace's took) and its lists'
+                   merge (an offer loop over the lists' slots and its finish, as the trace's ran), which a row
+                   that one block selects never runs
 
 so a thread's count is the static one with these loops' bodies taken out and put back as the trace ran them.
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 
 from .load_depth import TENSOR_CORE, basic_blocks
 from .sass import Instruction, loop_spans, parse_instructions
-from .selection_trace import RADIX_ROUNDS, SELECT_CHUNK, SELECT_THREADS, SelectionTrace
+from .selection_trace import FOUR_ROUNDS, SELECT_CHUNK, SELECT_THREADS, Search, SelectionTrace, SplitTrace
 
 Span = tuple[int, int]
 
@@ -42,13 +44,13 @@ class RadixLoops:
     histogram: int
     unroll: int = 1
 
-    def issued(self, count: int, rounds: int = RADIX_ROUNDS) -> int:
-        """Its instructions over a buffer of ``count`` entries in ``rounds`` rounds: the histogram loop's body
-        once for each ``unroll`` trips or part (the part left over taken as a whole body, with the rounds' own
-        code whole: an upper bound)."""
+    def issued(self, count: int, search: Search = FOUR_ROUNDS) -> int:
+        """Its instructions over a buffer of ``count`` entries in the rounds of ``search``: the histogram loop's
+        body once for each ``unroll`` trips or part (the part left over taken as a whole body, with the rounds' own
+        code whole, and a round that ends at its tie check as a whole round: an upper bound)."""
         trips = -(-count // SELECT_THREADS)
         bodies = -(-trips // self.unroll)
-        return rounds * (self.rounds - self.histogram + bodies * self.histogram)
+        return search.rounds * (self.rounds - self.histogram + bodies * self.histogram)
 
 
 @dataclass(frozen=True)
@@ -68,11 +70,11 @@ class OfferLoops:
     compaction: int
     barriers: tuple[int, int, int]
 
-    def issued(self, tiles: int, cuts: tuple[int, ...], rounds: tuple[int, ...] | None = None) -> int:
+    def issued(self, tiles: int, cuts: tuple[int, ...], searches: tuple[Search, ...] | None = None) -> int:
         """What a thread issues in it over ``tiles`` offers that cut back at the buffer fills ``cuts``, their
-        radix selects in ``rounds`` rounds each (None: RADIX_ROUNDS)."""
+        radix selects ``searches`` (None: four whole rounds each)."""
         total = tiles * self.path + len(cuts) * self.cut_straight
-        each = rounds if rounds is not None else (RADIX_ROUNDS,) * len(cuts)
+        each = searches if searches is not None else (FOUR_ROUNDS,) * len(cuts)
         pairs = zip(cuts, each, strict=True)
         return total + sum(self.radix.issued(n, r) + _chunks(n) * self.compaction for n, r in pairs)
 
@@ -86,12 +88,18 @@ class SelectionLoops:
     finish_compaction: int
     seed_radix: RadixLoops
     # gather_splits, which a row that one block selects never runs: ``publish`` from the first loop after the
-    # finish's compaction (the published list's writing) to the end of the list's radix select, which every
-    # block of a split row runs; ``merge`` from there to the end of the merge's compaction, which the row's last
-    # block runs (the heads' writing and the last-block test among it: an upper bound). The finish's last
-    # instructions and the splits test before that loop stay counted.
-    merge: int = 0
-    publish: int = 0
+    # finish's compaction (the published list's writing) to the end of the list's radix select
+    # (``publish_radix``, its m-th largest key's), which every block of a split row runs; ``merge`` from there to
+    # the end of the merge's compaction, which the row's last block runs (the heads' writing and the last-block
+    # test among it: an upper bound): the merge's threshold, its tile loop (``merge_offer``, an offer loop over
+    # the lists' slots), its finish's radix select and compaction. The finish's last instructions and the splits
+    # test before that loop stay counted. ``published`` and ``merged`` count them as a trace ran them.
+    publish_radix: RadixLoops
+    merge_offer: OfferLoops
+    merge_finish_radix: RadixLoops
+    merge_finish_compaction: int
+    merge: int
+    publish: int
     # The row's writing (kp::write_expanded_row, after gather_splits, in a row's last block only), loops over its
     # passes of 1,024 columns, the outermost after the merge that store to global memory: ``write`` the general
     # loop (the last); ``write_whole`` the loop before it, where the kernel has one (0: none), over the passes
@@ -105,13 +113,42 @@ class SelectionLoops:
 
     def issued(self, trace: SelectionTrace) -> int:
         """What a thread issues in them over one range the trace describes."""
-        total = self.offer.issued(trace.tiles, trace.cuts, trace.rounds())
-        if trace.finish is not None:
-            total += self.finish_radix.issued(trace.finish, trace.finish_rounds)
-            total += _chunks(trace.finish) * self.finish_compaction
+        total = _streamed(self.offer, self.finish_radix, self.finish_compaction, trace)
         if trace.seeded:
-            total += self.seed_radix.issued(0, trace.seed_rounds)
+            total += self.seed_radix.issued(0, trace.seed)
         return total
+
+    def published(self, held: int, search: Search | None) -> int:
+        """What a thread of a split row's block issues publishing its list of ``held`` keys, the radix select of
+        its m-th largest key ``search`` (None: the list holds fewer than m, no search)."""
+        searched = 0 if search is None else self.publish_radix.issued(held, search)
+        return self.publish - self.publish_radix.rounds + searched
+
+    def merged(self, trace: SelectionTrace) -> int:
+        """What a thread of a split row's last block issues merging the lists, the merge's offers and finish as
+        ``trace`` ran them (``SplitTrace.merge``)."""
+        loops = self.merge_offer.loop + self.merge_finish_radix.rounds + self.merge_finish_compaction
+        return (
+            self.merge
+            - loops
+            + _streamed(self.merge_offer, self.merge_finish_radix, self.merge_finish_compaction, trace)
+        )
+
+    def split_issued(self, trace: SplitTrace) -> int:
+        """What a thread issues in select_best, the list's publishing and the merge, summed over the blocks of a
+        split row as ``trace`` ran them."""
+        pairs = zip(trace.blocks, trace.held, trace.published, strict=True)
+        return sum(self.issued(block) + self.published(held, search) for block, held, search in pairs) + self.merged(
+            trace.merge
+        )
+
+
+def _streamed(offer: OfferLoops, finish_radix: RadixLoops, finish_compaction: int, trace: SelectionTrace) -> int:
+    """An offer loop's instructions over the trace's tiles and cut-backs, and its finish's cut-back's."""
+    total = offer.issued(trace.tiles, trace.cuts, trace.searches())
+    if trace.finish is not None:
+        total += finish_radix.issued(trace.finish, trace.finish_search) + _chunks(trace.finish) * finish_compaction
+    return total
 
 
 def _chunks(count: int) -> int:
@@ -259,6 +296,10 @@ def selection_loops(sass: str) -> SelectionLoops:
         reading.radix(finish),
         reading.size(finish_compaction),
         reading.radix(max(seed)),
+        reading.radix(after[2]),
+        reading.offer(after[3]),
+        reading.radix(after[4]),
+        reading.size(after[5]),
         sum(after[2][1] < i.address <= after[5][1] for i in reading.code),
         sum(_first_loop_after(spans, finish_compaction[1]) <= i.address <= after[2][1] for i in reading.code),
         *_writing(reading, [s for s in outermost if s[0] > after[5][1] and reading.stores(s)]),

@@ -13,7 +13,8 @@ tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where t
 they are cut back to their ``k`` best and only keys above the k-th largest are offered after; after the last tile
 a buffer of more than ``k`` is cut back once more. Each of those k-th largest keys is ``radix_select``'s: its
 digits up to the first round whose digit holds exactly the keys still wanted, the rest 0 (a key at or below the
-k-th largest that keeps the same k), in as many rounds.
+k-th largest that keeps the same k), in as many rounds, or the key itself at the first round whose keys are all
+one key (``Search``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ SAMPLE_GROUPS = SELECT_CHUNK // 4  # select_best's sample: at most this many gro
 SAMPLE_ENOUGH = 8  # select_best's seed stops at a digit holding its rank over this or fewer keys
 SEED_CHUNKS = 3  # kpool_index_select.cu's kSeedChunks: a row this many seeds' worth takes a seed
 ROUND_BARRIERS = 6  # a round's: histogram cleared, filled, the exclusive sum's two, the digit found and read
+TIED_ROUND_BARRIERS = 2  # a round that ends at its tie check: histogram cleared, filled
+MERGE_TILE = 2 * SELECT_CHUNK  # kp::kSelectMergeGroups x kSelectChunk: the list slots a merge tile takes
+MAX_LISTS = 64  # kp::kSelectMaxSplits: the lists a merge reads
+PUBLISH_BARRIERS = 3  # publish_split's own: after the head's writing, after the counter, before a later call
+MERGE_START_BARRIERS = 2  # merge_threshold's: the warps' bounds written, then read before a later call
 
 
 def order_keys(logits: np.ndarray) -> np.ndarray:
@@ -42,24 +48,40 @@ def order_keys(logits: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Search:
+    """One radix select (kp::kth_largest_key): the ``rounds`` it entered, the last ending whole or (``tied``) at its
+    tie check, after its histogram's fill, where every key the round counted was one key."""
+
+    rounds: int = RADIX_ROUNDS
+    tied: bool = False
+
+    def barriers(self) -> int:
+        """Its block-wide barriers: ROUND_BARRIERS a whole round, TIED_ROUND_BARRIERS the one that ends tied."""
+        return self.rounds * ROUND_BARRIERS - (ROUND_BARRIERS - TIED_ROUND_BARRIERS) * self.tied
+
+
+FOUR_ROUNDS = Search()  # a radix select's every round, whole: what a count without a trace takes
+
+
+@dataclass(frozen=True)
 class SelectionTrace:
     """One range's selection: ``tiles`` offered (a range offered again counted twice); ``seeded`` when it started
-    from a threshold (a radix select of ``seed_rounds`` rounds over select_best's sample or the fused select's
-    seed chunks, no buffer); ``cuts`` the buffer's count at each cut-back in a tile's offer, ``finish`` at the cut
-    after the last tile (None: none); ``cut_rounds`` and ``finish_rounds`` the rounds their radix selects took
-    (``radix_select``; empty: RADIX_ROUNDS each)."""
+    from a threshold (the radix select ``seed`` over select_best's sample or the fused select's seed chunks, no
+    buffer); ``cuts`` the buffer's count at each cut-back in a tile's offer, ``finish`` at the cut after the last
+    tile (None: none); ``cut_searches`` and ``finish_search`` their radix selects (``radix_select``'s; empty:
+    four whole rounds each)."""
 
     tiles: int
     seeded: bool
     cuts: tuple[int, ...]
     finish: int | None
-    seed_rounds: int = RADIX_ROUNDS
-    cut_rounds: tuple[int, ...] = ()
-    finish_rounds: int = RADIX_ROUNDS
+    seed: Search = FOUR_ROUNDS
+    cut_searches: tuple[Search, ...] = ()
+    finish_search: Search = FOUR_ROUNDS
 
-    def rounds(self) -> tuple[int, ...]:
-        """Each cut-back's radix select's rounds, in ``cuts``'s order."""
-        return self.cut_rounds or (RADIX_ROUNDS,) * len(self.cuts)
+    def searches(self) -> tuple[Search, ...]:
+        """Each cut-back's radix select, in ``cuts``'s order."""
+        return self.cut_searches or (FOUR_ROUNDS,) * len(self.cuts)
 
     def barriers(self) -> int:
         """The block-wide barriers it passes (kernels/kpool_select.cuh): a radix select ROUND_BARRIERS a round;
@@ -67,13 +89,13 @@ class SelectionTrace:
         select, one a buffer chunk it compacts, one for the tile's candidates (the finish has no tile) and one
         after."""
 
-        def cut(count: int, rounds: int, tile: int = 1) -> int:
-            return rounds * ROUND_BARRIERS + -(-count // SELECT_CHUNK) + tile + 1
+        def cut(count: int, search: Search, tile: int = 1) -> int:
+            return search.barriers() + -(-count // SELECT_CHUNK) + tile + 1
 
-        seed = self.seed_rounds * ROUND_BARRIERS if self.seeded else 0
-        pairs = zip(self.cuts, self.rounds(), strict=True)
+        seed = self.seed.barriers() if self.seeded else 0
+        pairs = zip(self.cuts, self.searches(), strict=True)
         offers = 2 * (self.tiles - len(self.cuts)) + sum(1 + cut(n, r) for n, r in pairs)
-        return seed + offers + (cut(self.finish, self.finish_rounds, tile=0) if self.finish is not None else 0)
+        return seed + offers + (cut(self.finish, self.finish_search, tile=0) if self.finish is not None else 0)
 
 
 def sample_rank(k: int, sampled: int, count: int) -> int:
@@ -83,17 +105,20 @@ def sample_rank(k: int, sampled: int, count: int) -> int:
     return share + int(np.ceil(np.float32(SAMPLE_SPREAD) * np.sqrt(np.float32(share)))) + SAMPLE_SLACK
 
 
-def radix_select(keys: np.ndarray, k: int, enough: int = 0) -> tuple[int, int]:
-    """kp::kth_largest_key's search over ``keys`` (k of them or more) for the k-th largest, ended after the first
-    8-bit round whose digit holds exactly the keys the rank still wants (every key at or above its digits is among
-    the k largest: a cut keeps exactly those) or, with ``enough`` above 0, ``enough`` keys or fewer, or whose digits
-    so far are all 0: the digits found (the rest 0; the k-th largest itself after four rounds) and the rounds it
-    took."""
+def radix_select(keys: np.ndarray, k: int, enough: int = 0) -> tuple[int, Search]:
+    """kp::kth_largest_key's search over ``keys`` (k of them or more) for the k-th largest: 8-bit rounds over the
+    keys that match the digits found so far, ended at the first round whose matching keys are all one key (that
+    key: the k-th largest; found after the round's fill) or after the first round whose digit holds exactly the
+    keys the rank still wants (every key at or above its digits is among the k largest: a cut keeps exactly those)
+    or, with ``enough`` above 0, ``enough`` keys or fewer, or whose digits so far are all 0: the key or the digits
+    found (the rest 0; the k-th largest itself after four rounds), and the search."""
     prefix, wanted, rounds = 0, k, 0
     for shift in (24, 16, 8, 0):
         rounds += 1
         high = np.uint64(0xFFFFFFFF) << np.uint64(shift + 8) & np.uint64(0xFFFFFFFF)
         matching = keys[(keys.astype(np.uint64) & high) == prefix]
+        if matching.min() == matching.max():
+            return int(matching[0]), Search(rounds, tied=True)
         counts = np.bincount((matching >> np.uint32(shift)) & np.uint32(255), minlength=256)[::-1]
         above = np.cumsum(counts) - counts  # the keys in higher digits, digit 255 first
         at = int(np.nonzero((above < wanted) & (above + counts >= wanted))[0][0])
@@ -101,7 +126,7 @@ def radix_select(keys: np.ndarray, k: int, enough: int = 0) -> tuple[int, int]:
         wanted -= int(above[at])
         if counts[at] == wanted or counts[at] <= enough or (enough > 0 and prefix == 0):
             break
-    return prefix, rounds
+    return prefix, Search(rounds)
 
 
 def sample_positions(count: int) -> np.ndarray:
@@ -134,13 +159,70 @@ def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> Select
     rank = sample_rank(k, sample.size, keys.size) if sample.size else 0
     if not 0 < rank <= sample.size:
         return _traced(tiles, None, _offers(keys, k, tile, cap, None))
-    seed, rounds = radix_select(sample, rank, rank // SAMPLE_ENOUGH)
+    seed, search = radix_select(sample, rank, rank // SAMPLE_ENOUGH)
     threshold = seed - 1 if seed > 0 else None  # a seed of 0: every key is offered
     offers = _offers(keys, k, tile, cap, threshold)
     if threshold is not None and not offers.cuts and int(np.count_nonzero(keys >= seed)) < k:
         offers = _offers(keys, k, tile, cap, None)  # fewer than k reached the seed: again from none
         tiles *= 2
-    return _traced(tiles, rounds, offers)
+    return _traced(tiles, search, offers)
+
+
+@dataclass(frozen=True)
+class SplitTrace:
+    """A row split over blocks in kpool_index_topk (kernels/kpool_select.cuh's gather_splits): each block's
+    select_best (``blocks``), the size of the list it publishes (``held``) and the radix select that found its m-th
+    largest key (``published``; None where it holds fewer than m and searches none), and the last
+    block's ``merge`` of the lists (tiles of MERGE_TILE list slots, from the lists' threshold; never seeded)."""
+
+    blocks: tuple[SelectionTrace, ...]
+    held: tuple[int, ...]
+    published: tuple[Search | None, ...]
+    merge: SelectionTrace
+
+    def barriers(self) -> int:
+        """The block-wide barriers the row's blocks pass, summed over them: each block's select_best and publish
+        (its m-th key's radix select and PUBLISH_BARRIERS), the last one's merge (its threshold's
+        MERGE_START_BARRIERS, its offers and finish as ``SelectionTrace.barriers`` counts them)."""
+        blocks = sum(trace.barriers() for trace in self.blocks)
+        publish = sum(PUBLISH_BARRIERS + (search.barriers() if search else 0) for search in self.published)
+        return blocks + publish + MERGE_START_BARRIERS + self.merge.barriers()
+
+
+def best_keys(keys: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` best of ``keys`` (a larger key first, a lower index among equal ones), in index order: what a
+    block's selection leaves in its buffer and publishes as its list."""
+    order = np.lexsort((np.arange(keys.size), -keys.astype(np.int64)))
+    return keys[np.sort(order[:k])]
+
+
+def trace_split_row(logits: np.ndarray, k: int, splits: int, tile: int, cap: int) -> SplitTrace:
+    """kpool_index_topk over one row of ``logits`` (float32, ascending pool id) split over ``splits`` blocks
+    (``split_ranges``), ``tile`` candidates a tile, a buffer for ``cap``: each block's select_best and list; each
+    list's m-th largest key (m = ceil(k / splits), by ``radix_select``, where it holds m); the merge's threshold
+    (merge_threshold: the largest least key of a full list, or the least of the m-th keys where the lists holding
+    m hold k in all and it is larger; a key at or above it is offered) and its offers of the lists' slots (list s,
+    entry i at slot s k + i, a tile of MERGE_TILE slots at a time)."""
+    keys = order_keys(logits)
+    ranges = split_ranges(keys.size, splits, tile)
+    blocks = tuple(trace_select_best(logits[lo:hi], k, tile, cap) for lo, hi in ranges)
+    lists = [best_keys(keys[lo:hi], k) for lo, hi in ranges][:MAX_LISTS]
+    m = -(-k // splits)
+    searched = [radix_select(kept, m) if kept.size >= m else None for kept in lists]
+    seed = max((int(kept.min()) for kept in lists if kept.size == k), default=0)
+    mths = [found for found, _ in filter(None, searched)]
+    if mths and len(mths) * m >= k and min(mths) > seed:
+        seed = min(mths)
+    slots = np.zeros(len(lists) * k, np.uint32)
+    held = np.zeros(slots.size, bool)
+    for s, kept in enumerate(lists):
+        slots[s * k : s * k + kept.size] = kept
+        held[s * k : s * k + kept.size] = True
+    parts = [slots[f : f + MERGE_TILE][held[f : f + MERGE_TILE]] for f in range(0, slots.size, MERGE_TILE)]
+    merge = _traced(len(parts), None, _offered(parts, k, cap, seed - 1 if seed > 0 else None))
+    return SplitTrace(
+        blocks, tuple(kept.size for kept in lists), tuple(None if s is None else s[1] for s in searched), merge
+    )
 
 
 def trace_fused_select(logits: np.ndarray, k: int, cap: int) -> SelectionTrace:
@@ -158,46 +240,51 @@ def trace_offers(logits: np.ndarray, k: int, tile: int, cap: int, seed: tuple[in
     """A streaming selection over ``logits`` at k, a tile of ``tile`` candidates an offer, a buffer for ``cap``;
     ``seed`` (first, count): it starts from the k-th largest key of those candidates (None: from none)."""
     keys = order_keys(logits)
-    threshold, rounds = None, None
+    threshold, search = None, None
     if seed is not None:
-        found, rounds = radix_select(keys[seed[0] : seed[0] + seed[1]], k)
+        found, search = radix_select(keys[seed[0] : seed[0] + seed[1]], k)
         threshold = found - 1 if found > 0 else None
-    return _traced(-(-keys.size // tile), rounds, _offers(keys, k, tile, cap, threshold))
+    return _traced(-(-keys.size // tile), search, _offers(keys, k, tile, cap, threshold))
 
 
 @dataclass(frozen=True)
 class _Offers:
     cuts: tuple[int, ...]
-    cut_rounds: tuple[int, ...]
+    cut_searches: tuple[Search, ...]
     finish: int | None
-    finish_rounds: int
+    finish_search: Search
 
 
-def _traced(tiles: int, seed_rounds: int | None, offers: _Offers) -> SelectionTrace:
-    """The trace of ``tiles`` offers that started from a seed found in ``seed_rounds`` rounds (None: no seed)."""
-    seeded = seed_rounds is not None
-    rounds = seed_rounds if seeded else RADIX_ROUNDS
-    return SelectionTrace(tiles, seeded, offers.cuts, offers.finish, rounds, offers.cut_rounds, offers.finish_rounds)
+def _traced(tiles: int, seed: Search | None, offers: _Offers) -> SelectionTrace:
+    """The trace of ``tiles`` offers that started from a seed found by the search ``seed`` (None: no seed)."""
+    seeded = seed is not None
+    return SelectionTrace(
+        tiles, seeded, offers.cuts, offers.finish, seed or FOUR_ROUNDS, offers.cut_searches, offers.finish_search
+    )
 
 
 def _offers(keys: np.ndarray, k: int, tile: int, cap: int, threshold: int | None) -> _Offers:
-    """The cut-backs' buffer fills and the finish's of offering ``keys`` a tile at a time, only those above
-    ``threshold`` (None: every one), then above each cut's (``radix_select``'s digits: the k-th largest key or
-    a key below it that keeps the same k), and the rounds each cut's radix select took."""
+    """``_offered`` of ``keys`` a tile at a time."""
+    return _offered([keys[first : first + tile] for first in range(0, keys.size, tile)], k, cap, threshold)
+
+
+def _offered(parts: list[np.ndarray], k: int, cap: int, threshold: int | None) -> _Offers:
+    """The cut-backs' buffer fills and the finish's of offering the keys of each of ``parts`` in turn, only those
+    above ``threshold`` (None: every one), then above each cut's (``radix_select``'s digits: the k-th largest key
+    or a key below it that keeps the same k), and each cut's radix select."""
     size = cap + SELECT_CHUNK
     buffer = np.empty(0, np.uint32)
-    cuts, rounds = [], []
-    for first in range(0, keys.size, tile):
-        part = keys[first : first + tile]
+    cuts, searches = [], []
+    for part in parts:
         entering = part if threshold is None else part[part > threshold]
         both = np.concatenate([buffer, entering])
         if both.size > size:
             cuts.append(buffer.size)
-            threshold, took = radix_select(both, k)
-            rounds.append(took)
+            threshold, search = radix_select(both, k)
+            searches.append(search)
             buffer = np.sort(both)[-k:]  # the k best (which of tied keys stay does not change the next fill)
         else:
             buffer = both
     if buffer.size <= k:
-        return _Offers(tuple(cuts), tuple(rounds), None, RADIX_ROUNDS)
-    return _Offers(tuple(cuts), tuple(rounds), buffer.size, radix_select(buffer, k)[1])
+        return _Offers(tuple(cuts), tuple(searches), None, FOUR_ROUNDS)
+    return _Offers(tuple(cuts), tuple(searches), buffer.size, radix_select(buffer, k)[1])
