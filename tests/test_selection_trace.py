@@ -88,6 +88,19 @@ def test_gpu_order_key_is_the_emulators():
     np.testing.assert_array_equal(cupy.asnumpy(keys), _kernel_order_keys(logits))
 
 
+def _one_row_launch(row: np.ndarray, pool_topk: int):
+    """The emulated launch of kpool_index_topk over one token that sees every pool of ``row`` (kpool 1, no pages,
+    no compaction: its row's writing meets no barrier)."""
+    from kpool_cupy.emulator.launch import recording
+
+    with recording() as launches:
+        emulate.kpool_index_topk(
+            row[None, :], np.array([0, 1], np.int32), np.array([row.size - 1], np.int32), kpool=1, pool_topk=pool_topk
+        )
+    (launch,) = launches
+    return launch
+
+
 @pytest.mark.parametrize(
     ("width", "pool_topk"),
     [
@@ -104,19 +117,12 @@ def test_the_trace_passes_the_barriers_the_emulated_kernel_passes(monkeypatch, w
     # compaction and two more. Each order of logits cuts back at other fills; an equal count for each says the
     # trace's tiles, seed, cut-backs and the fills they compact are the kernel's. Seen failing with 5 barriers
     # a radix round (it has 6) and without the seed.
-    from kpool_cupy.emulator.launch import recording
-
     monkeypatch.setattr(index_topk, "topk_splits", lambda *shape: 1)
     rng = np.random.default_rng(width + pool_topk)
     cap = max(512, 1 << (pool_topk - 1).bit_length())
 
     def traced(row):  # the row's trace, once its barriers are the emulated launch's
-        with recording() as launches:
-            emulate.kpool_index_topk(
-                row[None, :], np.array([0, 1], np.int32), np.array([width - 1], np.int32), kpool=1,
-                pool_topk=pool_topk,
-            )  # fmt: skip
-        (launch,) = launches
+        launch = _one_row_launch(row, pool_topk)
         trace = trace_select_best(row, pool_topk, TOPK_TILE, cap)
         assert launch.barriers == trace.barriers(), trace
         return trace
@@ -147,19 +153,12 @@ def test_a_split_rows_trace_passes_the_barriers_the_emulated_kernel_passes(width
     # NaN rows end their radix selects at a round whose keys are all one key, after its fill (two barriers, not
     # six). Seen failing with the trace's tie check taken out (equal: 63 barriers, traced 349) and with the
     # merge's threshold left out (every list's slot offered: cut-backs the kernel does not make).
-    from kpool_cupy.emulator.launch import recording
-
     rng = np.random.default_rng(width + pool_topk)
     cap = max(512, 1 << (pool_topk - 1).bit_length())
     tied = set()
     for kind in ("normal", "rising", "falling", "equal", "nan", "sampled-high"):
         row = order_row(rng, width, kind)
-        with recording() as launches:
-            emulate.kpool_index_topk(
-                row[None, :], np.array([0, 1], np.int32), np.array([width - 1], np.int32), kpool=1,
-                pool_topk=pool_topk,
-            )  # fmt: skip
-        (launch,) = launches
+        launch = _one_row_launch(row, pool_topk)
         assert launch.grid > 1, launch  # split
         trace = trace_split_row(row, pool_topk, launch.grid, TOPK_TILE, cap)
         assert launch.barriers == trace.barriers(), (kind, trace)
