@@ -10,8 +10,9 @@
 // One block per token and split of its candidates (splits from the host:
 // ops/families/split_selection.py; the last of a token's blocks merges,
 // kpool_select.cuh). A token with at most pool_topk candidates reads no
-// logit; any other reads a sample of a tile's worth and then each of its
-// logits once (kp::select_best), a tile of kTopkGroups 16-byte loads a
+// logit; any other reads each of its logits once (kp::select_best; first a
+// sample of a chunk's worth where its block's range holds more than the
+// buffer), a tile of kTopkGroups 16-byte loads a
 // thread in flight together, so the logits are read from global memory once
 // whatever the context length (the sample's sectors again from L2), with
 // shared memory bounded by CAP (the largest pool_topk an instantiation

@@ -461,8 +461,9 @@ __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int ke
 // keys at or above that rank's key with the chance that a random sample
 // holds that rank of its k best (a hypergeometric tail): 1.3 in 10 million
 // at 32,768 candidates and k 512, at most 2.2 in 10 million over ranges of
-// 4,100 to 4M candidates and k 7 to 2,048 (the seed's digits cut short only
-// lower it); then select_best offers the range again.
+// 4,100 to 4M candidates and k 7 to 2,048, at most 3 in 10 billion over
+// the one-tile ranges past the buffer (1,537 to 4,096; the seed's digits
+// cut short only lower it); then select_best offers the range again.
 __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int sampled, unsigned int count) {
     const unsigned int share = (k * sampled + count - 1u) / count;  // k, sampled <= 4,096
     return share + static_cast<unsigned int>(ceilf(5.0f * sqrtf(static_cast<float>(share)))) + 4u;
@@ -475,7 +476,8 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // loads of a tile are issued together. Leaves min(hi - lo, k) entries in the
 // buffer.
 //
-// A range of more than one tile starts from a threshold taken from a sample
+// A range of more candidates than the buffer holds (CAP + 1,024: one that
+// would cut back at least once) starts from a threshold taken from a sample
 // of its candidates: every stride-th group of 4, a chunk's worth (1,024)
 // spread over the range (read first; the tiles read those sectors again,
 // from L2 where it still holds them), and in it the key of sample_rank (the
@@ -491,7 +493,11 @@ __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int
 // 32K, half at 48K; and 8K at 2,048, 15 in 100 at 12K, 43 at 16K; a sample
 // of a tile's worth let in fewer, to 128K and 32K, but its radix rounds cost
 // more than the keys it kept out); a wider one cuts back in the stream as
-// well. When fewer than k keys of the range reach the threshold (no cut-back
+// well. A range of one tile that overflows the buffer (2K candidates at k
+// 512, an 8K context's row at kpool 4) cuts back once, at its end, over the
+// buffer, not over the buffer and a tile of 16 keys a thread as it did
+// unseeded (until 2026-12-07 only ranges of more than one tile sampled).
+// When fewer than k keys of the range reach the threshold (no cut-back
 // came and the buffer holds fewer than k), the sample was not like the
 // range, and the range is offered again from no threshold: the same result,
 // its tiles offered twice.
@@ -502,11 +508,11 @@ __device__ __forceinline__ SelectState select_best(SelectBuffer<CAP>& buffer, lo
     constexpr int kSampleGroups = kSelectChunk / kSelectPerThread;  // groups of 4 a sample takes at most: 256
     SelectState state;
     bool seeded = false;
-    if (hi - lo > kTile) {
+    if (hi - lo > SelectBuffer<CAP>::kSize) {
         // In 32 bits: a range is at most a row of logits, whose pool ids are int32.
         const unsigned int count = static_cast<unsigned int>(hi - lo);
         const unsigned int groups = (count + kSelectPerThread - 1u) / kSelectPerThread;
-        // 5 or more at 4 groups a tile (2 or more at 1, a test build's).
+        // 2 or more: the range holds more than 1,536 candidates, 384 groups.
         const unsigned int stride = (groups + kSampleGroups - 1u) / kSampleGroups;
         const unsigned int used = (groups + stride - 1u) / stride;                   // groups sampled
         const unsigned int last = kSelectPerThread * stride * (used - 1u);          // the last one's first candidate

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kpool_cupy.ops.index_topk import TOPK_TILE
-from kpool_cupy.tools.selection_trace import sample_positions, sample_rank
+from kpool_cupy.tools.selection_trace import SELECT_CHUNK, sample_positions, sample_rank
+
+# select_best samples a range of more candidates than its buffer holds (CAP + kSelectChunk), CAP 512 at least.
+SAMPLED_PAST = 512 + SELECT_CHUNK
 
 
 def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
@@ -25,7 +27,7 @@ def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
         return row.astype(np.float32)
     if kind == "sampled-high":  # the logits select_best samples above all others: its seed fails, it starts again
         row = rng.standard_normal(width).astype(np.float32)
-        if width > TOPK_TILE:
+        if width > SAMPLED_PAST:
             sampled = sample_positions(width)
             row[sampled] = 10 + rng.random(sampled.size).astype(np.float32)
         return row
@@ -33,9 +35,9 @@ def order_row(rng: np.random.Generator, width: int, kind: str) -> np.ndarray:
 
 
 def seed_boundary_row(rng: np.random.Generator, width: int, k: int, delta: int) -> np.ndarray:
-    """A row of ``width`` (more than a tile) whose sample's sample_rank-th key is exactly 5.0 and which holds
-    exactly k + delta logits of 5.0, the rest below it (many one ulp below, so ties decide a selection that takes
-    them): select_best's seed is 5.0 and it offers the row again exactly when delta < 0."""
+    """A row of ``width`` (more than its selection's buffer holds) whose sample's sample_rank-th key is exactly 5.0
+    and which holds exactly k + delta logits of 5.0, the rest below it (many one ulp below, so ties decide a
+    selection that takes them): select_best's seed is 5.0 and it offers the row again exactly when delta < 0."""
     sampled = sample_positions(width)
     rank = sample_rank(k, sampled.size, width)
     assert rank <= sampled.size and k + delta >= rank, (width, k, delta, rank)

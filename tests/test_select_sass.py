@@ -2,7 +2,7 @@
 shared memory inside the 48 KiB every GPU gives a block without opting in (the largest buffer, pool_topk 4096,
 included), 16-byte logits loads in kpool_index_topk, and the fused kernel's tensor-core count per call of the
 scorer's routine. Each logit is read from global memory once on every architecture: the streaming selection
-keeps no second pass (kernels/kpool_select.cuh; kpool_index_topk's sample of a tile's worth is read first)."""
+keeps no second pass (kernels/kpool_select.cuh; kpool_index_topk's sample of a chunk's worth is read first)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,6 @@ from kpool_cupy.tools.selection_cost import selection_loops
 from kpool_cupy.tools.selection_trace import (
     ROUND_BARRIERS,
     Search,
-    SelectionTrace,
     order_keys,
     trace_fused_select,
     trace_select_best,
@@ -108,6 +107,8 @@ def _one_row_launch(row: np.ndarray, pool_topk: int):
         (20_000, 512),  # a last tile part full
         (9_000, 2_048),  # the buffer for 2048
         (5_000, 1_024),  # two tiles, the seed's tile overlapping the first
+        (2_048, 512),  # `decode-512x1 8K`'s row: one tile, more than the buffer holds, so sampled
+        (3_500, 1_024),  # one tile, more than the buffer for 1024 holds
         (131_072, 2_048),  # `topk kpool1 decode-1x1 128K top2048`'s row
     ],
 )
@@ -131,7 +132,8 @@ def test_the_trace_passes_the_barriers_the_emulated_kernel_passes(monkeypatch, w
     for kind in ("normal", "rising", "falling", "equal", "nan", "sampled-high"):
         trace = traced(order_row(rng, width, kind))
         cut_back.add(len(trace.cuts) + (trace.finish is not None))
-    assert len(cut_back) > 1  # the orders did cut back differently
+    # The orders did cut back differently; a sampled one-tile row cuts back once whatever its order.
+    assert len(cut_back) > 1 or width <= TOPK_TILE, cut_back
     # Rows holding k - 1, k and k + 1 keys at or above the sample's seed: offered again at k - 1 only. Seen
     # failing with the trace's restart counting keys above the seed, not at or above it.
     restarts = [traced(seed_boundary_row(rng, width, pool_topk, d)).tiles > -(-width // TOPK_TILE) for d in (-1, 0, 1)]
@@ -194,15 +196,10 @@ def test_the_sass_reading_finds_select_bests_loops_with_the_traces_barriers(cap)
     )
     assert loops.issued(trace) == trace.tiles * offer.path + 2 * loops.seed_radix.rounds + finish
     # gather_splits's loops: the merge's tile loop is an offer loop with the same barriers, the list's and the
-    # merge's finish radix selects read a buffer; a list searched in no round and a merge that offers nothing
-    # leave the static code outside those loops.
+    # merge's finish radix selects read a buffer.
     merge = loops.merge_offer
     assert merge.barriers == (2, ROUND_BARRIERS, 1) and 0 < merge.path < merge.loop, merge
     assert loops.publish_radix.histogram > 0 and loops.merge_finish_radix.histogram > 0, loops
-    assert loops.publish - loops.published(512, None) == loops.publish_radix.rounds, loops
-    idle = SelectionTrace(0, False, (), None)
-    merge_loops = merge.loop + loops.merge_finish_radix.rounds + loops.merge_finish_compaction
-    assert loops.merge - loops.merged(idle) == merge_loops, loops
 
 
 @pytest.mark.usefixtures("sass_tools")

@@ -5,10 +5,10 @@ buffer, ten tiles' worth of instructions), so ``scripts/bench_model.py`` counts 
 logits make instead of one at every tile.
 
 The rule, as the kernels' comments state it: keys are ``order_key``'s; a selection may start from a seed's key (a
-key at or above it is offered): select_best's range of more than one tile from a sample of it (every stride-th
-group of 4, a chunk's worth: its ``sample_rank``-th largest key, or that key's top digits once a radix round's
-digit holds an eighth of the rank or fewer, and the range offered again from no seed when fewer than k of its
-keys reach that), a fused select's token from the k-th largest key of the chunks that hold its last k; each
+key at or above it is offered): select_best's range of more than its buffer holds from a sample of it (every
+stride-th group of 4, a chunk's worth: its ``sample_rank``-th largest key, or that key's top digits once a radix
+round's digit holds an eighth of the rank or fewer, and the range offered again from no seed when fewer than k of
+its keys reach that), a fused select's token from the k-th largest key of the chunks that hold its last k; each
 tile's offered keys join the buffer (``CAP + kSelectChunk`` entries) or, where they would not fit, the buffer and
 they are cut back to their ``k`` best and only keys above the k-th largest are offered after; after the last tile
 a buffer of more than ``k`` is cut back once more. Each of those k-th largest keys is ``radix_select``'s: its
@@ -130,7 +130,7 @@ def radix_select(keys: np.ndarray, k: int, enough: int = 0) -> tuple[int, Search
 
 
 def sample_positions(count: int) -> np.ndarray:
-    """The candidates select_best samples of a range of ``count`` (more than a tile): the first of every
+    """The candidates select_best samples of a range of ``count`` (more than its buffer holds): the first of every
     stride-th group of 4, stride the fewest that leaves SAMPLE_GROUPS groups or fewer, and the next 3."""
     groups = -(-count // 4)
     stride = -(-groups // SAMPLE_GROUPS)
@@ -150,12 +150,12 @@ def split_ranges(candidates: int, splits: int, tile: int) -> list[tuple[int, int
 
 def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> SelectionTrace:
     """select_best over one range of ``logits`` (float32, ascending pool id) at ``pool_topk`` k, ``tile``
-    candidates a tile (kTile) and a buffer for ``cap``: a range of more than a tile seeded from its sample
-    (``sample_positions``) where that holds ``sample_rank`` keys, and offered again from no seed where fewer than
-    k keys reach the seed."""
+    candidates a tile (kTile) and a buffer for ``cap``: a range of more than the buffer holds (``cap`` and a chunk)
+    seeded from its sample (``sample_positions``) where that holds ``sample_rank`` keys, and offered again from no
+    seed where fewer than k keys reach the seed."""
     keys = order_keys(logits)
     tiles = -(-keys.size // tile)
-    sample = keys[sample_positions(keys.size)] if keys.size > tile else keys[:0]
+    sample = keys[sample_positions(keys.size)] if keys.size > cap + SELECT_CHUNK else keys[:0]
     rank = sample_rank(k, sample.size, keys.size) if sample.size else 0
     if not 0 < rank <= sample.size:
         return _traced(tiles, None, _offers(keys, k, tile, cap, None))
@@ -202,20 +202,22 @@ def trace_split_row(logits: np.ndarray, k: int, splits: int, tile: int, cap: int
     list's m-th largest key (m = ceil(k / splits), by ``radix_select``, where it holds m); the merge's threshold
     (merge_threshold: the largest least key of a full list, or the least of the m-th keys where the lists holding
     m hold k in all and it is larger; a key at or above it is offered) and its offers of the lists' slots (list s,
-    entry i at slot s k + i, a tile of MERGE_TILE slots at a time)."""
+    entry i at slot s k + i, a tile of MERGE_TILE slots at a time; the first MAX_LISTS lists, as the kernel reads
+    them, though the host never splits a row more)."""
     keys = order_keys(logits)
     ranges = split_ranges(keys.size, splits, tile)
     blocks = tuple(trace_select_best(logits[lo:hi], k, tile, cap) for lo, hi in ranges)
-    lists = [best_keys(keys[lo:hi], k) for lo, hi in ranges][:MAX_LISTS]
+    lists = [best_keys(keys[lo:hi], k) for lo, hi in ranges]
     m = -(-k // splits)
     searched = [radix_select(kept, m) if kept.size >= m else None for kept in lists]
-    seed = max((int(kept.min()) for kept in lists if kept.size == k), default=0)
-    mths = [found for found, _ in filter(None, searched)]
+    merged, heads = lists[:MAX_LISTS], searched[:MAX_LISTS]
+    seed = max((int(kept.min()) for kept in merged if kept.size == k), default=0)
+    mths = [found for found, _ in filter(None, heads)]
     if mths and len(mths) * m >= k and min(mths) > seed:
         seed = min(mths)
-    slots = np.zeros(len(lists) * k, np.uint32)
+    slots = np.zeros(len(merged) * k, np.uint32)
     held = np.zeros(slots.size, bool)
-    for s, kept in enumerate(lists):
+    for s, kept in enumerate(merged):
         slots[s * k : s * k + kept.size] = kept
         held[s * k : s * k + kept.size] = True
     parts = [slots[f : f + MERGE_TILE][held[f : f + MERGE_TILE]] for f in range(0, slots.size, MERGE_TILE)]
