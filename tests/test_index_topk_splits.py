@@ -193,12 +193,13 @@ def test_the_kernel_takes_as_many_lists_as_the_host_splits_a_row_into():
 
 
 def test_a_tile_smaller_than_pool_topk_starts_from_no_threshold(monkeypatch):
-    # Built with tiles of 1,024 (one group a thread), a row a little longer than a tile holds fewer than k
-    # candidates in its last tile when pool_topk passes 1,024: the range must not take that tile's "k-th
-    # largest key" (there is none) as its threshold. Falling rows put the best candidates first, where a
-    # wrong threshold drops them.
+    # Built with tiles of 1,024 (one group a thread), pool_topk past a tile: rows a little longer than a tile
+    # (their last tile holds fewer than k, so no tile has a k-th largest key to start from; until 2026-12-07 a
+    # range past one tile started from its last tile's), offered tile by tile from no threshold since they fit
+    # the buffer; and rows past the buffer for 2,048 (3,072), which start from their sample's threshold (a
+    # sample of about 780). Falling rows put the best candidates first, where a wrong threshold drops them.
     monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_TOPK_GROUPS=1")
-    for k, width in ((1024, 1027), (1025, 1027), (1026, 1031), (1027, 1035)):
+    for k, width in ((1024, 1027), (1025, 1027), (1026, 1031), (1027, 1035), (1025, 3100), (2048, 3073)):
         logits, offsets, lengths = _one_request(-np.arange(width, dtype=np.float32)[None, :])
         call = {"kpool": 1, "pool_topk": k}
         _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), model(logits, offsets, lengths, **call))
