@@ -197,6 +197,12 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
                 any |= key;
             }
         }
+        // The buffer's part first, so the two words are not held across the tile's keys (sm_100's unaligned
+        // build spilled 32 bytes). ptxas sums a warp's first (REDUX), then one lane adds.
+        atomicAnd(&buffer.span[0], common);
+        atomicOr(&buffer.span[1], any);
+        common = 0xffffffffu;
+        any = 0u;
 #pragma unroll
         for (int j = 0; j < (TILE ? GROUPS : 0); ++j)
 #pragma unroll
@@ -209,8 +215,10 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
                     any |= key;
                 }
             }
-        atomicAnd(&buffer.span[0], common);  // ptxas sums a warp's first (REDUX), then one lane adds
-        atomicOr(&buffer.span[1], any);
+        if (TILE) {
+            atomicAnd(&buffer.span[0], common);
+            atomicOr(&buffer.span[1], any);
+        }
         __syncthreads();
         if (buffer.span[0] == buffer.span[1]) {  // the same in every thread: every key counted is this one
             prefix = buffer.span[0];
