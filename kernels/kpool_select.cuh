@@ -161,8 +161,9 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
 // digits found so far exceed them). Up to four rounds of an 8-bit histogram
 // over the keys that match the digits found so far. A round whose keys are
 // all one key (their AND is their OR) ends the search after its fill with
-// that key, the k-th largest: a tie across the rank (equal logits, NaNs)
-// takes one or two rounds, not four. A round ends it
+// that key, the k-th largest: a tie across the rank ends the search at the
+// first round whose keys are all the tied key (an equal row's first, a
+// mostly-NaN row's second or third), not after four. A round ends it
 // early, with the digits found so far and the rest 0, where its digit holds
 // exactly the keys the rank still wants (every key at or above P is then
 // among the k largest and every other below them: the exact answer for a
