@@ -127,20 +127,16 @@ class SelectionLoops:
     def merged(self, trace: SelectionTrace) -> int:
         """What a thread of a split row's last block issues merging the lists, the merge's offers and finish as
         ``trace`` ran them (``SplitTrace.merge``)."""
-        loops = self.merge_offer.loop + self.merge_finish_radix.rounds + self.merge_finish_compaction
-        return (
-            self.merge
-            - loops
-            + _streamed(self.merge_offer, self.merge_finish_radix, self.merge_finish_compaction, trace)
-        )
+        static = self.merge_offer.loop + self.merge_finish_radix.rounds + self.merge_finish_compaction
+        ran = _streamed(self.merge_offer, self.merge_finish_radix, self.merge_finish_compaction, trace)
+        return self.merge - static + ran
 
     def split_issued(self, trace: SplitTrace) -> int:
         """What a thread issues in select_best, the list's publishing and the merge, summed over the blocks of a
         split row as ``trace`` ran them."""
         pairs = zip(trace.blocks, trace.held, trace.published, strict=True)
-        return sum(self.issued(block) + self.published(held, search) for block, held, search in pairs) + self.merged(
-            trace.merge
-        )
+        blocks = sum(self.issued(block) + self.published(held, search) for block, held, search in pairs)
+        return blocks + self.merged(trace.merge)
 
 
 def _streamed(offer: OfferLoops, finish_radix: RadixLoops, finish_compaction: int, trace: SelectionTrace) -> int:

@@ -172,8 +172,8 @@ def trace_select_best(logits: np.ndarray, k: int, tile: int, cap: int) -> Select
 class SplitTrace:
     """A row split over blocks in kpool_index_topk (kernels/kpool_select.cuh's gather_splits): each block's
     select_best (``blocks``), the size of the list it publishes (``held``) and the radix select that found its m-th
-    largest key (``published``; None where it holds fewer than m and searches none), and the last
-    block's ``merge`` of the lists (tiles of MERGE_TILE list slots, from the lists' threshold; never seeded)."""
+    largest key (``published``; None where it holds fewer than m and searches none), and the last block's
+    ``merge`` of the lists (tiles of MERGE_TILE list slots, from the lists' threshold; never seeded)."""
 
     blocks: tuple[SelectionTrace, ...]
     held: tuple[int, ...]
