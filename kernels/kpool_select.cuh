@@ -155,6 +155,19 @@ __device__ __forceinline__ void add_to_histogram(unsigned int* histogram, unsign
     }
 }
 
+// A radix round's key: into the histogram's bin `digit` where it `counts`
+// (add_to_histogram), and then into this thread's AND and OR of the keys it
+// counts (kth_largest_key's tie check). Every lane of the warp calls it
+// together.
+__device__ __forceinline__ void count_key(unsigned int* histogram, unsigned int key, unsigned int digit, bool counts,
+                                          unsigned int& common, unsigned int& any) {
+    add_to_histogram(histogram, digit, counts);
+    if (counts) {
+        common &= key;
+        any |= key;
+    }
+}
+
 // The k-th largest key among the buffer's count keys and the tile's entering
 // ones (more than k in all; without TILE the buffer's alone), or a key P at
 // or below it: *greater, how many of them lie above P's digits (those whose
@@ -191,12 +204,8 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
         for (int base = 0; base < count; base += kSelectThreads) {  // the same trips in every thread
             const int i = base + static_cast<int>(threadIdx.x);
             const unsigned int key = i < count ? buffer.keys[i] : 0u;
-            const bool counts = i < count && (key & prefix_mask) == prefix;
-            add_to_histogram(buffer.histogram, (key >> shift) & 255u, counts);
-            if (counts) {
-                common &= key;
-                any |= key;
-            }
+            count_key(buffer.histogram, key, (key >> shift) & 255u, i < count && (key & prefix_mask) == prefix,
+                      common, any);
         }
         // The buffer's part first, so the two words are not held across the tile's keys (sm_100's unaligned
         // build spilled 32 bytes). ptxas sums a warp's first (REDUX), then one lane adds.
@@ -209,12 +218,8 @@ __device__ __forceinline__ unsigned int kth_largest_key(SelectBuffer<CAP>& buffe
 #pragma unroll
             for (int e = 0; e < kSelectPerThread; ++e) {
                 const unsigned int key = tile.keys[j][e];
-                const bool counts = has_bit(tile.enter, j, e) && (key & prefix_mask) == prefix;
-                add_to_histogram(buffer.histogram, (key >> shift) & 255u, counts);
-                if (counts) {
-                    common &= key;
-                    any |= key;
-                }
+                count_key(buffer.histogram, key, (key >> shift) & 255u,
+                          has_bit(tile.enter, j, e) && (key & prefix_mask) == prefix, common, any);
             }
         if (TILE) {
             atomicAnd(&buffer.span[0], common);
