@@ -868,10 +868,9 @@ def predict(
         width = int(values["width"])
         passes = -(-width // 1024)
         kpool, page = int(values["kpool"]), int(values["block_size"]) if case.launch.template["PAGED"] else 4
-        compact = bool(case.launch.template["COMPACT"])  # a compacted row has no whole passes' loop
-        whole = (min(int(values["pool_topk"]) * kpool, width) // 1024) if kpool % 4 == page % 4 == 0 else 0
-        whole = 0 if compact else whole
-        whole = whole if v.selection.write_whole else 0
+        # A compacted row, and a kernel without the loop, take no whole passes.
+        takes_whole = v.selection.write_whole and not case.launch.template["COMPACT"] and kpool % 4 == page % 4 == 0
+        whole = min(int(values["pool_topk"]) * kpool, width) // 1024 if takes_whole else 0
         per_thread += whole / splits * v.selection.write_whole + (passes - whole) / splits * v.selection.write
         per_thread -= v.selection.write + v.selection.write_whole
     if case.offer_traces:
