@@ -360,13 +360,20 @@ __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool 
 
 // d ape: element e of [KPOOL, HEAD_DIM] is the sum of the `blocks` partials
 // kpool_compress_backward wrote, in a fixed order: a block of kApeSlices x
-// kApeColumns threads takes kApeColumns consecutive elements (coalesced
-// loads); slice s sums blocks s, s + kApeSlices, ... in order, then slice 0
-// sums the slices' sums in order. Many slices keep many loads in flight
-// (one thread an element would wait on thousands of loads in turn), and the
-// order is the same on every run.
+// kApeColumns threads takes kApeColumns consecutive elements (a warp's loads
+// are 4 whole 32-byte sectors); slice s sums blocks s, s + kApeSlices, ...
+// in order, then the slices' sums are added pairwise, neighbours first:
+// ((s0 + s1) + (s2 + s3)) + ((s4 + s5) + (s6 + s7)) and so on up to
+// kApeSlices, the first two levels by shuffles inside a warp (its 4 slices),
+// the rest by warp 0 from shared memory. Narrow blocks make many of them
+// (kpool * head_dim / 8: 64 at kpool 4, head_dim 128, each on its own SM)
+// and many slices keep many loads in flight, kApeLoads a thread at once;
+// the order is the same on every run.
 namespace kp {
-enum : int { kApeSlices = 16, kApeColumns = 32 };
+enum : int { kApeSlices = 64, kApeColumns = 8, kApeLoads = 16 };
+constexpr int kApeWarps = kApeSlices * kApeColumns / 32;
+constexpr int kApeWarpSlices = 32 / kApeColumns;  // 4 slices a warp
+static_assert(kApeWarpSlices == 4 && kApeWarps == 4 * kApeWarpSlices, "the pairwise levels below assume these");
 }  // namespace kp
 
 template <int HEAD_DIM, int KPOOL>
@@ -375,22 +382,39 @@ __global__ void __launch_bounds__(kp::kApeSlices * kp::kApeColumns)
                                 long long grad_ape_row_stride) {
     KP_THREADS_COOPERATE(true);
     constexpr long long kElements = static_cast<long long>(KPOOL) * HEAD_DIM;
-    __shared__ float slice_sums[kp::kApeSlices][kp::kApeColumns];
+    __shared__ float warp_sums[kp::kApeWarps][kp::kApeColumns];
     const int column = static_cast<int>(threadIdx.x % kp::kApeColumns);
     const int slice = static_cast<int>(threadIdx.x / kp::kApeColumns);
+    const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
     const long long e = static_cast<long long>(blockIdx.x) * kp::kApeColumns + column;
-    float sum = 0.0f;
-    if (e < kElements && slice < blocks) {
-        sum = partials[slice * kElements + e];
-#pragma unroll 8
-        for (long long b = slice + kp::kApeSlices; b < blocks; b += kp::kApeSlices) sum += partials[b * kElements + e];
+    // A batch's kApeLoads loads issue together, then their adds in block order: a loop of one load and its add
+    // would wait a round trip for each block (ptxas runs an unrolled loop's remainder that way). A block past
+    // the last reads as -0, which adds nothing (x + -0 is x for every x, +0 and NaN included), so the adds
+    // need no predicate of their own. The sum starts at -0 too.
+    float sum = -0.0f;
+    for (long long first = slice; e < kElements && first < blocks; first += kp::kApeLoads * kp::kApeSlices) {
+        float part[kp::kApeLoads];
+#pragma unroll
+        for (int i = 0; i < kp::kApeLoads; ++i) {
+            const long long b = first + static_cast<long long>(i) * kp::kApeSlices;
+            part[i] = b < blocks ? partials[b * kElements + e] : -0.0f;
+        }
+#pragma unroll
+        for (int i = 0; i < kp::kApeLoads; ++i) sum += part[i];
     }
-    slice_sums[slice][column] = sum;
+    // Slices 2 j and 2 j + 1 of a warp are lanes kApeColumns apart, j and j + 2 twice that.
+    sum += __shfl_down_sync(0xffffffffu, sum, kp::kApeColumns);
+    sum += __shfl_down_sync(0xffffffffu, sum, 2 * kp::kApeColumns);
+    if (lane < kp::kApeColumns) warp_sums[warp][column] = sum;
     __syncthreads();
-    if (slice == 0 && e < kElements) {
-        float total = slice_sums[0][column];
-        for (int s = 1; s < kp::kApeSlices; ++s) total += slice_sums[s][column];
-        grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = total;
+    if (warp == 0) {
+        // Lane 8 q + c: warps 4 q .. 4 q + 3's sums of column c, pairwise; then the same two levels across q.
+        const int q = lane / kp::kApeColumns;
+        const float* w = &warp_sums[4 * q][column];
+        float total = (w[0] + w[kp::kApeColumns]) + (w[2 * kp::kApeColumns] + w[3 * kp::kApeColumns]);
+        total += __shfl_down_sync(0xffffffffu, total, kp::kApeColumns);
+        total += __shfl_down_sync(0xffffffffu, total, 2 * kp::kApeColumns);
+        if (lane < kp::kApeColumns && e < kElements) grad_ape[(e / HEAD_DIM) * grad_ape_row_stride + e % HEAD_DIM] = total;
     }
 }
 

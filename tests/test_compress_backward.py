@@ -32,8 +32,20 @@ import pytest
 from model import BF16, F16, F32, make_batch, standard_lengths
 
 from kpool_cupy import emulate, pool_row_offsets, reference
+from kpool_cupy.backends.emulate import EmulateBackend
+from kpool_cupy.backends.host import HostMemory, host_binding
+from kpool_cupy.backends.reference import ReferenceBackend
 from kpool_cupy.emulator.launch import recording
-from kpool_cupy.kernel.geometry import CHANNELS_PER_THREAD, STREAM_BYTES, WHOLE_POOL_BYTES, group_geometry
+from kpool_cupy.functions import definition
+from kpool_cupy.kernel.geometry import (
+    APE_SLICES,
+    CHANNELS_PER_THREAD,
+    STREAM_BYTES,
+    WHOLE_POOL_BYTES,
+    group_geometry,
+)
+from kpool_cupy.ops import COMPRESS_BACKWARD
+from kpool_cupy.ops.framework.binding import bind
 
 BACKENDS = [emulate, reference]
 IDS = ["emulate", "reference"]
@@ -348,15 +360,16 @@ def _exact_pools(pools: int, kpool: int, head_dim: int, seed: int) -> dict:
     }
 
 
-@pytest.mark.parametrize("pools", [100, 1200], ids=["4-blocks", "38-blocks"])
+@pytest.mark.parametrize("pools", [100, 1200, 4200], ids=["4-blocks", "38-blocks", "132-blocks"])
 def test_exact_pools_give_the_same_bits_on_both_backends(pools):
     # With every d gate exact, the only rounding left is d ape's sums: over a block's groups in group order,
     # then over the blocks (the reference spells that order out: slice s of kpool_compress_backward_ape
-    # sums blocks s, s + 16, ... in order, then the slices in order). 100 pools of head_dim 64 (8 lanes, 32
-    # groups a block) fill four blocks (three partials or more: a sum of two cannot tell an order), 1200
-    # fill 38, so slices sum three blocks and two: a changed order in any sum changes bits.
+    # sums blocks s, s + 64, ... in order, then the 64 slices' sums are added pairwise). 100 pools of head_dim
+    # 64 (8 lanes, 32 groups a block) fill four blocks (three partials or more: a sum of two cannot tell an
+    # order), 1200 fill 38 (the pairwise levels over many slices), 4200 fill 132, so slices sum three
+    # blocks and two: a changed order in any sum changes bits.
     args = _exact_pools(pools=pools, kpool=4, head_dim=64, seed=11)
-    assert group_geometry(64, pools).grid == {100: 4, 1200: 38}[pools]
+    assert group_geometry(64, pools).grid == {100: 4, 1200: 38, 4200: 132}[pools]
     got = emulate.kpool_compress_backward(**args)
     want = reference.kpool_compress_backward(**args)
     for what, a, b in zip(NAMES, got, want, strict=True):
@@ -364,6 +377,59 @@ def test_exact_pools_give_the_same_bits_on_both_backends(pools):
     # The control: the sum over pools in another order (pool order, float64) is different somewhere.
     d_gate = want[1].reshape(pools, 4, 64).astype(np.float64)
     assert (d_gate.sum(0).astype(np.float32) != want[2]).any()
+
+
+class _Kept(HostMemory):
+    """A backend that keeps the launches an op asks for and runs none."""
+
+    def __init__(self) -> None:
+        self.launches: list = []
+
+    def launch(self, launch) -> None:
+        self.launches.append(launch)
+
+
+def _ape_sum_launch(pools: int):
+    """The launch of kpool_compress_backward_ape a call over ``pools`` pools of head_dim 64 at kpool 4 makes
+    (not run): its partials operand, one partial a block of the pooling launch, is the caller's to fill."""
+    kept = _Kept()
+    function = bind(definition(COMPRESS_BACKWARD), host_binding("kept", lambda extras: kept), COMPRESS_BACKWARD)
+    function(**_exact_pools(pools=pools, kpool=4, head_dim=64, seed=15), validate=False)
+    pooling, ape_sum = kept.launches
+    assert ape_sum.kernel.name == "kpool_compress_backward_ape"
+    assert ape_sum.values["blocks"] == pooling.values["pool_blocks"]  # the partials are the pool blocks'
+    return ape_sum
+
+
+@pytest.mark.parametrize("pools", [100, 2200], ids=["4-blocks", "69-blocks"])
+def test_the_ape_sum_adds_partials_in_its_order_with_zeros_signed_as_added(pools):
+    # The ape sum on partials made up here, the emulated kernel against the reference's statement of its
+    # order, bit for bit: magnitudes from 2^-20 to 2^20 (every sum rounds, so another order gives other
+    # bits), a column of -0 only (-0: a thread's blocks past the last read as -0, which adds nothing; read as
+    # +0 they would make the sum +0), columns of +0 and -0 mixed, and a NaN. With 4 blocks most slices hold
+    # none; with 69, five slices hold two.
+    launch = _ape_sum_launch(pools)
+    partials = launch.operands["partials"]
+    blocks = int(launch.values["blocks"])
+    assert blocks > APE_SLICES or pools == 100
+    rng = np.random.default_rng(16)
+    values = rng.standard_normal(partials.shape) * 2.0 ** rng.integers(-20, 21, partials.shape)
+    flat = values.reshape(blocks, -1)
+    flat[:, 3] = -0.0
+    flat[:, 5] = rng.choice([0.0, -0.0], blocks)
+    flat[blocks // 2, 7] = np.nan
+    partials[...] = values.astype(np.float32)
+    EmulateBackend().launch(launch)
+    got = launch.operands["grad_ape"].copy()
+    launch.operands["grad_ape"][...] = 7.0
+    ReferenceBackend().launch(launch)
+    want = launch.operands["grad_ape"].reshape(-1)
+    assert got.tobytes() == want.tobytes()
+    # The cases meant: the -0 column sums to -0, the mixed column to +0, the NaN's column is NaN.
+    assert np.signbit(want[3]) and want[3] == 0 and not np.signbit(want[5]) and np.isnan(want[7])
+    # The control: the partials summed in block order are different somewhere.
+    in_order = flat.astype(np.float32).cumsum(axis=0, dtype=np.float32)[-1]
+    assert (in_order[np.isfinite(in_order)] != want[np.isfinite(in_order)]).any()
 
 
 def test_grad_ape_is_the_same_bits_run_after_run_and_under_the_reversed_schedule(monkeypatch):

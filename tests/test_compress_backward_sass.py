@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from kpool_cupy.dtypes import BFLOAT16, FLOAT16, FLOAT32
-from kpool_cupy.kernel.declarations import COMPRESS_BACKWARD
+from kpool_cupy.kernel.declarations import COMPRESS_BACKWARD, COMPRESS_BACKWARD_APE
 from kpool_cupy.kernel.geometry import CHANNELS_PER_THREAD, chunk_members
 from kpool_cupy.tools import sass
+from kpool_cupy.tools.load_depth import load_depth
 
 pytestmark = pytest.mark.usefixtures("sass_tools")
 
@@ -77,3 +78,31 @@ def test_a_gradient_in_another_dtype_is_still_one_16_byte_row():
     summary = _backward(BFLOAT16, 128, 4, grad=FLOAT32)
     assert summary.spill_stores == summary.spill_loads == 0, summary
     assert summary.vector_loads == 4 * 4 + 2, summary  # two 16-byte words of 8 float32 gradient channels
+
+
+# kp::kApeLoads: the partials a thread of the ape sum has in flight at once.
+APE_LOADS = 16
+
+
+@pytest.mark.parametrize(("head_dim", "kpool"), [(128, 4), (64, 16)])
+def test_the_ape_sum_keeps_a_batch_of_loads_in_flight(head_dim, kpool):
+    # kpool_compress_backward_ape's thread reads its slice's partials, at 32 x 4,096 tokens (2,048 pool blocks)
+    # 32 of them: in batches of APE_LOADS whose loads all issue before the first add that needs one, so a
+    # batch costs one round trip, two in all at that shape (the tool counts the batch loop's body once). A
+    # loop of one load and its add waits a round trip a partial in its remainder (the kernel before: up to 7
+    # partials at 8 a trip): seen failing with the loop written that way (`#pragma unroll 16` over
+    # `sum += partials[...]`).
+    text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_compress.cu").read_text()
+    assert f"kApeLoads = {APE_LOADS} " in text
+    summary = sass.summarize_sass(
+        COMPRESS_BACKWARD_APE.source, COMPRESS_BACKWARD_APE.instance(HEAD_DIM=head_dim, KPOOL=kpool)
+    )
+    assert summary.spill_stores == summary.spill_loads == 0, summary
+    depth = load_depth(summary.sass)
+    assert depth.depth <= 2, depth
+    code, _ = sass.parse_instructions(summary.sass)
+    loads = [i for i in code if i.address in depth.loads]
+    assert len(loads) == APE_LOADS, [i.operands for i in loads]
+    # Every load of the batch issues before the first add reads one (in order: the add would stall the rest).
+    first_add = next(i.address for i in code if i.opcode[0] == "FADD")
+    assert sum(i.address < first_add for i in loads) >= APE_LOADS - 2, first_add

@@ -11,6 +11,8 @@ import pytest
 from kpool_cupy.kernel import codes
 from kpool_cupy.kernel.declarations import KERNELS, Kernel
 from kpool_cupy.kernel.geometry import (
+    APE_COLUMNS,
+    APE_SLICES,
     EXPAND_SPAN,
     EXPAND_THREADS,
     MAX_HEAD_DIM,
@@ -62,6 +64,14 @@ def test_the_expansion_block_is_the_headers():
     # A span per row and EXPAND_SPAN columns without compact, one per row with it.
     assert [expand_geometry(3, w, False).items for w in (1, 1024, 1025, 2051)] == [3, 3, 6, 9]
     assert expand_geometry(3, 2051, True).items == 3
+
+
+def test_the_ape_sum_block_is_the_headers():
+    # The reference sums ape's partials in the kernel's slices and pairwise levels (reference_kernels.py), and
+    # ape_sum_geometry gives a block per APE_COLUMNS elements: both read these two numbers.
+    text = (kernels_dir() / "kpool_compress.cu").read_text()
+    (slices, columns) = re.findall(r"kApeSlices = (\d+), kApeColumns = (\d+)", text)[0]
+    assert (int(slices), int(columns)) == (APE_SLICES, APE_COLUMNS)
 
 
 def test_the_split_ring_launch_bound_holds_every_block_group_geometry_makes():

@@ -252,21 +252,21 @@ def pool_gradients(launch: Launch, accumulate: type[np.floating]) -> None:
 
 
 def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None:
-    """``kpool_compress_backward_ape``: slice s sums the partials of blocks s, s + APE_SLICES, ... in order (0
-    with none), then the slices' sums are added in order, as the kernel adds them."""
+    """``kpool_compress_backward_ape``: slice s sums the partials of blocks s, s + APE_SLICES, ... in order onto
+    -0 (-0 with none), then the slices' sums are added pairwise, neighbours first ((s0 + s1) + (s2 + s3)) + ...,
+    as the kernel adds them."""
     call, o = kernel_scalars(launch), launch.operands
     partials = o["partials"].reshape(-1, call.kpool, call.head_dim)
     slices = []
     with np.errstate(invalid="ignore", over="ignore"):
         for s in range(APE_SLICES):
-            total = partials[s].copy() if s < call.blocks else np.zeros((call.kpool, call.head_dim), np.float32)
-            for b in range(s + APE_SLICES, int(call.blocks), APE_SLICES):
+            total = np.full((call.kpool, call.head_dim), -0.0, np.float32)
+            for b in range(s, int(call.blocks), APE_SLICES):
                 total = flush_subnormals(total + partials[b])
             slices.append(total)
-        total = slices[0]
-        for part in slices[1:]:
-            total = flush_subnormals(total + part)
-    o["grad_ape"][...] = total
+        while len(slices) > 1:
+            slices = [flush_subnormals(slices[i] + slices[i + 1]) for i in range(0, len(slices), 2)]
+    o["grad_ape"][...] = slices[0]
 
 
 def clear_rows_outside_pools(launch: Launch, requests: int) -> None:

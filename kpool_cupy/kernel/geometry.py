@@ -113,8 +113,8 @@ def expand_geometry(rows: int, width: int, compact: bool) -> LaunchGeometry:
 
 
 # kp::kApeSlices and kp::kApeColumns (kernels/kpool_compress.cu): the backward's sum of ape's partials, a
-# block of 16 slices of 32 consecutive elements.
-APE_SLICES, APE_COLUMNS = 16, 32
+# block of 64 slices of 8 consecutive elements (a 32-byte sector).
+APE_SLICES, APE_COLUMNS = 64, 8
 
 
 def ape_sum_geometry(elements: int) -> LaunchGeometry:

@@ -9,8 +9,8 @@ For one pool, with ``g = d loss / d pooled``, ``l = gate + ape`` and ``w`` the p
 Two launches. ``kpool_compress_backward``'s pool blocks recompute each pool (w and pooled, never stored) and
 write its members' d k and d gate rows and the block's partial sums of d ape; its blocks after them write the
 zero rows of the tokens no pool covers, one group a request (so the outputs need no clearing first).
-``kpool_compress_backward_ape`` sums the partials in a fixed order (16 slices of the pool blocks, each in block
-order, then the slices in order), so d ape has the same bits on every run.
+``kpool_compress_backward_ape`` sums the partials in a fixed order (64 slices of the pool blocks, each in block
+order, then the slices' sums pairwise), so d ape has the same bits on every run.
 """
 
 from __future__ import annotations
