@@ -177,12 +177,14 @@ __device__ __forceinline__ void wgmma_store_key_part(const WgmmaKeyPart<HEAD_DIM
 // groups of 8: the whole chunk, or one token's half of a pair's);
 // w_pairs[4 j] holds that column pair's weights. A head at or past `left`
 // is padding and adds nothing (its product may be NaN: a zero query row
-// times a NaN key byte); ptxas predicates those adds, no branch.
+// times a NaN key byte); ptxas predicates those adds, no branch. FULL: the
+// caller knows every column a head (left >= 8 (J1 - J0)), so no add needs
+// its predicate; the same adds in the same order, the same bits.
 // The relu is kp_relu_nan (one FMNMX.FTZ.NAN), which gives +0 for -0. A sum
 // is -0 only after a product flushed to -0 (below 2^-126, flush-to-zero);
 // there the zero's sign from the relu decides the logit's sign bit (an
 // exact zero either way, equal for every comparison and the selection).
-template <int N, int J0 = 0, int J1 = N / 8>
+template <int N, bool FULL, int J0 = 0, int J1 = N / 8>
 __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2* w_pairs, int left, int t,
                                                const float (&scale)[2], float (&sums)[2]) {
 #pragma unroll
@@ -190,7 +192,7 @@ __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2*
         const float2 w = w_pairs[4 * j];
 #pragma unroll
         for (int c = 0; c < 2; ++c) {
-            const bool head = 8 * (j - J0) + 2 * t + c < left;
+            const bool head = FULL || 8 * (j - J0) + 2 * t + c < left;
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const float term = fmaf(c ? w.y : w.x, kp_relu_nan(scale[r] * d[4 * j + 2 * r + c]), sums[r]);
@@ -198,6 +200,19 @@ __device__ __forceinline__ void add_head_chunk(KpWgmmaAccum<N>& d, const float2*
             }
         }
     }
+}
+
+// add_head_chunk over columns J0 .. J1 - 1 with `left` heads in them: where
+// they fill every column (the engines' 64 heads a chunk, 32 a pair's half;
+// the same in every thread, so the warpgroup takes one branch), without a
+// predicate an add.
+template <int N, int J0 = 0, int J1 = N / 8>
+__device__ __forceinline__ void add_heads(KpWgmmaAccum<N>& d, const float2* w_pairs, int left, int t,
+                                          const float (&scale)[2], float (&sums)[2]) {
+    if (left >= 8 * (J1 - J0))
+        add_head_chunk<N, true, J0, J1>(d, w_pairs, left, t, scale, sums);
+    else
+        add_head_chunk<N, false, J0, J1>(d, w_pairs, left, t, scale, sums);
 }
 
 // Which logit of wgmma_key_logits thread `thread` (of 128) writes, and of
@@ -253,7 +268,7 @@ __device__ __forceinline__ void wgmma_key_logits(const unsigned char* q_chunks, 
         wgmma_key_chain<HEAD_DIM>(keys, q_chunks + m * N * HEAD_DIM, d);
         const int left = heads - m * N;  // heads in this chunk
         const float2* w_pairs = reinterpret_cast<const float2*>(w_token + m * N) + t;
-        add_head_chunk<N>(d, w_pairs, left, t, scale, sums);
+        add_heads<N>(d, w_pairs, left, t, scale, sums);
     }
 #pragma unroll
     for (int r = 0; r < 2; ++r) logit[r] = wgmma_row_sum(sums[r]);
@@ -281,8 +296,8 @@ __device__ __forceinline__ void wgmma_pair_logits(const unsigned char* q_pair, i
     wgmma_key_chain<HEAD_DIM>(keys, q_pair, d);
     float sums[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
     const float2* w_pairs = reinterpret_cast<const float2*>(w_pair) + t;
-    add_head_chunk<N, 0, N / 16>(d, w_pairs, heads, t, scale, sums[0]);
-    add_head_chunk<N, N / 16, N / 8>(d, w_pairs, heads, t, scale, sums[1]);
+    add_heads<N, 0, N / 16>(d, w_pairs, heads, t, scale, sums[0]);
+    add_heads<N, N / 16, N / 8>(d, w_pairs, heads, t, scale, sums[1]);
 #pragma unroll
     for (int p = 0; p < 2; ++p)
 #pragma unroll

@@ -85,6 +85,7 @@ from kpool_cupy.kernel.declarations import (  # noqa: E402
     tensor_core_for,
 )
 from kpool_cupy.kernel.geometry import SELECT_CHUNK, WGMMA_ROWS, chunk_members, index_block_pools  # noqa: E402
+from kpool_cupy.kernel.sources import kernel_source  # noqa: E402
 from kpool_cupy.ops import (  # noqa: E402
     COMPRESS,
     COMPRESS_BACKWARD,
@@ -112,7 +113,7 @@ from kpool_cupy.tools.sass import (  # noqa: E402
     summarize_sass,
 )
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
-from kpool_cupy.tools.scorer_paths import engine_path_code  # noqa: E402
+from kpool_cupy.tools.scorer_paths import chunk_rule_code, engine_path_code  # noqa: E402
 from kpool_cupy.tools.selection_cost import (  # noqa: E402
     OfferLoops,
     SelectionLoops,
@@ -225,7 +226,8 @@ class Case:
     # not take; its per-token finish, merge and row writing outgrow both)
     repeated_loop: str = "longest"
     # The SASS counted: the kernel's whole text, or (the scorer) its engine path (tools/scorer_paths.py: the bench's
-    # tiles hold one request's tokens, its batches at most 512 requests, its pages 64 pools)
+    # tiles hold one request's tokens, its batches at most 512 requests, its pages 64 pools; on sm_90a its chunks
+    # of 64 heads full where its heads are a multiple of 64, else part full)
     engine_path: bool = False
     # kpool_index_topk: what select_best did on the benchmark's logits in a sample of its blocks (a row each),
     # its tile loop, cut-backs and radix selects counted as they ran (tools/selection_cost.py); where a row is
@@ -768,9 +770,13 @@ class Variant:
 
 
 @functools.cache
-def variant(source: str, instance: str, arch: str = "sm_90", engine_path: bool = False) -> Variant:
+def variant(
+    source: str, instance: str, arch: str = "sm_90", engine_path: bool = False, full_chunks: bool | None = None
+) -> Variant:
     if engine_path:  # the scorer's path the bench takes, its tiles in one page
-        summary = summarize_code_sass(engine_path_code(one_page=True), instance, arch=arch)
+        summary = summarize_code_sass(engine_path_code(one_page=True, full_chunks=full_chunks), instance, arch=arch)
+    elif full_chunks is not None:  # the fused select's wgmma path, its head chunks' rule fixed
+        summary = summarize_code_sass(chunk_rule_code(kernel_source(source), full_chunks), instance, arch=arch)
     else:
         summary = summarize_sass(source, instance, arch=arch)
     sass = summary.sass
@@ -908,9 +914,21 @@ def template_arguments(instance: str) -> str:
     return instance[instance.index("<") :].replace("kp::", "").replace("long long", "i64").replace("int", "i32")
 
 
+def full_chunks(case: Case) -> bool | None:
+    """On an sm_90a build's wgmma path, whether the bench's heads fill every chunk the head sums take (64 columns,
+    or a paired token's half of 32; ``kp::add_heads``): True; False where they fill none; None (both ways counted)
+    where some."""
+    template = case.launch.template
+    if template.get("MMA") != MMA_WGMMA:
+        return None
+    width = WGMMA_ROWS // 2 if int(template["VECTOR"]) & INDEX_PAIRED_TOKENS else WGMMA_ROWS
+    heads = int(case.launch.values["heads"])
+    return True if heads % width == 0 else (False if heads < width else None)
+
+
 def row(case: Case) -> str:
     arch = "sm_90a" if builds_for_sm90a(case.launch.template) else "sm_90"
-    v = variant(case.launch.kernel.source, case.launch.instance, arch, case.engine_path)
+    v = variant(case.launch.kernel.source, case.launch.instance, arch, case.engine_path, full_chunks(case))
     p = predict(case, v)
     g = case.launch.geometry
     return (

@@ -86,6 +86,22 @@ def index_case(
     return IndexCase(q, weights, cache, table, offsets.astype(index_dtype), lengths.astype(index_dtype), kpool)
 
 
+def infinite_scale_case(heads: int) -> IndexCase:
+    """Keys and queries of e4m3 1.0 only, weights 1: every head's dot is head_dim (64), so a key scores heads *
+    64 at scale 1 and +inf at scale +inf (every third pool here). A column past the token's heads holds a zero
+    query row, whose product with an infinite scale is NaN."""
+    case = index_case(
+        np.random.default_rng(heads), head_dim=64, heads=heads, block_size=16, counts=(3, 2), cache_lengths=(70, 130)
+    )
+    pages, block_size, _ = case.cache.shape
+    scales = np.ones((pages, block_size), np.float32)
+    scales.reshape(-1)[::3] = np.inf
+    cache = paged_cache(np.full((pages, block_size, 64), 0x38, np.uint8), scales)
+    q = np.full(case.q.shape, 0x38, np.uint8)
+    weights = np.ones(case.weights.shape, np.float32)
+    return IndexCase(q, weights, cache, case.cache_block_table, case.input_row_offsets, case.cache_lengths, 4)
+
+
 def repaged(case: IndexCase, block_size: int, rng: np.random.Generator) -> IndexCase:
     """The same call with the cache in pages of ``block_size`` pools (a multiple of the case's), shuffled: each
     request's pool p keeps its key and scale, so every logit keeps its bits. A table entry of -1 or past the

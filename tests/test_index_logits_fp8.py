@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from index_cases import IndexCase, e4m3_bytes, index_case, paged_cache
+from index_cases import IndexCase, e4m3_bytes, index_case, infinite_scale_case, paged_cache
 
 from kpool_cupy import emulate, reference
 from kpool_cupy.backends.emulate import EmulateBackend
@@ -124,6 +124,20 @@ def test_every_phase_of_kpool_sees_exactly_its_complete_pools(kpool):
     columns = np.arange(got.shape[1])
     assert got.shape[1] == visible.max()
     assert np.array_equal(np.isneginf(got), columns[None, :] >= visible[:, None])
+
+
+@pytest.mark.usefixtures("emulated_scorer_path")
+@pytest.mark.parametrize("heads", [1, 16, 17, 32, 33, 62, 63, 64, 65, 96, 127, 128])
+def test_columns_past_the_heads_add_nothing_where_a_key_scale_is_infinite(heads):
+    # A tensor core's columns past a token's heads (the mma.sync paths' tiles of 16, the wgmma path's chunks of
+    # 64) hold zero query rows; only their adds' predicates keep the NaN they make at an infinite scale out of
+    # the sum. The emulated kernel gives every key's logit exactly: heads * 64, or +inf. Seen failing on the
+    # wgmma path with its full chunk's adds (no predicate) taken two heads early (at 62 and 63 heads).
+    case = infinite_scale_case(heads)
+    want = reference.kpool_index_logits_fp8(*case.args, kpool=4)
+    got = emulate.kpool_index_logits_fp8(*case.args, kpool=4)
+    assert np.isposinf(want).any() and (want == heads * 64).any() and not np.isnan(want).any()
+    assert np.array_equal(got, want), np.argwhere(got != want)[:5]
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")

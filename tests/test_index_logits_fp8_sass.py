@@ -28,7 +28,7 @@ from kpool_cupy.kernel.declarations import (
     MMA_WGMMA,
 )
 from kpool_cupy.kernel.nvrtc import kernel_ptx
-from kpool_cupy.kernel.sources import kernels_dir
+from kpool_cupy.kernel.sources import kernel_source, kernels_dir
 from kpool_cupy.tools import sass, scorer_paths
 from kpool_cupy.tools.load_depth import depth_before_first, load_depth
 from kpool_cupy.tools.sass_report import tensor_core_count, tensor_core_opcodes
@@ -182,12 +182,15 @@ def test_a_tokens_head_sums_leave_each_lane_its_own_tiles_logits(kernel, arch, h
     assert shuffles and all(count == want for count in shuffles), (shuffles, want)
 
 
-def _engine_path_sass(mma: int = MMA_E4M3_HMMA, arch: str = "sm_90", one_page: bool | None = None) -> str:
+def _engine_path_sass(
+    mma: int = MMA_E4M3_HMMA, arch: str = "sm_90", one_page: bool | None = None, full_chunks: bool | None = None
+) -> str:
     """The scorer's SASS at head_dim 128 on the path an engine's step takes (tools/scorer_paths.py: no search step
     past 512 requests, no tile across requests); on sm_90a with ``one_page`` True or False, the walk's tiles
-    always or never in one page (else as the page size says)."""
+    always or never in one page (else as the page size says), with ``full_chunks`` True or False, its chunks of
+    64 heads always or never full (else both ways)."""
     name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=mma, VECTOR=INDEX_VECTOR_CACHE | INDEX_VECTOR_Q)
-    return sass.summarize_code_sass(engine_path_code(one_page), name, arch=arch).sass
+    return sass.summarize_code_sass(engine_path_code(one_page, full_chunks), name, arch=arch).sass
 
 
 def test_the_engine_path_cut_follows_the_kernel(monkeypatch):
@@ -196,6 +199,13 @@ def test_the_engine_path_cut_follows_the_kernel(monkeypatch):
     for statement in (*scorer_paths.PAST_THE_TREE, *scorer_paths.ANOTHER_REQUEST, scorer_paths.ONE_PAGE):
         assert statement not in code
     assert code.count("if (false) {") == 2 and "const bool one_page = kVectorCache;" in code
+    # The rule for a chunk of heads, fixed either way, in the scorer's text and the fused select's.
+    assert scorer_paths.FULL_CHUNK in code
+    for full in (True, False):
+        fixed = engine_path_code(full_chunks=full)
+        assert scorer_paths.FULL_CHUNK not in fixed and f"if ({str(full).lower()})" in fixed
+        select = scorer_paths.chunk_rule_code(kernel_source(INDEX_SELECT_FP8.source), full)
+        assert scorer_paths.FULL_CHUNK not in select
     monkeypatch.setattr(scorer_paths, "kernel_source", lambda source: "an older kernel")
     with pytest.raises(ValueError, match=r"holds 0 of .*expected 1"):
         engine_path_code()
@@ -277,9 +287,10 @@ def test_a_tile_in_one_page_is_found_and_copied_once_a_tile():
     # The sm_90a walk on the decode path: where the pages hold a multiple of 64 pools (the engines' 64), a step
     # reads the table once (one LDG for the tile's page where row by row a thread reads it for each of its 4
     # rows) and its copies take one address (4 row copies and one of 4 scales; row by row each row's copy and
-    # scale), which leaves a step about 2/3 of the row-by-row one's instructions (seen: 435 and 700).
-    one_page = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=True))
-    row_by_row = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=False))
+    # scale), which leaves a step about 2/3 of the row-by-row one's instructions (seen: 400 and 597, with the
+    # engines' 64 heads filling their chunk).
+    one_page = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=True, full_chunks=True))
+    row_by_row = _walk(_engine_path_sass(MMA_WGMMA, "sm_90a", one_page=False, full_chunks=True))
     loads = [sum(i.opcode[0] == "LDG" for i in walk) for walk in (one_page, row_by_row)]
     assert loads == [1, 4], loads
     assert len(one_page) < 0.7 * len(row_by_row), (len(one_page), len(row_by_row))
@@ -326,3 +337,23 @@ def test_ptx_sass_reports_the_scorers_instructions_registers_and_blocks_at_the_e
     # The sm_90a ring's cp.async stages, read off the waits, are the header's; the mma.sync paths have none.
     stages = re.search(r"kWgmmaStages = (\d+);", (kernels_dir() / "kpool_index_wgmma.cuh").read_text()).group(1)
     assert lines.get("cp.async pipeline stages") == (stages if arch == "sm_90a" else None)
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_a_chunk_the_heads_fill_adds_them_with_no_predicate():
+    # The sm_90a path's head sums (kp::add_heads) on the engine path, each rule of a chunk of 64 heads fixed: the
+    # loop around a chunk's QGMMA chain adds its 32 weighted relus a thread with 32 FFMA either way; where the
+    # heads fill the chunk (the engines' 64) none has a predicate and no head index is compared, where they do
+    # not (fewer than 64) each pair of adds waits on a compare (16 ISETP). Seen failing with add_heads calling
+    # the predicated adds for a full chunk too.
+    loops = {}
+    for full in (True, False):
+        instructions, labels = sass.parse_instructions(_engine_path_sass(MMA_WGMMA, "sm_90a", True, full))
+        (span,) = sass.innermost_loops(instructions, labels, ("QGMMA",))
+        loops[full] = [i for i in instructions if span[0] <= i.address <= span[1]]
+    for full, loop in loops.items():
+        adds = [i for i in loop if i.opcode[0] == "FFMA"]
+        compares = sum(i.opcode[0] == "ISETP" for i in loop)
+        assert len(adds) == 32 and sum(i.predicated for i in adds) == (0 if full else 32), (full, adds)
+        assert compares <= 2 if full else compares >= 16, (full, compares)
+    assert len(loops[True]) <= len(loops[False]) - 16, (len(loops[True]), len(loops[False]))

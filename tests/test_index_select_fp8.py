@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from index_cases import index_case, repaged, rising_case
+from index_cases import index_case, infinite_scale_case, repaged, rising_case
 
 import kpool_cupy
 from kpool_cupy import emulate, reference
@@ -278,6 +278,17 @@ def test_a_rising_row_costs_the_fused_select_no_more_than_a_random_one(monkeypat
         (launch,) = launches
         passed[name] = launch.barriers
     assert passed["rising"] <= 1.5 * passed["random"], passed
+
+
+@pytest.mark.usefixtures("emulated_scorer_path")
+@pytest.mark.parametrize("heads", [1, 16, 31, 32, 33, 63, 64])
+def test_columns_past_the_heads_add_nothing_where_a_key_scale_is_infinite(heads):
+    # As the scorer's test of the same name: keys at scale +inf score +inf (chosen first), and a padding column
+    # that added would make them NaN (chosen last). The wgmma path pairs two tokens of up to 32 heads on one
+    # chain, each in its half of 32 columns. Seen failing with the full chunk's adds taken two heads early (31).
+    case = infinite_scale_case(heads)
+    want = two_step(reference, case, pool_topk=12)
+    _same(emulate.kpool_index_select_fp8(*case.args, kpool=4, pool_topk=12), want)
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")
