@@ -475,7 +475,7 @@ __device__ __forceinline__ void start_from_kth(SelectBuffer<CAP>& buffer, int ke
 // keys at or above that rank's key with the chance that a random sample
 // holds that rank of its k best (a hypergeometric tail): 1.3 in 10 million
 // at 32,768 candidates and k 512, at most 2.2 in 10 million over ranges of
-// 4,100 to 4M candidates and k 7 to 2,048, at most 3 in 10 billion over
+// 4,097 to 4M candidates and k 7 to 2,048, at most 3 in 10 billion over
 // the one-tile ranges past the buffer (1,537 to 4,096; the seed's digits
 // cut short only lower it); then select_best offers the range again.
 __device__ __forceinline__ unsigned int sample_rank(unsigned int k, unsigned int sampled, unsigned int count) {
