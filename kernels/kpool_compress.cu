@@ -404,11 +404,12 @@ __global__ void __launch_bounds__(kp::kApeSlices * kp::kApeColumns)
     const int slice = static_cast<int>(threadIdx.x / kp::kApeColumns);
     const int lane = static_cast<int>(threadIdx.x % 32), warp = static_cast<int>(threadIdx.x / 32);
     const long long e = static_cast<long long>(blockIdx.x) * kp::kApeColumns + column;
-    // A batch's kApeLoads loads issue together, then their adds in block order: a loop of one load and its add
-    // would wait a round trip for each block (ptxas runs an unrolled loop's remainder that way). A block past
-    // the last reads as -0, which adds nothing (x + -0 is x for every x, +0 and NaN included), so the adds
-    // need no predicate of their own. The sum starts at -0 too.
-    float sum = -0.0f;
+    // A batch's kApeLoads loads issue together (ptxas puts 14 of 16 before the first add on sm_90), then their
+    // adds in block order: a loop of one load and its add would wait a round trip for each block (ptxas runs an
+    // unrolled loop's remainder that way). A block past the last reads as -0, which adds nothing (x + -0 is x
+    // for every x, +0 and NaN included), so the adds need no predicate of their own. A slice's sum starts at
+    // -0 too, or +0 where it holds no block, as the sum of nothing (so a call without pools gives +0).
+    float sum = slice < blocks ? -0.0f : 0.0f;
     for (long long first = slice; e < kElements && first < blocks; first += kp::kApeLoads * kp::kApeSlices) {
         float part[kp::kApeLoads];
 #pragma unroll

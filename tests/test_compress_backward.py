@@ -407,17 +407,19 @@ def _ape_sum_launch(pools: int):
     return ape_sum
 
 
-@pytest.mark.parametrize("pools", [100, 2200], ids=["4-blocks", "69-blocks"])
+@pytest.mark.parametrize("pools", [100, 2200, 35200], ids=["4-blocks", "69-blocks", "1100-blocks"])
 def test_the_ape_sum_adds_partials_in_its_order_with_zeros_signed_as_added(pools):
     # The ape sum on partials made up here, the emulated kernel against the reference's statement of its
     # order, bit for bit: magnitudes from 2^-20 to 2^20 (every sum rounds, so another order gives other
-    # bits), a column of -0 only (-0: a thread's blocks past the last read as -0, which adds nothing; read as
-    # +0 they would make the sum +0), columns of +0 and -0 mixed, and a NaN. With 4 blocks most slices hold
-    # none; with 69, five slices hold two.
+    # bits), a column of -0 only, columns of +0 and -0 mixed, and a NaN. With 4 blocks most slices hold
+    # none (their sums +0, so the -0 column sums to +0); with 69, five slices hold two and every slice one
+    # (the -0 column sums to -0: a thread's blocks past the last read as -0, which adds nothing; read as +0
+    # they would make it +0); with 1,100 a thread's batch loop of 16 blocks runs twice. Seen failing with
+    # the padding read as +0, the slices started at +0, and the batch loop's stride one batch short.
     launch = _ape_sum_launch(pools)
     partials = launch.operands["partials"]
     blocks = int(launch.values["blocks"])
-    assert blocks > APE_SLICES or pools == 100
+    assert blocks == {100: 4, 2200: 69, 35200: 1100}[pools]
     rng = np.random.default_rng(16)
     values = rng.standard_normal(partials.shape) * 2.0 ** rng.integers(-20, 21, partials.shape)
     flat = values.reshape(blocks, -1)
@@ -431,8 +433,10 @@ def test_the_ape_sum_adds_partials_in_its_order_with_zeros_signed_as_added(pools
     ReferenceBackend().launch(launch)
     want = launch.operands["grad_ape"].reshape(-1)
     assert got.tobytes() == want.tobytes()
-    # The cases meant: the -0 column sums to -0, the mixed column to +0, the NaN's column is NaN.
-    assert np.signbit(want[3]) and want[3] == 0 and not np.signbit(want[5]) and np.isnan(want[7])
+    # The cases meant: the -0 column sums to -0 where every slice holds a block, the mixed column to +0, the
+    # NaN's column is NaN.
+    assert want[3] == 0 and np.signbit(want[3]) == (blocks >= APE_SLICES)
+    assert not np.signbit(want[5]) and np.isnan(want[7])
     # The control: the partials summed in block order are different somewhere.
     in_order = flat.astype(np.float32).cumsum(axis=0, dtype=np.float32)[-1]
     assert (in_order[np.isfinite(in_order)] != want[np.isfinite(in_order)]).any()
@@ -484,7 +488,8 @@ def test_tokens_in_no_pool_get_zeros_in_given_outputs_full_of_garbage(backend):
 @pytest.mark.parametrize("backend", BACKENDS, ids=IDS)
 def test_a_call_without_pools_gives_zeros(backend):
     # Requests shorter than kpool and a batch of no tokens: no pool, nothing launched that writes rows, every
-    # given output zeroed all the same.
+    # given output zeroed all the same, +0 (grad_ape too: the sum of no partial, as autograd's zeros; seen
+    # failing with the ape sum's slices starting at -0 whether or not they hold a block).
     rng = np.random.default_rng(14)
     k = rng.standard_normal((6, 16)).astype(BF16)
     ape = rng.standard_normal((4, 16)).astype(np.float32)
@@ -493,9 +498,11 @@ def test_a_call_without_pools_gives_zeros(backend):
     names = dict(zip(NAMES, given, strict=True))
     result = backend.kpool_compress_backward(np.zeros((0, 16), BF16), k, k, ape, offsets, cache, **names)
     assert all(got is array and (array == 0).all() for got, array in zip(result, given, strict=True))
+    assert not np.signbit(given[2]).any()
     empty = np.zeros((0, 16), BF16)
     grads = backend.kpool_compress_backward(empty, empty, empty, ape, np.array([0], np.int32), np.zeros(0, np.int32))
     assert [g.shape for g in grads] == [(0, 16), (0, 16), (4, 16)] and (grads[2] == 0).all()
+    assert not np.signbit(grads[2]).any()
 
 
 @pytest.mark.parametrize("backend", BACKENDS, ids=IDS)

@@ -106,8 +106,9 @@ APE_LOADS = 16
 @pytest.mark.parametrize(("head_dim", "kpool"), [(128, 4), (64, 16)])
 def test_the_ape_sum_keeps_a_batch_of_loads_in_flight(head_dim, kpool):
     # kpool_compress_backward_ape's thread reads its slice's partials, at 32 x 4,096 tokens (2,048 pool blocks)
-    # 32 of them: in batches of APE_LOADS whose loads all issue before the first add that needs one, so a
-    # batch costs one round trip, two in all at that shape (the tool counts the batch loop's body once). A
+    # 32 of them: in batches of APE_LOADS whose loads issue together (all but 2 before the first add, which
+    # waits for the first), so a batch costs one round trip, two in all at that shape (the tool counts the
+    # batch loop's body once). A
     # loop of one load and its add waits a round trip a partial in its remainder (the kernel before: up to 7
     # partials at 8 a trip): seen failing with the loop written that way (`#pragma unroll 16` over
     # `sum += partials[...]`).
@@ -122,6 +123,7 @@ def test_the_ape_sum_keeps_a_batch_of_loads_in_flight(head_dim, kpool):
     code, _ = sass.parse_instructions(summary.sass)
     loads = [i for i in code if i.address in depth.loads]
     assert len(loads) == APE_LOADS, [i.operands for i in loads]
-    # Every load of the batch issues before the first add reads one (in order: the add would stall the rest).
+    # The batch's loads issue before the first add, which waits for the first (in order: it would stall the rest),
+    # but for two ptxas places after it.
     first_add = next(i.address for i in code if i.opcode[0] == "FADD")
     assert sum(i.address < first_add for i in loads) >= APE_LOADS - 2, first_add

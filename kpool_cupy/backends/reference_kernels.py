@@ -253,14 +253,14 @@ def pool_gradients(launch: Launch, accumulate: type[np.floating]) -> None:
 
 def compress_backward_ape(launch: Launch, accumulate: type[np.floating]) -> None:
     """``kpool_compress_backward_ape``: slice s sums the partials of blocks s, s + APE_SLICES, ... in order onto
-    -0 (-0 with none), then the slices' sums are added pairwise, neighbours first ((s0 + s1) + (s2 + s3)) + ...,
+    -0 (+0 with none), then the slices' sums are added pairwise, neighbours first ((s0 + s1) + (s2 + s3)) + ...,
     as the kernel adds them."""
     call, o = kernel_scalars(launch), launch.operands
     partials = o["partials"].reshape(-1, call.kpool, call.head_dim)
     slices = []
     with np.errstate(invalid="ignore", over="ignore"):
         for s in range(APE_SLICES):
-            total = np.full((call.kpool, call.head_dim), -0.0, np.float32)
+            total = np.full((call.kpool, call.head_dim), -0.0 if s < call.blocks else 0.0, np.float32)
             for b in range(s, int(call.blocks), APE_SLICES):
                 total = flush_subnormals(total + partials[b])
             slices.append(total)
