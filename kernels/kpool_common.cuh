@@ -577,7 +577,12 @@ struct Divisor {
     }
 };
 
+// A power of two d = 2^l (the engines' page sizes and kpool 4) has m = 2^31
+// exactly, with no division: the 64-bit one below is a subroutine call of
+// some 70 instructions a thread, which a block that writes one row span
+// (kpool_expand_topk) would pay in full.
 __device__ __forceinline__ Divisor divisor_of(unsigned int d) {
+    if ((d & (d - 1u)) == 0u) return Divisor{d, 0x80000000u};
     const unsigned int l = static_cast<unsigned int>(32 - __clz(static_cast<int>(d - 1u)));
     return Divisor{d, static_cast<unsigned int>(((1ull << (31u + l)) + d - 1ull) / d)};
 }
