@@ -250,30 +250,13 @@ __device__ __forceinline__ void load_gradient8(const T* row, long long column_st
 // where the forward loads the pool in one chunk, so the recomputed pool has
 // its bits, and the rows take at most kBackwardWholeBytes, since the thread
 // also holds 32 floats of softmax state and gradient (at 384 bytes, 4
-// float32 members, ptxas spills under the 128-register bound); and not at
-// the shapes the forward runs three blocks an SM (kp::three_blocks_per_sm:
-// 16-bit k and gate, kpool <= 4, head_dim <= 2048, the engines'), where the
-// backward runs three too (backward_blocks_per_sm). There the held rows took
-// 122 registers, two blocks; read twice, the pool fits 80 (no spill), 24
-// warps of loads in flight an SM where 16, and a third fewer instructions;
-// the second read finds the rows in L1, where the first left them, as far
-// as it holds the SM's three blocks' 32 KiB each. Not yet timed on a GPU.
-// The other pools are read twice as well: reduced as the forward streams
-// them, then member by member.
+// float32 members, ptxas spills under the 128-register bound). Larger pools
+// are read twice: reduced as the forward streams them, then member by member.
 enum : int { kBackwardWholeBytes = 320 };
-template <int KPOOL, typename KT, typename GT, int HEAD_DIM>
+template <int KPOOL, typename KT, typename GT>
 __host__ __device__ constexpr bool backward_whole_pool() {
     constexpr int kMemberBytes = kChannelsPerThread * (sizeof(KT) + sizeof(GT) + sizeof(float));
-    return !three_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>() && chunk_members<KPOOL, KT, GT>() == KPOOL &&
-           KPOOL * kMemberBytes <= kBackwardWholeBytes;
-}
-
-// The backward's blocks an SM in its launch bounds: three at the forward's
-// three-block shapes (80 registers), else as many of group_block_bound's
-// threads as kMaxThreadsPerBlock holds (128 registers at 256 threads).
-template <typename KT, typename GT, int HEAD_DIM, int KPOOL>
-__host__ __device__ constexpr int backward_blocks_per_sm() {
-    return three_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>() ? 3 : kMaxThreadsPerBlock / group_block_bound(HEAD_DIM);
+    return chunk_members<KPOOL, KT, GT>() == KPOOL && KPOOL * kMemberBytes <= kBackwardWholeBytes;
 }
 
 // One pool's softmax state over a thread's 8 channels, and the pool's gradient.
@@ -492,10 +475,10 @@ __device__ __forceinline__ void clear_rows_outside_pools(long long block, const 
 // channels and writes its members' d k and d gate rows. The rest: one group
 // a request, which zeroes the rows of its tokens in no complete pool
 // (kp::clear_rows_outside_pools), so the gradients take one launch. A
-// pool kp::backward_whole_pool holds (the forward's one chunk, within
-// kp::kBackwardWholeBytes, off the three-block shapes) keeps its rows in
-// registers, so k, gate and ape are read once; any other reads them again,
-// member by member. d ape goes to `partials`
+// pool whose members fit the forward's prefetch (kp::chunk_members: the
+// whole pool, within kp::kBackwardWholeBytes) keeps its rows in registers, so
+// k, gate and ape are read once; a larger pool reads them again, member by
+// member. d ape goes to `partials`
 // ([pool_blocks, KPOOL, HEAD_DIM] float32), which kpool_compress_backward_ape
 // sums in a fixed order: no float atomics, so two runs give the same bits.
 // Every thread of a pool block reaches every barrier, so none leaves early.
@@ -506,7 +489,7 @@ __device__ __forceinline__ void clear_rows_outside_pools(long long block, const 
 template <typename KT, typename GT, typename DT, int HEAD_DIM, int KPOOL, int VECTOR, typename IO, typename IC,
           typename IP>
 __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
-                                  kp::backward_blocks_per_sm<KT, GT, HEAD_DIM, KPOOL>())
+                                  kp::kMaxThreadsPerBlock / kp::group_block_bound(HEAD_DIM))
     kpool_compress_backward(KP_COMPRESS_INPUT_PARAMS, const DT* __restrict__ grad, long long grad_row_stride,
                             long long grad_column_stride, long long grad_rows, KT* __restrict__ grad_k,
                             long long grad_k_row_stride, GT* __restrict__ grad_gate, long long grad_gate_row_stride,
@@ -522,7 +505,7 @@ __global__ void __launch_bounds__(kp::group_block_bound(HEAD_DIM),
     constexpr bool kKeyVector = kp::vector_bits(VECTOR, kp::kVectorK);
     constexpr bool kGateVector = kp::vector_bits(VECTOR, kp::kVectorGate);
     constexpr bool kApeVector = kp::vector_bits(VECTOR, kp::kVectorApe);
-    constexpr bool kWhole = kp::backward_whole_pool<KPOOL, KT, GT, HEAD_DIM>();
+    constexpr bool kWhole = kp::backward_whole_pool<KPOOL, KT, GT>();
     __shared__ float exchange[kp::round_members<HEAD_DIM, KPOOL>() * kp::group_block_bound(HEAD_DIM) *
                               kp::kChannelsPerThread];
     long long pool;

@@ -181,25 +181,22 @@ def assert_within(got, want, bound, name: str) -> None:
 
 
 # (k dtype, gate dtype, grad_pooled dtype, kpool, head_dim). The backward holds a pool's rows in registers
-# up to kp::kBackwardWholeBytes (16-bit k and gate: kpool 5; float32: 3) but where it runs three blocks an SM
-# (16-bit k and gate, kpool <= 4, head_dim <= 2048), else reads them twice: reduced in one chunk while the
-# forward's prefetch takes the pool (448 bytes: 16-bit kpool 7, float32 4), in streamed chunks past it. The
-# ids say which path runs (test_the_case_ids_name_the_path_the_kernel_takes).
+# up to kp::kBackwardWholeBytes (16-bit k and gate: kpool 5; float32: 3), else reads them twice: reduced in
+# one chunk while the forward's prefetch takes the pool (448 bytes: 16-bit kpool 7, float32 4), in streamed
+# chunks past it. The ids say which path runs (test_the_case_ids_name_the_path_the_kernel_takes).
 CASES = {
-    "bf16-kpool1-twice": (BF16, BF16, BF16, 1, 8),  # w = 1: d k = g, d gate = 0
-    "bf16-kpool4-twice": (BF16, BF16, BF16, 4, 16),
-    "bf16-kpool5-held": (BF16, BF16, BF16, 5, 16),  # the largest held 16-bit pool
+    "bf16-kpool1-held": (BF16, BF16, BF16, 1, 8),  # w = 1: d k = g, d gate = 0
+    "bf16-kpool4-held": (BF16, BF16, BF16, 4, 16),
     "bf16-kpool8-streamed": (BF16, BF16, BF16, 8, 32),  # the smallest streamed 16-bit pool
     "bf16-kpool16-streamed": (BF16, BF16, F16, 16, 64),
     "f32-kpool4-twice": (F32, F32, F32, 4, 8),
     "f32-kpool5-streamed": (F32, F32, F32, 5, 16),
-    "f16-bf16-kpool2-twice": (F16, BF16, F32, 2, 64),
-    "f32-bf16-kpool3-held": (F32, BF16, F32, 3, 32),  # float32 k, 16-bit gate: held, two blocks an SM
+    "f16-bf16-kpool2-held": (F16, BF16, F32, 2, 64),
 }
 # More of the same behind --full (each case is a compile or two).
 SLOW_CASES = {
     "bf16-kpool7-twice": (BF16, BF16, F32, 7, 24),  # the largest one-chunk 16-bit pool; head_dim 24: 3 lanes
-    "f16-kpool3-twice": (F16, F16, F16, 3, 40),
+    "f16-kpool3-held": (F16, F16, F16, 3, 40),
     "bf16-f32-kpool7-streamed": (BF16, F32, BF16, 7, 8),  # k and gate differ: 80 bytes a member
 }
 # The sweep behind --full: every kpool 1..16 at a head_dim of its own, the dtypes in turn.
@@ -274,27 +271,24 @@ def test_emulate_and_reference_agree(name):
         assert_within(a, np.asarray(b, np.float64), bound, f"{name} {what}")
 
 
-def backward_path(kpool: int, k_dtype: np.dtype, gate_dtype: np.dtype, head_dim: int) -> str:
-    """Which of the backward kernel's paths a pool takes (kp::backward_whole_pool, kp::three_blocks_per_sm,
-    kp::chunk_members)."""
+def backward_path(kpool: int, k_dtype: np.dtype, gate_dtype: np.dtype) -> str:
+    """Which of the backward kernel's paths a pool takes (kp::backward_whole_pool, kp::chunk_members)."""
     text = (Path(__file__).resolve().parent.parent / "kernels" / "kpool_compress.cu").read_text()
     held_bytes = int(re.search(r"kBackwardWholeBytes = (\d+)", text).group(1))
     member_bytes = CHANNELS_PER_THREAD * (np.dtype(k_dtype).itemsize + np.dtype(gate_dtype).itemsize + 4)
     if chunks(kpool, k_dtype, gate_dtype) > 1:
         return "streamed"
-    sixteen_bit = np.dtype(k_dtype).itemsize == np.dtype(gate_dtype).itemsize == 2
-    three_blocks = sixteen_bit and kpool <= 4 and head_dim // CHANNELS_PER_THREAD <= 256
-    return "held" if kpool * member_bytes <= held_bytes and not three_blocks else "twice"
+    return "held" if kpool * member_bytes <= held_bytes else "twice"
 
 
 def test_the_case_ids_name_the_path_the_kernel_takes():
-    for name, (k_dtype, gate_dtype, _, kpool, head_dim) in {**CASES, **SLOW_CASES}.items():
-        assert name.endswith(backward_path(kpool, k_dtype, gate_dtype, head_dim)), name
+    for name, (k_dtype, gate_dtype, _, kpool, _) in {**CASES, **SLOW_CASES}.items():
+        assert name.endswith(backward_path(kpool, k_dtype, gate_dtype)), name
 
 
 def test_kpool_1_is_the_identity():
     # One member a pool: w = 1, so d k is g rounded to k's dtype and d gate is exactly zero, on both backends.
-    args, m, *results = computed("bf16-kpool1-twice")
+    args, m, *results = computed("bf16-kpool1-held")
     pooled = m.member == 0
     for backend, (grad_k, grad_gate, grad_ape) in zip(IDS, results, strict=True):
         assert (grad_k[pooled] == args["grad_pooled"][: m.pools].astype(BF16)).all(), backend
@@ -324,7 +318,7 @@ def test_grad_pooled_at_any_strides_gives_the_contiguous_bits(backend, grad_dtyp
     # grad_pooled is read at its own strides (autograd hands in transposed, sliced and expanded gradients):
     # each layout gives the bits of the contiguous array with the same values. Rows past the pools are NaN,
     # as is the padding between columns: a read of either would show.
-    args, _ = make_case("bf16-kpool4-twice")
+    args, _ = make_case("bf16-kpool4-held")
     grad = args["grad_pooled"].astype(grad_dtype)
     want = backend.kpool_compress_backward(**(args | {"grad_pooled": grad}))
     for layout, view in _grad_layouts(grad).items():
@@ -467,7 +461,7 @@ def test_grad_ape_is_the_same_bits_run_after_run_and_under_the_reversed_schedule
 def test_tokens_in_no_pool_get_zeros_in_given_outputs_full_of_garbage(backend):
     # The op zeroes what it is given: rows of tokens in no complete pool are +0 however they came in, and
     # the given arrays are the ones written and returned.
-    args, m = make_case("bf16-kpool4-twice")
+    args, m = make_case("bf16-kpool4-held")
     given = {
         "grad_k": np.full(args["k"].shape, np.nan, BF16),
         "grad_gate": np.full(args["gate"].shape, -7.0, BF16),
@@ -509,7 +503,7 @@ def test_a_call_without_pools_gives_zeros(backend):
 def test_without_validation_pools_past_grad_pooled_get_zeros(backend):
     # validate=False and fewer gradient rows than pools: a pool without a row is not read, its members keep
     # zeros, and the pools with rows are as with every row there (as values: 0 * (k - pooled) may be -0).
-    args, m = make_case("bf16-kpool4-twice")
+    args, m = make_case("bf16-kpool4-held")
     kept = m.pools - 3
     short = backend.kpool_compress_backward(**(args | {"grad_pooled": args["grad_pooled"][:kept]}), validate=False)
     grad = args["grad_pooled"].copy()

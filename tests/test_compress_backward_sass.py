@@ -1,8 +1,7 @@
 """The backward kernel's machine code, read off sm_90 SASS without a GPU (`kpool-cupy ptx --sass --op
-compress_backward`): no spill under its register bound (80 at the three-block shapes, else 128), 16-byte loads
-of every member row and of the gradient row, and each member row read once where the pool is held in registers
-(kernels/kpool_compress.cu, ``kp::backward_whole_pool``) — twice (the forward's reduction, then member by
-member) where it is not."""
+compress_backward`): no spill under its 128-register bound, 16-byte loads of every member row and of the
+gradient row, and each member row read once where the pool is held in registers (kernels/kpool_compress.cu,
+``kp::backward_whole_pool``) — twice (the forward's reduction, then member by member) where it is not."""
 
 from __future__ import annotations
 
@@ -27,31 +26,9 @@ def _backward(dtype: np.dtype, head_dim: int, kpool: int, grad: np.dtype | None 
     return sass.summarize_sass(COMPRESS_BACKWARD.source, name)
 
 
-def _three_blocks(dtype: np.dtype, head_dim: int, kpool: int) -> bool:
-    """kp::three_blocks_per_sm for k and gate in ``dtype``: where the forward and the backward run three blocks an
-    SM (80 registers), and the backward reads its pool twice."""
-    return dtype.itemsize == 2 and kpool <= 4 and head_dim // CHANNELS_PER_THREAD <= 256
-
-
-def _whole(dtype: np.dtype, head_dim: int, kpool: int) -> bool:
-    """kp::backward_whole_pool: the pool's rows held in registers, read once."""
+def _whole(dtype: np.dtype, kpool: int) -> bool:
     member_bytes = CHANNELS_PER_THREAD * (2 * dtype.itemsize + 4)
-    held = chunk_members(kpool, member_bytes) == kpool and kpool * member_bytes <= BACKWARD_WHOLE_BYTES
-    return held and not _three_blocks(dtype, head_dim, kpool)
-
-
-def _row_loads(dtype: np.dtype, head_dim: int, kpool: int, gradient: int) -> int:
-    """The 16-byte loads of the backward's SASS: every member row once and the gradient row (``gradient`` words)
-    where the pool is held; else the forward's chunks (a loop's body counts once), then one member a loop
-    iteration, and the gradient."""
-    per_member = 2 * (dtype.itemsize // 2) + 2  # k's and gate's words of 8 channels, and the float32 ape row's
-    if _whole(dtype, head_dim, kpool):
-        return kpool * per_member + gradient
-    chunk = chunk_members(kpool, CHANNELS_PER_THREAD * (2 * dtype.itemsize + 4))
-    first = min(chunk, kpool)
-    rest = (kpool - first) % chunk
-    streamed = (first + (chunk if kpool - first >= chunk else 0) + rest) * per_member
-    return streamed + per_member + gradient
+    return chunk_members(kpool, member_bytes) == kpool and kpool * member_bytes <= BACKWARD_WHOLE_BYTES
 
 
 def test_the_holding_limit_is_the_kernels():
@@ -59,12 +36,10 @@ def test_the_holding_limit_is_the_kernels():
     assert f"kBackwardWholeBytes = {BACKWARD_WHOLE_BYTES} " in text
 
 
-# The engines' shape (bf16, head_dim 128, kpool 4: read twice, three blocks an SM) and the edges of the two
-# paths for each dtype: the largest pool held in registers, the smallest streamed one, and kpool 16.
+# The engines' shape (bf16, head_dim 128, kpool 4) and the edges of the two paths for each dtype: the
+# largest pool held in registers, the smallest streamed one, and kpool 16.
 CASES = [
     (BFLOAT16, 128, 4),
-    (BFLOAT16, 2048, 4),
-    (BFLOAT16, 4096, 4),
     (BFLOAT16, 128, 5),
     (BFLOAT16, 128, 6),
     (BFLOAT16, 128, 16),
@@ -80,23 +55,29 @@ def test_no_spill_and_every_row_in_16_byte_loads(dtype, head_dim, kpool):
     summary = _backward(dtype, head_dim, kpool)
     assert summary.spill_stores == summary.spill_loads == 0, summary
     words = dtype.itemsize // 2  # 16-byte words of 8 channels of k, and of gate
+    per_member = 2 * words + 2  # k, gate and the float32 ape row
     gradient = words  # the pool's gradient row, in k's dtype here
     # The request blocks' loops of zero rows (d k and d gate), rolled: the rows before a request's first pool and
     # after its last; at kpool 1 none come before (the phase is 0), and that loop compiles away.
     zeroing = (2 if kpool > 1 else 1) * 2 * words
-    assert summary.vector_loads == _row_loads(dtype, head_dim, kpool, gradient), summary
-    # Held: d k and d gate stored once a member (unrolled); else once a loop iteration.
-    members = kpool if _whole(dtype, head_dim, kpool) else 1
-    assert summary.vector_stores == members * 2 * words + zeroing, summary
-    # The launch bound: 80 registers (three blocks of 256 threads an SM) where the forward takes three.
-    bound = 80 if _three_blocks(dtype, head_dim, kpool) else 128
-    assert summary.registers <= bound, summary
+    if _whole(dtype, kpool):
+        # Every member row loaded once (unrolled), the gradient once; d k and d gate stored once a member.
+        assert summary.vector_loads == kpool * per_member + gradient, summary
+        assert summary.vector_stores == kpool * 2 * words + zeroing, summary
+    else:
+        # Streamed: the forward's chunks (a loop's body counts once), then one member a loop iteration.
+        chunk = chunk_members(kpool, CHANNELS_PER_THREAD * (2 * dtype.itemsize + 4))
+        first = min(chunk, kpool)
+        rest = (kpool - first) % chunk
+        streamed = (first + (chunk if kpool - first >= chunk else 0) + rest) * per_member
+        assert summary.vector_loads == streamed + per_member + gradient, summary
+        assert summary.vector_stores == 2 * words + zeroing, summary
 
 
 def test_a_gradient_in_another_dtype_is_still_one_16_byte_row():
     summary = _backward(BFLOAT16, 128, 4, grad=FLOAT32)
     assert summary.spill_stores == summary.spill_loads == 0, summary
-    assert summary.vector_loads == _row_loads(BFLOAT16, 128, 4, gradient=2), summary  # two words of 8 floats
+    assert summary.vector_loads == 4 * 4 + 2, summary  # two 16-byte words of 8 float32 gradient channels
 
 
 # kp::kApeLoads: the partials a thread of the ape sum has in flight at once.

@@ -1,13 +1,10 @@
-"""The prefill pooling kernels at the engines' shape fit 3 blocks of 256 threads per SM (issue 21), and so does
-the backward's pooling kernel (issue 35).
+"""The prefill pooling kernels at the engines' shape fit 3 blocks of 256 threads per SM (issue 21).
 
 16-bit keys and gate scores in pools of at most 4 members, head_dim up to
 2048 (blocks of 256 threads): ``kp::three_blocks_per_sm`` gives
 kpool_compress and kpool_compress_fp8 ``__launch_bounds__(256, 3)``, so
 ptxas keeps them within 80 registers (65536 / 768, in its steps of 8).
-Everywhere else the bound stays ``(512, 1)``: 128 registers. The backward
-(``kp::backward_blocks_per_sm``) takes ``(256, 3)`` there too, reading its
-pool twice rather than holding it, and ``(256, 2)`` elsewhere.
+Everywhere else the bound stays ``(512, 1)``: 128 registers.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc", reason="ptxas reports need 
 from model import BF16, F16, F32
 
 from kpool_cupy.kernel.codes import Fp8Target
-from kpool_cupy.kernel.declarations import COMPRESS, COMPRESS_BACKWARD, COMPRESS_FP8
+from kpool_cupy.kernel.declarations import COMPRESS, COMPRESS_FP8
 from kpool_cupy.kernel.geometry import group_geometry
 from kpool_cupy.kernel.nvrtc import kernel_ptxas_report
 
@@ -49,15 +46,6 @@ def test_compress_at_the_engines_shape_fits_three_blocks_without_spills(key, gat
 def test_compress_fp8_at_the_engines_shape_fits_three_blocks_without_spills(target):
     for head_dim, kpool in ((16, 4), (128, 4), (256, 3)):
         report = _report(COMPRESS_FP8, KT=BF16, GT=BF16, HEAD_DIM=head_dim, KPOOL=kpool, TARGET=int(target), ID=INT64)
-        _assert_three_blocks(report, (head_dim, kpool))
-
-
-@pytest.mark.parametrize("kpool", [1, 2, 3, 4])
-@pytest.mark.parametrize(("key", "gate"), [(BF16, BF16), (F16, BF16)], ids=str)
-def test_the_backward_at_the_engines_shape_fits_three_blocks_without_spills(key, gate, kpool):
-    # Its pool read twice (the forward's reduction, then member by member): held in registers it took 122.
-    for head_dim in (8, 128, 2048):
-        report = _report(COMPRESS_BACKWARD, KT=key, GT=gate, DT=key, HEAD_DIM=head_dim, KPOOL=kpool)
         _assert_three_blocks(report, (head_dim, kpool))
 
 
