@@ -234,7 +234,8 @@ else
 fi
 
 # The selection's and the backward's records are left out here: the limits' sum has no room for them (they run on their own:
-# the selection's, with kpool_index_topk's and the prefill record under compute-sanitizer, by scripts/gpu_select_check.sh).
+# the selection's, with kpool_index_topk's and the prefill record under compute-sanitizer, by scripts/gpu_select_check.sh;
+# the backward's by scripts/gpu_backward_check.sh).
 run bench "$py" -m kpool_cupy bench "${bench_args[@]}" --min-calls "$min_calls" --no-select --no-backward --json "$out/bench.json" \
     --plot "$out/bench.png" --table "$logs/bench-table.txt"
 # torch.compile cold, on the quick shapes, against this package alone (the

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 35's backward records in one call, after scripts/gpu_check.sh's own (whose bench leaves them out for
+# time) or alone:
+#
+#     scripts/gpu_backward_check.sh            results under $OUT (or ./gpu-results)
+#     scripts/gpu_backward_check.sh --smoke    the quick record, one sample: how
+#                                              tests/test_gpu_backward_script.py runs it on the CPU through
+#                                              tests/cupy_double
+#
+#   bench-backward.json  `kpool-cupy bench --backward` alone: kpool_compress_backward (its pooling launch and
+#                        its ape sum, in one graph replay) against a copy of the same bytes and torch autograd
+#                        through an eager implementation, at B1, B8 and B32 x 4,096 tokens, head_dim 128,
+#                        kpool 4 (the `backward ...` records issue 35 names); rewritten after every record
+#   summary.txt          the environment, the bench's exit status and seconds, its table
+#
+# The package runs from this checkout through PYTHONPATH; nothing is installed. Limit: 240 s (the three
+# records' own wall times added to 19 s in the 2026-12-04 run, 15 of them the first's, its builds included:
+# docs/gpu-runs/2026-12-04-h200-backward/bench-backward-rounds.json).
+set -uo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bench_args=(--samples 10 --min-calls 32)
+if [[ ${1:-} == --smoke ]]; then
+    bench_args=(--quick --samples 1 --min-calls 1)
+elif [[ $# -gt 0 ]]; then
+    echo "usage: scripts/gpu_backward_check.sh [--smoke]" >&2
+    exit 2
+fi
+out="${OUT:-$root/gpu-results}"
+mkdir -p "$out"
+export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+py="${PYTHON:-python3}"
+summary="$out/summary.txt"
+{
+    echo "kpool-cupy backward check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1
+    "$py" -c "import cupy; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())" 2>&1
+} > "$summary"
+
+start=$SECONDS
+timeout -k 2 240 "$py" -m kpool_cupy bench "${bench_args[@]}" --skip torch-compile --no-decode-side \
+    --no-fp8 --no-sweep --no-index --no-select --backward --json "$out/bench-backward.json" \
+    --table "$out/bench-backward-table.txt" > "$out/bench-backward.log" 2>&1
+code=$?
+echo "bench exit $code, $((SECONDS - start)) s" >> "$summary"
+cat "$out/bench-backward-table.txt" >> "$summary" 2>/dev/null
+exit $(( code != 0 ))
