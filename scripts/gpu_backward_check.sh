@@ -17,25 +17,8 @@
 # records' own wall times added to 19 s in the 2026-12-04 run, 15 of them the first's, its builds included:
 # docs/gpu-runs/2026-12-04-h200-backward/bench-backward-rounds.json).
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-bench_args=(--samples 10 --min-calls 32)
-if [[ ${1:-} == --smoke ]]; then
-    bench_args=(--quick --samples 1 --min-calls 1)
-elif [[ $# -gt 0 ]]; then
-    echo "usage: scripts/gpu_backward_check.sh [--smoke]" >&2
-    exit 2
-fi
-out="${OUT:-$root/gpu-results}"
-mkdir -p "$out"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-py="${PYTHON:-python3}"
-summary="$out/summary.txt"
-{
-    echo "kpool-cupy backward check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1
-    "$py" -c "import cupy; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())" 2>&1
-} > "$summary"
+source "$(dirname "${BASH_SOURCE[0]}")/_gpu_records.sh"
+gpu_records_start backward "$@"
 
 start=$SECONDS
 timeout -k 2 240 "$py" -m kpool_cupy bench "${bench_args[@]}" --skip torch-compile --no-decode-side \

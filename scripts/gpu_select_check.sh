@@ -17,28 +17,11 @@
 # The package runs from this checkout through PYTHONPATH; nothing is installed. Limits: the bench 420 s (14
 # select records took about 3 minutes in the 2026-12-04 run; the 6 topk records are smaller), memcheck 150 s.
 set -uo pipefail
-root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-bench_args=(--samples 10 --min-calls 32)
+source "$(dirname "${BASH_SOURCE[0]}")/_gpu_records.sh"
+gpu_records_start select "$@"
 memcheck_args=()
-if [[ ${1:-} == --smoke ]]; then
-    bench_args=(--quick --samples 1 --min-calls 1)
-    memcheck_args=(--quick)
-elif [[ $# -gt 0 ]]; then
-    echo "usage: scripts/gpu_select_check.sh [--smoke]" >&2
-    exit 2
-fi
-out="${OUT:-$root/gpu-results}"
-mkdir -p "$out"
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
+(( smoke )) && memcheck_args=(--quick)
 export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
-py="${PYTHON:-python3}"
-summary="$out/summary.txt"
-{
-    echo "kpool-cupy select check, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>&1 | head -n 1
-    "$py" -c "import cupy; print('cupy', cupy.__version__, 'cuda runtime', cupy.cuda.runtime.runtimeGetVersion())" 2>&1
-} > "$summary"
 failed=0
 
 start=$SECONDS
