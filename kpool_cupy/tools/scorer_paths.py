@@ -47,5 +47,5 @@ def chunk_rule_code(code: str, full_chunks: bool) -> str:
 
 def _cut(code: str, statement: str, replacement: str) -> str:
     if code.count(statement) != 1:
-        raise ValueError(f"the scorer's text holds {code.count(statement)} of {statement!r}, expected 1")
+        raise ValueError(f"the kernel's text holds {code.count(statement)} of {statement!r}, expected 1")
     return code.replace(statement, replacement)
