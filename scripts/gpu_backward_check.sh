@@ -20,11 +20,4 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/_gpu_records.sh"
 gpu_records_start backward "$@"
 
-start=$SECONDS
-timeout -k 2 240 "$py" -m kpool_cupy bench "${bench_args[@]}" --skip torch-compile --no-decode-side \
-    --no-fp8 --no-sweep --no-index --no-select --backward --json "$out/bench-backward.json" \
-    --table "$out/bench-backward-table.txt" > "$out/bench-backward.log" 2>&1
-code=$?
-echo "bench exit $code, $((SECONDS - start)) s" >> "$summary"
-cat "$out/bench-backward-table.txt" >> "$summary" 2>/dev/null
-exit $(( code != 0 ))
+gpu_records_bench backward 240 --no-select --backward || exit 1

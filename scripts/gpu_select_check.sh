@@ -24,14 +24,7 @@ memcheck_args=()
 export PATH="$PATH:/usr/local/cuda/bin"  # compute-sanitizer
 failed=0
 
-start=$SECONDS
-timeout -k 2 420 "$py" -m kpool_cupy bench "${bench_args[@]}" --skip torch-compile --no-decode-side \
-    --no-fp8 --no-sweep --no-index --no-backward --select --json "$out/bench-select.json" \
-    --table "$out/bench-select-table.txt" > "$out/bench-select.log" 2>&1
-code=$?
-echo "bench exit $code, $((SECONDS - start)) s" >> "$summary"
-(( code == 0 )) || failed=1
-cat "$out/bench-select-table.txt" >> "$summary" 2>/dev/null
+gpu_records_bench select 420 --no-backward --select || failed=1
 
 start=$SECONDS
 if command -v compute-sanitizer > /dev/null; then
