@@ -114,6 +114,7 @@ _SCRIPT = textwrap.dedent(
 
     # torch's CUDA backward (CPU tensors standing in) makes the partials from torch's allocator, not CuPy's.
     kernels._torch_stream = lambda device: contextlib.nullcontext()
+    kernels._launch_stream = lambda device_id: None
     kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
     kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
     spec = next(s for s in SPECS if s.name == "kpool_compress_backward")

@@ -83,6 +83,7 @@ _SCRIPT = textwrap.dedent(
 
     current = [cuda.Stream.null]
     kernels._torch_stream = lambda device: current[0]
+    kernels._launch_stream = lambda device_id: current[0]
     kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
     kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
 
@@ -162,6 +163,7 @@ def test_torchs_cuda_path_names_total_pools_too():
         from kpool_cupy.torch.tensors import to_numpy
 
         kernels._torch_stream = lambda device: contextlib.nullcontext()
+        kernels._launch_stream = lambda device_id: None
         kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
         spec = next(s for s in SPECS if s.name == "kpool_compress")
         forward = kernels.cuda_kernel(spec, overloads(spec)[0])

@@ -165,6 +165,29 @@ def test_work_is_ordered_on_a_non_default_torch_stream():
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
+def test_hot_calls_replay_their_plan_on_torchs_current_stream():
+    # The first .out call of a signature makes its launch plan (kpool_cupy/torch/plans.py); the others launch
+    # from the tensors' pointers on torch's current stream, which a side stream keeps busy while k changes.
+    import kpool_cupy.torch as kt
+
+    _, (k, gate, ape, offsets, cache) = _batch(6)
+    pools = torch.ops.kpool.pool_row_offsets(offsets, cache, KPOOL)
+    want = kt.kpool_compress(k, gate, ape, offsets, cache)
+    outs = [torch.empty_like(want) for _ in range(3)]
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for out in outs:
+            busy = torch.randn(4096, 4096, device="cuda")
+            for _ in range(8):
+                busy = busy @ busy
+            k2 = k.clone()
+            kt.kpool_compress(k2, gate, ape, offsets, cache, pool_row_offsets=pools, out=out, validate=False)
+    stream.synchronize()
+    for out in outs:
+        assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs a second CUDA device")
 def test_tensors_on_a_second_device_run_there():
     import kpool_cupy.torch as kt

@@ -35,6 +35,7 @@ _SCRIPT = textwrap.dedent(
 
     current = [cuda.Stream.null]  # the stream torch's would be: the null stream eagerly, a capturing one later
     kernels._torch_stream = lambda device: current[0]
+    kernels._launch_stream = lambda device_id: current[0]
     kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
     kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
 

@@ -512,6 +512,7 @@ def test_the_cuda_path_refuses_a_misaligned_tensor_before_allocating_outputs():
         from kpool_cupy.torch.tensors import to_numpy
 
         kernels._torch_stream = lambda device: contextlib.nullcontext()
+        kernels._launch_stream = lambda device_id: None
         kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
         tensors = [t._tensor(a) for a in t.calls(t.BF16)["kpool_compress"][0]]
         k = tensors[0]
@@ -559,6 +560,7 @@ def test_the_cuda_kernels_logic_on_the_cupy_double():
         from kpool_cupy.torch.tensors import to_numpy
 
         kernels._torch_stream = lambda device: contextlib.nullcontext()
+        kernels._launch_stream = lambda device_id: None
         kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
         kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
         checked = 0

@@ -144,11 +144,27 @@ def make_plan(
     )
 
 
+# The plan this thread's latest call replayed or made, with its key: what torch.ops.kpool's CUDA kernels build
+# their own plans on (kpool_cupy/torch/plans.py). An attribute, not a call, on the replay's path.
+_ran = threading.local()
+
+
 def remember(key: tuple[Any, ...], plan: LaunchPlan) -> None:
     with _plans_lock:
         if len(_plans) >= MAX_PLANS:
             _plans.clear()
         _plans[key] = plan
+    _ran.entry = (key, plan)
+
+
+def forget_ran() -> None:
+    """Forget which plan this thread's latest call ran (before a call whose plan is wanted)."""
+    _ran.entry = None
+
+
+def ran() -> tuple[tuple[Any, ...], LaunchPlan] | None:
+    """The key and plan this thread's latest call replayed or made since ``forget_ran``; None if it had none."""
+    return getattr(_ran, "entry", None)
 
 
 def forget_all() -> None:
@@ -182,6 +198,7 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any
             base = other.data.ptr
             if w_base + w_low < base + extents[i][1] and base + extents[i][0] < w_base + w_high:
                 return MISS
+    _ran.entry = (key, plan)
     arguments = list(plan.constants)
     slots = plan.slots
     for position in range(len(slots)):

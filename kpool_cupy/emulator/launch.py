@@ -51,6 +51,8 @@ def _c_value(value: Any) -> ctypes._SimpleCData:
         return ctypes.c_longlong(int(value))
     if isinstance(value, np.int32):
         return ctypes.c_int(int(value))
+    if type(value) is int:  # as CuPy passes one: 8 bytes (a device pointer, from torch's data_ptr())
+        return ctypes.c_longlong(value)
     raise TypeError(f"no C type for a kernel argument of type {type(value).__name__}")
 
 

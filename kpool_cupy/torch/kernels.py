@@ -17,16 +17,22 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..backends import cupy_plans
+from ..backends.cupy import SM90_BUILD_VARIABLE, _takes_a_build
+from ..backends.cupy_plans import MISS
 from ..ops.framework.checks import check_aligned, check_out_dtype
 from ..ops.framework.engine_forms import BEFORE_CHECKS, read_form
 from ..ops.framework.results import given_outputs, output_keys
-from ..ops.framework.spec import OpSpec, Option
+from ..ops.framework.spec import OpSpec, Option, spread
+from . import plans
 from .cpu_backend import cpu_module
 from .schema import Overload
 from .tensors import from_cupy, from_numpy, metadata, numpy_dtype, to_cupy, to_numpy, torch_dtype
@@ -143,22 +149,110 @@ def cpu_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     return kernel
 
 
+_streams: dict[tuple[int, int], Any] = {}
+_streams_lock = threading.Lock()
+
+
+def _launch_stream(device_id: int) -> Any:
+    """CuPy's view of torch's current stream on device ``device_id`` (an ``ExternalStream``, kept per handle:
+    one is made the first time torch's stream is seen, a capture's included)."""
+    import cupy
+
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a CUDA build's, without a Stream object
+    handle = raw_stream(device_id) if raw_stream is not None else torch.cuda.current_stream(device_id).cuda_stream
+    stream = _streams.get((handle, device_id))
+    if stream is None:
+        stream = cupy.cuda.ExternalStream(handle, device_id)
+        with _streams_lock:
+            if len(_streams) >= 64:  # handles of streams gone: start over rather than grow
+                _streams.clear()
+            _streams[(handle, device_id)] = stream
+    return stream
+
+
 @contextlib.contextmanager
 def _torch_stream(device: torch.device) -> Iterator[Any]:
     """CuPy's current stream set to torch's current stream of ``device``, on that device."""
     import cupy
 
-    stream = torch.cuda.current_stream(device)
-    with cupy.cuda.Device(device.index):
-        external = cupy.cuda.ExternalStream(stream.cuda_stream, device.index)
-        with external:
-            yield external
+    with cupy.cuda.Device(device.index), _launch_stream(device.index) as stream:
+        yield stream
+
+
+def _made_kind(make: Callable[..., torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype) -> tuple[Any, ...]:
+    return (tuple(shape), dtype, make is torch.zeros)
+
+
+def _sources(
+    spec: OpSpec, positions: dict[str, int], values: tuple[Any, ...], made_at: dict[str, int]
+) -> tuple[tuple[int, int], ...]:
+    """Per array of the CuPy call (``spread``'s order: a ring list of two is two), where a call finds it: an
+    argument, an element of a ring list, a tensor torch made, or none (``plans.ABSENT``)."""
+    sources: list[tuple[int, int]] = []
+    for operand in spec.operands:
+        if operand.name in made_at:
+            sources.append((-1, made_at[operand.name]))
+        elif operand.name in positions and values[positions[operand.name]] is not None:
+            at = positions[operand.name]
+            value = values[at]
+            if isinstance(value, (list, tuple)):
+                sources += [(at, 0)] if len(value) == 1 else [(at, i) for i in range(len(value))]
+            else:
+                sources.append((at, -1))
+        else:
+            sources.append(plans.ABSENT)
+    return tuple(sources)
+
+
+def _remember_plan(
+    spec: OpSpec,
+    overload: Overload,
+    known: plans.TorchPlans,
+    key: tuple[Any, ...] | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    named: dict[str, Any],
+    made: dict[str, torch.Tensor],
+    kinds: dict[str, tuple[Any, ...]],
+    device: torch.device,
+    returned: tuple[int, ...] | None,
+) -> None:
+    """Remember a full call's plan where its CuPy call ran one (``plans.make_plan`` says when it can)."""
+    ran = cupy_plans.ran()
+    if key is None or ran is None or ran[0][0] != spec.name:
+        return
+    values = (*args, *kwargs.values())
+    positional = [o.name for o in overload.operands if not o.optional]
+    positions = {name: i for i, name in enumerate([*positional[: len(args)], *kwargs])}
+    made_at = {name: i for i, name in enumerate(made) if named[name] is not None}  # counts it does not write: none
+    sources = _sources(spec, positions, values, made_at)
+    flat = spread(spec.operands, tuple(named[n] for n in spec.operand_names)).arrays
+    written_names = {o.name for o in overload.operands if o.written}
+    written = tuple(i for name, i in positions.items() if name in written_names and values[i] is not None)
+    plan = plans.make_plan(
+        ran[1], flat, values, sources, list(made.values()), tuple(kinds.values()), device, written, returned
+    )
+    if plan is not None:
+        known.remember(key, plan)
 
 
 def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
+    known = plans.TorchPlans(cupy_plans.MAX_PLANS)
+    builds = _takes_a_build(spec)
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         import kpool_cupy
 
+        build = os.environ.get(SM90_BUILD_VARIABLE) if builds else None
+        key = plans.signature(args, kwargs, build)
+        plan = known.plans.get(key) if key is not None else None
+        if plan is not None:
+            import cupy
+
+            values = (*args, *kwargs.values())
+            result = plans.replay(plan, values, cupy, _launch_stream(plan.launch.device_id))
+            if result is not MISS:
+                return result
         given = gather_arguments(overload, args, kwargs)
         device = check_devices(given, tuple(o.name for o in overload.operands))
         written = _written(overload, given)
@@ -168,7 +262,7 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
             named = dict(zip(spec.operand_names, arrays, strict=True))
             # The outputs behind this overload's results (a cache replaces some), where the call's sizes are
             # known without the data (an op whose sizes the data decides may be told them: total_pools).
-            call = spec.describe(*arguments(spec, given, metadata)) if spec.dynamic_sizes else None
+            call = spec.describe(*arguments(spec, given, metadata)) if spec.dynamic_sizes and overload.results else None
             fixed = call is None or all(bound(call) is None for bound in spec.dynamic_sizes.values())
             keys = output_keys(spec, overload.results) if fixed else ()
             outputs = tuple(o for o in given_outputs(spec) if o.name in keys)
@@ -179,16 +273,18 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
                 check_aligned(spec.operands, named)
                 if call is None:
                     call = spec.describe(*arguments(spec, given, metadata))
+            made: dict[str, torch.Tensor] = {}
+            kinds: dict[str, tuple[Any, ...]] = {}
             if outputs:
                 # Outputs from torch's allocator, zeroed as the op would unless
                 # it writes every element (Operand.filled): torch then owns them
                 # (record_stream, memory stats, graph pools). An output the call
                 # does not return (counts without compact) is empty.
                 shapes = spec.outputs(call, **dict.fromkeys(spec.dynamic_sizes))
-                made = {}
                 for output in outputs:
                     if output.name not in shapes:
                         made[output.name] = torch.empty(0, dtype=torch.int32, device=device)
+                        kinds[output.name] = _made_kind(torch.empty, (0,), torch.int32)
                         continue
                     shape, dtype = shapes[output.name]
                     whole = output.filled == "always" or (
@@ -196,17 +292,25 @@ def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
                     )
                     make = torch.empty if whole else torch.zeros
                     made[output.name] = make(shape, dtype=torch_dtype(np.dtype(dtype)), device=device)
+                    kinds[output.name] = _made_kind(make, shape, made[output.name].dtype)
                     named[output.name] = to_cupy(output.name, read_form(output, made[output.name], torch.uint8))
             for operand in scratch:  # the op's scratch from torch's allocator too (the backward's partial sums)
-                space = torch.empty(max(spec.scratch_bytes(call), 1), dtype=torch.uint8, device=device)
-                named[operand.name] = to_cupy(operand.name, space)
+                size = max(spec.scratch_bytes(call), 1)
+                made[operand.name] = torch.empty(size, dtype=torch.uint8, device=device)
+                kinds[operand.name] = _made_kind(torch.empty, (size,), torch.uint8)
+                named[operand.name] = to_cupy(operand.name, made[operand.name])
+            cupy_plans.forget_ran()
             result = getattr(kpool_cupy, spec.name)(**named, **options)
             _bump_versions(written)
+            if outputs or not overload.results:  # results torch made, or none: a plan can make them again
+                returned = tuple(list(made).index(o.name) for o in outputs) if overload.results else None
+                _remember_plan(spec, overload, known, key, args, kwargs, named, made, kinds, device, returned)
             if outputs:
                 tensors = tuple(made[o.name] for o in outputs)
                 return tensors[0] if len(tensors) == 1 else tensors
             return _results(spec, overload, result, from_cupy, device)
 
+    kernel.plans = known  # type: ignore[attr-defined]  # tests read and clear them
     return kernel
 
 
