@@ -375,3 +375,39 @@ def test_a_call_that_returns_none_replays_to_none_by_its_plans_own_word():
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "ok" in done.stdout
+
+
+def test_a_validated_calls_index_copies_run_nothing_on_the_device_and_wait_for_the_stream_once():
+    # backends/cupy.CupyBackend.host_copies: each array copied without waiting into one pinned buffer, then one
+    # wait for the current stream. A kernel queued before on that stream writes what the copies must read.
+    done = _run(
+        """
+        from cupy import cuda
+        from kpool_cupy.backends.cupy import CupyBackend
+
+        arrays = [
+            cupy.asarray(np.arange(5, dtype=np.int32)),
+            cupy.asarray(np.array([4_000_000_000, 7], np.uint32)),  # past int32: widened, not wrapped
+            cupy.asarray(np.zeros(0, np.int32)),
+            cupy.asarray(np.array([-3, 2**40, 9], np.int64)),
+        ]
+        stream = cuda.Stream(non_blocking=True)
+        with stream:
+            def write():  # a kernel's work, queued on the stream until something waits for it
+                np.asarray(arrays[0])[:] = np.arange(10, 15, dtype=np.int32)
+            cuda._enqueue(stream, write, "write")
+            operations, waits = [], []
+            before_op, wait = cuda._before_array_op, cuda._wait_for
+            cuda._before_array_op = lambda: operations.append(1) or before_op()
+            cuda._wait_for = lambda s: waits.append(s) or wait(s)  # what every wait of the host comes to
+            copies = CupyBackend(cupy, 0).host_copies(arrays)
+        assert not operations, operations
+        assert len(waits) == 1, waits
+        want = [np.arange(10, 15), np.array([4_000_000_000, 7]), np.zeros(0), np.array([-3, 2**40, 9])]
+        for got, expected in zip(copies, want, strict=True):
+            assert got.dtype == np.int64 and np.array_equal(got, expected), (got, expected)
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout

@@ -80,8 +80,22 @@ class ndarray(np.ndarray):
         return cuda.Device(0)
 
     def get(self, stream=None, order="C", out=None, blocking=True) -> np.ndarray:
-        cuda._wait_for(stream)
-        return np.array(self.view(np.ndarray), copy=True, order=order)
+        if out is None:
+            cuda._wait_for(stream)
+            return np.array(self.view(np.ndarray), copy=True, order=order)
+        if out.shape != self.shape or out.dtype != self.dtype:
+            raise ValueError(f"Shape or dtype mismatch: {out.shape} {out.dtype} for {self.shape} {self.dtype}")
+        source = self.view(np.ndarray)
+
+        def copy() -> None:
+            np.copyto(out, source)
+
+        if blocking:
+            cuda._wait_for(stream)
+            copy()
+        else:  # as cudaMemcpyAsync into pinned memory: done when the stream reaches it, not before
+            cuda._enqueue(stream, copy)
+        return out
 
     # Array operations run on the current stream, after its queued work.
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):

@@ -140,6 +140,11 @@ def _wait_for(stream: Stream | None) -> None:
         _flush(queue)
 
 
+def alloc_pinned_memory(size: int) -> bytearray:
+    """Host memory a non-blocking copy may target (page-locked in CUDA; plain bytes here)."""
+    return bytearray(size)
+
+
 COMPUTE_CAPABILITY = "90"  # what Device.compute_capability says; tests may set another
 
 
