@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -167,10 +169,25 @@ def ran() -> tuple[tuple[Any, ...], LaunchPlan] | None:
     return getattr(_ran, "entry", None)
 
 
+# Plans built on these elsewhere (torch.ops.kpool's: kpool_cupy/torch/plans.py), each forgotten with them.
+_built_on: list[weakref.WeakMethod[Callable[[], None]]] = []
+
+
+def also_forget(forget: Callable[[], None]) -> None:
+    """Have ``forget_all`` call ``forget`` (a bound method, held weakly) too: plans built on these would
+    otherwise replay a kernel a path switch meant to drop."""
+    _built_on.append(weakref.WeakMethod(forget))  # type: ignore[arg-type]
+
+
 def forget_all() -> None:
-    """Drop every plan (tests; a plan holds a loaded kernel)."""
+    """Drop every plan, and every plan built on them (a path switch; tests; a plan holds a loaded kernel)."""
     with _plans_lock:
         _plans.clear()
+        _built_on[:] = [held for held in _built_on if held() is not None]
+        forgets = [held() for held in _built_on]
+    for forget in forgets:
+        if forget is not None:
+            forget()
 
 
 def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any = None) -> Any:

@@ -238,6 +238,7 @@ def _remember_plan(
 
 def cuda_kernel(spec: OpSpec, overload: Overload) -> Callable[..., Any]:
     known = plans.TorchPlans(cupy_plans.MAX_PLANS)
+    cupy_plans.also_forget(known.forget_all)  # a path switch (cupy_plans.forget_all) drops these too
     builds = _takes_a_build(spec)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
