@@ -342,15 +342,15 @@ __device__ __forceinline__ void member_gradients(const PoolGradient& pool, bool 
                                                  const GateRow& gate, const BiasRow& bias, KT* grad_key_row,
                                                  GT* grad_gate_row, float* exchange, bool in_group, float* partials) {
     float grad_key[kChannelsPerThread], grad_logit[kChannelsPerThread];
+    if (located) {  // one branch around the member's channels (one a channel, when each was under its own test)
 #pragma unroll
-    for (int c = 0; c < kChannelsPerThread; ++c) {
-        grad_key[c] = 0.0f;
-        grad_logit[c] = 0.0f;
-        if (located) pool.member(c, gate[c] + bias[c], key[c], &grad_key[c], &grad_logit[c]);
-    }
-    if (located) {
+        for (int c = 0; c < kChannelsPerThread; ++c)
+            pool.member(c, gate[c] + bias[c], key[c], &grad_key[c], &grad_logit[c]);
         store8<KEY_VECTOR>(grad_key_row, grad_key);
         store8<GATE_VECTOR>(grad_gate_row, grad_logit);
+    } else {
+#pragma unroll
+        for (int c = 0; c < kChannelsPerThread; ++c) grad_key[c] = grad_logit[c] = 0.0f;
     }
     member_slot<HEAD_DIM, KPOOL>(exchange, in_group, m, grad_logit);
     round_end<HEAD_DIM, KPOOL>(exchange, partials, m);

@@ -19,6 +19,11 @@ come four bounds, and the prediction is the slowest of them plus a launch:
     latency   load_depth * DRAM latency      (round trips a warp waits through one after another, in order)
     predicted launch + max(memory, issue, latency)
 
+The SASS is of the path the bench's data takes where a kernel's text has a
+path it never takes: a stored bfloat16 group holding a NaN
+(``tools.value_paths``; every bench's values are finite), and the scorer's
+of ``tools.scorer_paths``.
+
 A thread's outstanding bytes are the widest set of global loads at one
 dependent depth (``tools.load_depth``), a loop's body once. The copy each
 measurement is held against is modelled the same way: launch + max(one DRAM
@@ -110,7 +115,6 @@ from kpool_cupy.tools.sass import (  # noqa: E402
     loop_spans,
     parse_instructions,
     summarize_code_sass,
-    summarize_sass,
 )
 from kpool_cupy.tools.sass_report import blocks_per_sm  # noqa: E402
 from kpool_cupy.tools.scorer_paths import chunk_rule_code, engine_path_code  # noqa: E402
@@ -128,6 +132,7 @@ from kpool_cupy.tools.selection_trace import (  # noqa: E402
     trace_select_best,
     trace_split_row,
 )
+from kpool_cupy.tools.value_paths import finite_values_code  # noqa: E402
 
 # NVIDIA's H200 SXM figures (public specification): 4.8 TB/s of HBM3e, 132 SMs, 1.98 GHz boost clock; each SM
 # issues one warp-instruction per clock on each of its four schedulers.
@@ -774,11 +779,13 @@ def variant(
     source: str, instance: str, arch: str = "sm_90", engine_path: bool = False, full_chunks: bool | None = None
 ) -> Variant:
     if engine_path:  # the scorer's path the bench takes, its tiles in one page
-        summary = summarize_code_sass(engine_path_code(one_page=True, full_chunks=full_chunks), instance, arch=arch)
+        code = engine_path_code(one_page=True, full_chunks=full_chunks)
     elif full_chunks is not None:  # the fused select's wgmma path, its head chunks' rule fixed
-        summary = summarize_code_sass(chunk_rule_code(kernel_source(source), full_chunks), instance, arch=arch)
+        code = chunk_rule_code(kernel_source(source), full_chunks)
     else:
-        summary = summarize_sass(source, instance, arch=arch)
+        code = kernel_source(source)
+    # Every bench's values are finite: a stored bfloat16 group's NaN path is never taken.
+    summary = summarize_code_sass(finite_values_code(code), instance, arch=arch)
     sass = summary.sass
     return Variant(
         summary.instructions,
