@@ -43,7 +43,10 @@ __global__ void __launch_bounds__(kp::kExpandThreads)
         kp::run_pools(run, target, pool_of);
         const kp::ExpandRow row =
             kp::block_expand_row(find, token, input_row_offsets, cache_lengths, batch, total_tokens, KPOOL);
-        kp::run_values<PAGED>(run, row, target);
+        if (run.one)  // a run in one pool and one page: one id, one table entry, consecutive values
+            kp::run_values<PAGED, true>(run, row, target);
+        else
+            kp::run_values<PAGED>(run, row, target);
         if (run.first < target.width) kp::store_run(run, out, target.width);
     }
 }

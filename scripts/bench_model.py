@@ -21,8 +21,10 @@ come four bounds, and the prediction is the slowest of them plus a launch:
 
 The SASS is of the path the bench's data takes where a kernel's text has a
 path it never takes: a stored bfloat16 group holding a NaN
-(``tools.value_paths``; every bench's values are finite), and the scorer's
-of ``tools.scorer_paths``.
+(``tools.value_paths``; every bench's values are finite), a run of
+``kpool_expand_topk`` across pools or pages (``tools.expand_paths``; the
+bench's kpool 4 and pages of 64 make none), and the scorer's of
+``tools.scorer_paths``.
 
 A thread's outstanding bytes are the widest set of global loads at one
 dependent depth (``tools.load_depth``), a loop's body once. The copy each
@@ -109,6 +111,7 @@ from kpool_cupy.ops.framework.binding import bind  # noqa: E402
 from kpool_cupy.ops.framework.spec import Launch, OpSpec  # noqa: E402
 from kpool_cupy.ops.index_topk import TOPK_TILE, index_topk_workspace_bytes  # noqa: E402
 from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
+from kpool_cupy.tools.expand_paths import whole_runs_code  # noqa: E402
 from kpool_cupy.tools.load_depth import TENSOR_CORE, load_depth  # noqa: E402
 from kpool_cupy.tools.sass import (  # noqa: E402
     innermost_loops,
@@ -776,12 +779,19 @@ class Variant:
 
 @functools.cache
 def variant(
-    source: str, instance: str, arch: str = "sm_90", engine_path: bool = False, full_chunks: bool | None = None
+    source: str,
+    instance: str,
+    arch: str = "sm_90",
+    engine_path: bool = False,
+    full_chunks: bool | None = None,
+    whole_runs: bool = False,
 ) -> Variant:
     if engine_path:  # the scorer's path the bench takes, its tiles in one page
         code = engine_path_code(one_page=True, full_chunks=full_chunks)
     elif full_chunks is not None:  # the fused select's wgmma path, its head chunks' rule fixed
         code = chunk_rule_code(kernel_source(source), full_chunks)
+    elif whole_runs:  # kpool_expand_topk on a row of whole runs
+        code = whole_runs_code(kernel_source(source))
     else:
         code = kernel_source(source)
     # Every bench's values are finite: a stored bfloat16 group's NaN path is never taken.
@@ -933,9 +943,22 @@ def full_chunks(case: Case) -> bool | None:
     return True if heads % width == 0 else (False if heads < width else None)
 
 
+def whole_runs(case: Case) -> bool:
+    """Whether every run of ``kpool_expand_topk``'s rows lies in one pool and one page (kpool and the page size
+    multiples of 4, no tail columns): the kernel's whole-run path is all it takes."""
+    if case.launch.kernel is not EXPAND_TOPK.kernel:
+        return False
+    values, template = case.launch.values, case.launch.template
+    kpool, width = int(template["KPOOL"]), int(values["width"])
+    page = int(values["block_size"]) if template["PAGED"] else 4
+    return not template["COMPACT"] and kpool % 4 == page % 4 == 0 and width <= int(values["pool_topk"]) * kpool
+
+
 def row(case: Case) -> str:
     arch = "sm_90a" if builds_for_sm90a(case.launch.template) else "sm_90"
-    v = variant(case.launch.kernel.source, case.launch.instance, arch, case.engine_path, full_chunks(case))
+    v = variant(
+        case.launch.kernel.source, case.launch.instance, arch, case.engine_path, full_chunks(case), whole_runs(case)
+    )
     p = predict(case, v)
     g = case.launch.geometry
     return (

@@ -142,3 +142,20 @@ def test_selected_rows_write_whole_passes_as_the_general_loop_would(kpool, block
             want = reference.kpool_index_topk(logits, offsets, cache, always_select_tail=tail, compact=compact, **call)
             for g, w in zip(got if compact else (got,), want if compact else (want,), strict=True):
                 np.testing.assert_array_equal(g, w, err_msg=f"tail {tail} compact {compact}")
+
+
+@pytest.mark.usefixtures("sass_tools")
+def test_a_whole_run_takes_its_own_path_of_one_id_and_one_table_entry():
+    # kpool_expand_topk's run in one pool and one page (kpool 4, pages of 64: every run of the engines' rows)
+    # branches to run_values' whole form: one position, one table entry, the other three values consecutive,
+    # where the general form kept each of the four columns' work under predicates. The path a row of whole runs
+    # takes (tools/expand_paths cuts the other): 631 instructions on sm_90, 923 with the general form; the bound
+    # leaves 5% for changes elsewhere and fails at the general form.
+    from kpool_cupy.kernel.declarations import EXPAND_TOPK
+    from kpool_cupy.kernel.sources import kernel_source
+    from kpool_cupy.tools.expand_paths import whole_runs_code
+    from kpool_cupy.tools.sass import summarize_code_sass
+
+    name = EXPAND_TOPK.instance(KPOOL=4, IPID=np.int32, IO=np.int32, IC=np.int32, PAGED=True, COMPACT=False)
+    summary = summarize_code_sass(whole_runs_code(kernel_source(EXPAND_TOPK.source)), name)
+    assert summary.instructions <= 665, summary.instructions
