@@ -76,34 +76,28 @@ class TorchPlans:
 
 def signature(args: tuple[Any, ...], kwargs: dict[str, Any], build: str | None) -> tuple[Any, ...] | None:
     """The key of a call's plan: per argument what a CuPy key reads of its arrays, or the option with its type;
-    the keyword names; ``build``. None where an option cannot be hashed (the full path names it)."""
+    the keyword names; ``build``. None where an option cannot be hashed, or a tensor has no strides or storage
+    (sparse, say): the full path names it."""
     key: list[Any] = [build, tuple(kwargs)]
     try:
-        _read_arguments(key, args, kwargs)
-    except RuntimeError:  # a tensor without strides or storage (sparse, say): the full path refuses it by name
-        return None
-    signed = tuple(key)
-    try:
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor):
+                key.append((value.dtype, value.shape, value.stride(), value.data_ptr() & 15, value.get_device()))
+            elif isinstance(value, (list, tuple)):
+                key.append(
+                    tuple(
+                        [(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in value]
+                        if all([isinstance(t, torch.Tensor) for t in value])
+                        else [(type(t), t) for t in value]
+                    )
+                )
+            else:
+                key.append((type(value), value))
+        signed = tuple(key)
         hash(signed)
-    except TypeError:
+    except (RuntimeError, TypeError):
         return None
     return signed
-
-
-def _read_arguments(key: list[Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    for value in (*args, *kwargs.values()):
-        if isinstance(value, torch.Tensor):
-            key.append((value.dtype, value.shape, value.stride(), value.data_ptr() & 15, value.get_device()))
-        elif isinstance(value, (list, tuple)):
-            key.append(
-                tuple(
-                    [(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in value]
-                    if all([isinstance(t, torch.Tensor) for t in value])
-                    else [(type(t), t) for t in value]
-                )
-            )
-        else:
-            key.append((type(value), value))
 
 
 def tensor_extent(tensor: torch.Tensor | None) -> tuple[int, int]:
