@@ -153,13 +153,10 @@ _streams: dict[tuple[int, int], Any] = {}
 _streams_lock = threading.Lock()
 
 
-def _launch_stream(device_id: int) -> Any:
-    """CuPy's view of torch's current stream on device ``device_id`` (an ``ExternalStream``, kept per handle:
-    one is made the first time torch's stream is seen, a capture's included)."""
+def _external_stream(handle: int, device_id: int) -> Any:
+    """CuPy's ``ExternalStream`` of a stream handle on device ``device_id``, made once and kept."""
     import cupy
 
-    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a CUDA build's, without a Stream object
-    handle = raw_stream(device_id) if raw_stream is not None else torch.cuda.current_stream(device_id).cuda_stream
     stream = _streams.get((handle, device_id))
     if stream is None:
         stream = cupy.cuda.ExternalStream(handle, device_id)
@@ -170,12 +167,21 @@ def _launch_stream(device_id: int) -> Any:
     return stream
 
 
+def _launch_stream(device_id: int) -> Any:
+    """CuPy's view of torch's current stream on device ``device_id``, for a plan's launch (the full call, which
+    comes first, has initialised torch's CUDA state): the raw handle where the build has the call for it."""
+    raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # a CUDA build's, without a Stream object
+    handle = raw_stream(device_id) if raw_stream is not None else torch.cuda.current_stream(device_id).cuda_stream
+    return _external_stream(handle, device_id)
+
+
 @contextlib.contextmanager
 def _torch_stream(device: torch.device) -> Iterator[Any]:
     """CuPy's current stream set to torch's current stream of ``device``, on that device."""
     import cupy
 
-    with cupy.cuda.Device(device.index), _launch_stream(device.index) as stream:
+    handle = torch.cuda.current_stream(device).cuda_stream
+    with cupy.cuda.Device(device.index), _external_stream(handle, device.index) as stream:
         yield stream
 
 
