@@ -77,20 +77,7 @@ _SCRIPT = textwrap.dedent(
     import kpool_cupy
     from kpool_cupy import emulate
     from kpool_cupy.ops.framework.examples import example_batch
-    from kpool_cupy.torch import kernels
-    from kpool_cupy.torch.schema import SPECS, overloads
-    from kpool_cupy.torch.tensors import to_numpy
-
-    current = [cuda.Stream.null]
-    kernels._torch_stream = lambda device: current[0]
-    kernels._launch_stream = lambda device_id: current[0]
-    kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
-    kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
-
-
-    def op(name):
-        spec = next(s for s in SPECS if s.name == name)
-        return kernels.cuda_kernel(spec, overloads(spec)[0])
+    from torch_on_double import current, op
 
 
     forward, backward = op("kpool_compress"), op("kpool_compress_backward")

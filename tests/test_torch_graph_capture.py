@@ -26,23 +26,9 @@ _SCRIPT = textwrap.dedent(
     import numpy as np, torch, cupy
     from cupy import cuda
     sys.path.insert(0, "tests")
-    import test_torch_ops as t
     import kpool_cupy
     from kpool_cupy.ops.framework.examples import example_batch
-    from kpool_cupy.torch import kernels
-    from kpool_cupy.torch.schema import SPECS, overloads
-    from kpool_cupy.torch.tensors import to_numpy
-
-    current = [cuda.Stream.null]  # the stream torch's would be: the null stream eagerly, a capturing one later
-    kernels._torch_stream = lambda device: current[0]
-    kernels._launch_stream = lambda device_id: current[0]
-    kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)
-    kernels.from_cupy = lambda array: t.from_numpy(np.asarray(array).view(np.ndarray))
-
-
-    def op(name, overload=""):
-        spec = next(s for s in SPECS if s.name == name)
-        return kernels.cuda_kernel(spec, next(o for o in overloads(spec) if o.name == overload))
+    from torch_on_double import current, op
 
 
     tail_update, quantize = op("kpool_tail_update_fp8", "cache"), op("hadamard_quant_fp8")
