@@ -18,7 +18,7 @@ from kernel_text import kernel_code
 from kpool_cupy.emulator.launch import launch_code
 from kpool_cupy.kernel.nvrtc import code_ptx
 
-KERNELS = ("bf16_store8_words_of", "bf16_store8_elements_of")
+KERNELS = ("bf16_store8_of<true>", "bf16_store8_of<false>")  # 16-byte words, elements
 _NANS = (0x7F800001, 0x7FC12345, 0xFFA00001, 0x7FFFFFFF, 0xFF800001)
 
 
@@ -87,10 +87,8 @@ def test_the_rule_the_tests_hold_is_the_ones_they_say():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
 def test_the_gpu_build_rounds_by_the_hardware_two_values_an_instruction(arch):
     # Eight values a thread: 4 bfloat16 pair roundings on the path without a NaN, in both stores.
-    ptx = code_ptx(bf16_code(), KERNELS[0], arch)
     for kernel in KERNELS:
-        (entry,) = [e for e in ptx.split(".entry ") if e.startswith(f"_Z{len(kernel)}{kernel}")]
-        assert entry.count("cvt.rn.bf16x2.f32") == 4, kernel
+        assert code_ptx(bf16_code(), kernel, arch).count("cvt.rn.bf16x2.f32") == 4, kernel
 
 
 @pytest.mark.gpu
@@ -102,8 +100,9 @@ def test_gpu_stores_from_floats_bits_on_every_rounding_edge(kernel):
     from kpool_cupy.kernel.sources import NVRTC_OPTIONS
 
     x = conversion_inputs()
-    out = cupy.full(x.size, 0xAAAA, cupy.uint16)
-    function = cupy.RawModule(code=bf16_code(), options=NVRTC_OPTIONS).get_function(kernel)
+    out = cupy.full(x.size, 0xAAAA, np.uint16)
+    module = cupy.RawModule(code=bf16_code(), options=NVRTC_OPTIONS, name_expressions=(kernel,))
+    function = module.get_function(kernel)
     function((-(-x.size // (8 * 128)),), (128,), (cupy.asarray(x), np.int64(x.size), out))
     assert mismatches(x, cupy.asnumpy(out)) == []
 
