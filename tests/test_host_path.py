@@ -56,7 +56,7 @@ def _run(body: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_a_hot_compress_makes_at_most_25_python_calls_in_the_package():
+def test_a_hot_compress_makes_at_most_12_python_calls_in_the_package():
     done = _run(
         """
         k, gate, ape = on_device(*batch(1))
@@ -77,7 +77,8 @@ def test_a_hot_compress_makes_at_most_25_python_calls_in_the_package():
         hot_call(k, gate, ape, out)
         sys.setprofile(None)
         print("calls", len(calls), calls)
-        assert len(calls) <= 25, calls
+        # 11 since 2026-12-07 (16 before: the key's options read through a generator); one to spare.
+        assert len(calls) <= 12, calls
 
         # Control: the same counter sees the full path's calls (a different
         # signature: out one row longer).

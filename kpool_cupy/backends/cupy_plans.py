@@ -21,7 +21,6 @@ counts them): one function, loops, no helpers.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import weakref
 from collections.abc import Callable
@@ -60,12 +59,15 @@ MAX_PLANS = 4096
 def signature(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], ndarray: type) -> tuple[Any, ...] | None:
     """The key of a call's plan, or None when some operand is not a CuPy array (DLPack inputs take the full path)."""
     # Each option with its type: 0 == False and 1 == True == 1.0 in Python, and the full path refuses some of them.
-    key: list[Any] = [spec.name, *((type(value), value) for value in options.values())]
+    key: list[Any] = [spec.name]
+    for value in options.values():
+        key.append((type(value), value))
     for array in arrays:
         if array is None:
             key.append(None)
         elif type(array) is ndarray:
-            key.append((array.dtype, array.shape, array.strides, array.data.ptr & 15, array.device.id))
+            data = array.data  # its device_id is array.device's id, without making a Device
+            key.append((array.dtype, array.shape, array.strides, data.ptr & 15, data.device_id))
         else:
             return None
     signed = tuple(key)
@@ -221,8 +223,12 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any
     for position in range(len(slots)):
         if slots[position] >= 0:
             arguments[position] = arrays[slots[position]]
-    with cupy.cuda.Device(plan.device_id), stream if stream is not None else contextlib.nullcontext():
-        plan.function(plan.grid, plan.block, tuple(arguments), shared_mem=plan.shared_bytes)
+    with cupy.cuda.Device(plan.device_id):
+        if stream is None:
+            plan.function(plan.grid, plan.block, tuple(arguments), shared_mem=plan.shared_bytes)
+        else:
+            with stream:
+                plan.function(plan.grid, plan.block, tuple(arguments), shared_mem=plan.shared_bytes)
     if plan.results is None:
         return None
     if plan.single:

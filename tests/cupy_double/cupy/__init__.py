@@ -29,6 +29,8 @@ def _count(array: np.ndarray) -> None:
 
 
 class _Pointer:
+    device_id = 0  # the device its memory is on: the double's one device, as ndarray.device says
+
     def __init__(self, array: np.ndarray, offset: int = 0) -> None:
         self._array = array  # keeps the memory alive while the pointer is
         self._offset = offset
