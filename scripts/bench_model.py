@@ -24,7 +24,9 @@ path it never takes: a stored bfloat16 group holding a NaN
 (``tools.value_paths``; every bench's values are finite), a run of
 ``kpool_expand_topk`` across pools or pages (``tools.expand_paths``; the
 bench's kpool 4 and pages of 64 make none), and the scorer's of
-``tools.scorer_paths``.
+``tools.scorer_paths``. Code one warp of a block runs alone is charged to
+that warp: ``kpool_expand_topk``'s request search (``first_warp_region``,
+its loop once a round), over which the block's other warps branch.
 
 A thread's outstanding bytes are the widest set of global loads at one
 dependent depth (``tools.load_depth``), a loop's body once. The copy each
@@ -114,6 +116,7 @@ from kpool_cupy.pool_offsets import pool_row_offsets  # noqa: E402
 from kpool_cupy.tools.expand_paths import whole_runs_code  # noqa: E402
 from kpool_cupy.tools.load_depth import TENSOR_CORE, load_depth  # noqa: E402
 from kpool_cupy.tools.sass import (  # noqa: E402
+    branch_target,
     innermost_loops,
     loop_spans,
     parse_instructions,
@@ -248,6 +251,10 @@ class Case:
     # the block's `offer_tokens` tokens (in place of the offer loop's body once a chunk and a further token)
     offer_traces: tuple[SelectionTrace, ...] = ()
     offer_tokens: int = 0
+    # kpool_expand_topk: the rounds of the request search, which the block's first warp alone runs
+    # (``first_warp_region``: its span of the text, the loop inside it once a round, the other warps branching
+    # over it); 0 where no warp runs it (rows without a table or a tail); None: every warp counted the whole text
+    first_warp_search: int | None = None
 
 
 def _compress_operands(shape: BenchShape) -> dict[str, Any]:
@@ -389,7 +396,8 @@ def expand_cases(kpool: int = 4) -> list[Case]:
         ids = device_like((tokens, POOL_TOPK), np.int32, 0)
         offsets = device_like((2,), np.int32, [0, tokens])
         launch = launched(EXPAND_TOPK, ids, offsets, device_like((1,), np.int32, 0), kpool=kpool)
-        cases.append(Case("expand_topk", f"{tokens}x{POOL_TOPK}", expand_bytes(tokens, POOL_TOPK, kpool), launch))
+        name = f"{tokens}x{POOL_TOPK}"  # no table, no tail: no warp searches
+        cases.append(Case("expand_topk", name, expand_bytes(tokens, POOL_TOPK, kpool), launch, first_warp_search=0))
     for tokens in (64, 512):
         chunk, tables = paged_inputs(np, np.random.default_rng(2), 1, tokens, POOL_TOPK, kpool, BLOCK_SIZE)
         ids = device_like(chunk[0].shape, np.int32, chunk[0])
@@ -398,7 +406,8 @@ def expand_cases(kpool: int = 4) -> list[Case]:
         cache = device_like((tokens,), np.int32, POOL_TOPK * BLOCK_SIZE - 1)
         launch = launched(EXPAND_TOPK, ids, offsets, cache, kpool=kpool, block_table=table, block_size=BLOCK_SIZE)
         name = f"{tokens}x{POOL_TOPK} paged-{BLOCK_SIZE}"
-        cases.append(Case("expand_topk", name, expand_bytes(tokens, POOL_TOPK, kpool, paged=True), launch))
+        nbytes = expand_bytes(tokens, POOL_TOPK, kpool, paged=True)
+        cases.append(Case("expand_topk", name, nbytes, launch, first_warp_search=search_rounds(tokens)))
     return cases
 
 
@@ -606,6 +615,42 @@ def loop_body(sass: str) -> int:
     return max((sum(start <= a <= end for a in addresses) for start, end in spans), default=0)
 
 
+def first_warp_span(sass: str) -> tuple[int, int] | None:
+    """A block's first-warp-only code before its first barrier (kpool_expand_topk's request search, which the
+    other warps branch over to that barrier): the longest forward branch that lands at or before the first BAR,
+    as (its address, its target's); None without one."""
+    instructions, labels = parse_instructions(sass)
+    bar = next((i.address for i in instructions if i.opcode[0] == "BAR"), None)
+    if bar is None:
+        return None
+    spans = [
+        (i.address, target)
+        for i in instructions
+        if i.opcode[0] == "BRA" and (target := branch_target(i, labels)) is not None and i.address < target <= bar
+    ]
+    return max(spans, key=lambda span: span[1] - span[0]) if spans else None
+
+
+def first_warp_region(sass: str) -> tuple[int, int]:
+    """The instructions strictly inside ``first_warp_span``, and those of the largest loop among them; (0, 0)
+    without one."""
+    span = first_warp_span(sass)
+    if span is None:
+        return (0, 0)
+    start, end = span
+    instructions, labels = parse_instructions(sass)
+    inside = [i.address for i in instructions if start < i.address < end]
+    loops = [(a, b) for a, b in loop_spans(instructions, labels) if start < a and b < end]
+    loop = max((sum(a <= x <= b for x in inside) for a, b in loops), default=0)
+    return (len(inside), loop)
+
+
+def search_rounds(batch: int) -> int:
+    """Rounds of kp::warp_request_rows over ``batch`` requests: five levels of the binary search a round."""
+    levels = max(0, batch - 1).bit_length()
+    return -(-levels // 5)
+
+
 def _spans_around_first_mma(sass: str) -> list[tuple[int, int, int]]:
     """Each loop around the first tensor-core instruction: its instructions, first and last address, innermost
     first."""
@@ -775,6 +820,7 @@ class Variant:
     finish_loop_body: int = 0
     selection: SelectionLoops | None = None  # kpool_index_topk's select_best loops
     offer: OfferLoops | None = None  # kpool_index_select_fp8's offer loop
+    first_warp: tuple[int, int] = (0, 0)  # kpool_expand_topk's first-warp region and its loop (first_warp_region)
 
 
 @functools.cache
@@ -814,6 +860,7 @@ def variant(
         finish_loop_body(sass),
         selection_loops(sass) if "kpool_index_topk" in instance else None,
         _fused_offer(sass) if "kpool_index_select_fp8" in instance else None,
+        first_warp_region(sass) if "kpool_expand_topk" in instance else (0, 0),
     )
 
 
@@ -906,6 +953,12 @@ def predict(
         # The innermost loop around the first mma (the scorer's head tiles) once more per repeat: with the line
         # above, every path of each loop's body counted as often as the loop runs, an upper bound.
         per_thread += (case.mma_repeats - 1) * v.mma_loop_body
+    if case.first_warp_search is not None:
+        # The request search: the block's first warp runs its region, the loop inside once a round; the other
+        # warps branch over it. per_thread becomes a block's mean over its warps.
+        region, loop = v.first_warp
+        searched = region + max(0, case.first_warp_search - 1) * loop if case.first_warp_search else 0
+        per_thread += searched / -(-geometry.block // 32) - region
     warps = geometry.grid * -(-geometry.block // 32)
     bounds = {
         "memory": case.nbytes / reachable * 1e6,

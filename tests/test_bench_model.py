@@ -211,3 +211,34 @@ def test_the_fused_selects_rows_count_its_offers_as_they_ran(model, cases):
     assert got == pytest.approx(case.offer_tokens * tiles * cut)
     assert per_thread(replace(case, offer_traces=(none,))) < per_thread(replace(case, offer_traces=()))
     assert case.offer_tokens == 2 and all(t.seeded for t in case.offer_traces), case.offer_traces
+
+
+def test_an_expansion_row_charges_its_request_search_to_the_first_warp_alone(model, cases):
+    # kpool_expand_topk's request search runs in a block's first warp (kp::block_expand_row), a round of five
+    # levels a trip of its loop; the other seven warps branch over it to the block's barrier. The region found
+    # in the SASS must be that search (its loop walks the nodes in shared memory), and a row is charged it once a
+    # block, a trip of its loop a round past the first; a row without a table or tail, never.
+    import dataclasses
+
+    from kpool_cupy.kernel.sources import kernel_source
+    from kpool_cupy.tools.expand_paths import whole_runs_code
+    from kpool_cupy.tools.sass import parse_instructions, summarize_code_sass
+
+    row = next(c for c in cases if c.family == "expand_topk" and c.shape == "512x512 paged-64")
+    v = model.variant(row.launch.kernel.source, row.launch.instance, "sm_90", False, None, model.whole_runs(row))
+    region, loop = v.first_warp
+    assert 0 < loop < region < v.instructions, v.first_warp
+    sass = summarize_code_sass(whole_runs_code(kernel_source(row.launch.kernel.source)), row.launch.instance).sass
+    start, end = model.first_warp_span(sass)
+    opcodes = {i.opcode[0] for i in parse_instructions(sass)[0] if start < i.address < end}
+    assert {"LDG", "STS", "LDS"} <= opcodes, opcodes  # the nodes loaded, left in shared memory, walked
+    assert row.first_warp_search == model.search_rounds(512) == 2  # 2 rounds up to 1,024 requests
+    assert [model.search_rounds(b) for b in (1, 2, 32, 33, 1024, 1025)] == [0, 1, 1, 2, 2, 3]
+    every_warp = model.predict(dataclasses.replace(row, first_warp_search=None), v).issue_us
+    one_round = model.predict(dataclasses.replace(row, first_warp_search=1), v).issue_us
+    two_rounds = model.predict(row, v).issue_us
+    nobody = model.predict(dataclasses.replace(row, first_warp_search=0), v).issue_us
+    assert nobody < one_round < two_rounds < every_warp, (nobody, one_round, two_rounds, every_warp)
+    warps = row.launch.geometry.grid * row.launch.geometry.block // 32
+    per_warp = v.instructions - region + (region + loop) / 8  # the first warp's two rounds, a block's mean
+    assert two_rounds == pytest.approx(warps * per_warp / model.ISSUE_RATE * 1e6)
