@@ -17,6 +17,7 @@ from kpool_cupy.torch.schema import SPECS, overloads
 from kpool_cupy.torch.tensors import to_numpy
 
 current = [cuda.Stream.null]
+real_launch_stream = kernels._launch_stream  # for a test of the lookup itself
 kernels._torch_stream = lambda device: current[0]
 kernels._launch_stream = lambda device_id: current[0]
 kernels.to_cupy = lambda name, tensor: to_numpy(name, tensor).view(cupy.ndarray)

@@ -280,6 +280,15 @@ class Stream:
 Stream.null = Stream(null=True)
 
 
+class ExternalStream(Stream):
+    """A stream handle made elsewhere (torch's), as CuPy wraps one: the handle's queue (0: the legacy null
+    stream's), on ``device_id``."""
+
+    def __init__(self, ptr: int, device_id: int = -1) -> None:
+        super().__init__(ptr=ptr)
+        self.device_id = device_id
+
+
 def get_current_stream() -> Stream:
     stack = getattr(_local, "stack", None)
     return stack[-1] if stack else Stream.null
