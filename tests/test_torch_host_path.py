@@ -237,10 +237,12 @@ def test_a_plan_launches_on_torchs_current_stream_through_the_real_stream_lookup
 
         import torch_on_double  # stubbed both stream lookups: the plan's is put back
         kernels._launch_stream = torch_on_double.real_launch_stream
-        assert not hasattr(torch._C, "_cuda_getCurrentRawStream")  # a CPU build: the lookup's other branch
 
+        # torch's current stream as a CUDA build gives its handle (some CPU builds have the raw call too, whose
+        # CUDA state they lack), and as torch.cuda.current_stream does (the lookup's other branch, below).
         handle = [0x5000]
-        torch.cuda.current_stream = lambda device=None: SimpleNamespace(cuda_stream=handle[0])
+        torch._C._cuda_getCurrentRawStream = lambda device_id: handle[0]
+        torch.cuda.current_stream = lambda device=None: SimpleNamespace(cuda_stream=handle[0] + 0x100)
         kernels._torch_stream = lambda device: cuda.ExternalStream(handle[0], 0)  # the full call on it too
         score = op("kpool_index_logits_fp8", "out")
         x = inputs(1)
@@ -264,6 +266,8 @@ def test_a_plan_launches_on_torchs_current_stream_through_the_real_stream_lookup
         assert first is kernels._launch_stream(0) and first.ptr == 0x5000 and first.device_id == 0
         handle[0] = 0x6000
         assert kernels._launch_stream(0).ptr == 0x6000
+        del torch._C._cuda_getCurrentRawStream  # a build without the raw call: torch.cuda.current_stream's handle
+        assert kernels._launch_stream(0).ptr == 0x6100
         print("ok")
         """
     )
