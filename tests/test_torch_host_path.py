@@ -43,6 +43,12 @@ _SETUP = textwrap.dedent(
             "queries": torch.from_numpy(r.standard_normal((5 * HEADS, D)).astype(np.float32)),
             "weights": torch.from_numpy(r.standard_normal((5, HEADS)).astype(np.float32)),
         }
+
+
+    def score_into(score, x, out, weights=None, validate=False):  # the scorer's .out overload on inputs x
+        weights = x["weights"] if weights is None else weights
+        score(x["q"], weights, x["cache"], table, offsets, lengths, kpool=KPOOL, max_pools=8, out=out,
+              validate=validate)
     """
 )
 
@@ -61,8 +67,7 @@ def test_a_hot_out_call_makes_at_most_5_python_calls_in_the_package():
         logits = torch.empty(5, 8)
 
         def call():
-            score(x["q"], x["weights"], x["cache"], table, offsets, lengths, kpool=KPOOL, max_pools=8, out=logits,
-                  validate=False)
+            score_into(score, x, logits)
 
         package = kpool_cupy.__path__[0]
 
@@ -102,8 +107,7 @@ def test_a_plan_gives_the_full_paths_bits_with_new_data_at_new_addresses_and_fre
         workspace = torch.zeros(kpool_cupy.index_select_workspace_bytes(5, TOPK), dtype=torch.uint8)
 
         def step(x, logits):
-            score(x["q"], x["weights"], x["cache"], table, offsets, lengths, kpool=KPOOL, max_pools=8, out=logits,
-                  validate=False)
+            score_into(score, x, logits)
             chosen = select(x["q"], x["weights"], x["cache"], table, offsets, lengths, workspace=workspace, **options)
             return (logits, *chosen, *quantize(x["queries"], validate=False))
 
@@ -156,8 +160,7 @@ def test_a_hot_signature_leaves_what_the_full_path_refuses_to_it():
         buffer = torch.zeros(2 * 5 * 8)
 
         def call(weights, out):
-            score(x["q"], weights, x["cache"], table, offsets, lengths, kpool=KPOOL, max_pools=8, out=out,
-                  validate=False)
+            score_into(score, x, out, weights)
 
         # Weights and out in one buffer, apart: the plan is made, and a replay bumps out's version as torch's
         # in-place ops do.
@@ -203,8 +206,7 @@ def test_a_call_whose_cupy_call_has_no_plan_has_none_of_torchs():
         x = inputs(1)
         logits = torch.empty(5, 8)
         for _ in range(2):  # validate=True reads the lengths back: no CuPy plan, so none of torch's
-            score(x["q"], x["weights"], x["cache"], table, offsets, lengths, kpool=KPOOL, max_pools=8, out=logits,
-                  validate=True)
+            score_into(score, x, logits, validate=True)
         assert not score.plans.plans
         # Compress sizes its result by the pools the data holds: CuPy reads the count back and makes the
         # array, and no plan replays that; told the count (total_pools), torch makes it, and a plan replays.
@@ -249,8 +251,7 @@ def test_a_plan_launches_on_torchs_current_stream_through_the_real_stream_lookup
         logits = torch.zeros(5, 8)
 
         def call():
-            score(x["q"], x["weights"], x["cache"], table, offsets, lengths, kpool=KPOOL, max_pools=8, out=logits,
-                  validate=False)
+            score_into(score, x, logits)
 
         call()
         cuda.ExternalStream(handle[0], 0).synchronize()
