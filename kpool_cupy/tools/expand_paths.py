@@ -5,12 +5,12 @@ them. ``scripts/bench_model.py`` counts it for the bench's expansion rows."""
 
 from __future__ import annotations
 
+from .scorer_paths import cut_once
+
 WHOLE_RUN = "if (run.one)  // a run in one pool and one page"
 
 
 def whole_runs_code(code: str) -> str:
     """``code`` with every run taken to be whole: a ValueError unless the text holds the test exactly once (the
     kernel changed and the cut must follow it)."""
-    if code.count(WHOLE_RUN) != 1:
-        raise ValueError(f"the kernel's text holds {code.count(WHOLE_RUN)} of {WHOLE_RUN!r}, expected 1")
-    return code.replace(WHOLE_RUN, "if (true)  // a run in one pool and one page")
+    return cut_once(code, WHOLE_RUN, "if (true)  // a run in one pool and one page")

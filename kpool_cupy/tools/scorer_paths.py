@@ -35,17 +35,19 @@ def engine_path_code(one_page: bool | None = None, full_chunks: bool | None = No
     if one_page is not None:
         cuts.append((ONE_PAGE, f"const bool one_page = {'kVectorCache' if one_page else 'false'};"))
     for statement, replacement in cuts:
-        code = _cut(code, statement, replacement)
+        code = cut_once(code, statement, replacement)
     return code if full_chunks is None else chunk_rule_code(code, full_chunks)
 
 
 def chunk_rule_code(code: str, full_chunks: bool) -> str:
     """``code`` (a kernel text holding ``kp::add_heads``, inlined: the scorer's or the fused select's) with its rule
     for a chunk of heads fixed: True, every chunk full; False, every chunk part full."""
-    return _cut(code, FULL_CHUNK, f"if ({'true' if full_chunks else 'false'})")
+    return cut_once(code, FULL_CHUNK, f"if ({'true' if full_chunks else 'false'})")
 
 
-def _cut(code: str, statement: str, replacement: str) -> str:
+def cut_once(code: str, statement: str, replacement: str) -> str:
+    """``code`` with ``statement`` replaced: a ValueError unless the text holds it exactly once (the kernel
+    changed and the cut must follow it). Every path cut of tools/ goes through it."""
     if code.count(statement) != 1:
         raise ValueError(f"the kernel's text holds {code.count(statement)} of {statement!r}, expected 1")
     return code.replace(statement, replacement)

@@ -4,6 +4,8 @@ SASS of what remains is what a bench's finite data runs: ``scripts/bench_model.p
 
 from __future__ import annotations
 
+from .scorer_paths import cut_once
+
 NAN_GROUP = "if (!any_nan) {"
 
 
@@ -11,6 +13,4 @@ def finite_values_code(code: str) -> str:
     """``code`` (a whole kernel text, headers inlined) with every group of stored bfloat16 values taken to hold
     no NaN: a ValueError unless the text holds the statement exactly once (the header changed and the cut must
     follow it)."""
-    if code.count(NAN_GROUP) != 1:
-        raise ValueError(f"the kernel's text holds {code.count(NAN_GROUP)} of {NAN_GROUP!r}, expected 1")
-    return code.replace(NAN_GROUP, "if (true) {")
+    return cut_once(code, NAN_GROUP, "if (true) {")
