@@ -619,7 +619,10 @@ def first_warp_span(sass: str) -> tuple[int, int] | None:
     """A block's first-warp-only code before its first barrier (kpool_expand_topk's request search, which the
     other warps branch over to that barrier): the longest forward branch that lands at or before the first BAR,
     as (its address, its target's); None without one."""
-    instructions, labels = parse_instructions(sass)
+    return _first_warp_span(*parse_instructions(sass))
+
+
+def _first_warp_span(instructions: list[Any], labels: dict[str, int]) -> tuple[int, int] | None:
     bar = next((i.address for i in instructions if i.opcode[0] == "BAR"), None)
     if bar is None:
         return None
@@ -634,11 +637,11 @@ def first_warp_span(sass: str) -> tuple[int, int] | None:
 def first_warp_region(sass: str) -> tuple[int, int]:
     """The instructions strictly inside ``first_warp_span``, and those of the largest loop among them; (0, 0)
     without one."""
-    span = first_warp_span(sass)
+    instructions, labels = parse_instructions(sass)
+    span = _first_warp_span(instructions, labels)
     if span is None:
         return (0, 0)
     start, end = span
-    instructions, labels = parse_instructions(sass)
     inside = [i.address for i in instructions if start < i.address < end]
     loops = [(a, b) for a, b in loop_spans(instructions, labels) if start < a and b < end]
     loop = max((sum(a <= x <= b for x in inside) for a, b in loops), default=0)
