@@ -31,11 +31,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from ..backends.cupy_plans import MISS, LaunchPlan
+from ..backends.cupy_plans import MISS, LaunchPlan, extent
 
 ABSENT = (-2, -2)  # a source: no array (an optional operand left out)
 
@@ -102,13 +103,11 @@ def signature(args: tuple[Any, ...], kwargs: dict[str, Any], build: str | None) 
 
 def tensor_extent(tensor: torch.Tensor | None) -> tuple[int, int]:
     """Bytes ``tensor`` spans around its data pointer, (low, high), as ``cupy_plans.extent`` measures an array."""
-    if tensor is None or tensor.numel() == 0:
+    if tensor is None:
         return (0, 0)
     size = tensor.element_size()
-    pairs = list(zip(tensor.shape, tensor.stride(), strict=True))
-    low = sum(min(0, (n - 1) * s * size) for n, s in pairs)
-    high = sum(max(0, (n - 1) * s * size) for n, s in pairs) + size
-    return (low, high)
+    strides = tuple(s * size for s in tensor.stride())
+    return extent(SimpleNamespace(shape=tuple(tensor.shape), strides=strides, itemsize=size))
 
 
 def source_tensor(source: tuple[int, int], values: tuple[Any, ...], made: list[torch.Tensor]) -> Any:
@@ -137,7 +136,7 @@ def make_plan(
     memory exactly (same address, same extent) and the launch read as many arrays."""
     if len(arrays) != len(sources) or len(launch.extents) != len(arrays):
         return None
-    for array, source, extent in zip(arrays, sources, launch.extents, strict=True):
+    for array, source, span in zip(arrays, sources, launch.extents, strict=True):
         tensor = source_tensor(source, values, made)
         if (array is None) != (tensor is None):
             return None
@@ -145,7 +144,7 @@ def make_plan(
             continue
         if not isinstance(tensor, torch.Tensor) or array.data.ptr != tensor.data_ptr():
             return None
-        if tensor_extent(tensor) != extent:
+        if tensor_extent(tensor) != span:
             return None
     return TorchPlan(
         launch=launch,
