@@ -77,7 +77,8 @@ def test_a_hot_compress_makes_at_most_12_python_calls_in_the_package():
         hot_call(k, gate, ape, out)
         sys.setprofile(None)
         print("calls", len(calls), calls)
-        # 11 since 2026-12-07 (16 before: the key's options read through a generator); one to spare.
+        # 11 since 2026-12-07 (16 before: the key's options read through a generator; the overlap rule a function
+        # of its own since, shared with checked signatures, the build lookup inline); one to spare.
         assert len(calls) <= 12, calls
 
         # Control: the same counter sees the full path's calls (a different
@@ -407,6 +408,90 @@ def test_a_validated_calls_index_copies_run_nothing_on_the_device_and_wait_for_t
         want = [np.arange(10, 15), np.array([4_000_000_000, 7]), np.zeros(0), np.array([-3, 2**40, 9])]
         for got, expected in zip(copies, want, strict=True):
             assert got.dtype == np.int64 and np.array_equal(got, expected), (got, expected)
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
+_VALIDATED = """
+import kpool_cupy.backends.cupy as gpu_backend
+
+def validated(k, gate, ape, out, offsets=None):
+    return kpool_cupy.kpool_compress(k, gate, ape, d_offsets if offsets is None else offsets, d_cache,
+                                      pool_row_offsets=d_pools, out=out)
+"""
+
+
+def _run_validated(body: str) -> subprocess.CompletedProcess[str]:
+    """``body`` with ``validated(k, gate, ape, out, offsets=None)``: the setup's batch, validate=True."""
+    return _run(_VALIDATED + textwrap.dedent(body))
+
+
+@pytest.mark.slow
+def test_a_validated_compress_repeating_a_signature_skips_the_checks_that_read_no_data():
+    # Issue 36 (validate=True within 60 us on an H200): a signature's second validated call runs the op's own
+    # run (the data checks) after the overlap rule, not the metadata checks again. Counted, launch stubbed.
+    done = _run_validated(
+        """
+        k, gate, ape = on_device(*batch(1))
+        out = cupy.zeros((int(pools[-1]), 128), BFLOAT16)
+        package = kpool_cupy.__path__[0]
+        def counted(call):
+            calls = []
+            def profile(frame, event, arg):
+                if event == "call" and frame.f_code.co_filename.startswith(package):
+                    calls.append(frame.f_code.co_name)
+            sys.setprofile(profile)
+            call()
+            sys.setprofile(None)
+            return calls
+        gpu_backend.launch_function = lambda *args, **keywords: None
+        first = counted(lambda: validated(k, gate, ape, out))
+        again = counted(lambda: validated(k, gate, ape, out))
+        print("calls", len(first), len(again))
+        assert "check_compress_args" in first and "check_compress_args" not in again, again
+        assert "check_offset_values" in again  # the data's checks run on every validated call
+        # 76 on 2026-12-07 (326 before the checked signatures and the launch's cached declarations; the first
+        # call 342 now); about a tenth to spare.
+        assert len(again) <= 82, (len(again), again)
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "calls" in done.stdout
+
+
+@pytest.mark.slow
+def test_a_checked_signature_gives_the_full_paths_bits_and_refusals():
+    done = _run_validated(
+        """
+        from kpool_cupy.backends import cupy_plans
+        n = int(pools[-1])
+        def refusal(call):
+            try:
+                call()
+            except ValueError as error:
+                return str(error)
+            raise AssertionError("accepted")
+
+        for seed in (1, 2, 3):  # the first call checks in full, the others skip the checks that read no data
+            host = batch(seed)
+            got = validated(*on_device(*host), cupy.zeros((n, 128), BFLOAT16))
+            assert np.asarray(got).tobytes() == emulate.kpool_compress(*host, offsets, cache).tobytes(), seed
+        assert len(cupy_plans._checked) == 1 and not cupy_plans._plans
+
+        k, gate, ape = on_device(*batch(1))
+        bad = cupy.asarray(np.array([0, 9, 10, 22, 99], np.int32))  # the same signature as d_offsets
+        skipped = refusal(lambda: validated(k, gate, ape, cupy.zeros((n, 128), BFLOAT16), offsets=bad))
+        # An output over an input, every array's signature unchanged: out's rows are k's from row 1.
+        both = cupy.zeros((sum(lengths) + n, 128), BFLOAT16)
+        both[:sum(lengths)] = k
+        overlapping = refusal(lambda: validated(both[:sum(lengths)], gate, ape, both[1:n + 1]))
+        cupy_plans.forget_all()  # the same two calls through every check
+        assert skipped == refusal(lambda: validated(k, gate, ape, cupy.zeros((n, 128), BFLOAT16), offsets=bad))
+        assert overlapping == refusal(lambda: validated(both[:sum(lengths)], gate, ape, both[1:n + 1]))
+        assert "input_row_offsets" in skipped and overlapping.startswith("Invalid out"), (skipped, overlapping)
         print("ok")
         """
     )

@@ -15,8 +15,8 @@ from ..arrays import CupyArray, DeviceArray
 from ..kernel.declarations import builds_for_sm90a, tensor_core_for
 from ..kernel.nvrtc import kernel_cubin
 from ..kernel.sources import NVRTC_OPTIONS, kernel_source
-from ..ops.framework.binding import Binding, execute
-from ..ops.framework.spec import Launch, OpSpec, Option, gather, spread
+from ..ops.framework.binding import Binding, check_call, checked_before, run_checked
+from ..ops.framework.spec import Launch, OpSpec, Option, Spread, gather, spread
 from . import cupy_plans as plans
 from .cupy_arrays import import_cupy, on_device
 from .cupy_launch import launch_function
@@ -162,13 +162,15 @@ def plan_key(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], nda
     """The key of a call's launch plan (``cupy_plans.signature``, and the sm_90 build for the ops that take
     one: a plan replays the build its first call chose), or None when it can have none."""
     key = plans.signature(spec, arrays, options, ndarray)
-    if key is not None and _takes_a_build(spec):
+    # _takes_a_build's lookup, inline: the hot path's
+    if key is not None and (_BUILD_TAKERS.get(spec.name) or (spec.name not in _BUILD_TAKERS and _takes_a_build(spec))):
         key += (os.environ.get(SM90_BUILD_VARIABLE),)
     return key
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
-    """A GPU call: its signature's plan when there is one (cupy_plans), the full path otherwise."""
+    """A GPU call: its signature's plan when there is one, its checked signature when there is one, the full
+    path otherwise (cupy_plans)."""
     cupy = import_cupy()
     stream = extras["stream"]
     # Plans and placement see one array per entry: a split ring's two arrays
@@ -181,15 +183,47 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
         result = plans.replay(key, flat.arrays, cupy, stream)  # the stream entered inside its device
         if result is not plans.MISS:
             return result
+        known = plans.checked_call(key, flat.arrays, stream)
+        if known is not None:
+            # The arrays are CuPy's on the signature's device (the key says so); the stream is entered inside it.
+            with cupy.cuda.Device(known.device_id):
+                if stream is None:
+                    return _run(spec, CupyBackend(cupy, known.device_id), key, flat, arrays, options, known.call)
+                with stream:
+                    return _run(spec, CupyBackend(cupy, known.device_id), key, flat, arrays, options, known.call)
     with on_device(flat.names, flat.arrays, stream, spec.name) as (cupy, device_id, placed):
-        backend = CupyBackend(cupy, device_id)
-        result = execute(spec, backend, gather(spec.operands, arrays, placed), options)
-        if key is not None and not backend.host_work and len(backend.launched) == 1:
-            ((launch, kernel),) = backend.launched
-            plan = plans.make_plan(placed, flat.written, launch, kernel, device_id, result)
-            if plan is not None:
-                plans.remember(key, plan)
-        return result
+        placed_flat = Spread(flat.names, placed, flat.written)
+        return _run(
+            spec, CupyBackend(cupy, device_id), key, placed_flat, gather(spec.operands, arrays, placed), options
+        )
+
+
+def _run(
+    spec: OpSpec,
+    backend: CupyBackend,
+    key: tuple[Any, ...] | None,
+    flat: Spread,
+    arrays: tuple[Any, ...],
+    options: dict[str, Any],
+    known: Any = None,
+) -> Any:
+    """Check (unless ``known``, the call record of the signature's checked call), run, and keep what a later
+    call of ``key`` may skip: the checks, or the whole call but its launch (a plan)."""
+    if known is None:
+        checked = check_call(spec, arrays, options)
+        if key is not None:
+            extents = tuple(plans.extent(array) for array in flat.arrays)
+            written = tuple(i for i, writes in enumerate(flat.written) if writes and flat.arrays[i] is not None)
+            plans.remember_checked(key, plans.CheckedCall(checked[0], backend.device_id, extents, written))
+    else:
+        checked = checked_before(spec, known, arrays)
+    result = run_checked(spec, backend, checked, options)
+    if key is not None and not backend.host_work and len(backend.launched) == 1:
+        ((launch, kernel),) = backend.launched
+        plan = plans.make_plan(flat.arrays, flat.written, launch, kernel, backend.device_id, result)
+        if plan is not None:
+            plans.remember(key, plan)
+    return result
 
 
 BINDING = Binding(

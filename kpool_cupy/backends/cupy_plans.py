@@ -16,7 +16,13 @@ full call launched through ``cupy_launch.launch_function``, which raised the
 function's limit where it had to, and the function keeps it.
 
 The fast path is written to make few Python calls (tests/test_host_path.py
-counts them): one function, loops, no helpers.
+counts them): one function and the overlap rule's, loops, no other helper.
+
+A signature with no plan (a validated call, which reads the index arrays on
+the host; a call that allocates) still passed its checks that read no data
+the first time: ``CheckedCall`` keeps the call record they gave, so a later
+call of the signature skips them and runs the op's own run (every check of
+the data included) after the same overlap rule.
 """
 
 from __future__ import annotations
@@ -87,6 +93,25 @@ def extent(array: Any) -> tuple[int, int]:
     return (low, high)
 
 
+def may_overlap(arrays: tuple[Any, ...], extents: tuple[tuple[int, int], ...], written: tuple[int, ...]) -> bool:
+    """Whether a written array's byte range (``extents`` around its data pointer) meets another array's: the
+    overlap rule of a signature's later calls, on addresses alone. A possible overlap goes back to the full
+    checks, which decide exactly and name the arguments."""
+    for w in written:
+        w_low, w_high = extents[w]
+        if w_high == w_low:
+            continue
+        w_base = arrays[w].data.ptr
+        for i in range(len(arrays)):
+            other = arrays[i]
+            if i == w or other is None or extents[i][1] == extents[i][0]:
+                continue
+            base = other.data.ptr
+            if w_base + w_low < base + extents[i][1] and base + extents[i][0] < w_base + w_high:
+                return True
+    return False
+
+
 def _same_start(view: Any, array: Any) -> bool:
     """Whether ``view`` is a view of ``array`` that starts where it does: the same pointer to a kernel (which
     takes a pointer and its sizes as values), so a replay may pass ``array`` in its place."""
@@ -148,6 +173,36 @@ def make_plan(
     )
 
 
+@dataclass(frozen=True)
+class CheckedCall:
+    """One signature whose checks that read no data passed: what ``binding.check_call`` gave, but the arrays."""
+
+    call: Any  # the op's call record: metadata only (every op's ``check_args`` reads no contents, no address)
+    device_id: int  # every array's device
+    extents: tuple[tuple[int, int], ...]  # per array (``spread``'s): bytes it spans from its data pointer
+    written: tuple[int, ...]  # the arrays the op writes
+
+
+_checked: dict[tuple[Any, ...], CheckedCall] = {}
+
+
+def remember_checked(key: tuple[Any, ...], checked: CheckedCall) -> None:
+    with _plans_lock:
+        if len(_checked) >= MAX_PLANS:
+            _checked.clear()
+        _checked[key] = checked
+
+
+def checked_call(key: tuple[Any, ...], arrays: tuple[Any, ...], stream: Any = None) -> CheckedCall | None:
+    """The checked signature of ``key`` where a call of it may skip the checks: None when there is none, when
+    ``stream`` (a CuPy stream, or None) is another device's, or when a written array's bytes may meet another
+    array's (the full checks then decide, and name the arguments)."""
+    checked = _checked.get(key)
+    if checked is None or (stream is not None and stream.device_id >= 0 and stream.device_id != checked.device_id):
+        return None
+    return None if may_overlap(arrays, checked.extents, checked.written) else checked
+
+
 # The plan this thread's latest call replayed or made, with its key: what torch.ops.kpool's CUDA kernels build
 # their own plans on (kpool_cupy/torch/plans.py). An attribute, not a call, on the replay's path.
 _ran = threading.local()
@@ -182,9 +237,11 @@ def also_forget(forget: Callable[[], None]) -> None:
 
 
 def forget_all() -> None:
-    """Drop every plan, and every plan built on them (a path switch; tests; a plan holds a loaded kernel)."""
+    """Drop every plan and checked signature, and every plan built on them (a path switch; tests; a plan holds
+    a loaded kernel)."""
     with _plans_lock:
         _plans.clear()
+        _checked.clear()
         _built_on[:] = [held for held in _built_on if held() is not None]
         forgets = [held() for held in _built_on]
     for forget in forgets:
@@ -204,19 +261,8 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any
     plan = _plans.get(key)
     if plan is None or (stream is not None and stream.device_id >= 0 and stream.device_id != plan.device_id):
         return MISS
-    extents = plan.extents
-    for w in plan.written:
-        w_low, w_high = extents[w]
-        if w_high == w_low:
-            continue
-        w_base = arrays[w].data.ptr
-        for i in range(len(arrays)):
-            other = arrays[i]
-            if i == w or other is None or extents[i][1] == extents[i][0]:
-                continue
-            base = other.data.ptr
-            if w_base + w_low < base + extents[i][1] and base + extents[i][0] < w_base + w_high:
-                return MISS
+    if may_overlap(arrays, plan.extents, plan.written):
+        return MISS
     _ran.entry = (key, plan)
     arguments = list(plan.constants)
     slots = plan.slots

@@ -12,8 +12,6 @@ from typing import Any
 
 import numpy as np
 
-from ..arrays import is_cupy_array
-
 
 class VectorAccess(enum.IntFlag):
     """Bits of a kernel's VECTOR argument (``kp::VectorAccess``): operands that may use 16-byte access."""
@@ -37,7 +35,7 @@ class Fp8Target(enum.IntEnum):
 
 def data_pointer(array: Any) -> int:
     """Address of the first element of a NumPy or CuPy array (views included)."""
-    if is_cupy_array(array):
+    if type(array).__module__.partition(".")[0] == "cupy":  # arrays.is_cupy_array, inline: a hot path's
         return int(array.data.ptr)
     return int(array.ctypes.data)
 
@@ -49,8 +47,12 @@ def allows_vector_access(array: Any) -> bool:
     channels are 16 or 32 bytes, so the base address and every stride it
     steps by (those of dimensions longer than 1, the last excepted) decide.
     """
-    steps = zip(array.shape[:-1], array.strides[:-1], strict=True)
-    return data_pointer(array) % 16 == 0 and all(stride % 16 == 0 for size, stride in steps if size > 1)
+    if data_pointer(array) % 16:
+        return False
+    for size, stride in zip(array.shape[:-1], array.strides[:-1], strict=True):
+        if size > 1 and stride % 16:
+            return False
+    return True
 
 
 def allows_8byte_rows(array: Any) -> bool:
@@ -66,8 +68,11 @@ def vector_mask(**operands: Any) -> int:
     bits = 0
     for name, array in operands.items():
         if array is not None and allows_vector_access(array):
-            bits |= VectorAccess[name.upper()]
+            bits |= _VECTOR_BITS[name]
     return bits
+
+
+_VECTOR_BITS = {name.lower(): int(bit) for name, bit in VectorAccess.__members__.items()}  # plain ints: no enum math
 
 
 def stride(array: Any, axis: int = 0) -> np.int64:

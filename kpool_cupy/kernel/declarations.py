@@ -24,8 +24,9 @@ import numpy as np
 from ..dtypes import ELEMENT_CTYPES, INDEX_CTYPES, INT32
 from .codes import Fp8Target, VectorAccess
 
-# C++ parameter types a launcher passes as a NumPy scalar, by their width.
+# C++ parameter types a launcher passes as a NumPy scalar, by their width, with the values each holds.
 _SCALARS = {"long long": np.int64, "int": np.int32}
+_LIMITS = {ctype: (int(np.iinfo(scalar).min), int(np.iinfo(scalar).max)) for ctype, scalar in _SCALARS.items()}
 
 
 @dataclass(frozen=True)
@@ -60,26 +61,58 @@ class Kernel:
     params: tuple[Param, ...]
     aligned: int = 0  # the VECTOR argument with every operand 16-byte accessible (tools' default variant)
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    # Per parameter (name, NumPy scalar or None for a pointer, least, most): what ``arguments`` walks.
+    _passing: tuple[tuple[str, Any, int, int], ...] = field(init=False, repr=False, compare=False)
+    # The template parameters' names, and the value each one left out takes (``resolve``).
+    _template_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _defaults: dict[str, Any] = field(init=False, repr=False, compare=False)
+    _template_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _required: frozenset[str] = field(init=False, repr=False, compare=False)  # template names with no default
+    _name_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    # Instantiation names by resolved template values (``instance``), made once each.
+    _instances: dict[tuple[Any, ...], str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: a parameter is declared twice in {names}")
         object.__setattr__(self, "_names", tuple(names))
+        passing = [(p.name, None, 0, 0) if p.pointer else (p.name, _SCALARS[p.ctype], *_LIMITS[p.ctype])
+                   for p in self.params]  # fmt: skip
+        object.__setattr__(self, "_passing", tuple(passing))
+        object.__setattr__(self, "_instances", {})
+        object.__setattr__(self, "_template_names", tuple(t.name for t in self.template))
+        defaults = {t.name: (self.aligned if t.name == "VECTOR" else t.default) for t in self.template}
+        object.__setattr__(self, "_defaults", {name: value for name, value in defaults.items() if value is not None})
+        object.__setattr__(self, "_template_set", frozenset(self._template_names))
+        object.__setattr__(self, "_required", frozenset(self._template_names) - self._defaults.keys())
+        object.__setattr__(self, "_name_set", frozenset(names))
 
     def resolve(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """Every template parameter by name: those given, the rest their defaults (index types int32, flags
         off, VECTOR every operand aligned); a required one missing or an unknown name is an error."""
-        defaults = {t.name: (self.aligned if t.name == "VECTOR" else t.default) for t in self.template}
-        defaults = {name: value for name, value in defaults.items() if value is not None}
-        _require_names(self.name, "template parameter", [t.name for t in self.template], values, defaults)
-        return {t.name: values[t.name] if t.name in values else defaults[t.name] for t in self.template}
+        names, defaults = self._template_names, self._defaults
+        if not (values.keys() <= self._template_set and self._required <= values.keys()):
+            _require_names(self.name, "template parameter", names, values, defaults)
+        return {name: values[name] if name in values else defaults[name] for name in names}
 
     def instance(self, **values: Any) -> str:
         """``name<...>``: the template parameters (``resolve``), dtypes as the kernels' storage or index C
         types, integers and bools as integers."""
+        return self.resolved_instance(self.resolve(values))
+
+    def resolved_instance(self, resolved: Mapping[str, Any]) -> str:
+        """``instance`` of template values ``resolve`` gave (every parameter, in order)."""
+        key = tuple(resolved.values())
+        spelled = self._instances.get(key)
+        if spelled is None:
+            spelled = self._spell(key)
+            self._instances[key] = spelled
+        return spelled
+
+    def _spell(self, resolved: tuple[Any, ...]) -> str:
         spelled = []
-        for t, value in zip(self.template, self.resolve(values).values(), strict=True):
+        for t, value in zip(self.template, resolved, strict=True):
             if t.kind == "typename":
                 dtype = np.dtype(value)
                 spelled.append(ELEMENT_CTYPES.get(dtype) or INDEX_CTYPES[dtype])
@@ -90,20 +123,22 @@ class Kernel:
     def arguments(self, values: Mapping[str, Any]) -> tuple[Any, ...]:
         """The argument tuple in the ``.cu`` order from every parameter by name: arrays as given, ``long long``
         and ``int`` as np.int64 and np.int32 (a value that does not fit is an error, not a wrapped number)."""
-        _require_names(self.name, "parameter", self._names, values, {})
+        if values.keys() != self._name_set:
+            _require_names(self.name, "parameter", self._names, values, {})
         listed = []
-        for p in self.params:
-            value = values[p.name]
-            if p.pointer:
+        for name, scalar, least, most in self._passing:
+            value = values[name]
+            if scalar is None:
                 if not hasattr(value, "shape"):
-                    raise TypeError(f"{self.name}: parameter {p.name} ({p.ctype}) takes an array, got {value!r}")
+                    ctype = next(p.ctype for p in self.params if p.name == name)
+                    raise TypeError(f"{self.name}: parameter {name} ({ctype}) takes an array, got {value!r}")
                 listed.append(value)
                 continue
-            scalar = _SCALARS[p.ctype]
-            limits = np.iinfo(scalar)
-            if not limits.min <= int(value) <= limits.max:
-                raise ValueError(f"{self.name}: parameter {p.name} ({p.ctype}) cannot hold {value!r}")
-            listed.append(scalar(int(value)))
+            number = int(value)
+            if not least <= number <= most:
+                ctype = next(p.ctype for p in self.params if p.name == name)
+                raise ValueError(f"{self.name}: parameter {name} ({ctype}) cannot hold {value!r}")
+            listed.append(scalar(number))
         return tuple(listed)
 
 

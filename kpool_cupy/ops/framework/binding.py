@@ -229,14 +229,37 @@ def check_bool_options(spec: OpSpec, options: dict[str, Any]) -> None:
             check_bool(option.name, options[option.name])
 
 
-def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:
-    """The call flow of every op on every backend: the options' types, engine forms as the checks read them
-    (``engine_forms``), the op's checks, the overlap rule for every operand the op writes, then the op's own
-    run on the forms the kernels read."""
+def check_call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any]) -> Checked:
+    """The checks of every op on every backend, none of which reads array contents: the options' types, engine
+    forms as the checks read them (``engine_forms``), the op's checks, alignment, the overlap rule for every
+    operand the op writes. Returns the call record, the arrays by name as the checks read them, and the array
+    behind each view made."""
     check_bool_options(spec, options)
-    checked, behind = read_forms(spec.operands, spec.named(arrays), BEFORE_CHECKS)
+    checked, behind = read_forms(spec.formed, spec.named(arrays), BEFORE_CHECKS)
     call = spec.check(checked, options)
     check_aligned(spec.operands, checked)
     check_no_overlap(spec.operands, checked)
-    named, viewed = read_forms(spec.operands, checked, AFTER_CHECKS)
+    return call, checked, behind
+
+
+Checked = tuple[Any, dict[str, Any], dict[int, Any]]
+"""What ``check_call`` gives ``run_checked``: the call record, the arrays by name, the arrays behind views."""
+
+
+def checked_before(spec: OpSpec, call: Any, arrays: tuple[Any, ...]) -> Checked:
+    """What ``check_call`` gives for a call whose checks passed before with the same metadata: ``call`` (the
+    record they gave then) with this call's arrays as the checks would read them."""
+    return (call, *read_forms(spec.formed, spec.named(arrays), BEFORE_CHECKS))
+
+
+def run_checked(spec: OpSpec, backend: Backend, checked: Checked, options: dict[str, Any]) -> Any:
+    """The op's own run on the forms the kernels read, after ``check_call`` (or, on the GPU path, a signature
+    whose checks passed before: ``backends.cupy_plans``)."""
+    call, arrays, behind = checked
+    named, viewed = read_forms(spec.formed, arrays, AFTER_CHECKS)
     return given_back(spec.run(backend, call, named, **options), behind | viewed)
+
+
+def execute(spec: OpSpec, backend: Backend, arrays: tuple[Any, ...], options: dict[str, Any]) -> Any:
+    """The call flow of every op on every backend: ``check_call``, then ``run_checked``."""
+    return run_checked(spec, backend, check_call(spec, arrays, options), options)

@@ -192,7 +192,7 @@ class Launch:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "template", self.kernel.resolve(self.template))
-        object.__setattr__(self, "instance", self.kernel.instance(**self.template))
+        object.__setattr__(self, "instance", self.kernel.resolved_instance(self.template))
         object.__setattr__(self, "arguments", self.kernel.arguments(self.values))
 
 
@@ -309,6 +309,11 @@ class OpSpec:
         """The operands' names in parameter order: the order a bound function gathers them in."""
         return tuple(o.name for o in self.operands)
 
+    @functools.cached_property
+    def formed(self) -> tuple[Operand, ...]:
+        """The operands that take an engine's form (``engine_forms``): all ``read_forms`` needs to visit."""
+        return tuple(o for o in self.operands if o.form)
+
     @property
     def options(self) -> tuple[Option, ...]:
         return tuple(p for p in self.parameters if isinstance(p, Option))
@@ -324,4 +329,4 @@ class OpSpec:
     def describe(self, arrays: tuple[Any, ...], options: Mapping[str, Any]) -> Any:
         """The call record from the arrays in parameter order (or their metadata): what a framework that
         traces shapes (torch's fake tensors) needs, with ``outputs``."""
-        return self.check(read_forms(self.operands, self.named(arrays), BEFORE_CHECKS)[0], options)
+        return self.check(read_forms(self.formed, self.named(arrays), BEFORE_CHECKS)[0], options)
