@@ -361,12 +361,14 @@ __device__ __forceinline__ long long find_request(const IT* offsets, long long b
 // [lo, hi] reads; false where no search reaches the node (the interval
 // above it holds one request or none). Which mid a node reads does not
 // depend on the data, so a search's nodes can all be read at once.
-__device__ __forceinline__ bool search_node_mid(int node, long long lo, long long hi, long long* mid) {
+// I: the search's index type (long long, or int where the batch fits it).
+template <typename I>
+__device__ __forceinline__ bool search_node_mid(int node, I lo, I hi, I* mid) {
     int depth = 0;
     while ((node >> (depth + 1)) != 0) ++depth;
     for (int bit = depth - 1; bit >= 0; --bit) {
         if (lo >= hi) return false;
-        const long long m = lo + (hi - lo + 1) / 2;
+        const I m = lo + (hi - lo + 1) / 2;
         if ((node >> bit) & 1)
             lo = m;
         else

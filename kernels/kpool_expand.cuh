@@ -62,6 +62,31 @@ __device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, 
     return before + inclusive - value;
 }
 
+// The type a request search compares offsets in: a 32-bit array's own type,
+// with the item clamped to that type's range (every offset of the array is
+// at most the clamped item exactly when it is at most the item: items are
+// not negative), else 64 bits.
+template <typename IO>
+struct SearchValue {
+    using type = long long;
+};
+template <>
+struct SearchValue<int> {
+    using type = int;
+};
+template <>
+struct SearchValue<unsigned int> {
+    using type = unsigned int;
+};
+
+template <typename V>
+__device__ __forceinline__ V search_key(long long item) {
+    constexpr long long most = sizeof(V) == 8 ? 9223372036854775807LL
+                               : static_cast<V>(-1) > 0 ? 4294967295LL
+                                                        : 2147483647LL;
+    return static_cast<V>(item < most ? item : most);
+}
+
 // kp::find_request then kp::request_rows for `item`, by the 32 lanes of a
 // warp together: each round reads the next kSearchLevels levels of the
 // search at once (a lane a node: the offset and the length at its mid, into
@@ -73,46 +98,56 @@ __device__ __forceinline__ unsigned int block_exclusive_sum(unsigned int value, 
 // reads: offsets[lo] where the walk last went right, offsets[hi + 1] where
 // it last went left. The nodes pass through shared memory, not shuffles:
 // ptxas held the fused select to 128 registers, and spilled, around
-// shuffles in a loop only some warps run. batch > 0; one warp calls it.
+// shuffles in a loop only some warps run. The walk is 32-bit (requests:
+// the host refuses more than 2^31 - 1; offsets: SearchValue). batch > 0; one
+// warp calls it.
 template <typename IO, typename IC>
 __device__ __forceinline__ bool warp_request_rows(const IO* offsets, const IC* lengths, long long batch,
                                                   long long total_tokens, long long item, long long* request,
                                                   long long* row_begin, long long* row_end, long long* cached) {
+    using V = typename SearchValue<IO>::type;
     constexpr int kNodes = (1 << kSearchLevels) - 1;
-    __shared__ long long node_offset[kNodes], node_length[kNodes];
+    struct Node {  // a step's two reads together: one shared load
+        V offset;
+        IC length;
+    };
+    __shared__ Node nodes[kNodes];
     const int lane = static_cast<int>(threadIdx.x % 32);
-    long long lo = 0, hi = batch - 1;
-    long long at_lo = load_index(offsets, 0), length_lo = load_index(lengths, 0);  // offsets[lo], lengths[lo]
-    long long above = load_index(offsets, batch);                                  // offsets[hi + 1]
+    const V key = search_key<V>(item);
+    // Clamped as well as refused by the host: no batch makes a read past offsets[batch].
+    const long long last = batch - 1 < 2147483646LL ? batch - 1 : 2147483646LL;
+    int lo = 0, hi = static_cast<int>(last);
+    V at_lo = static_cast<V>(offsets[0]);         // offsets[lo]
+    IC length_lo = lengths[0];                    // lengths[lo]
+    V above = static_cast<V>(offsets[last + 1]);  // offsets[hi + 1]
     while (lo < hi) {  // the same on every lane
-        long long mid;
+        int mid;
         if (lane < kNodes && search_node_mid(lane + 1, lo, hi, &mid)) {
-            node_offset[lane] = load_index(offsets, mid);
-            node_length[lane] = load_index(lengths, mid);
+            nodes[lane] = Node{static_cast<V>(offsets[mid]), lengths[mid]};
         }
         __syncwarp();
         int node = 1;
         for (int level = 0; level < kSearchLevels && lo < hi; ++level) {
-            const long long m = lo + (hi - lo + 1) / 2;
-            const long long value = node_offset[node - 1];
-            if (value <= item) {
+            const int m = lo + (hi - lo + 1) / 2;
+            const Node read = nodes[node - 1];
+            if (read.offset <= key) {
                 lo = m;
-                at_lo = value;
-                length_lo = node_length[node - 1];
+                at_lo = read.offset;
+                length_lo = read.length;
                 node = 2 * node + 1;
             } else {
                 hi = m - 1;
-                above = value;
+                above = read.offset;
                 node = 2 * node;
             }
         }
         __syncwarp();  // every lane has walked before the next round's nodes overwrite these
     }
     *request = lo;
-    *row_begin = at_lo;
-    *row_end = above;
-    *cached = length_lo;
-    return at_lo >= 0 && above <= total_tokens && at_lo <= above && length_lo >= 0;
+    *row_begin = static_cast<long long>(at_lo);  // widened as load_index widens
+    *row_end = static_cast<long long>(above);
+    *cached = static_cast<long long>(length_lo);
+    return *row_begin >= 0 && *row_end <= total_tokens && *row_begin <= *row_end && *cached >= 0;
 }
 
 // What a token's row needs of its request: the request (-1: no request,

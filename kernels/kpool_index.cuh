@@ -401,7 +401,7 @@ __device__ __forceinline__ void load_request_tree(const IO* offsets, const IC* l
     for (int k = 0; k < kNodes; ++k) {
         const int node = thread + k * THREADS;
         at[k] = 0;
-        read[k] = batch > 0 && (node == 0 || search_node_mid(node, 0, batch - 1, &at[k]));
+        read[k] = batch > 0 && (node == 0 || search_node_mid<long long>(node, 0, batch - 1, &at[k]));
     }
 #pragma unroll
     for (int k = 0; k < kNodes; ++k) {

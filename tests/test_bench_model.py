@@ -242,3 +242,13 @@ def test_an_expansion_row_charges_its_request_search_to_the_first_warp_alone(mod
     warps = row.launch.geometry.grid * row.launch.geometry.block // 32
     per_warp = v.instructions - region + (region + loop) / 8  # the first warp's two rounds, a block's mean
     assert two_rounds == pytest.approx(warps * per_warp / model.ISSUE_RATE * 1e6)
+
+
+def test_the_request_search_walks_in_32_bits(model, cases):
+    # kp::warp_request_rows on int32 offsets (the engines' and the bench's): requests as int, offsets compared as
+    # int32 against the clamped token, a node's offset and length one shared load. On sm_90 its region took 217
+    # instructions and a round's loop 148 on 2026-12-07; the 64-bit walk took 314 and 242. The bounds leave 5%.
+    row = next(c for c in cases if c.family == "expand_topk" and c.shape == "512x512 paged-64")
+    v = model.variant(row.launch.kernel.source, row.launch.instance, "sm_90", False, None, model.whole_runs(row))
+    region, loop = v.first_warp
+    assert region <= 228 and loop <= 156, v.first_warp

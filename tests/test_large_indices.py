@@ -80,3 +80,22 @@ def test_ring_kernels_reach_rows_beyond_2_31_elements(tmp_path):
     assert ring_emulated.tobytes() == ring_reference.tobytes()
     assert ring_emulated[1, 0, 3].tobytes() == mapped[2 * step : 2 * step + head_dim].tobytes()  # the far row
     np.testing.assert_allclose(got, want, rtol=2 * rtol, atol=2 * atol)
+
+
+@pytest.mark.parametrize("backend", ["emulate", "reference"])
+def test_a_batch_past_2_31_minus_1_requests_is_refused_before_the_offsets_are_read(tmp_path, backend):
+    # The kernels' request searches walk requests in 32 bits (kernels/kpool_expand.cuh): every op refuses a
+    # longer batch on the offsets' length. The offsets sit in a sparse file: nothing is allocated or read.
+    requests = 2**31
+    offsets = np.memmap(tmp_path / "offsets.bin", dtype=np.int32, mode="w+", shape=(requests + 1,))
+    lengths = np.memmap(tmp_path / "lengths.bin", dtype=np.int32, mode="w+", shape=(requests,))
+    module = emulate if backend == "emulate" else reference
+    expected = f"length batch + 1 <= {2**31} (at most {2**31 - 1} requests), got length {2**31 + 1}"
+    with pytest.raises(ValueError, match=r"^Invalid input_row_offsets: expected ") as refused:
+        # validate=False: refused on metadata alone, not on a read of the offsets' values.
+        module.kpool_expand_topk(np.zeros((1, 2), np.int32), offsets, lengths, kpool=4, validate=False)
+    assert expected in str(refused.value)
+    with pytest.raises(ValueError, match=r"^Invalid input_row_offsets: expected ") as refused:
+        k = np.zeros((1, 128), np.float32)
+        module.kpool_compress(k, k, np.zeros((4, 128), np.float32), offsets, lengths)
+    assert expected in str(refused.value)

@@ -22,7 +22,10 @@ A signature with no plan (a validated call, which reads the index arrays on
 the host; a call that allocates) still passed its checks that read no data
 the first time: ``CheckedCall`` keeps the call record they gave, so a later
 call of the signature skips them and runs the op's own run (every check of
-the data included) after the same overlap rule.
+the data included) after the same overlap rule. Writeability is no part of a
+signature: a CuPy array has none (its flags are contiguity and ownership;
+the CuPy double's NumPy flags can say read-only, which plans and checked
+signatures do not see).
 """
 
 from __future__ import annotations

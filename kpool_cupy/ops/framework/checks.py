@@ -192,12 +192,19 @@ def check_ape(ape: Any, head_dim: int) -> int:
     return kpool
 
 
+# Requests a call takes: the kernels' request searches walk them in 32 bits (kpool_expand.cuh).
+MAX_BATCH = (1 << 31) - 1
+
+
 def check_batch_index(input_row_offsets: Any, cache_lengths: Any) -> int:
-    """Offsets ``[batch + 1]`` and cache lengths ``[batch]``; returns batch."""
+    """Offsets ``[batch + 1]`` and cache lengths ``[batch]``, batch at most ``MAX_BATCH``; returns batch."""
     check_index("input_row_offsets", input_row_offsets, None)
     if input_row_offsets.shape[0] < 1:
         raise fail("input_row_offsets", "length batch + 1 >= 1", "length 0")
     batch = as_size(input_row_offsets.shape[0]) - 1
+    if batch > MAX_BATCH:
+        raise fail("input_row_offsets", f"length batch + 1 <= {MAX_BATCH + 1} (at most {MAX_BATCH} requests)",
+                   f"length {batch + 1}")  # fmt: skip
     check_index("cache_lengths", cache_lengths, batch)
     return batch
 
