@@ -229,13 +229,20 @@ def test_a_call_whose_cupy_call_has_no_plan_has_none_of_torchs():
 
 def test_a_plan_launches_on_torchs_current_stream_through_the_real_stream_lookup():
     # kernels._launch_stream itself (every other test stubs it): torch's current stream's handle (here through
-    # torch.cuda.current_stream, which a build without the raw call uses), one ExternalStream kept per handle, and
-    # the plan's launch queued on that stream, not run on the null stream.
+    # torch.cuda.current_stream, which a build without the raw call uses), one CuPy stream kept per handle, and
+    # the plan's launch queued on that stream, not run on the null stream. Made by Stream.from_external: CuPy 14's
+    # ExternalStream warns that it is deprecated (as the double's does), which is an error here.
     _run(
         """
+        import warnings
         from types import SimpleNamespace
         from cupy import cuda
         from kpool_cupy.torch import kernels
+
+        warnings.simplefilter("error", DeprecationWarning)
+
+        def torch_stream(handle):
+            return cuda.Stream.from_external(SimpleNamespace(__cuda_stream__=lambda: (0, handle)))
 
         import torch_on_double  # stubbed both stream lookups: the plan's is put back
         kernels._launch_stream = torch_on_double.real_launch_stream
@@ -245,7 +252,7 @@ def test_a_plan_launches_on_torchs_current_stream_through_the_real_stream_lookup
         handle = [0x5000]
         torch._C._cuda_getCurrentRawStream = lambda device_id: handle[0]
         torch.cuda.current_stream = lambda device=None: SimpleNamespace(cuda_stream=handle[0] + 0x100)
-        kernels._torch_stream = lambda device: cuda.ExternalStream(handle[0], 0)  # the full call on it too
+        kernels._torch_stream = lambda device: torch_stream(handle[0])  # the full call on it too
         score = op("kpool_index_logits_fp8", "out")
         x = inputs(1)
         logits = torch.zeros(5, 8)
@@ -254,14 +261,14 @@ def test_a_plan_launches_on_torchs_current_stream_through_the_real_stream_lookup
             score_into(score, x, logits)
 
         call()
-        cuda.ExternalStream(handle[0], 0).synchronize()
+        torch_stream(handle[0]).synchronize()
         want = logits.clone()
         logits.zero_()
         assert len(score.plans.plans) == 1
         call()  # the plan's launch
         assert cuda.launch_log[-1][1:] == (0x5000, "queued"), cuda.launch_log[-1]
         assert not logits.any()  # queued on torch's stream, not run on the null stream
-        cuda.ExternalStream(handle[0], 0).synchronize()
+        torch_stream(handle[0]).synchronize()
         assert torch.equal(logits, want)
         first = kernels._launch_stream(0)
         assert first is kernels._launch_stream(0) and first.ptr == 0x5000 and first.device_id == 0

@@ -112,6 +112,14 @@ class _RawStreamHandle:
         return (0, self.handle)
 
 
+def stream_of_handle(handle: int, device_id: int) -> Any:
+    """CuPy's stream of a raw ``cudaStream_t`` of device ``device_id`` (``Stream.from_external``, which takes the
+    current device for the stream's: made inside ``device_id``; CuPy 14 deprecates ``ExternalStream``)."""
+    cupy = import_cupy()
+    with cupy.cuda.Device(device_id):
+        return cupy.cuda.Stream.from_external(_RawStreamHandle(handle))
+
+
 def _external_stream(stream: Any) -> Any:
     """The stream-protocol object for a foreign stream, or a TypeError; touches no device."""
     if hasattr(stream, "__cuda_stream__"):

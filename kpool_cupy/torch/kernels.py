@@ -27,6 +27,7 @@ import torch
 
 from ..backends import cupy_plans
 from ..backends.cupy import SM90_BUILD_VARIABLE, _takes_a_build
+from ..backends.cupy_arrays import stream_of_handle
 from ..backends.cupy_plans import MISS
 from ..ops.framework.checks import check_aligned, check_out_dtype
 from ..ops.framework.engine_forms import BEFORE_CHECKS, read_form
@@ -154,12 +155,11 @@ _streams_lock = threading.Lock()
 
 
 def _external_stream(handle: int, device_id: int) -> Any:
-    """CuPy's ``ExternalStream`` of a stream handle on device ``device_id``, made once and kept."""
-    import cupy
-
+    """CuPy's stream of a stream handle on device ``device_id`` (``cupy_arrays.stream_of_handle``), made once and
+    kept."""
     stream = _streams.get((handle, device_id))
     if stream is None:
-        stream = cupy.cuda.ExternalStream(handle, device_id)
+        stream = stream_of_handle(handle, device_id)
         with _streams_lock:
             if len(_streams) >= 64:  # handles of streams gone: start over rather than grow
                 _streams.clear()

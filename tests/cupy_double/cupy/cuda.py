@@ -24,6 +24,7 @@ import collections
 import itertools
 import threading
 import time
+import warnings
 from types import SimpleNamespace
 
 L2_BYTES = 2**20  # a small L2, so the benchmark's rotation stays small on the CPU
@@ -282,9 +283,15 @@ Stream.null = Stream(null=True)
 
 class ExternalStream(Stream):
     """A stream handle made elsewhere (torch's), as CuPy wraps one: the handle's queue (0: the legacy null
-    stream's), on ``device_id``."""
+    stream's), on ``device_id``. Deprecated since CuPy 14, which warns as here (``Stream.from_external``)."""
 
     def __init__(self, ptr: int, device_id: int = -1) -> None:
+        warnings.warn(
+            "ExternalStream is deprecated. Use Stream.from_external() instead to interoperate with external "
+            "streams that implement the CUDA stream protocol.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         super().__init__(ptr=ptr)
         self.device_id = device_id
 
