@@ -71,9 +71,11 @@ def pool_row_offsets(input_row_offsets: Any, cache_lengths: Any, kpool: int) -> 
         check_array_kind(name, array, torch_op="torch.ops.kpool.pool_row_offsets")
     check_pool_row_offsets_args(input_row_offsets, cache_lengths, kpool)
     xp = _array_module(input_row_offsets)
-    offsets = input_row_offsets.astype(xp.int64)
-    cached = cache_lengths.astype(xp.int64)
-    kpool = int(kpool)
+    return pool_rows(input_row_offsets.astype(xp.int64), cache_lengths.astype(xp.int64), int(kpool), xp)
+
+
+def pool_rows(offsets: Any, cached: Any, kpool: int, xp: Any = np) -> Any:
+    """``pool_row_offsets`` of int64 offsets and lengths of ``xp``'s (NumPy's or CuPy's), checked before."""
     first_pool = -((-cached) // kpool)
     end_pool = (cached + (offsets[1:] - offsets[:-1])) // kpool
     counts = xp.maximum(end_pool - first_pool, 0)

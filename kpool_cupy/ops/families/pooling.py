@@ -14,6 +14,7 @@ import numpy as np
 
 from ...kernel import codes
 from ...pool_offsets import pool_row_offsets as compute_pool_row_offsets
+from ...pool_offsets import pool_rows
 from ..framework.checks import (
     as_size,
     check_ape,
@@ -72,10 +73,11 @@ def check_offset_values(
 ) -> np.ndarray:
     """Check offset contents (host arrays) and return the pool row offsets as int64."""
     check_rows_and_cache(call.total_tokens, input_row_offsets, cache_lengths)
-    pools = compute_pool_row_offsets(input_row_offsets.astype(np.int64), cache_lengths.astype(np.int64), call.kpool)
+    offsets, lengths = input_row_offsets.astype(np.int64, copy=False), cache_lengths.astype(np.int64, copy=False)
+    pools = pool_rows(offsets, lengths, call.kpool)  # their values checked: pool_row_offsets' checks are done
     if pool_row_offsets is not None:
-        given = pool_row_offsets.astype(np.int64)
-        if not np.array_equal(given, pools):
+        given = pool_row_offsets.astype(np.int64, copy=False)
+        if not (given == pools).all():  # the same length: check_index held it to batch + 1
             b = int(np.argmax(given != pools))
             raise fail(
                 "pool_row_offsets",

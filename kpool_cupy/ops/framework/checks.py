@@ -241,19 +241,19 @@ def check_out(out: Any, head_dim: int, rows: str) -> None:
 
 def check_rows_and_cache(total_tokens: int, input_row_offsets: np.ndarray, cache_lengths: np.ndarray) -> None:
     """Offsets start at 0, never decrease, end at total_tokens; cache lengths in [0, 2^62) (host arrays)."""
-    offsets = input_row_offsets.astype(np.int64)
+    offsets = input_row_offsets.astype(np.int64, copy=False)
     if offsets[0] != 0:
         raise fail("input_row_offsets", "a first entry of 0", int(offsets[0]))
-    steps = np.diff(offsets)
-    if (steps < 0).any():
-        b = int(np.argmax(steps < 0))
+    down = offsets[1:] < offsets[:-1]
+    if down.any():
+        b = int(np.argmax(down))
         raise fail(
             "input_row_offsets", "non-decreasing values", f"{int(offsets[b])} then {int(offsets[b + 1])} at index {b}"
         )
     if offsets[-1] != total_tokens:
         raise fail("input_row_offsets", f"a last entry equal to total_tokens {total_tokens}", int(offsets[-1]))
-    lengths = cache_lengths.astype(np.int64)
-    bad = (lengths < 0) | (lengths >= MAX_CACHE_LENGTH)
+    lengths = cache_lengths.astype(np.int64, copy=False)
+    bad = lengths.view(np.uint64) >= MAX_CACHE_LENGTH  # a negative length reads as 2**63 or more
     if bad.any():
         b = int(np.argmax(bad))
         raise fail("cache_lengths", "values in [0, 2**62)", f"{int(lengths[b])} at index {b}")
