@@ -150,3 +150,12 @@ def test_instance_names_every_template_parameter():
     assert name == f"kpool_compress<float, float, float, 128, 4, {int(COMPRESS.aligned)}, 0, int, int, int>"
     with pytest.raises(ValueError, match=r"missing \['KPOOL'\]"):
         COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=128)
+
+
+def test_an_instance_name_is_made_once_and_any_value_is_spelled_as_it_comes():
+    # Kernel.resolved_instance caches the names by the template's values; a value no cache can hold (a 0-d array)
+    # is spelled without it, as it was before the cache.
+    dtype = np.dtype(np.float32)
+    first = COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=128, KPOOL=4)
+    assert COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=128, KPOOL=4) is first
+    assert COMPRESS.instance(KT=dtype, GT=dtype, OT=dtype, HEAD_DIM=np.array(128), KPOOL=4) == first

@@ -104,7 +104,10 @@ class Kernel:
     def resolved_instance(self, resolved: Mapping[str, Any]) -> str:
         """``instance`` of template values ``resolve`` gave (every parameter, in order)."""
         key = tuple(resolved.values())
-        spelled = self._instances.get(key)
+        try:
+            spelled = self._instances.get(key)
+        except TypeError:  # a value no cache can hold (an array): spelled, or refused, as it is
+            return self._spell(key)
         if spelled is None:
             spelled = self._spell(key)
             self._instances[key] = spelled
