@@ -61,8 +61,8 @@ class Kernel:
     params: tuple[Param, ...]
     aligned: int = 0  # the VECTOR argument with every operand 16-byte accessible (tools' default variant)
     _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    # Per parameter (name, NumPy scalar or None for a pointer, least, most): what ``arguments`` walks.
-    _passing: tuple[tuple[str, Any, int, int], ...] = field(init=False, repr=False, compare=False)
+    # Per parameter (name, C++ type, NumPy scalar or None for a pointer, least, most): what ``arguments`` walks.
+    _passing: tuple[tuple[str, str, Any, int, int], ...] = field(init=False, repr=False, compare=False)
     # The template parameters' names, and the value each one left out takes (``resolve``).
     _template_names: tuple[str, ...] = field(init=False, repr=False, compare=False)
     _defaults: dict[str, Any] = field(init=False, repr=False, compare=False)
@@ -77,8 +77,8 @@ class Kernel:
         if len(set(names)) != len(names):
             raise ValueError(f"{self.name}: a parameter is declared twice in {names}")
         object.__setattr__(self, "_names", tuple(names))
-        passing = [(p.name, None, 0, 0) if p.pointer else (p.name, _SCALARS[p.ctype], *_LIMITS[p.ctype])
-                   for p in self.params]  # fmt: skip
+        scalars = {p.name: (_SCALARS[p.ctype], *_LIMITS[p.ctype]) for p in self.params if not p.pointer}
+        passing = [(p.name, p.ctype, *scalars.get(p.name, (None, 0, 0))) for p in self.params]
         object.__setattr__(self, "_passing", tuple(passing))
         object.__setattr__(self, "_instances", {})
         object.__setattr__(self, "_template_names", tuple(t.name for t in self.template))
@@ -129,17 +129,15 @@ class Kernel:
         if values.keys() != self._name_set:
             _require_names(self.name, "parameter", self._names, values, {})
         listed = []
-        for name, scalar, least, most in self._passing:
+        for name, ctype, scalar, least, most in self._passing:
             value = values[name]
             if scalar is None:
                 if not hasattr(value, "shape"):
-                    ctype = next(p.ctype for p in self.params if p.name == name)
                     raise TypeError(f"{self.name}: parameter {name} ({ctype}) takes an array, got {value!r}")
                 listed.append(value)
                 continue
             number = int(value)
             if not least <= number <= most:
-                ctype = next(p.ctype for p in self.params if p.name == name)
                 raise ValueError(f"{self.name}: parameter {name} ({ctype}) cannot hold {value!r}")
             listed.append(scalar(number))
         return tuple(listed)
