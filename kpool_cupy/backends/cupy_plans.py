@@ -96,20 +96,20 @@ def extent(array: Any) -> tuple[int, int]:
     return (low, high)
 
 
-def may_overlap(arrays: tuple[Any, ...], extents: tuple[tuple[int, int], ...], written: tuple[int, ...]) -> bool:
-    """Whether a written array's byte range (``extents`` around its data pointer) meets another array's: the
-    overlap rule of a signature's later calls, on addresses alone. A possible overlap goes back to the full
-    checks, which decide exactly and name the arguments."""
+def may_overlap(bases: list[Any], extents: tuple[tuple[int, int], ...], written: tuple[int, ...]) -> bool:
+    """Whether a written array's byte range (``extents`` around its data pointer in ``bases``; None: no array)
+    meets another array's: the overlap rule of a signature's later calls, on addresses alone (torch's plans
+    apply it too). A possible overlap goes back to the full checks, which decide exactly and name the
+    arguments."""
     for w in written:
         w_low, w_high = extents[w]
         if w_high == w_low:
             continue
-        w_base = arrays[w].data.ptr
-        for i in range(len(arrays)):
-            other = arrays[i]
-            if i == w or other is None or extents[i][1] == extents[i][0]:
+        w_base = bases[w]
+        for i in range(len(bases)):
+            base = bases[i]
+            if i == w or base is None or extents[i][1] == extents[i][0]:
                 continue
-            base = other.data.ptr
             if w_base + w_low < base + extents[i][1] and base + extents[i][0] < w_base + w_high:
                 return True
     return False
@@ -203,7 +203,8 @@ def checked_call(key: tuple[Any, ...], arrays: tuple[Any, ...], stream: Any = No
     checked = _checked.get(key)
     if checked is None or (stream is not None and stream.device_id >= 0 and stream.device_id != checked.device_id):
         return None
-    return None if may_overlap(arrays, checked.extents, checked.written) else checked
+    bases = [None if array is None else array.data.ptr for array in arrays]
+    return None if may_overlap(bases, checked.extents, checked.written) else checked
 
 
 # The plan this thread's latest call replayed or made, with its key: what torch.ops.kpool's CUDA kernels build
@@ -264,7 +265,10 @@ def replay(key: tuple[Any, ...], arrays: tuple[Any, ...], cupy: Any, stream: Any
     plan = _plans.get(key)
     if plan is None or (stream is not None and stream.device_id >= 0 and stream.device_id != plan.device_id):
         return MISS
-    if may_overlap(arrays, plan.extents, plan.written):
+    bases = []  # a loop, not a comprehension: no call on this path
+    for array in arrays:
+        bases.append(None if array is None else array.data.ptr)
+    if may_overlap(bases, plan.extents, plan.written):
         return MISS
     _ran.entry = (key, plan)
     arguments = list(plan.constants)

@@ -24,7 +24,8 @@ and with the same extent: anything else the call did (an array converted,
 copied or made by CuPy) has no plan.
 
 The replay is written for few Python calls (tests/test_torch_host_path.py
-counts them): one function, loops, no helpers.
+counts them): one function and the overlap rule it shares with CuPy's plans
+(``cupy_plans.may_overlap``), loops, no other helper.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ..backends.cupy_plans import MISS, LaunchPlan, extent
+from ..backends.cupy_plans import MISS, LaunchPlan, extent, may_overlap
 
 ABSENT = (-2, -2)  # a source: no array (an optional operand left out)
 
@@ -182,18 +183,8 @@ def replay(plan: TorchPlan, values: tuple[Any, ...], cupy: Any, stream: Any) -> 
         else:
             pointers.append(values[argument][element].data_ptr())
     launch = plan.launch
-    extents = launch.extents
-    for w in launch.written:
-        w_low, w_high = extents[w]
-        if w_high == w_low:
-            continue
-        w_base = pointers[w]
-        for i in range(len(pointers)):
-            if i == w or pointers[i] is None or extents[i][1] == extents[i][0]:
-                continue
-            base = pointers[i]
-            if w_base + w_low < base + extents[i][1] and base + extents[i][0] < w_base + w_high:
-                return MISS
+    if may_overlap(pointers, launch.extents, launch.written):
+        return MISS
     arguments = list(launch.constants)
     slots = launch.slots
     for position in range(len(slots)):
