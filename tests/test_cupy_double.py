@@ -176,6 +176,28 @@ def test_waiting_for_a_capturing_stream_or_computing_on_it_raises():
 
 
 @pytest.mark.slow
+def test_each_device_keeps_its_own_current_stream():
+    # CuPy keeps a thread's current streams a device (cupy/cuda/stream.pyx's _ThreadLocal: a list of streams and a
+    # stack a device): a stream entered while device 0 is current is not device 1's current stream.
+    _run(
+        """
+        zero = cuda.Stream(non_blocking=True)
+        with zero:
+            assert cuda.get_current_stream() == zero
+            with cuda.Device(1):
+                assert cuda.get_current_stream() == cuda.Stream.null
+                one = cuda.Stream(non_blocking=True)
+                with one:
+                    assert cuda.get_current_stream() == one
+                    assert cuda.get_current_stream(0) == zero
+                assert cuda.get_current_stream() == cuda.Stream.null
+            assert cuda.get_current_stream() == zero
+            assert cuda.get_current_stream(1) == cuda.Stream.null
+        assert cuda.get_current_stream() == cuda.Stream.null
+        """
+    )
+
+
 def test_the_launch_log_names_the_stream_each_kernel_went_to():
     _run(
         """

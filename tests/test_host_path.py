@@ -155,6 +155,36 @@ def test_a_cupy_stream_is_entered_on_its_device_and_one_of_another_device_refuse
     assert "ok" in done.stdout
 
 
+def test_without_a_stream_a_call_launches_on_its_arrays_devices_current_stream_plan_or_not():
+    # CuPy keeps a current stream a device (the double's arrays are all on device 0): with device 1 current and
+    # a stream of its own entered, a call on device 0's arrays launches on device 0's current stream, first its
+    # null stream, then one entered on device 0 — on the full path and through its plan.
+    done = _run(
+        """
+        host = batch(1)
+        want = emulate.kpool_compress(*host, offsets, cache)
+        k, gate, ape = on_device(*host)
+        zero = cupy.cuda.Stream(non_blocking=True)
+        with cupy.cuda.Device(1):
+            one = cupy.cuda.Stream(non_blocking=True)
+        for outer in (None, zero):
+            for call in range(2):  # the full path (first time round), then the plan
+                out = cupy.zeros(want.shape, BFLOAT16)
+                logged = len(cupy.cuda.launch_log)
+                with outer or cupy.cuda.Stream.null, cupy.cuda.Device(1), one:
+                    got = hot_call(k, gate, ape, out)
+                launches = [entry[1] for entry in list(cupy.cuda.launch_log)[logged:]]
+                assert launches == [(outer or cupy.cuda.Stream.null).ptr], (outer, call, launches)
+                (outer or cupy.cuda.Stream.null).synchronize()
+                assert np.asarray(got).tobytes() == want.tobytes(), (outer, call)
+        assert len(cupy_plans._plans) == 1, cupy_plans._plans.keys()
+        print("ok")
+        """
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "ok" in done.stdout
+
+
 def test_the_null_stream_given_as_stream_replays_its_plan():
     # The review of the stream fix: CuPy's Stream.null (and ptds, and get_current_stream()'s default) have
     # device_id -1, "the current device"; read as a device of its own, every such call missed its plan and

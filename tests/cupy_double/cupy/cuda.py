@@ -226,14 +226,15 @@ class Stream:
                 f"The device that the stream is created on ({self.device_id}) does not match with the current "
                 f"device ({current_device()})"
             )
-        stack = getattr(_local, "stack", None)
-        if stack is None:
-            stack = _local.stack = []
-        stack.append(self)
+        # As CuPy: each device keeps its own stack of current streams; a stream entered goes on the current
+        # device's, and leaves the stack of the device it was entered on.
+        device = current_device()
+        _stream_stack(device).append(self)
+        _entered_devices().append(device)
         return self
 
     def __exit__(self, *exc) -> bool:
-        _local.stack.pop()
+        _stream_stack(_entered_devices().pop()).pop()
         return False
 
     def __eq__(self, other) -> bool:
@@ -296,8 +297,25 @@ class ExternalStream(Stream):
         self.device_id = device_id
 
 
-def get_current_stream() -> Stream:
-    stack = getattr(_local, "stack", None)
+def _stream_stack(device: int) -> list[Stream]:
+    """This thread's stack of streams entered on ``device``."""
+    stacks = getattr(_local, "streams", None)
+    if stacks is None:
+        stacks = _local.streams = {}
+    return stacks.setdefault(device, [])
+
+
+def _entered_devices() -> list[int]:
+    """The device each stream this thread has entered and not left was entered on, oldest first."""
+    devices = getattr(_local, "stream_devices", None)
+    if devices is None:
+        devices = _local.stream_devices = []
+    return devices
+
+
+def get_current_stream(device_id: int | None = None) -> Stream:
+    """The current stream of ``device_id`` (None: the current device), as CuPy keeps one a device."""
+    stack = _stream_stack(current_device() if device_id is None else device_id)
     return stack[-1] if stack else Stream.null
 
 
