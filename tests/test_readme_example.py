@@ -113,3 +113,28 @@ def test_the_deep_gemm_example(backend):
     logits = namespace["logits"]
     assert logits.shape == (2, 320) and logits[:, :257].isfinite().all()
     assert namespace["kv_cache"][[3, 0, 4, 1, 2]].any()  # the prompt's pooled keys, in DeepGEMM's 4-D cache
+
+
+def cupy_example() -> str:
+    text = README.read_text().split("## CuPy\n", 1)[1]
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_the_cupy_example_runs_on_the_double_and_gives_the_references_pools():
+    # The GPU path's Python as the README writes it, on the CuPy double (tests/cupy_double: its kernels on the
+    # emulator); its pools against kpool_cupy.emulate on the same arrays, bit for bit: the same kernel on the
+    # same emulator. (Not the reference bit for bit: its float32 sums may differ in the last bits, which a
+    # cancellation can carry into the bfloat16 rounding; it is held to the error bound, README "Numerics".)
+    from double import run_on_double
+
+    check = """
+assert cp.__version__.endswith("numpy-double"), cp.__file__
+host = [cp.asnumpy(a) for a in (k, gate, ape, offsets)]
+want = kpool_cupy.emulate.kpool_compress(*host, np.asarray(cached, np.int32))
+got = cp.asnumpy(pooled)
+assert got.dtype == ml_dtypes.bfloat16 and got.shape == (9 + 0 + 2, 128), got.shape  # pools whose members all arrive
+assert got.tobytes() == want.tobytes()
+print("ok")
+"""
+    done = run_on_double(cupy_example() + check, timeout=120)  # 3-12 s here with a warm build cache
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stdout[-2000:] + done.stderr[-3000:]

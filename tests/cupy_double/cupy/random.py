@@ -22,3 +22,11 @@ class Generator:
 
 def default_rng(seed=None) -> Generator:
     return Generator(seed)
+
+
+_module_rng = Generator()
+
+
+def standard_normal(size=None, dtype=np.float64):
+    """cupy.random.standard_normal: draws of the module's own generator (CuPy's legacy RandomState API)."""
+    return _module_rng.standard_normal(size, dtype=dtype)
