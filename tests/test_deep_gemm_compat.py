@@ -279,3 +279,47 @@ def test_adapter_refusals_name_what_the_caller_passed_and_no_call_wraps_or_crash
     assert empty.shape == (0, 16)
     with pytest.raises(TypeError, match=r"^Invalid context_lens: expected dtype int32"):
         deep_gemm.get_paged_mqa_logits_metadata(torch.ones(2), BLOCK, 132)
+
+
+def test_the_least_lengths_of_each_dtype_see_nothing_and_degenerate_shapes_and_pairs_are_named():
+    # helper-55's findings: the adapters subtracted from the lengths as given, so an int32 or int64 least value
+    # wrapped round to a huge length and its token saw every key; next_n 0 with 1-D lengths raised torch's
+    # RuntimeError from arange; q's errors named the [B * next_n, H, D] view without saying so; a bad pair
+    # said only "got a tuple"; "pools" in a refusal with no word that a pool is a key here.
+    q, cache, weights, lens, table, max_model_len, _ = _call(2, False, seed=11)
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
+    tc, tw, tt = (torch.from_numpy(a) for a in (cache, weights, table))
+    for least in (torch.tensor([-(2**31), int(lens[1])], dtype=torch.int32),
+                  torch.tensor([-(2**63), int(lens[1])], dtype=torch.int64),
+                  torch.tensor([[-(2**31), -(2**31) + 1], [5, 6]], dtype=torch.int32),
+                  torch.tensor([[-(2**63), -(2**63) + 1], [5, 6]], dtype=torch.int64)):  # fmt: skip
+        got = deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, least, tt, None, max_model_len).numpy()
+        assert np.isneginf(got[:2]).all(), least  # request 0's two tokens
+        assert np.isfinite(got[2:, :5]).all(), least  # request 1's see its keys
+    values = torch.from_numpy(cache[0, :, 0, :HEAD_DIM].copy()).view(torch.float8_e4m3fn)
+    scales = torch.ones(BLOCK)
+    flat_q = tq.reshape(-1, HEADS, HEAD_DIM)[:2]
+    for dtype, least in ((torch.int32, -(2**31)), (torch.int64, -(2**63))):
+        ends = torch.tensor([least, 3], dtype=dtype)
+        got = deep_gemm.fp8_mqa_logits(flat_q, (values, scales), tw[:2], torch.zeros(2, dtype=dtype), ends).numpy()
+        assert np.isneginf(got[0]).all() and np.isfinite(got[1, :3]).all() and np.isneginf(got[1, 3:]).all()
+
+    none = deep_gemm.fp8_paged_mqa_logits(tq[:, :0], tc, tw[:0], torch.from_numpy(lens), tt, None, 16)
+    assert none.shape == (0, 16)
+
+    wide = torch.zeros((2, 2, 129, HEAD_DIM), dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match=r"^Invalid q: expected 1 to 128 heads .*, got 129 \(kpool_index_logits_fp8's "
+                       r"q: this call's q \[B, next_n, H, D\] as \[B \* next_n, H, D\]"):  # fmt: skip
+        deep_gemm.fp8_paged_mqa_logits(wide, tc, torch.zeros(4, 129), torch.from_numpy(lens), tt, None, 16)
+    with pytest.raises(ValueError, match=r"^Invalid q: expected a tensor or \(values, None\) .*, "
+                       r"got \(torch.Tensor, torch.Tensor\)$"):  # fmt: skip
+        deep_gemm.fp8_paged_mqa_logits((tq, torch.ones(4)), tc, tw, torch.from_numpy(lens), tt, None, 16)
+    with pytest.raises(ValueError, match=r"^Invalid q: expected a tensor or \(values, None\), got a tuple of 3 items$"):
+        deep_gemm.fp8_paged_mqa_logits((tq, None, None), tc, tw, torch.from_numpy(lens), tt, None, 16)
+    with pytest.raises(ValueError, match=r"^Invalid kv: expected a pair .*, got a tuple of 3 items$"):
+        deep_gemm.fp8_mqa_logits(flat_q, (values, scales, scales), tw[:2], torch.zeros(2, dtype=torch.int32),
+                                 torch.ones(2, dtype=torch.int32))  # fmt: skip
+    with pytest.raises(ValueError, match=r"^Invalid max_model_len: .* \(kpool_index_logits_fp8's max_pools, at kpool "
+                       r"1: a pool is a key; its token t is q\[t // next_n, t % next_n\]\)$"):  # fmt: skip
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, torch.from_numpy(lens), tt, None, int(lens.max()) - 1,
+                                       validate=True)  # fmt: skip

@@ -61,18 +61,35 @@ _DEEP_GEMM_NAMES = {
 _FLAT_NAMES = {"cache": "kv", "cache_lengths": "cu_seqlen_ke", "input_row_offsets": "q", "max_pools": "cu_seqlen_ke"}
 
 
+# What a refusal's words mean in a DeepGEMM call: the scorer counts pools, and at kpool 1 a pool is one key.
+_POOLS_ARE_KEYS = ", at kpool 1: a pool is a key"
+_PAGED_NOTES = {
+    "q": ": this call's q [B, next_n, H, D] as [B * next_n, H, D]",
+    "max_pools": _POOLS_ARE_KEYS,
+    "out": _POOLS_ARE_KEYS,
+}
+_FLAT_NOTES = {"max_pools": _POOLS_ARE_KEYS}
+
+
 def _renamed(
-    error: ValueError | TypeError, names: dict[str, str] = _DEEP_GEMM_NAMES, requests: str = ""
+    error: ValueError | TypeError,
+    names: dict[str, str] = _DEEP_GEMM_NAMES,
+    terms: tuple[str, str] = ("", ""),
+    notes: dict[str, str] | None = None,
 ) -> ValueError | TypeError:
-    """The scorer's refusal with the argument named as DeepGEMM's caller passed it (``requests``: what the
-    scorer's requests are, where they are not the caller's). The scorer's hint on which length its
+    """The scorer's refusal with the argument named as DeepGEMM's caller passed it. ``terms``: a word of the
+    scorer's ("request", "token") and what it is in the caller's terms, said where the refusal uses the word;
+    ``notes``: what the scorer's argument is in this call, by its name. The scorer's hint on which length its
     cache_lengths is goes: these calls' lengths are DeepGEMM's, which count the step."""
     message = str(error).replace(LENGTHS_HINT, "")
-    name = message.removeprefix("Invalid ").partition(":")[0]
-    if not message.startswith("Invalid ") or name not in names:
+    name, _, said = message.removeprefix("Invalid ").partition(":")
+    notes = notes or {}
+    if not message.startswith("Invalid ") or (name not in names and name not in notes):
         return error
-    renamed = f"Invalid {names[name]}:" + message.partition(":")[2]
-    return type(error)(f"{renamed} (kpool_index_logits_fp8's {name}{requests})")
+    word, meaning = terms
+    term = meaning if word and word in said else ""
+    return type(error)(f"Invalid {names.get(name, name)}:{said} (kpool_index_logits_fp8's {name}"
+                       f"{notes.get(name, '')}{term})")  # fmt: skip
 
 
 def _within(name: str, values: torch.Tensor, low: int, high: int | None, rule: str) -> None:
@@ -93,8 +110,11 @@ def _tensor(name: str, value: Any) -> torch.Tensor:
 def _query(q: Any, ndim: int, shape: str) -> torch.Tensor:
     """q as a tensor or the newer releases' ``(values, None)``, of ``ndim`` dims."""
     if isinstance(q, (tuple, list)):
-        if len(q) != 2 or q[1] is not None:
-            raise fail("q", "a tensor or (values, None) (per-token q scales are not taken)", f"a {type(q).__name__}")
+        if len(q) != 2:
+            raise fail("q", "a tensor or (values, None)", f"a {type(q).__name__} of {len(q)} items")
+        if q[1] is not None:
+            wanted = "a tensor or (values, None) (per-token q scales, DeepGEMM's FP4 path, are not taken)"
+            raise fail("q", wanted, f"({type_name(q[0])}, {type_name(q[1])})")
         q = q[0]
     _tensor("q", q)
     if q.ndim != ndim:
@@ -167,6 +187,10 @@ def fp8_paged_mqa_logits(
         float32 ``[B * next_n, H]``.
     context_lens
         int32 ``[B]`` or ``[B, next_n]``: the keys each request (or token) sees, the step's tokens included.
+        A 1-D length below next_n (DeepGEMM's callers count the step, so never one) scores ``-inf`` for all of
+        its request's tokens, where the formula would let its last tokens see keys: pass such lengths in the
+        2-D form. A negative length scores ``-inf``. ``validate=True`` refuses both, and a length of 0 too (an
+        engine's padding row, ``-inf`` without it): validate padded batches without their padding.
     block_tables
         int32 ``[B, max_blocks]``: request b's entry n is at page ``block_tables[b, n // block_size]``.
     schedule_metadata
@@ -197,17 +221,23 @@ def fp8_paged_mqa_logits(
         # The scorer's cache_lengths (these less `low`) stay below MAX_CACHE_LENGTH; int32 lengths always do.
         high = MAX_CACHE_LENGTH - 1 + low if lengths.dtype == torch.int64 else None
         _within("context_lens", lengths, low, high, rule)
-    # The lengths keep their dtype (int64 ones past 2^31 stay whole; the scorer takes both).
+    # The lengths keep their dtype (int64 ones past 2^31 stay whole; the scorer takes both). A negative length
+    # (garbage: validate=True refuses it) is raised to -1 first, so the subtraction cannot wrap a dtype's least
+    # value round to a large length: its tokens still see nothing.
     if lengths.ndim == 1:  # request b's next_n tokens at positions context_lens[b] - next_n + j
-        offsets = torch.arange(0, tokens + 1, next_n, dtype=torch.int32, device=device)
-        cached = lengths - next_n
+        offsets = (
+            torch.arange(0, tokens + 1, next_n, dtype=torch.int32, device=device)
+            if next_n
+            else torch.zeros(batch + 1, dtype=torch.int32, device=device)
+        )
+        cached = lengths.clamp_min(-1) - next_n
         table = block_tables
-        requests = ""
+        terms = ("token", "; its token t is q[t // next_n, t % next_n]")
     else:  # each token its own request, at position context_lens[b, j] - 1, on its request's pages
         offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
-        cached = lengths.reshape(-1) - 1
+        cached = lengths.reshape(-1).clamp_min(0) - 1
         table = block_tables.repeat_interleave(next_n, dim=0)
-        requests = "; its request r is token (r // next_n, r % next_n) of context_lens [B, next_n]"
+        terms = ("request", "; its request r is token (r // next_n, r % next_n) of context_lens [B, next_n]")
     out = torch.empty((tokens, max_model_len), dtype=torch.float32, device=device)
     queries = q.reshape(tokens, heads, head_dim)
     try:
@@ -216,7 +246,7 @@ def fp8_paged_mqa_logits(
             validate=validate,
         )  # fmt: skip
     except (ValueError, TypeError) as error:
-        raise _renamed(error, requests=requests) from None
+        raise _renamed(error, terms=terms, notes=_PAGED_NOTES) from None
     return out
 
 
@@ -261,8 +291,10 @@ def fp8_mqa_logits(
     """
     q = _query(q, 3, "[S, H, D]")
     tokens, _, head_dim = q.shape
-    if not isinstance(kv, (tuple, list)) or len(kv) != 2:
-        raise dtype_fail("kv", "a pair (values [N, D], scales [N])", type(kv).__name__)
+    if not isinstance(kv, (tuple, list)):
+        raise dtype_fail("kv", "a pair (values [N, D], scales [N])", type_name(kv))
+    if len(kv) != 2:
+        raise fail("kv", "a pair (values [N, D], scales [N])", f"a {type(kv).__name__} of {len(kv)} items")
     values, scales = _beside("kv[0]", _tensor("kv[0]", kv[0]), q), _beside("kv[1]", _tensor("kv[1]", kv[1]), q)
     if values.dtype not in (torch.float8_e4m3fn, torch.uint8):
         raise dtype_fail("kv[0]", "dtype float8_e4m3fn (or uint8 e4m3fn bytes)", _dtype_name(values))
@@ -295,10 +327,11 @@ def fp8_mqa_logits(
     offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
     try:
         kt.kpool_index_logits_fp8(
-            q, weights, page.view(1, keys, head_dim + 4), table, offsets, ends - 1, kpool=1, max_pools=keys,
+            q, weights, page.view(1, keys, head_dim + 4), table, offsets, ends.clamp_min(0) - 1, kpool=1,
+            max_pools=keys,
             out=out, validate=False,
         )  # fmt: skip  # the windows checked above; the table and offsets are this call's own
     except (ValueError, TypeError) as error:
-        raise _renamed(error, _FLAT_NAMES) from None
+        raise _renamed(error, _FLAT_NAMES, notes=_FLAT_NOTES) from None
     below = torch.arange(keys, device=device)[None, :] < starts[:, None]
     return out.masked_fill_(below, float("-inf"))
