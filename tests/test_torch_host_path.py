@@ -200,6 +200,37 @@ def test_a_hot_signature_leaves_what_the_full_path_refuses_to_it():
     )
 
 
+def test_a_tensor_torch_negates_lazily_is_refused_plan_or_not():
+    # helper-57's finding: the plan key read no negative bit, so after a plan a negated view (the imaginary part
+    # of a conjugate, torch._neg_view) of the same layout replayed on its memory, which holds the values' negation,
+    # where the full path failed in .numpy() with torch's RuntimeError. Now the key has the bit and the full
+    # path refuses the tensor by name.
+    _run(
+        """
+        score = op("kpool_index_logits_fp8", "out")
+        x = inputs(1)
+        plain = x["weights"]
+        negated = torch._neg_view(-plain)  # the same values, their memory negated (as a conjugate's .imag is)
+        assert negated.is_neg() and torch.equal(negated, plain) and negated.stride() == plain.stride()
+        out = torch.zeros(5, 8)
+        for _ in range(2):
+            score_into(score, x, out, plain)
+        assert len(score.plans.plans) == 1
+        want = out.clone()
+        for call in range(2):
+            try:
+                score_into(score, x, torch.zeros(5, 8), negated)
+            except ValueError as error:
+                assert str(error).startswith("Invalid weights: expected a tensor whose memory holds its values")
+            else:
+                raise AssertionError(f"a negated view was taken (call {call})")
+        score_into(score, x, out, negated.resolve_neg())
+        assert torch.equal(out, want)
+        print("ok")
+        """
+    )
+
+
 def test_a_call_whose_cupy_call_has_no_plan_has_none_of_torchs():
     _run(
         """

@@ -77,18 +77,20 @@ class TorchPlans:
 
 
 def signature(args: tuple[Any, ...], kwargs: dict[str, Any], build: str | None) -> tuple[Any, ...] | None:
-    """The key of a call's plan: per argument what a CuPy key reads of its arrays, or the option with its type;
-    the keyword names; ``build``. None where an option cannot be hashed, or a tensor has no strides or storage
+    """The key of a call's plan: per argument what a CuPy key reads of its arrays and torch's negative bit (a
+    negated view reads as its memory; the full path refuses it), or the option with its type; the keyword
+    names; ``build``. None where an option cannot be hashed, or a tensor has no strides or storage
     (sparse, say): the full path names it."""
     key: list[Any] = [build, tuple(kwargs)]
     try:
         for value in (*args, *kwargs.values()):
             if isinstance(value, torch.Tensor):
-                key.append((value.dtype, value.shape, value.stride(), value.data_ptr() & 15, value.get_device()))
+                ptr, device, negated = value.data_ptr() & 15, value.get_device(), value.is_neg()
+                key.append((value.dtype, value.shape, value.stride(), ptr, device, negated))
             elif isinstance(value, (list, tuple)):
                 key.append(
                     tuple(
-                        [(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device()) for t in value]
+                        [(t.dtype, t.shape, t.stride(), t.data_ptr() & 15, t.get_device(), t.is_neg()) for t in value]
                         if all([isinstance(t, torch.Tensor) for t in value])
                         else [(type(t), t) for t in value]
                     )

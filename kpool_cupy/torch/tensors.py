@@ -62,8 +62,20 @@ def torch_dtype(dtype: np.dtype | str) -> torch.dtype:
     return _TORCH_DTYPES[np.dtype(dtype).name]  # an alias ("f4", "long") or a dtype
 
 
+def check_not_negated(name: str, tensor: torch.Tensor) -> None:
+    """A tensor whose values are its memory's, negated lazily by torch (its negative bit: ``torch._neg_view``,
+    the imaginary part of a conjugate): the kernels read memory, so it is refused (NumPy and DLPack refuse it
+    too, with errors that name nothing)."""
+    if tensor.is_neg():
+        raise ValueError(
+            f"Invalid {name}: expected a tensor whose memory holds its values, got one torch negates lazily "
+            "(its negative bit is set: pass .resolve_neg())"
+        )
+
+
 def to_numpy(name: str, tensor: torch.Tensor) -> np.ndarray:
     """A CPU tensor's memory as a NumPy array (same bytes, same strides)."""
+    check_not_negated(name, tensor)
     tensor = tensor.detach()
     if tensor.dtype in _VIEWED:
         return tensor.view(_VIEWED[tensor.dtype]).numpy().view(_NUMPY_DTYPES[tensor.dtype])
@@ -86,6 +98,7 @@ def to_cupy(name: str, tensor: torch.Tensor) -> Any:
     """A CUDA tensor's memory as a CuPy array (DLPack, on CuPy's current stream: call it inside torch's)."""
     import cupy
 
+    check_not_negated(name, tensor)
     tensor = tensor.detach()
     if tensor.dtype == torch.float8_e4m3fn:  # an op that takes e4m3fn has read it as bytes already
         raise TypeError(f"Invalid {name}: expected a dtype the kernels read, got {tensor.dtype}")
@@ -125,6 +138,7 @@ def metadata(name: str, tensor: torch.Tensor) -> Any:
         dtype = numpy_dtype(tensor.dtype)
     except TypeError:
         raise TypeError(f"Invalid {name}: expected a dtype the kernels read, got {tensor.dtype}") from None
+    check_not_negated(name, tensor)
     if any(isinstance(n, torch.SymInt) for n in (*tensor.shape, *tensor.stride())):
         return SymbolicMetadata(tensor, dtype)
     strides = tuple(int(s) * dtype.itemsize for s in tensor.stride())
