@@ -338,6 +338,37 @@ def test_the_out_overload_and_the_ops_without_a_gradient_still_refuse_one():
         pooled.float().sum().backward()
 
 
+def test_a_zero_gradient_passes_a_non_differentiable_op_compiled_or_not_and_any_other_raises():
+    # helper-58's findings: compiled, the no-gradient backward ran where eager runs none (a result the loss does
+    # not use gets a tangent of zeros), and a float8 result that nothing used moved it into the compiled forward:
+    # both raised in steps that run eagerly. A gradient of zeros now gives zeros (whatever the op's derivative);
+    # float8 results carry none; a gradient other than zero still raises, naming the op.
+    x = torch.randn(16, 64, requires_grad=True)
+    quantize = torch.ops.kpool.hadamard_quant_fp8
+
+    def scales_only(x):  # the float8 values unused
+        return quantize(x, out_dtype=torch.float8_e4m3fn)[1] * 2
+
+    def logged(x):  # the loss does not use the op's result, which is returned for logging
+        return (x * x).sum(), quantize(x)[1]
+
+    for compiled in (False, True):
+        torch._dynamo.reset()
+        run = (lambda f: torch.compile(f, backend="aot_eager", fullgraph=True)) if compiled else (lambda f: f)
+        assert torch.equal(run(scales_only)(x), quantize(x.detach())[1] * 2), compiled
+        x.grad = None
+        loss, _ = run(logged)(x)
+        loss.backward()
+        assert torch.equal(x.grad, 2 * x.detach()), compiled  # the loss's own gradient, nothing from the op
+        values, scales = quantize(x, out_dtype=torch.float8_e4m3fn)
+        assert not values.requires_grad and scales.requires_grad
+        x.grad = None
+        (scales * 0).sum().backward()  # zeros reach the op: zeros leave it
+        assert torch.equal(x.grad, torch.zeros_like(x))
+        with pytest.raises(RuntimeError, match=r"^kpool::hadamard_quant_fp8 is not differentiable"):
+            run(lambda x: quantize(x)[1].sum())(x).backward()
+
+
 def test_a_second_derivative_is_refused_naming_the_backward_op():
     # compress_backward declares no gradient of its own.
     k, gate, ape, offsets, cached = batch(F32)

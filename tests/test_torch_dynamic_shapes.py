@@ -29,6 +29,19 @@ def _decode_fp8(tail, k, gate, ape, positions, slots):
     return kt.kpool_tail_update_fp8(tail, k, gate, ape, positions, slots)
 
 
+def _decode_fp8_into(tail, k, gate, ape, positions, slots):
+    """The FP8 decode step into given rows, and its queries quantized into given rows: the .out overloads, whose
+    rows check took int() of the symbolic batch (a recompile a size; helper-58's finding)."""
+    pools = (positions.shape[1] + ape.shape[0] - 1) // ape.shape[0]  # the most pools a request's step closes
+    out = torch.empty((positions.shape[0], pools, HEAD_DIM), dtype=torch.uint8)
+    scales = torch.empty((positions.shape[0], pools))
+    written = kt.kpool_tail_update_fp8(tail, k, gate, ape, positions, slots, out=out, out_scale=scales)
+    queries = k.reshape(-1, HEAD_DIM).float()
+    q, q_scales = torch.empty(queries.shape, dtype=torch.uint8), torch.empty(queries.shape[0])
+    kt.hadamard_quant_fp8(queries, out=q, out_scale=q_scales)
+    return (*written, q, q_scales)  # out, its scales, closed, the queries
+
+
 def _prefill(tail, k, gate, ape, offsets, cache, slots):
     pooled, closed = kt.kpool_ring_close(tail, k, gate, ape, offsets, cache, slots)
     inner = kt.kpool_compress(k, gate, ape, offsets, cache)
@@ -81,7 +94,7 @@ def _arguments(step, requests: int, tail):
     slots = torch.arange(requests, dtype=torch.int32)
     if step in (_score, _select, _select_unsized):
         return (tail, *_score_arguments(requests, g))
-    if step in (_decode, _decode_fp8):
+    if step in (_decode, _decode_fp8, _decode_fp8_into):
         k = torch.randn(requests, NEXT_N, HEAD_DIM, generator=g).to(torch.bfloat16)
         positions = (torch.arange(NEXT_N)[None] + 4 * torch.arange(requests)[:, None] + 2).to(torch.int32)
         return tail, k, k.clone(), ape, positions, slots
@@ -97,7 +110,7 @@ def _arguments(step, requests: int, tail):
 
 @pytest.mark.parametrize(
     "step",
-    [_decode, _decode_fp8, _prefill, _expand, _score, _select, _select_unsized],
+    [_decode, _decode_fp8, _decode_fp8_into, _prefill, _expand, _score, _select, _select_unsized],
     ids=lambda s: s.__name__[1:],
 )
 def test_twenty_batch_sizes_compile_at_most_twice_and_equal_eager(step):

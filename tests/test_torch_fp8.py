@@ -77,6 +77,18 @@ def test_rows_outputs_follow_their_partners():
     assert str(got.value) == str(want.value)
 
 
+def test_an_output_made_to_follow_a_wrong_partner_is_refused_as_the_partner():
+    # helper-58's finding: with out of the wrong rows, the wrapper made closed to match them, and the op refused
+    # closed, which the caller never passed. The refusal now names out, as the reference names it.
+    args, _ = calls(BF16)["kpool_tail_update_fp8"]
+    wrong = np.zeros((2, 2, 16), np.uint8), np.zeros((2, 2), np.float32)  # a row a token; the step closes a pool
+    with pytest.raises(ValueError) as want:
+        reference.kpool_tail_update_fp8(*copy.deepcopy(args), out=wrong[0], out_scale=wrong[1])
+    with pytest.raises(ValueError) as got:
+        kt.kpool_tail_update_fp8(*map(_tensor, args), out=_tensor(wrong[0]), out_scale=_tensor(wrong[1]))
+    assert str(want.value).startswith("Invalid out: ") and str(got.value) == str(want.value), got.value
+
+
 def test_the_query_side_and_a_compiled_decode_step_equal_eager():
     # A decode step as an engine writes it: the keys into the FP8 cache, the
     # queries rotated and quantized; fullgraph, so no graph break hides a

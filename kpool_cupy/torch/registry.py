@@ -35,7 +35,7 @@ def qualified(spec_or_name: OpSpec | str, overload: str = "") -> str:
 
 class _NoGradient(torch.autograd.Function):
     """Runs an op below autograd, its inputs that require grad (``anchors``) linked to its float results by a
-    backward that calls ``kpool::no_gradient``, which raises when it runs.
+    backward that calls ``kpool::no_gradient``, which raises when a gradient other than zero reaches it.
 
     The raise is an op, not Python in ``backward``: torch.compile traces the
     backward of a model whose ape is a Parameter (without running it), and
@@ -58,12 +58,12 @@ class _NoGradient(torch.autograd.Function):
         ctx.name = inputs[0]
         ctx.save_for_backward(*inputs[5:])
         results = output if isinstance(output, tuple) else (output,)
-        ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point()))
+        # Integers, and float8 values (quantized bytes, typed as engines take them), carry no gradient.
+        ctx.mark_non_differentiable(*(r for r in results if not r.is_floating_point() or r.element_size() == 1))
 
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
-        grad = next(g for g in grads if isinstance(g, torch.Tensor) and g.is_floating_point())
-        gradients = torch.ops.kpool.no_gradient(grad, list(ctx.saved_tensors), ctx.name)
+        gradients = torch.ops.kpool.no_gradient(_gradient_size(grads), list(ctx.saved_tensors), ctx.name)
         needs = ctx.needs_input_grad[5:]
         return (None,) * 5 + tuple(g if need else None for g, need in zip(gradients, needs, strict=True))
 
@@ -76,7 +76,18 @@ class _NoGradient(torch.autograd.Function):
 NO_GRADIENT_SCHEMA = "(Tensor grad, Tensor[] inputs, str op) -> Tensor[]"
 
 
+def _gradient_size(grads: tuple[Any, ...]) -> torch.Tensor:
+    """The float gradients reaching a non-differentiable op's results as one number: the sum of their absolute
+    values (0 only where every one is all zeros; NaN or infinite where one holds such a value)."""
+    floats = [g.detach().float().abs().sum() for g in grads if isinstance(g, torch.Tensor) and g.is_floating_point()]
+    return torch.stack(floats).sum() if floats else torch.zeros(())
+
+
 def _no_gradient(grad: torch.Tensor, inputs: list[torch.Tensor], op: str) -> list[torch.Tensor]:
+    """A gradient of zeros has one answer whatever the op's derivative: zeros (what a compiled backward sends
+    for a result the loss does not use, where eager runs no backward at all). Any other raises, naming the op."""
+    if not bool(grad != 0):  # a host read of one number, in a backward that could only raise otherwise
+        return [torch.zeros_like(t) for t in inputs]
     raise RuntimeError(f"{op} is not differentiable: its inputs get no gradient (call it under no_grad)")
 
 
@@ -208,7 +219,8 @@ class _Gradient:
         tensors = dict(zip(self.saved, ctx.saved_tensors, strict=True))
         if ctx.refused:  # an op, so that a compiled model traces this backward; running it raises
             inputs = [tensors[n] for n in self.gradient.inputs]
-            got = torch.ops.kpool.no_gradient(grads[0], inputs, f"{self.name} with {', '.join(ctx.refused)}")
+            refused = f"{self.name} with {', '.join(ctx.refused)}"
+            got = torch.ops.kpool.no_gradient(_gradient_size(grads), inputs, refused)
         else:
             given = tensors | dict(zip(self.gradient.outputs, grads, strict=True))
             operands = self.backward_overload.operands

@@ -94,14 +94,14 @@ def _option(option: Option, value: Any) -> Any:
     return int(value) if option.annotation in ("int", "int | None") else value
 
 
-def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, Any]) -> None:
+def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, Any]) -> list[str]:
     """The outputs the caller left out beside ones they gave, zeroed as the op allocates them, into
     ``tensors`` (in torch ops only, so this traces): each takes the leading shape of a given one (a
     ``closed`` of n entries gives ``out`` n rows, an ``out`` of n rows gives ``closed`` n entries), its rows'
     width and its dtype as its operand says (``Operand.rows_of``, ``dtype``). Outputs that go together
     (``Operand.together``: FP8 values and scales) are refused alone, as the op refuses them. An output the op
     returns only with an option set (expand's ``counts``) is made only with it; one only the call can size
-    (``rows_of="*"``: positions) is not made: the op's own checks refuse the call."""
+    (``rows_of="*"``: positions) is not made: the op's own checks refuse the call. Returns the names made."""
     outputs = given_outputs(spec)
     conditional = conditional_outputs(spec)
     for o in outputs:
@@ -112,6 +112,7 @@ def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, A
     given = tensors[partner.name]
     lead = tuple(given.shape[:-1] if partner.rows_of else given.shape)  # "*" too: positions' rows
     chosen = next((options[opt.name] for opt in spec.options if opt.kind == "dtype"), None)
+    made = []
     for o in outputs:
         if tensors[o.name] is not None or (o.name in conditional and not options[conditional[o.name]]):
             continue
@@ -121,6 +122,8 @@ def _missing_outputs(spec: OpSpec, tensors: dict[str, Any], options: dict[str, A
         width = (tensors[o.rows_of].shape[-1],) if o.rows_of else ()
         dtype = torch_dtype(o.dtype) if o.dtype else chosen or tensors[o.rows_of].dtype
         tensors[o.name] = torch.zeros((*lead, *width), dtype=dtype, device=given.device)
+        made.append(o.name)
+    return made
 
 
 def _returned(spec: OpSpec, options: dict[str, Any], results: Iterable[tuple[str, Any]]) -> Any:
@@ -165,8 +168,15 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
         return _returned(spec, options, zip(all_results(spec), result, strict=True))
     # Some output given: the others allocated here (torch ops only, so this
     # traces under torch.compile), then the .out overload.
-    _missing_outputs(spec, tensors, options)
-    op.out(*positional, **keyword, **{o.name: tensors[o.name] for o in outputs})
+    made = _missing_outputs(spec, tensors, options)
+    try:
+        op.out(*positional, **keyword, **{o.name: tensors[o.name] for o in outputs})
+    except (ValueError, TypeError) as error:
+        if any(str(error).startswith(f"Invalid {name}:") for name in made):
+            # A refusal of an output made here from a given one's leading shape: the op's checks of the call as
+            # the caller made it refuse what the caller gave, by name (an out of the wrong rows, say).
+            spec.describe(*arguments(spec, tensors | dict.fromkeys(made) | options, metadata))
+        raise
     return _returned(spec, options, ((o.name, tensors[o.name]) for o in outputs))  # in order: out is pooled
 
 

@@ -14,6 +14,7 @@ SGLang share); ``check_cache_layout`` takes any ``PageLayout``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -171,7 +172,8 @@ def _check_rows_out(out: Any, out_scale: Any, head_dim: int, leading: tuple[int,
         raise fail("out_scale", f"shape {list(out.shape[:-1])} (out's rows)", f"shape {tuple(out_scale.shape)}")
     check_contiguous("out_scale", out_scale)
     check_writable("out_scale", out_scale)
-    return int(np.prod(out.shape[:-1]))
+    # A product of sizes, not int(): under torch.compile a symbolic batch stays symbolic (one graph for every size).
+    return math.prod(as_size(n) for n in out.shape[:-1])
 
 
 def check_target(
