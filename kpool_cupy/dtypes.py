@@ -66,3 +66,14 @@ def element_dtype(dtype: object) -> np.dtype:
 def dtype_name(dtype: np.dtype) -> str:
     """Short name used in messages and variant keys."""
     return "bfloat16" if dtype == BFLOAT16 else str(dtype)
+
+
+def given_dtype(value: object) -> str:
+    """A dtype argument as a refusal shows it: a NumPy dtype or scalar type by its name (``np.int8`` and
+    ``np.dtype("int8")`` both read ``int8``), a torch dtype as torch spells it (``torch.int8``), anything else
+    (a string, an array) as ``repr`` shows it."""
+    if isinstance(value, np.dtype):
+        return dtype_name(value)
+    if isinstance(value, type) and issubclass(value, np.generic):
+        return dtype_name(np.dtype(value))
+    return str(value) if type(value).__module__ == "torch" else repr(value)

@@ -78,3 +78,15 @@ def test_a_scalar_is_not_a_dtype(module):
     batch = make_batch(*standard_lengths(4), seed=2)
     with pytest.raises(TypeError, match="Invalid out_dtype"):
         module.kpool_compress(*batch.args(), out_dtype=np.float16(1.0))
+
+
+@pytest.mark.parametrize("module", [emulate, reference], ids=["emulate", "reference"])
+def test_a_refused_dtype_reads_the_same_however_numpy_spells_it(module):
+    # helper-58's nit: np.int8 read "<class 'numpy.int8'>", np.dtype("int8") "dtype('int8')"; both read int8 now,
+    # for compress's out_dtype and the query quantizer's.
+    batch = make_batch(*standard_lengths(4), seed=2)
+    for spelling in (np.int8, np.dtype("int8")):
+        with pytest.raises(TypeError, match=r"^Invalid out_dtype: expected one of .*float32, got int8$"):
+            module.kpool_compress(*batch.args(), out_dtype=spelling)
+        with pytest.raises(TypeError, match=r"^Invalid out_dtype: expected uint8 or float8_e4m3fn .*, got int8$"):
+            module.hadamard_quant_fp8(np.zeros((2, 128), F32), out_dtype=spelling)

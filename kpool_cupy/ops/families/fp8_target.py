@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import FLOAT8_E4M3FN, FLOAT32, INT32, UINT8, dtype_name
+from ...dtypes import FLOAT8_E4M3FN, FLOAT32, INT32, UINT8, dtype_name, given_dtype
 from ...kernel import codes
 from ...kernel.pages import FP8_PAGES, PageLayout
 from ..framework.checks import (
@@ -78,7 +78,7 @@ def values_dtype(value: Any) -> np.dtype:
     except (TypeError, ValueError):  # not a dtype at all (an array, a tensor)
         resolved = None
     if resolved not in (UINT8, FLOAT8_E4M3FN):
-        raise dtype_fail("out_dtype", "uint8 or float8_e4m3fn (e4m3fn bytes either way)", repr(value))
+        raise dtype_fail("out_dtype", "uint8 or float8_e4m3fn (e4m3fn bytes either way)", given_dtype(value))
     return resolved
 
 

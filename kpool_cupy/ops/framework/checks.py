@@ -13,7 +13,17 @@ from typing import Any
 
 import numpy as np
 
-from ...dtypes import ELEMENT_CTYPES, FLOAT32, INDEX_DTYPES, INT32, MAX_KPOOL, UINT8, dtype_name, element_dtype
+from ...dtypes import (
+    ELEMENT_CTYPES,
+    FLOAT32,
+    INDEX_DTYPES,
+    INT32,
+    MAX_KPOOL,
+    UINT8,
+    dtype_name,
+    element_dtype,
+    given_dtype,
+)
 from ...kernel.codes import data_pointer
 from ...kernel.geometry import HEAD_DIM_RULE, takes_head_dim
 from .spec import Operand, spread
@@ -219,11 +229,11 @@ def check_out_dtype(out_dtype: Any, out: Any, k_dtype: np.dtype) -> np.dtype:
     if out_dtype is None:
         return np.dtype(out.dtype) if out is not None else np.dtype(k_dtype)
     if not isinstance(out_dtype, (str, np.dtype, type)):  # a value such as np.float16(1.0) is not a dtype
-        raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", repr(out_dtype))
+        raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", given_dtype(out_dtype))
     try:
         wanted = element_dtype(out_dtype)
     except TypeError:
-        raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", repr(out_dtype)) from None
+        raise dtype_fail("out_dtype", "one of bfloat16, float16, float32", given_dtype(out_dtype)) from None
     if out is not None and np.dtype(out.dtype) != wanted:
         raise dtype_fail("out", f"dtype {dtype_name(wanted)} (out_dtype)", dtype_name(np.dtype(out.dtype)))
     return wanted
