@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -52,6 +53,24 @@ def _gcc() -> str:
     if "Free Software Foundation" not in toolchain._compiler_identity(cxx):
         pytest.skip("the emulator precompiles its headers with GCC only")
     return cxx
+
+
+def test_a_loaded_variant_is_found_while_another_thread_builds():
+    # helper-59's finding: every launch took the build lock, so while one thread built a new variant (g++,
+    # seconds) every other thread's launch of a loaded one waited for it. Here the lock is held as a build holds
+    # it; a loaded variant must come back at once.
+
+    code, name = (
+        kernel_source("kpool_compress.cu"),
+        "kpool_compress<kp::bf16, kp::bf16, kp::bf16, 128, 4, 15, 0, int, int, long long>",
+    )
+    loaded = toolchain.load_code(code, name)
+    found: list = []
+    with toolchain._build_lock:  # another thread's build
+        worker = threading.Thread(target=lambda: found.append(toolchain.load_code(code, name)))
+        worker.start()
+        worker.join(timeout=10)  # a guard: the lookup takes microseconds
+        assert found == [loaded], "a loaded variant waited for another thread's build"
 
 
 def test_builds_read_the_emulator_headers_precompiled_once_per_flags(monkeypatch, tmp_path):

@@ -483,7 +483,8 @@ def test_a_validated_compress_repeating_a_signature_skips_the_checks_that_read_n
         print("calls", len(first), len(again))
         assert "check_compress_args" in first and "check_compress_args" not in again, again
         assert "check_offset_values" in again  # the data's checks run on every validated call
-        # 71 on 2026-12-07 (70 before the overlap rule became cupy_plans.may_overlap, shared with the replays;
+        # 70 on 2026-12-07 (71 once the overlap rule became cupy_plans.may_overlap, shared with the replays, 70
+        # again once a kernel cache hit skipped import_cupy;
         # 326 before the checked signatures and the launch's cached declarations, 76 before the offsets' checks
         # computed the pools without pool_row_offsets' argument checks; the first call 336 now); about a tenth
         # to spare.

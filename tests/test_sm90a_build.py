@@ -313,6 +313,23 @@ def test_an_sm_90a_kernel_is_loaded_from_the_cached_cubin_by_its_lowered_name(fa
     assert len(fake_gpu.cupy.calls) == 2 and len(fake_gpu.asked) == 1
 
 
+def test_a_loaded_kernel_is_found_while_another_thread_compiles(fake_gpu):
+    # helper-59's finding: every lookup took the lock that a compile holds (NVRTC, seconds), so a thread whose
+    # kernel was loaded waited for another thread's compile. Here the lock is held as a compile holds it.
+    import threading
+
+    name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_E4M3)
+    loaded = cupy_backend.kernel_function(INDEX_LOGITS_FP8.source, name, 0)
+    found: list = []
+    with cupy_backend._kernel_lock:  # another thread's compile
+        worker = threading.Thread(
+            target=lambda: found.append(cupy_backend.kernel_function(INDEX_LOGITS_FP8.source, name, 0))
+        )
+        worker.start()
+        worker.join(timeout=10)  # a guard: the lookup takes microseconds
+        assert found == [loaded], "a loaded kernel waited for another thread's compile"
+
+
 def test_a_plain_kernel_is_still_cupys_rawmodule_of_the_source(fake_gpu):
     name = INDEX_LOGITS_FP8.instance(HEAD_DIM=128, MMA=MMA_E4M3)
     cupy_backend.kernel_function(INDEX_LOGITS_FP8.source, name, 0)
@@ -664,3 +681,42 @@ def test_a_plan_is_not_replayed_for_another_build():
     done = run_on_double(textwrap.dedent(body).format(tests=str(Path(__file__).parent)), timeout=DOUBLE_TIMEOUT_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert "full path:" in done.stdout and "replayed" not in done.stdout, done.stdout
+
+
+def test_a_call_reads_the_build_once_so_its_plan_holds_the_kernel_its_key_names():
+    # helper-59's finding: the plan key read KPOOL_CUPY_SM90_BUILD, and the backend read it again to pick the
+    # kernel; a write by another thread between the two left a plan keyed "sm_90" holding the wgmma kernel,
+    # replayed by every later sm_90 call. Here the "other thread" writes inside the backend's choice (the double
+    # cannot load an sm_90a cubin: the wgmma instance is built from source).
+    body = """
+    import os, sys
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    import cupy
+    assert cupy.__version__.endswith("numpy-double"), cupy.__file__
+    import kpool_cupy
+    from kpool_cupy.backends import cupy_plans, cupy as backend
+    from index_cases import index_case
+
+    built = backend.kernel_function
+    backend.kernel_function = lambda source, name, device_id, sm90a=False: built(source, name, device_id, False)
+    choose = backend.CupyBackend.tensor_core
+
+    def tensor_core(self):
+        os.environ["KPOOL_CUPY_SM90_BUILD"] = "sm_90a"  # another thread's write, between the key and the choice
+        return choose(self)
+
+    backend.CupyBackend.tensor_core = tensor_core
+    os.environ["KPOOL_CUPY_SM90_BUILD"] = "sm_90"
+    case = index_case(np.random.default_rng(1), heads=4, head_dim=64, kpool=2, block_size=4, counts=(2,),
+                      cache_lengths=(9,))
+    args = [cupy.asarray(a) for a in case.args]
+    out = cupy.empty((2, 5), cupy.float32)
+    kpool_cupy.kpool_index_logits_fp8(*args, kpool=2, max_pools=5, out=out, validate=False)
+    (key, plan), = cupy_plans._plans.items()
+    mma = int(plan.function.name.split("<")[1].split(", ")[1])  # the MMA template argument: 3 is sm_90's HMMA path
+    assert key[-1] == "sm_90" and mma == 3, (key[-1], plan.function.name)
+    print("ok")
+    """
+    done = run_on_double(textwrap.dedent(body).format(tests=str(Path(__file__).parent)), timeout=DOUBLE_TIMEOUT_S)
+    assert done.returncode == 0 and "ok" in done.stdout.split(), done.stdout[-2000:] + done.stderr[-3000:]

@@ -231,6 +231,38 @@ def test_a_tensor_torch_negates_lazily_is_refused_plan_or_not():
     )
 
 
+def test_a_torch_plan_is_kept_only_where_its_cupy_call_read_the_same_build():
+    # helper-59's finding, torch's side: the torch key reads KPOOL_CUPY_SM90_BUILD, and the CuPy call it makes
+    # reads it again; another thread's write between the two filed the CuPy plan of one build under a torch key
+    # of the other. The write here lands right after the torch key is made (the double cannot load an sm_90a
+    # cubin: the wgmma instance is built from source).
+    _run(
+        """
+        import os
+        from kpool_cupy.backends import cupy as backend
+        from kpool_cupy.torch import plans as torch_plans
+
+        built = backend.kernel_function
+        backend.kernel_function = lambda source, name, device_id, sm90a=False: built(source, name, device_id, False)
+        signature = torch_plans.signature
+
+        def signed_then_switched(*args):
+            key = signature(*args)
+            os.environ["KPOOL_CUPY_SM90_BUILD"] = "sm_90a"  # another thread's write
+            return key
+
+        torch_plans.signature = signed_then_switched
+        os.environ["KPOOL_CUPY_SM90_BUILD"] = "sm_90"
+        score = op("kpool_index_logits_fp8", "out")
+        score_into(score, inputs(1), torch.zeros(5, 8))
+        (cupy_key, _), = cupy_plans._plans.items()
+        assert cupy_key[-1] == "sm_90a", cupy_key[-1]
+        assert not score.plans.plans, list(score.plans.plans)  # no torch plan under "sm_90" for it
+        print("ok")
+        """
+    )
+
+
 def test_a_call_whose_cupy_call_has_no_plan_has_none_of_torchs():
     _run(
         """

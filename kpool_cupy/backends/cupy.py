@@ -33,9 +33,11 @@ _kernel_lock = threading.Lock()
 _kernels: dict[tuple[str, str, int, bool], Any] = {}
 
 
-def sm90_build() -> str:
-    """``KPOOL_CUPY_SM90_BUILD``: "sm_90a" or "sm_90"; ``DEFAULT_SM90_BUILD`` when unset or empty."""
-    value = os.environ.get(SM90_BUILD_VARIABLE, "")
+def sm90_build(read: tuple[str | None] | None = None) -> str:
+    """``KPOOL_CUPY_SM90_BUILD``: "sm_90a" or "sm_90"; ``DEFAULT_SM90_BUILD`` when unset or empty. ``read``: the
+    variable as a call read it once (a 1-tuple, its value or None), so that its key and its kernel agree
+    whatever another thread sets meanwhile; None reads it now."""
+    value = (os.environ.get(SM90_BUILD_VARIABLE) if read is None else read[0]) or ""
     if not value:
         return DEFAULT_SM90_BUILD
     if value not in SM90_BUILDS:
@@ -59,8 +61,11 @@ def kernel_function(source: str, name: str, device_id: int, sm90a: bool = False)
     NVRTC's lowered name. Only a GPU of compute capability 9.0 runs it: another
     device is a ValueError before anything is compiled.
     """
-    cupy = import_cupy()
     key = (source, name, device_id, sm90a)
+    function = _kernels.get(key)  # a kernel is entered loaded, last: a hit waits for no other thread's compile
+    if function is not None:
+        return function
+    cupy = import_cupy()
     with _kernel_lock:
         function = _kernels.get(key)
         if function is None:
@@ -88,9 +93,10 @@ class CupyBackend:
     launches it made, so that a call that only launched can become a plan.
     """
 
-    def __init__(self, cupy: Any, device_id: int) -> None:
+    def __init__(self, cupy: Any, device_id: int, build: tuple[str | None] | None = None) -> None:
         self.cupy = cupy
         self.device_id = device_id
+        self.build = build  # KPOOL_CUPY_SM90_BUILD as the call read it for its key (sm90_build's read)
         self.host_work = False
         self.launched: list[tuple[Launch, Any]] = []
 
@@ -130,7 +136,7 @@ class CupyBackend:
         build) or f16 mma.sync on converted e4m3 as ``KPOOL_CUPY_SM90_BUILD`` says (``sm90_build``), e4m3 on
         sm_89 and from sm_100, f16 on sm_80 to sm_88."""
         capability = int(self.cupy.cuda.Device(self.device_id).compute_capability)
-        kind = tensor_core_for(capability, sm90a=capability == 90 and sm90_build() == "sm_90a")
+        kind = tensor_core_for(capability, sm90a=capability == 90 and sm90_build(self.build) == "sm_90a")
         if kind is not None:
             return kind
         raise ValueError(
@@ -158,14 +164,23 @@ def _takes_a_build(spec: OpSpec) -> bool:
     return takes
 
 
-def plan_key(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], ndarray: type) -> tuple[Any, ...] | None:
+def plan_key(
+    spec: OpSpec,
+    arrays: tuple[Any, ...],
+    options: dict[str, Any],
+    ndarray: type,
+    build: tuple[str | None] | None = None,
+) -> tuple[Any, ...] | None:
     """The key of a call's launch plan (``cupy_plans.signature``, and the sm_90 build for the ops that take
-    one: a plan replays the build its first call chose), or None when it can have none."""
+    one: a plan replays the build its first call chose), or None when it can have none. ``build``: the variable
+    as the call read it (``sm90_build``'s ``read``); None reads it here, where the op takes a build."""
     key = plans.signature(spec, arrays, options, ndarray)
+    if key is None:
+        return None
     # _takes_a_build's lookup, inline: the hot path's
-    if key is not None and (_BUILD_TAKERS.get(spec.name) or (spec.name not in _BUILD_TAKERS and _takes_a_build(spec))):
-        key += (os.environ.get(SM90_BUILD_VARIABLE),)
-    return key
+    if build is None and (_BUILD_TAKERS.get(spec.name) or (spec.name not in _BUILD_TAKERS and _takes_a_build(spec))):
+        build = (os.environ.get(SM90_BUILD_VARIABLE),)
+    return key + build if build is not None else key
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
@@ -176,9 +191,12 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     # Plans and placement see one array per entry: a split ring's two arrays
     # are two entries.
     flat = spread(spec.operands, arrays)
+    # The sm_90 build read once (the ops that take one): the plan's key and the kernel the call picks agree.
+    takes = _BUILD_TAKERS.get(spec.name)
+    build = (os.environ.get(SM90_BUILD_VARIABLE),) if takes or (takes is None and _takes_a_build(spec)) else None
+    key = plan_key(spec, flat.arrays, options, cupy.ndarray, build)
     # A foreign stream is wrapped inside the arrays' device (on_device): the
     # full path. The current stream or a CuPy stream can take the plan.
-    key = plan_key(spec, flat.arrays, options, cupy.ndarray)
     if key is not None and (stream is None or isinstance(stream, cupy.cuda.Stream)):
         result = plans.replay(key, flat.arrays, cupy, stream)  # the stream entered inside its device
         if result is not plans.MISS:
@@ -188,13 +206,13 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
             # The arrays are CuPy's on the signature's device (the key says so); the stream is entered inside it.
             with cupy.cuda.Device(known.device_id):
                 if stream is None:
-                    return _run(spec, CupyBackend(cupy, known.device_id), key, flat, arrays, options, known.call)
+                    return _run(spec, CupyBackend(cupy, known.device_id, build), key, flat, arrays, options, known.call)
                 with stream:
-                    return _run(spec, CupyBackend(cupy, known.device_id), key, flat, arrays, options, known.call)
+                    return _run(spec, CupyBackend(cupy, known.device_id, build), key, flat, arrays, options, known.call)
     with on_device(flat.names, flat.arrays, stream, spec.name) as (cupy, device_id, placed):
         placed_flat = Spread(flat.names, placed, flat.written)
         return _run(
-            spec, CupyBackend(cupy, device_id), key, placed_flat, gather(spec.operands, arrays, placed), options
+            spec, CupyBackend(cupy, device_id, build), key, placed_flat, gather(spec.operands, arrays, placed), options
         )
 
 

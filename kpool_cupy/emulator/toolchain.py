@@ -131,6 +131,9 @@ def load_code(code: str, kernel_name: str) -> ctypes.CDLL:
     flags = [*BASE_FLAGS, *user_flags(), *LAST_FLAGS]
     text = _shim(code, kernel_name)
     key = _cache_key(text, cxx, flags)
+    library = _loaded.get(key)  # a library is entered whole, last: a hit waits for no other thread's build
+    if library is not None:
+        return library
     with _build_lock:
         if key in _loaded:
             return _loaded[key]
