@@ -33,12 +33,22 @@ def _output_file(ctx: click.Context, param: click.Parameter, value: str | None) 
     """An output path whose folder exists and is writable: checked before any work, not after it."""
     if value is None:
         return None
+    if not value:
+        raise click.BadParameter("expected a file name, got an empty one")
     folder = Path(value).expanduser().resolve().parent
     if not folder.is_dir():
         raise click.BadParameter(f"folder {folder} does not exist")
     if not os.access(folder, os.W_OK):
         raise click.BadParameter(f"folder {folder} is not writable")
     return value
+
+
+def _write(path: str, text: str) -> None:
+    """``text`` into ``path``; a failure (a full disk, a file that refuses writing) is a click error naming it."""
+    try:
+        Path(path).write_text(text)
+    except OSError as error:
+        raise click.ClickException(f"cannot write {path}: {error.strerror or error}") from error
 
 
 def _plot_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
@@ -101,26 +111,49 @@ def main() -> None:
     """k-pool compression kernels for CuPy: correctness checks and tools."""
 
 
-class _JsonUsageErrors(click.Command):
+class _UsageRules(click.Command):
+    """A command with usage rules between options (``check_together``), checked after each option's own."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        rest = super().parse_args(ctx, args)
+        self.check_together(ctx)
+        return rest
+
+    def check_together(self, ctx: click.Context) -> None:
+        """Usage rules between options, after each option's own: a ``click.UsageError``."""
+
+
+class _JsonUsageErrors(_UsageRules):
     """A command whose ``--json`` holds for a usage error too: one JSON object on stdout, exit status 2."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         wants_json = "--json" in args
         try:
-            rest = super().parse_args(ctx, args)
-            self.check_together(ctx)
-            return rest
+            return super().parse_args(ctx, args)
         except click.UsageError as error:
             if not wants_json:
                 raise
             click.echo(json.dumps({"ok": False, "error": error.format_message(), "cases": []}))
             ctx.exit(2)
 
+
+class _BenchUsage(_UsageRules):
+    """``bench``'s files: one each (--json and --table naming one file left the table where the JSON was)."""
+
     def check_together(self, ctx: click.Context) -> None:
-        """Usage rules between options, after each option's own: a ``click.UsageError``."""
+        named: dict[Path, str] = {}
+        for option, name in (("--json", "json_file"), ("--table", "table_file"), ("--plot", "plot_file")):
+            if ctx.params.get(name) is None:
+                continue
+            path = Path(ctx.params[name]).expanduser().resolve()
+            if path in named:
+                raise click.UsageError(f"{named[path]} and {option} name one file, {path}: each needs its own", ctx=ctx)
+            named[path] = option
 
 
-class _CheckUsage(_JsonUsageErrors):
+class _OpSettingsUsage(_JsonUsageErrors):
+    """``check``'s and ``ptx``'s usage: the op's own rules for --head-dim and --kpool, exit 2 before any work."""
+
     def check_together(self, ctx: click.Context) -> None:
         # The op's own head_dim and kpool rules (the scorer's head_dims, ring close's kpool 2 or more).
         op, head_dim, kpool = (ctx.params[name] for name in ("op", "head_dim", "kpool"))
@@ -130,7 +163,7 @@ class _CheckUsage(_JsonUsageErrors):
             raise click.UsageError(str(error), ctx=ctx) from error
 
 
-@main.command(cls=_CheckUsage)
+@main.command(cls=_OpSettingsUsage)
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
@@ -156,11 +189,12 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
             results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, progress, op)
         else:
             results = run_check(chosen, element_dtype(dtype), head_dim, kpool, seed, op=op)
-    except (ValueError, TypeError, RuntimeError, ImportError, OSError) as error:  # OSError: the build cache
+    except (ValueError, TypeError, RuntimeError, ImportError, OSError, MemoryError) as error:  # OSError: the cache
+        said = f"out of memory: {error}" if isinstance(error, MemoryError) else str(error)
         if as_json:  # a script reading stdout gets one JSON object whatever happened
-            click.echo(json.dumps({"backend": backend, "op": op, "ok": False, "error": str(error), "cases": []}))
+            click.echo(json.dumps({"backend": backend, "op": op, "ok": False, "error": said, "cases": []}))
             sys.exit(1)
-        raise click.ClickException(str(error)) from error
+        raise click.ClickException(said) from error
     unit = OP_CHECKS[op].unit
     # The settings the op takes; the others changed only the random batches.
     settings = {"dtype": dtype_name(element_dtype(dtype)), "head_dim": head_dim, "kpool": kpool}
@@ -239,7 +273,7 @@ def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
-@main.command()
+@main.command(cls=_OpSettingsUsage)
 @click.option("--head-dim", type=int, callback=_head_dim, default=128, show_default=True)
 @click.option("--kpool", type=click.IntRange(min=1, max=MAX_KPOOL), default=4, show_default=True)
 @click.option("--dtype", type=click.Choice(DTYPES), default="bfloat16", show_default=True)
@@ -307,8 +341,7 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
         for label, value in rows:
             click.echo(f"{label:<42}{value}")
         if out_file:
-            with open(out_file, "w") as handle:
-                handle.write(machine.sass)
+            _write(out_file, machine.sass)
             click.echo(f"SASS written to {out_file}")
         return
     from .tools.ptx_report import summarize
@@ -328,12 +361,11 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     click.echo(f"shuffles (bfly)     {summary.butterfly_shuffles} (FP8 rotation and row maximum; split selection)")
     click.echo(f"local memory        {'yes' if summary.local_memory else 'none'}")
     if out_file:
-        with open(out_file, "w") as handle:
-            handle.write(summary.ptx)
+        _write(out_file, summary.ptx)
         click.echo(f"PTX written to {out_file}")
 
 
-@main.command()
+@main.command(cls=_BenchUsage)
 @_file_option("--json", _output_file, "Write all numbers here.")
 @_file_option("--plot", _plot_file, "Draw each shape's fractions of the copy and ratios to kpool-cupy here (PNG).")
 @_file_option("--table", _output_file, "Write the table here too, rewritten after every record.")
@@ -407,10 +439,9 @@ def bench(
     def write(partial: dict) -> None:  # after every record, so a run cut short keeps what it measured
         done = {"environment": env, **partial}
         if json_file:
-            with open(json_file, "w") as handle:
-                json.dump(done, handle, indent=1)
+            _write(json_file, json.dumps(done, indent=1))
         if table_file:
-            Path(table_file).write_text("\n".join(table(done)) + "\n")
+            _write(table_file, "\n".join(table(done)) + "\n")
         # The plot once the short records are done and after every shape of the sweep (drawing takes a second).
         if plot_file and "shapes" in partial and len(partial["shapes"]) != drawn[0]:
             plot(done, plot_file)

@@ -293,6 +293,27 @@ def test_plot_draws_fractions_and_ratios_per_shape(tmp_path, monkeypatch):
     plt.close(figure)
 
 
+def test_the_plot_legend_names_every_implementation_wherever_it_first_appears(tmp_path, monkeypatch):
+    # helper-60: only implementations measured in the smallest shape were named; one timed from the second
+    # shape on drew unnamed bars.
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    results = _synthetic_results()
+    first = min(results["shapes"], key=lambda s: s["bytes"])
+    del first["implementations"]["torch-eager"]  # measured in the larger shape only
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    plot(results, str(tmp_path / "bench.png"))
+    (figure,) = figures
+    named = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert sorted(named) == ["kpool-cupy", "torch-eager"], named
+    plt.close(figure)
+
+
 @pytest.mark.skipif(gpu_status()[0], reason="this machine has a GPU, so bench runs")
 def test_bench_without_a_gpu_exits_2_with_one_line():
     result = CliRunner().invoke(main, ["bench"])

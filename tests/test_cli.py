@@ -228,3 +228,69 @@ def test_check_json_is_one_object_when_the_build_cache_cannot_be_made(tmp_path):
     assert done.returncode == 1, done.stderr[-2000:]
     report = json.loads(done.stdout)  # one object and nothing else
     assert report["ok"] is False and "a-file" in report["error"], report
+
+
+def test_a_head_dim_the_op_does_not_take_is_a_usage_error_for_ptx_too(monkeypatch):
+    # helper-60: ptx --op index_logits_fp8 --head-dim 8 exited 1 naming head_dim after the work began; check
+    # says "Invalid --head-dim" and exits 2 before any, and ptx now does as check does.
+    import kpool_cupy.tools.ptx_report as ptx_report
+
+    monkeypatch.setattr(ptx_report, "summarize", lambda *a, **k: pytest.fail("compiled before the usage rules"))
+    for op, head_dim in (("index_logits_fp8", 8), ("hadamard_quant_fp8", 24), ("compress_fp8", 512)):
+        result = CliRunner().invoke(main, ["ptx", "--op", op, "--head-dim", str(head_dim)])
+        assert result.exit_code == 2 and "Invalid --head-dim" in result.output, (op, result.output)
+
+
+def test_a_file_that_cannot_be_written_is_a_click_error_not_a_traceback(tmp_path, monkeypatch):
+    # helper-60: the folder was checked, the file not: ptx --out /dev/full (or a file that refuses writing)
+    # raised OSError's traceback after the work.
+    from pathlib import Path
+
+    import kpool_cupy.tools.ptx_report as ptx_report
+
+    monkeypatch.setattr(ptx_report, "summarize", lambda *a, **k: type("S", (), {"ptx": "text", **dict.fromkeys(
+        ("registers", "spill_stores", "spill_loads", "vector_loads", "vector_stores", "eight_byte_stores",
+         "byte_stores", "scalar_loads", "butterfly_shuffles", "local_memory"), 0)})())  # fmt: skip
+
+    def refuse(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", refuse)
+    result = CliRunner().invoke(main, ["ptx", "--out", str(tmp_path / "k.ptx")])
+    assert result.exit_code == 1 and "cannot write" in result.output and "No space left" in result.output
+    assert not isinstance(result.exception, OSError), result.exception  # click's exit, no traceback
+
+
+def test_bench_refuses_one_file_for_two_outputs_and_an_empty_name(tmp_path):
+    # helper-60: --json F --table F left the table where the JSON was, exit 0; --out "" wrote nothing, exit 0.
+    same = str(tmp_path / "f")
+    for flags in (["--json", same, "--table", same], ["--table", same, "--plot", same]):
+        result = CliRunner().invoke(main, ["bench", *flags])
+        assert result.exit_code == 2 and "name one file" in result.output, result.output
+    result = CliRunner().invoke(main, ["ptx", "--out", ""])
+    assert result.exit_code == 2 and "empty" in result.output, result.output
+
+
+def test_check_out_of_memory_is_a_click_error(monkeypatch):
+    # helper-60: check --op index_topk --kpool 1024 ran out of memory with NumPy's traceback (and the
+    # reference's was killed); its rows are now bounded (below), and a MemoryError is said, not raised.
+    import kpool_cupy.cli as cli
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError("Unable to allocate 4.00 GiB")
+
+    monkeypatch.setattr(cli, "run_check", exhausted)
+    result = CliRunner().invoke(main, ["check", "--backend", "reference"])
+    assert result.exit_code == 1 and "out of memory: Unable to allocate" in result.output, result.output
+    result = CliRunner().invoke(main, ["check", "--backend", "reference", "--json"])
+    assert json.loads(result.output)["error"].startswith("out of memory"), result.output
+
+
+def test_the_selections_checks_bound_a_tokens_row_at_any_kpool():
+    # helper-60: at kpool 1024 the checks' pool_topk of 512 made 524,288 positions a token (4 GiB).
+    from kpool_cupy.tools.op_checks import CHECK_ROW_POSITIONS, large_pool_topk
+
+    assert large_pool_topk(4) == 512 and large_pool_topk(16) == 512  # the engines' kpools keep their check
+    for kpool in (1, 4, 17, 64, 1024):
+        assert 6 <= large_pool_topk(kpool) <= 512
+        assert large_pool_topk(kpool) * kpool <= max(CHECK_ROW_POSITIONS, 6 * kpool)

@@ -201,13 +201,15 @@ def plot(results: dict[str, Any], path: str) -> None:
     width = 0.8 / max(len(names), 1)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for n, name in enumerate(names):
+        labelled = False  # an implementation's first bar, in whichever shape it first appears, names it
         for s_index, shape in enumerate(shapes):
             entry = shape["implementations"].get(name, {})
             if "median_ms" not in entry:
                 continue
             x = s_index - 0.4 + width * (n + 0.5)
             hatch = "//" if entry.get("timing") == "events-around-python" else None
-            style = {"color": colors[n % len(colors)], "hatch": hatch, "label": name if s_index == 0 else None}
+            style = {"color": colors[n % len(colors)], "hatch": hatch, "label": None if labelled else name}
+            labelled = True
             top.bar(x, entry["fraction_of_copy"], width, **style)
             if "time_over_kpool_cupy" in entry:
                 bottom.bar(x, entry["time_over_kpool_cupy"], width, **{**style, "label": None})

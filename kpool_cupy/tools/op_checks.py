@@ -114,6 +114,18 @@ def check_expand_topk(backend: Backend, case: Case, kpool: int, rng: np.random.G
 SELECT_CACHE = 8192  # the most cached positions a request keeps in the selection check: logits stay small
 
 
+# The most positions a token's row holds at the selections' larger pool_topk (pool_topk * kpool): 512 pools up to
+# kpool 16, fewer above. At kpool 1024, pool_topk 512 made rows of 524,288 positions, 4 GiB for the check's 2,048
+# tokens (a hostile round's finding: the reference's check was killed for memory).
+CHECK_ROW_POSITIONS = 8192
+
+
+def large_pool_topk(kpool: int) -> int:
+    """The selections' larger pool_topk in a check: 512, or as many pools as CHECK_ROW_POSITIONS hold (6 at
+    least: above the smaller values the checks also run, 3 and 5)."""
+    return max(6, min(512, CHECK_ROW_POSITIONS // kpool))
+
+
 def check_index_topk(backend: Backend, case: Case, kpool: int, rng: np.random.Generator) -> Verdict:
     """Logits with ties, NaN of both signs, -0.0 and infinities over each token's visible pools (and +inf past
     them, which must never be chosen), selected at two pool_topk values, plain, with the tail and compact, and
@@ -141,7 +153,7 @@ def check_index_topk(backend: Backend, case: Case, kpool: int, rng: np.random.Ge
     calls += [{**options, "block_table": table, "block_size": block_size} for options in calls]
     base = (logits, offsets, cache)
     mismatches = 0
-    for pool_topk in (3, 512):
+    for pool_topk in (3, large_pool_topk(kpool)):
         for options in calls:
             on_device = {n: backend.put(v) if isinstance(v, np.ndarray) else v for n, v in options.items()}
             got = backend.ops.kpool_index_topk(
@@ -258,7 +270,7 @@ def check_index_select_fp8(backend: Backend, case: Case, kpool: int, rng: np.ran
     table = rng.permutation(len(cache) * blocks).astype(np.int32).reshape(len(cache), blocks)
     calls += [{**options, "block_table": table, "block_size": 16} for options in calls]
     mismatches = 0
-    for pool_topk in (5, 512):
+    for pool_topk in (5, large_pool_topk(kpool)):
         for options in calls:
             given = {n: backend.put(v) if isinstance(v, np.ndarray) else v for n, v in options.items()}
             fused = backend.ops.kpool_index_select_fp8(*on_device, kpool=kpool, pool_topk=pool_topk, **given)
