@@ -151,8 +151,8 @@ class _BenchUsage(_UsageRules):
             named[path] = option
 
 
-class _OpSettingsUsage(_JsonUsageErrors):
-    """``check``'s and ``ptx``'s usage: the op's own rules for --head-dim and --kpool, exit 2 before any work."""
+class _OpSettingsUsage(_UsageRules):
+    """``ptx``'s usage, and ``check``'s: the op's own rules for --head-dim and --kpool, exit 2 before any work."""
 
     def check_together(self, ctx: click.Context) -> None:
         # The op's own head_dim and kpool rules (the scorer's head_dims, ring close's kpool 2 or more).
@@ -163,7 +163,11 @@ class _OpSettingsUsage(_JsonUsageErrors):
             raise click.UsageError(str(error), ctx=ctx) from error
 
 
-@main.command(cls=_OpSettingsUsage)
+class _CheckUsage(_JsonUsageErrors, _OpSettingsUsage):
+    """``check``'s usage: the op's rules, and with ``--json`` a usage error as one JSON object."""
+
+
+@main.command(cls=_CheckUsage)
 @click.option(
     "--backend",
     type=click.Choice(BACKENDS),
