@@ -164,23 +164,19 @@ def _takes_a_build(spec: OpSpec) -> bool:
     return takes
 
 
+def build_read(spec: OpSpec) -> tuple[str | None] | None:
+    """``KPOOL_CUPY_SM90_BUILD`` read once for a call of ``spec`` (``sm90_build``'s ``read``): its value in a
+    1-tuple for the ops that take a build, None for the others."""
+    return (os.environ.get(SM90_BUILD_VARIABLE),) if _takes_a_build(spec) else None
+
+
 def plan_key(
-    spec: OpSpec,
-    arrays: tuple[Any, ...],
-    options: dict[str, Any],
-    ndarray: type,
-    build: tuple[str | None] | None = None,
+    spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], ndarray: type, build: tuple[str | None] | None
 ) -> tuple[Any, ...] | None:
-    """The key of a call's launch plan (``cupy_plans.signature``, and the sm_90 build for the ops that take
-    one: a plan replays the build its first call chose), or None when it can have none. ``build``: the variable
-    as the call read it (``sm90_build``'s ``read``); None reads it here, where the op takes a build."""
+    """The key of a call's launch plan (``cupy_plans.signature``, and ``build``, the call's ``build_read``: a
+    plan replays the build its first call chose), or None when it can have none."""
     key = plans.signature(spec, arrays, options, ndarray)
-    if key is None:
-        return None
-    # _takes_a_build's lookup, inline: the hot path's
-    if build is None and (_BUILD_TAKERS.get(spec.name) or (spec.name not in _BUILD_TAKERS and _takes_a_build(spec))):
-        build = (os.environ.get(SM90_BUILD_VARIABLE),)
-    return key + build if build is not None else key
+    return key + build if key is not None and build is not None else key
 
 
 def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras: dict[str, Any]) -> Any:
@@ -191,7 +187,8 @@ def _call(spec: OpSpec, arrays: tuple[Any, ...], options: dict[str, Any], extras
     # Plans and placement see one array per entry: a split ring's two arrays
     # are two entries.
     flat = spread(spec.operands, arrays)
-    # The sm_90 build read once (the ops that take one): the plan's key and the kernel the call picks agree.
+    # The sm_90 build read once, so the plan's key and the kernel the call picks agree: build_read, inline (the
+    # hot path's; _takes_a_build's cache looked up here).
     takes = _BUILD_TAKERS.get(spec.name)
     build = (os.environ.get(SM90_BUILD_VARIABLE),) if takes or (takes is None and _takes_a_build(spec)) else None
     key = plan_key(spec, flat.arrays, options, cupy.ndarray, build)

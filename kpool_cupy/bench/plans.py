@@ -17,11 +17,11 @@ def plan_launch(spec: Any, operands: dict[str, Any], options: dict[str, Any]) ->
     import cupy
 
     from ..backends import cupy_plans
-    from ..backends.cupy import plan_key
+    from ..backends.cupy import build_read, plan_key
 
     arrays = tuple(operands.get(operand.name) for operand in spec.operands)
     values = {option.name: options.get(option.name, option.default) for option in spec.options}
-    plan = cupy_plans._plans.get(plan_key(spec, arrays, values, cupy.ndarray))
+    plan = cupy_plans._plans.get(plan_key(spec, arrays, values, cupy.ndarray, build_read(spec)))
     if plan is None:
         return "no launch plan for this call's signature"
     pairs = zip(plan.slots, plan.constants, strict=True)
