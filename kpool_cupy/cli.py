@@ -218,6 +218,7 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
                 "max_ulp_err": r.max_ulp_err,
                 "max_allowed_abs": r.max_allowed_abs,
                 "worst_error_over_bound": r.worst_error_over_bound,
+                "special_mismatches": r.special_mismatches,
                 "ok": r.ok,
             }
             for r in results
@@ -242,6 +243,8 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
                 else f"{'-':>13}{'-':>9}{'-':>11}"  # nothing pooled: every output compared bit for bit
             )
             status = r.status if r.status != "skipped" else f"skipped (no {unit})"
+            if r.special_mismatches:  # the error columns measure finite values only
+                status += f" ({r.special_mismatches} NaN/inf differ)"
             click.echo(f"{r.name:<24}{r.requests:>9}{r.tokens:>8}{r.pools:>10}{pooled}{r.mismatches:>9}  {status}")
         skipped = len(results) - len(checked)
         if ok:

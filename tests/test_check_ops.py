@@ -227,3 +227,21 @@ def test_a_case_is_named_for_its_extras_only_where_the_op_reads_them(op, names):
     batches = {"two-requests", "two-more-requests", "one-request-mid-pool"}
     got = {r.name for r in results}
     assert len(got & batches) == names and len(got & extras) == 3 - names and len(got) == len(results), got
+
+
+def test_each_comparison_counts_the_nan_and_infinities_its_errors_leave_out():
+    from kpool_cupy.tools.accuracy import compare
+    from kpool_cupy.tools.gradient_accuracy import compare_gradients
+    from kpool_cupy.tools.index_accuracy import index_logits_agree
+
+    want = np.array([1.0, np.nan, np.inf, -np.inf, 2.0], np.float32)
+    got = np.array([np.nan, np.nan, -np.inf, -np.inf, np.inf], np.float32)  # 3 differ: finite→NaN, +inf→-inf, finite→+inf
+    bound = np.ones_like(want)
+    verdicts = [
+        compare(got, want, np.dtype(np.float32), 4, 1.0),
+        compare_gradients({"a": got, "b": got}, {"a": want, "b": want}, {"a": bound, "b": bound}),
+        index_logits_agree(got, want, bound),
+    ]
+    assert [v["special_mismatches"] for v in verdicts] == [3, 6, 3] and not any(v["ok"] for v in verdicts)
+    same = [compare(want, want, np.dtype(np.float32), 4, 1.0), index_logits_agree(want, want, bound)]
+    assert [v["special_mismatches"] for v in same] == [0, 0] and all(v["ok"] for v in same)

@@ -49,6 +49,26 @@ def test_planted_wrong_result_fails(monkeypatch):
     assert report["ok"] is False and any(not case["ok"] for case in report["cases"])
 
 
+def test_a_planted_nan_is_a_fail_row_that_says_why_its_errors_read_zero(monkeypatch):
+    # The error columns measure finite values only, so a NaN where the answer is finite would show a FAIL row
+    # with zero error; the row says how many NaN/inf differ, and so does the JSON.
+    real = emulate.kpool_compress
+
+    def poisoned(*args, **kwargs):
+        result = real(*args, **kwargs)
+        if result.shape[0]:
+            result[0, :2] = np.nan
+        return result
+
+    monkeypatch.setattr(emulate, "kpool_compress", poisoned)
+    table = CliRunner().invoke(main, ["check", "--backend", "emulate"])
+    assert table.exit_code == 1 and "FAIL (2 NaN/inf differ)" in table.output, table.output
+    report = json.loads(CliRunner().invoke(main, ["check", "--backend", "emulate", "--json"]).output)
+    failed = [case for case in report["cases"] if not case["ok"]]
+    assert failed and all(case["special_mismatches"] == 2 for case in failed), failed
+    assert all(case["special_mismatches"] == 0 for case in report["cases"] if case["ok"])
+
+
 def test_planted_write_past_total_pools_fails(monkeypatch):
     # The surplus rows of an over-sized out are part of the contract.
     real = emulate.kpool_compress

@@ -51,17 +51,20 @@ def compare_gradients(
     got: dict[str, np.ndarray], want: dict[str, np.ndarray], bounds: dict[str, np.ndarray]
 ) -> dict[str, float]:
     """Across the three gradients: the largest error, in ulps of its array's dtype, the largest bound, the
-    worst error over its bound, and the verdict; NaN must meet NaN and infinity the same infinity."""
-    worst, largest, ulps, allowed, ok = 0.0, 0.0, 0.0, 0.0, True
+    worst error over its bound, how many NaN or infinities the other side does not match, and the verdict; NaN
+    must meet NaN and infinity the same infinity."""
+    worst, largest, ulps, allowed, ok, specials = 0.0, 0.0, 0.0, 0.0, True, 0
     for name, bound in bounds.items():
         g, w = np.asarray(got[name]).astype(np.float64), np.asarray(want[name]).astype(np.float64)
         if g.shape != w.shape:
             inf = float("inf")
             return {"max_abs_err": inf, "max_ulp_err": inf, "max_allowed_abs": 0.0, "worst_error_over_bound": inf,
-                    "ok": False}  # fmt: skip
+                    "special_mismatches": 0, "ok": False}  # fmt: skip
         special = ~np.isfinite(w) | ~np.isfinite(g)
         same_special = np.where(np.isnan(w), np.isnan(g), g == w)
-        error = np.where(special, 0.0, np.abs(g - w))
+        with np.errstate(invalid="ignore"):  # inf - inf where both are infinite: left out
+            error = np.where(special, 0.0, np.abs(g - w))
+        specials += int((special & ~same_special).sum())
         ok &= bool(np.all(error <= bound) and np.all(same_special[special]))
         if error.size:
             largest = max(largest, float(error.max()))
@@ -69,4 +72,4 @@ def compare_gradients(
             allowed = max(allowed, float(bound.max()))
             worst = max(worst, float((error / bound).max()))
     return {"max_abs_err": largest, "max_ulp_err": ulps, "max_allowed_abs": allowed, "worst_error_over_bound": worst,
-            "ok": ok}  # fmt: skip
+            "special_mismatches": specials, "ok": ok}  # fmt: skip

@@ -159,9 +159,10 @@ def index_logits_agree(got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> 
     """Whether ``got`` meets the float64 ``want`` within ``bound``: -inf where it is -inf, +inf where +inf, NaN
     where NaN, and the worst error over its bound with where it is."""
     got64, want64 = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    same_inf = np.array_equal(np.isneginf(got64), np.isneginf(want64))
-    same_inf &= np.array_equal(np.isposinf(got64), np.isposinf(want64))  # float32 overflow where want is finite
-    same_nan = np.array_equal(np.isnan(got64), np.isnan(want64))
+    inf_differs = np.isneginf(got64) != np.isneginf(want64)
+    inf_differs |= np.isposinf(got64) != np.isposinf(want64)  # float32 overflow where want is finite
+    nan_differs = np.isnan(got64) != np.isnan(want64)
+    same_inf, same_nan = not inf_differs.any(), not nan_differs.any()
     finite = np.isfinite(want64) & np.isfinite(got64)
     error = np.abs(np.where(finite, got64, 0.0) - np.where(finite, want64, 0.0))
     ratio = np.where(finite, error / np.maximum(bound, np.finfo(np.float64).tiny), 0.0)
@@ -174,4 +175,5 @@ def index_logits_agree(got: np.ndarray, want: np.ndarray, bound: np.ndarray) -> 
         "worst_at": tuple(int(i) for i in worst),
         "max_abs_err": float(error.max(initial=0.0)),
         "max_allowed_abs": float(bound.max(initial=0.0)),
+        "special_mismatches": int((inf_differs | nan_differs).sum()),
     }

@@ -78,6 +78,8 @@ class CaseResult:
     max_ulp_err: float | None
     max_allowed_abs: float | None  # the largest per-element bound
     worst_error_over_bound: float | None  # max of error / bound; at most 1 when the case passes
+    # Elements whose NaN or infinity the float64 answer does not match (the errors above leave them out).
+    special_mismatches: int
     status: str  # "pass", "FAIL", or "skipped" when the case compares nothing
 
     @property
@@ -100,6 +102,7 @@ def check_case(backend: Backend, case: Case, kpool: int, op: str, rng: np.random
         max_ulp_err=accuracy.get("max_ulp_err"),
         max_allowed_abs=accuracy.get("max_allowed_abs"),
         worst_error_over_bound=accuracy.get("worst_error_over_bound"),
+        special_mismatches=int(accuracy.get("special_mismatches", 0)),
         # nothing compared is no pass to claim
         status="FAIL" if not verdict.ok else ("pass" if verdict.rows else "skipped"),
     )
