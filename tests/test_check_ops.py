@@ -235,7 +235,7 @@ def test_each_comparison_counts_the_nan_and_infinities_its_errors_leave_out():
     from kpool_cupy.tools.index_accuracy import index_logits_agree
 
     want = np.array([1.0, np.nan, np.inf, -np.inf, 2.0], np.float32)
-    got = np.array([np.nan, np.nan, -np.inf, -np.inf, np.inf], np.float32)  # 3 differ: finite→NaN, +inf→-inf, finite→+inf
+    got = np.array([np.nan, np.nan, -np.inf, -np.inf, np.inf], np.float32)  # 3 differ: 1→NaN, inf→-inf, 2→inf
     bound = np.ones_like(want)
     verdicts = [
         compare(got, want, np.dtype(np.float32), 4, 1.0),
