@@ -72,18 +72,23 @@ def _op_option(help: str) -> Callable[..., Any]:
 
 # The bench's switches, each a set of records on by default (``--fp8/--no-fp8``), in the order of ``--help``.
 _RECORD_SWITCHES = (
+    (
+        "host",
+        "Time the host's cost per call first: kpool_compress, and each op of the indexer's decode step, validated "
+        "and not, beside a bare launch and through torch.ops.kpool.",
+    ),
     ("decode-side", "Also time the tail update and expand top-k against their composites."),
     (
         "fp8",
         "Also time kpool_compress_fp8 into a paged cache against the unfused sequence, the FP8 tail update (and "
-        "its host cost) and ring close, and hadamard_quant_fp8.",
+        "its host cost) and ring close, and hadamard_quant_fp8 (and both ops' host costs in the decode step).",
     ),
     ("sweep", "Time kpool_compress over the sweep's shapes (the records above run first either way)."),
     ("index", "Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite."),
     (
         "select",
         "Also time kpool_index_select_fp8 against the scorer then kpool_index_topk, and a torch composite; "
-        "and kpool_index_topk alone against torch.topk.",
+        "and kpool_index_topk alone against torch.topk (and the host costs of both forms in the decode step).",
     ),
     ("backward", "Also time kpool_compress_backward against torch autograd through an eager implementation."),
 )
@@ -393,7 +398,11 @@ def ptx(head_dim: int, kpool: int, dtype: str, arch: str, sass: bool, op: str, o
     help="Calls per captured round at least (rounds with fewer input sets go round them again).",
 )
 @click.option(
-    "--skip", multiple=True, callback=_skip, help="Implementation to leave out (repeatable), e.g. torch-compile."
+    "--skip",
+    multiple=True,
+    callback=_skip,
+    help="An implementation of the sweep's shapes to leave out (repeatable), e.g. torch-compile. The records "
+    "before the sweep time kpool-cupy's own calls; the --no-* switches leave those out.",
 )
 @_record_switches
 def bench(
@@ -410,6 +419,7 @@ def bench(
     select: bool,
     backward: bool,
     sweep: bool,
+    host: bool,
 ) -> None:
     """Device time against a d2d copy and the alternatives, on the GPU (exits 2 without one).
 
@@ -455,7 +465,9 @@ def bench(
             drawn[0] = len(partial["shapes"])
 
     shapes = sweep_shapes(quick) if sweep else []
-    swept = run_sweep(shapes, chosen, samples, progress, quick, write, decode_side, fp8, index, select, backward)
+    swept = run_sweep(
+        shapes, chosen, samples, progress, quick, write, decode_side, fp8, index, select, backward, host=host
+    )
     results = {"environment": env, **swept}
     results["complete"] = True
     for line in table(results):

@@ -255,6 +255,9 @@ def test_table_lists_the_decode_steps_host_cost_per_op_with_the_empty_torch_ops(
     assert "off 15.0 us (no launch plan for this call's signature), on 70.0 us; torch op: torch has no CUDA device" in (
         text
     )
+    # A call measured below its bare launch (noise at the floor) reads -0.3, not +-0.3.
+    results["host"]["decode_step"][0]["overhead_over_bare_us"] = -0.3
+    assert "off 12.0 us (-0.3 over bare)" in "\n".join(table(results))
 
 
 def test_table_marks_nothing_when_every_method_is_the_same():

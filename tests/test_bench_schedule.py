@@ -214,5 +214,15 @@ def test_the_short_records_come_before_the_sweep_and_each_is_saved():
         first_shape = next(i for i, keys in enumerate(saved) if "shapes" in keys)
         before = {"host", "empty_kernel", "host_fp8_decode", "lifecycle", "fp8", "index", "select", "backward"}
         assert before <= set(saved[first_shape - 1]), saved
+
+        # --no-host: no host record, and the decode step's ops are not called for one.
+        def refuse(*args, **kwargs):
+            raise AssertionError("timed the host with --no-host")
+
+        run.decode_step_host_costs = run.host_costs = refuse
+        saved.clear()
+        run.run_sweep(sweep(True)[:1], ["kpool-cupy"], 1, contextlib.nullcontext, True,
+                      lambda partial: saved.append(sorted(partial)), host=False)
+        assert saved and not any("host" in keys for keys in saved), saved
         """
     )

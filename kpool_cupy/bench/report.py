@@ -155,9 +155,9 @@ def _decode_step_host_lines(step: list[dict[str, Any]]) -> list[str]:
     bare launch, and torch's op over the CuPy call beside an empty torch op's cost."""
     lines = [f"host per op of a decode step ({step[0]['shape']}, outputs and workspaces given):"] if step else []
     for r in step:
-        bare = f"+{r['overhead_over_bare_us']:.1f} over bare" if "overhead_over_bare_us" in r else r["bare_launch"]
+        bare = f"{r['overhead_over_bare_us']:+.1f} over bare" if "overhead_over_bare_us" in r else r["bare_launch"]
         torch_op = (
-            f"torch op +{r['torch_op_over_cupy_us']:.1f} (an empty op {r['empty_torch_op_us']:.1f})"
+            f"torch op {r['torch_op_over_cupy_us']:+.1f} (an empty op {r['empty_torch_op_us']:.1f})"
             if "torch_op_over_cupy_us" in r
             else f"torch op: {r['torch_op']}"
         )

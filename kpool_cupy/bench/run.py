@@ -206,10 +206,10 @@ def run_sweep(
     index: bool = True,
     select: bool = True,
     backward: bool = True,
+    host: bool = True,
 ) -> dict[str, Any]:
-    """Host costs, the empty kernel, the decode side, the FP8 and the scorer's records, then every shape of the
-    sweep;
-    ``checkpoint`` gets what is done after each record.
+    """Host costs (``host``), the empty kernel, the decode side, the FP8 and the scorer's records, then every
+    shape of the sweep; ``checkpoint`` gets what is done after each record.
 
     The short records come first, so a run cut short in the long sweep keeps
     them; ``"shapes"`` appears once they are done. The host cost is taken on
@@ -219,10 +219,11 @@ def run_sweep(
     results: dict[str, Any] = {"numpy": np.__version__, "complete": False}
     repeats = min(samples, HOST_REPEATS)
     clock = _WallClock()
-    results["host"] = host_costs(sweep()[0], repeats=repeats)
-    results["host"]["decode_step"] = decode_step_host_costs(repeats=repeats, quick=quick)
-    clock.stamp(results["host"])
-    checkpoint(results)
+    if host:
+        results["host"] = host_costs(sweep()[0], repeats=repeats)
+        results["host"]["decode_step"] = decode_step_host_costs(repeats=repeats, quick=quick)
+        clock.stamp(results["host"])
+        checkpoint(results)
     if decode_side or fp8:
         results["empty_kernel"] = clock.stamp(bench_empty_kernel(samples))
         checkpoint(results)
