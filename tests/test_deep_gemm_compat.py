@@ -323,3 +323,88 @@ def test_the_least_lengths_of_each_dtype_see_nothing_and_degenerate_shapes_and_p
                        r"1: a pool is a key; its token t is q\[t // next_n, t % next_n\]\)$"):  # fmt: skip
         deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, torch.from_numpy(lens), tt, None, int(lens.max()) - 1,
                                        validate=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", CUDA])
+def test_max_seqlen_k_puts_each_window_first_and_its_keys_score_as_in_the_full_result(device):
+    # Newer DeepGEMM's 7th argument (its test: fp8_mqa_logits(..., max_seqlen_k=(ke - ks).max(),
+    # clean_logits=False) is [S, max_seqlen_k], column c key ks + c). Here the columns past a window are -inf
+    # (DeepGEMM leaves them unspecified), a window wider than the width keeps its first keys (validate=True
+    # refuses it), and windows reaching below key 0 or past the keys score -inf there.
+    q, values, scales, weights, starts, ends = _flat_call(7)
+    starts[:3], ends[-2:] = [-5, -1, 2], [170, 165]  # below key 0; past the 160 keys (validate refuses those)
+    names = ("q", "values", "scales", "weights", "ks", "ke")
+    arrays = (q, values, scales, weights, starts, ends)
+    t = {n: torch.from_numpy(a).to(device) for n, a in zip(names, arrays, strict=True)}
+    kv = (t["values"].view(torch.float8_e4m3fn), t["scales"])
+    tq = t["q"].view(torch.float8_e4m3fn)
+    full = deep_gemm.fp8_mqa_logits(tq, kv, t["weights"], t["ks"], t["ke"]).cpu().numpy()
+    widest = int((ends - starts).max())
+    for width in (widest, widest + 7, widest - 10):
+        got = deep_gemm.fp8_mqa_logits(tq, kv, t["weights"], t["ks"], t["ke"], False, width).cpu().numpy()
+        assert got.shape == (48, width) and got.dtype == np.float32
+        for row in range(48):
+            keys = np.arange(starts[row], starts[row] + min(ends[row] - starts[row], width))
+            inside = (keys >= 0) & (keys < 160)
+            # The same scorer on the same key and token: the same bits as the [S, N] result's column.
+            np.testing.assert_array_equal(got[row, : len(keys)][inside], full[row, keys[inside]])
+            assert np.isneginf(got[row, : len(keys)][~inside]).all() and np.isneginf(got[row, len(keys) :]).all()
+    with pytest.raises(ValueError, match=rf"^Invalid max_seqlen_k: expected at least every window's width \(ke - ks\)"
+                       rf", got {widest - 10}, below token \d+'s width \d+$"):  # fmt: skip
+        deep_gemm.fp8_mqa_logits(tq, kv, t["weights"], t["ks"], t["ke"].clamp(max=160), False, widest - 10,
+                                 validate=True)  # fmt: skip
+    with pytest.raises(ValueError, match=r"^Invalid max_seqlen_k: expected an integer in \[0, 2147483647\], got -1$"):
+        deep_gemm.fp8_mqa_logits(tq, kv, t["weights"], t["ks"], t["ke"], False, -1)
+    none = deep_gemm.fp8_mqa_logits(tq, (kv[0][:0], kv[1][:0]), t["weights"], t["ks"], t["ke"], False, 4)
+    assert none.shape == (48, 4) and torch.isneginf(none).all()
+
+
+def test_newer_releases_names_and_arguments_give_the_same_logits():
+    # helper-61 read DeepGEMM's bindings: newer releases add fp8_fp4_mqa_logits / fp8_fp4_paged_mqa_logits
+    # (which vLLM looks up; logits_dtype float32 or bfloat16, q as (values, None)), indices=None on the paged
+    # call and its metadata (a request id a q row, for DeepGEMM's scheduler), clean_logits=False by default on
+    # the paged call, and bfloat16/float16 weights.
+    q, cache, weights, lens, table, max_model_len, _ = _call(1, True, seed=12)
+    weights = torch.from_numpy(weights).bfloat16().float()  # exact in bfloat16 and float16 both
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
+    tc, tl, tt = (torch.from_numpy(a) for a in (cache, lens, table))
+    want = deep_gemm.fp8_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_model_len)
+    ids = torch.arange(3, dtype=torch.int32)
+    metadata = deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 8, ids)
+    for got in (
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, weights.bfloat16(), tl, tt, metadata, max_model_len, False, ids),
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, weights.half(), tl, tt, metadata, max_model_len, indices=ids),
+        deep_gemm.fp8_fp4_paged_mqa_logits(
+            (tq, None), tc, weights, tl, tt, metadata, max_model_len, False, torch.float32, ids
+        ),
+    ):
+        assert torch.equal(got, want)
+    rounded = deep_gemm.fp8_fp4_paged_mqa_logits((tq, None), tc, weights, tl, tt, None, max_model_len,
+                                                 logits_dtype=torch.bfloat16)  # fmt: skip
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, want.bfloat16())
+    for bad, wanted in (
+        (ids[:2], r"ValueError: Invalid indices: expected None or shape \[3\] .*, got shape \(2,\)"),
+        (ids.float(), r"TypeError: Invalid indices: expected dtype int32 \(or int64\), got float32"),
+        (ids.to("meta"), r"ValueError: Invalid indices: expected a tensor on cpu like the lengths"),
+    ):
+        for call in (
+            lambda bad: deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 8, bad),
+            lambda bad: deep_gemm.fp8_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_model_len, False, bad),
+        ):
+            with pytest.raises((ValueError, TypeError)) as refused:
+                call(bad)
+            assert re.match(wanted, f"{refused.type.__name__}: {refused.value}"), refused.value
+    with pytest.raises(TypeError, match=r"^Invalid logits_dtype: expected torch.float32 or torch.bfloat16, got torch"
+                       r".float16$"):  # fmt: skip
+        deep_gemm.fp8_fp4_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_model_len, logits_dtype=torch.float16)
+
+    q, values, scales, flat_weights, starts, ends = _flat_call(13)
+    flat = (torch.from_numpy(q).view(torch.float8_e4m3fn),
+            (torch.from_numpy(values).view(torch.float8_e4m3fn), torch.from_numpy(scales)),
+            torch.from_numpy(flat_weights), torch.from_numpy(starts), torch.from_numpy(ends))  # fmt: skip
+    want = deep_gemm.fp8_mqa_logits(*flat)
+    assert torch.equal(deep_gemm.fp8_fp4_mqa_logits((flat[0], None), *flat[1:], False, 0, torch.float32, None), want)
+    rounded = deep_gemm.fp8_fp4_mqa_logits((flat[0], None), *flat[1:], logits_dtype=torch.bfloat16)
+    assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, want.bfloat16())
+    windows = deep_gemm.fp8_fp4_mqa_logits((flat[0], None), *flat[1:], False, 64)
+    assert torch.equal(windows, deep_gemm.fp8_mqa_logits(*flat, False, 64))

@@ -10,6 +10,10 @@
     fp8_mqa_logits (prefill, a flat key array):
     logits[t, n] = sum over h of weights[t, h] * relu(scales[n] * dot(q[t, h], values[n]))  for ks[t] <= n < ke[t]
                  = -inf elsewhere in [0, N)
+    with max_seqlen_k M > 0: [S, M], column c holding key ks[t] + c (-inf past the window)
+
+    fp8_fp4_mqa_logits, fp8_fp4_paged_mqa_logits: newer releases' names for the two (q as (values, None)),
+    with logits_dtype float32 or bfloat16.
 
 One cache entry is one key (kpool 1): a pooled-cache caller passes entry
 counts, as DeepGEMM's pooled callers do. ``context_lens`` counts the step's
@@ -28,7 +32,10 @@ back and refuses what the kernel would score as missing.
 page (a copy of N * (D + 4) bytes), each token its own request seeing keys
 ``[0, ke)``, then writes ``-inf`` below ``ks`` (a pass over the result). The
 keys below a token's window are scored and then masked: a scorer that
-starts at a window (issue 33's restructure) would skip them.
+starts at a window (issue 33's restructure) would skip them. With
+``max_seqlen_k`` each key is a page of one entry (the same copy), and token
+t's table row points its entry c at key ``ks[t] + c`` (a table of S * M
+int32): only the windows are scored, and no ``[S, N]`` result is made.
 """
 
 from __future__ import annotations
@@ -69,6 +76,8 @@ _PAGED_NOTES = {
     "out": _POOLS_ARE_KEYS,
 }
 _FLAT_NOTES = {"max_pools": _POOLS_ARE_KEYS}
+# With max_seqlen_k: the scorer's pools are the window's keys, its width max_seqlen_k.
+_WINDOWS_FIRST_NAMES = {**_FLAT_NAMES, "max_pools": "max_seqlen_k", "out": "max_seqlen_k"}
 
 
 def _renamed(
@@ -148,9 +157,35 @@ def _context_lens(context_lens: Any, batch: int, next_n: int) -> torch.Tensor:
     return context_lens
 
 
-def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int, num_sms: int) -> torch.Tensor:
+def _weights(weights: Any) -> Any:
+    """float32 weights as given; DeepGEMM's newer releases' bfloat16 or float16 ones widened to float32 (exact:
+    one small copy). Anything else goes to the scorer, whose refusal names it."""
+    if isinstance(weights, torch.Tensor) and weights.dtype in (torch.bfloat16, torch.float16):
+        return weights.float()
+    return weights
+
+
+def _indices(indices: Any, rows: int, device: torch.device) -> None:
+    """DeepGEMM's ``indices`` (newer releases: a request id per q row, which its scheduler uses to let a
+    request's rows share key loads): None, or int32 ``[rows]``. Checked, then not read: each row's logits
+    here come from its own ``context_lens`` and ``block_tables`` row."""
+    if indices is None:
+        return
+    _tensor("indices", indices)
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise dtype_fail("indices", "dtype int32 (or int64)", _dtype_name(indices))
+    if tuple(indices.shape) != (rows,):
+        raise fail("indices", f"None or shape [{rows}] (a request id a q row)", f"shape {tuple(indices.shape)}")
+    if indices.device != device:
+        raise fail("indices", f"a tensor on {device} like the lengths", f"one on {indices.device}")
+
+
+def get_paged_mqa_logits_metadata(
+    context_lens: torch.Tensor, block_size: int, num_sms: int, indices: Any = None
+) -> torch.Tensor:
     """DeepGEMM's schedule metadata in DeepGEMM's shape: int32 ``[num_sms + 1, 2]`` on ``context_lens``'
-    device, zeros. :func:`fp8_paged_mqa_logits` here plans its launch from shapes and ignores it."""
+    device, zeros. :func:`fp8_paged_mqa_logits` here plans its launch from shapes and ignores it, and
+    ``indices`` (newer releases', a request id a q row) with it."""
     _tensor("context_lens", context_lens)
     if context_lens.dtype not in (torch.int32, torch.int64):
         raise dtype_fail("context_lens", "dtype int32 (or int64)", _dtype_name(context_lens))
@@ -158,6 +193,7 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_size: int, n
         raise fail("context_lens", "shape [B] or [B, next_n]", f"shape {tuple(context_lens.shape)}")
     _positive("block_size", block_size)
     _positive("num_sms", num_sms)
+    _indices(indices, context_lens.numel(), context_lens.device)
     return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)
 
 
@@ -169,7 +205,8 @@ def fp8_paged_mqa_logits(
     block_tables: torch.Tensor,
     schedule_metadata: Any,
     max_model_len: int,
-    clean_logits: bool = True,
+    clean_logits: bool = False,
+    indices: Any = None,
     *,
     validate: bool = False,
 ) -> torch.Tensor:
@@ -184,7 +221,7 @@ def fp8_paged_mqa_logits(
         uint8 ``[num_blocks, block_size, 1, D + 4]`` (or this package's 3-D form): each page's values, then
         its float32 scales.
     weights
-        float32 ``[B * next_n, H]``.
+        float32 ``[B * next_n, H]`` (bfloat16 or float16, as newer releases take, are widened to float32).
     context_lens
         int32 ``[B]`` or ``[B, next_n]``: the keys each request (or token) sees, the step's tokens included.
         A 1-D length below next_n (DeepGEMM's callers count the step, so never one) scores ``-inf`` for all of
@@ -198,14 +235,18 @@ def fp8_paged_mqa_logits(
     max_model_len
         Columns of the result.
     clean_logits
-        Taken for DeepGEMM's signature: entries past a token's window are ``-inf`` either way (DeepGEMM leaves
-        them unspecified with False).
+        Taken for DeepGEMM's signature (its default, False, as DeepGEMM's): entries past a token's window are
+        ``-inf`` either way (DeepGEMM leaves them unspecified with False, and newer releases refuse True).
+    indices
+        None, or newer releases' int32 ``[B * next_n]``, a request id a q row (DeepGEMM's scheduler lets a
+        request's rows share key loads); checked, not read.
     validate
         Read the lengths and the table back and check them (a host sync; not in a CUDA graph).
     """
     q = _query(q, 4, "[B, next_n, H, D]")
     batch, next_n, heads, head_dim = q.shape
     lengths = _context_lens(context_lens, batch, next_n)
+    _indices(indices, batch * next_n, lengths.device)
     _tensor("block_tables", block_tables)
     if block_tables.ndim != 2 or block_tables.shape[0] != batch:
         raise fail("block_tables", f"shape [{batch}, max_blocks] (q's batch)", f"shape {tuple(block_tables.shape)}")
@@ -242,8 +283,8 @@ def fp8_paged_mqa_logits(
     queries = q.reshape(tokens, heads, head_dim)
     try:
         kt.kpool_index_logits_fp8(
-            queries, weights, kv_cache, table, offsets, cached, kpool=1, max_pools=max_model_len, out=out,
-            validate=validate,
+            queries, _weights(weights), kv_cache, table, offsets, cached, kpool=1, max_pools=max_model_len,
+            out=out, validate=validate,
         )  # fmt: skip
     except (ValueError, TypeError) as error:
         raise _renamed(error, terms=terms, notes=_PAGED_NOTES) from None
@@ -266,11 +307,12 @@ def fp8_mqa_logits(
     cu_seqlen_ks: torch.Tensor,
     cu_seqlen_ke: torch.Tensor,
     clean_logits: bool = True,
+    max_seqlen_k: int = 0,
     *,
     validate: bool = False,
 ) -> torch.Tensor:
     """DeepGEMM's ``fp8_mqa_logits``: float32 ``[S, N]`` (the module's formula), ``-inf`` outside each token's
-    window ``[ks, ke)``.
+    window ``[ks, ke)``; with ``max_seqlen_k`` M > 0, ``[S, M]`` whose column c is key ``ks + c``.
 
     Parameters
     ----------
@@ -280,12 +322,17 @@ def fp8_mqa_logits(
         ``(values, scales)``: float8_e4m3fn (or uint8) ``[N, D]`` and float32 ``[N]`` (or ``[N, 1]``). In an
         engine's prefill, the chunk's requests' keys gathered into one array.
     weights
-        float32 ``[S, H]``.
+        float32 ``[S, H]`` (bfloat16 or float16, as newer releases take, are widened to float32).
     cu_seqlen_ks, cu_seqlen_ke
         int32 ``[S]``: token t's keys are ``[ks[t], ke[t])`` (vLLM: ks = its request's offset in ``kv``,
         ke = ks + position + 1).
     clean_logits
-        Taken for DeepGEMM's signature: outside the windows is ``-inf`` either way.
+        Taken for DeepGEMM's signature: outside the windows is ``-inf`` either way (DeepGEMM leaves it
+        unspecified with False, and refuses True with ``max_seqlen_k``; this call takes both).
+    max_seqlen_k
+        0 (DeepGEMM's default): the result is ``[S, N]``, column n key n. M > 0 (newer releases): ``[S, M]``,
+        token t's column c key ``ks[t] + c`` for c below its window's width, ``-inf`` past it (DeepGEMM leaves
+        those unspecified). A window wider than M keeps its first M keys (``validate=True`` refuses it).
     validate
         Read the windows back and check them (a host sync; not in a CUDA graph).
     """
@@ -312,9 +359,18 @@ def fp8_mqa_logits(
     starts = _beside("cu_seqlen_ks", _window("cu_seqlen_ks", cu_seqlen_ks, tokens), q)
     ends = _beside("cu_seqlen_ke", _window("cu_seqlen_ke", cu_seqlen_ke, tokens), q)
     check_bool("clean_logits", clean_logits)
+    check_integer("max_seqlen_k", max_seqlen_k, 0, MAX_POOLS)  # the result's columns are the scorer's pools
     check_bool("validate", validate)
     if validate:  # the windows as passed; the scorer's own checks would name what this call derives
         _within("cu_seqlen_ke", ends, 0, keys, "window ends within kv's keys")
+        if max_seqlen_k:
+            host = (ends.to(torch.int64) - starts.to(torch.int64)).cpu().numpy()
+            check_nowhere(
+                host > max_seqlen_k, "max_seqlen_k", "at least every window's width (ke - ks)",
+                lambda t: f"{max_seqlen_k}, below token {t}'s width {int(host[t])}",
+            )  # fmt: skip
+    if max_seqlen_k:
+        return _windows_first(q, values, scales, _weights(weights), starts, ends, int(max_seqlen_k))
     device = q.device
     out = torch.empty((tokens, keys), dtype=torch.float32, device=device)
     if keys == 0:
@@ -327,7 +383,7 @@ def fp8_mqa_logits(
     offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
     try:
         kt.kpool_index_logits_fp8(
-            q, weights, page.view(1, keys, head_dim + 4), table, offsets, ends.clamp_min(0) - 1, kpool=1,
+            q, _weights(weights), page.view(1, keys, head_dim + 4), table, offsets, ends.clamp_min(0) - 1, kpool=1,
             max_pools=keys,
             out=out, validate=False,
         )  # fmt: skip  # the windows checked above; the table and offsets are this call's own
@@ -335,3 +391,92 @@ def fp8_mqa_logits(
         raise _renamed(error, _FLAT_NAMES, notes=_FLAT_NOTES) from None
     below = torch.arange(keys, device=device)[None, :] < starts[:, None]
     return out.masked_fill_(below, float("-inf"))
+
+
+def _windows_first(
+    q: torch.Tensor,
+    values: torch.Tensor,
+    scales: torch.Tensor,
+    weights: Any,
+    starts: torch.Tensor,
+    ends: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
+    """``fp8_mqa_logits`` with ``max_seqlen_k``: each key its own page of one entry (a copy of N * (D + 4)
+    bytes), token t its own request whose entry c is at page ``ks[t] + c`` (a table of S * M int32); entries
+    past the window are past the request's length, pages outside the keys (a window reaching below 0 or past
+    N) outside the cache: both ``-inf``."""
+    tokens, _, head_dim = q.shape
+    keys, device = values.shape[0], q.device
+    out = torch.empty((tokens, width), dtype=torch.float32, device=device)
+    if keys == 0 or tokens == 0:
+        return out.fill_(float("-inf"))
+    entries = torch.empty((keys, 1, head_dim + 4), dtype=torch.uint8, device=device)
+    entries[:, 0, :head_dim].copy_(values.view(torch.uint8))
+    entries[:, 0, head_dim:].copy_(scales.reshape(keys).contiguous().view(torch.uint8).view(keys, 4))
+    first = starts.to(torch.int64)
+    columns = torch.arange(width, dtype=torch.int64, device=device)
+    table = (first[:, None] + columns[None, :]).clamp(-1, keys).to(torch.int32)
+    seen = (ends.to(torch.int64) - first).clamp(0, width)
+    offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
+    try:
+        kt.kpool_index_logits_fp8(
+            q, weights, entries, table, offsets, (seen - 1).to(torch.int32), kpool=1, max_pools=width, out=out,
+            validate=False,
+        )  # fmt: skip  # the windows checked by the caller; the table and offsets are this call's own
+    except (ValueError, TypeError) as error:
+        raise _renamed(error, _WINDOWS_FIRST_NAMES, notes=_FLAT_NOTES) from None
+    return out
+
+
+def _check_logits_dtype(logits_dtype: Any) -> None:
+    """float32 (the scorer's) or bfloat16 (rounded once from it, a copy), before any work."""
+    if logits_dtype not in (torch.float32, torch.bfloat16):
+        raise dtype_fail("logits_dtype", "torch.float32 or torch.bfloat16", str(logits_dtype))
+
+
+def fp8_fp4_mqa_logits(
+    q: Any,
+    kv: Any,
+    weights: torch.Tensor,
+    cu_seq_len_k_start: torch.Tensor,
+    cu_seq_len_k_end: torch.Tensor,
+    clean_logits: bool = True,
+    max_seqlen_k: int = 0,
+    logits_dtype: Any = torch.float32,
+    schedule_meta: Any = None,
+    *,
+    validate: bool = False,
+) -> torch.Tensor:
+    """Newer DeepGEMM's name for :func:`fp8_mqa_logits` (which vLLM looks up): q ``(values, None)`` (FP4's
+    scales are refused), the result in ``logits_dtype`` (float32, or bfloat16 rounded once from it), and
+    ``schedule_meta`` ignored as :func:`get_paged_mqa_logits_metadata`'s is."""
+    _check_logits_dtype(logits_dtype)
+    out = fp8_mqa_logits(
+        q, kv, weights, cu_seq_len_k_start, cu_seq_len_k_end, clean_logits, max_seqlen_k, validate=validate
+    )
+    return out.to(logits_dtype)
+
+
+def fp8_fp4_paged_mqa_logits(
+    q: Any,
+    kv_cache: torch.Tensor,
+    weights: torch.Tensor,
+    context_lens: torch.Tensor,
+    block_table: torch.Tensor,
+    schedule_meta: Any,
+    max_context_len: int,
+    clean_logits: bool = False,
+    logits_dtype: Any = torch.float32,
+    indices: Any = None,
+    *,
+    validate: bool = False,
+) -> torch.Tensor:
+    """Newer DeepGEMM's name for :func:`fp8_paged_mqa_logits` (which vLLM looks up): q ``(values, None)`` or a
+    tensor (FP4's scales are refused), the result in ``logits_dtype`` (float32, or bfloat16 rounded once)."""
+    _check_logits_dtype(logits_dtype)
+    out = fp8_paged_mqa_logits(
+        q, kv_cache, weights, context_lens, block_table, schedule_meta, max_context_len, clean_logits, indices,
+        validate=validate,
+    )  # fmt: skip
+    return out.to(logits_dtype)
