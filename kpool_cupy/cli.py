@@ -276,12 +276,16 @@ def info() -> None:
 
 
 def _arch(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from .kernel.nvrtc import unknown_arch
     from .tools.sass import sm_arch
 
     try:
         sm_arch(value)
     except ValueError as error:
         raise click.BadParameter(f"expected {ARCH_FORMS}, got {value!r}") from error
+    why = unknown_arch(value)
+    if why is not None:  # before any work, as a usage error: NVRTC's own message names no option
+        raise click.BadParameter(why)
     return value
 
 

@@ -314,3 +314,13 @@ def test_the_selections_checks_bound_a_tokens_row_at_any_kpool():
     for kpool in (1, 4, 17, 64, 1024):
         assert 6 <= large_pool_topk(kpool) <= 512
         assert large_pool_topk(kpool) * kpool <= max(CHECK_ROW_POSITIONS, 6 * kpool)
+
+
+def test_an_arch_nvrtc_does_not_list_is_a_usage_error_naming_the_flag(monkeypatch):
+    # helper-60: `ptx --arch sm_999` reached NVRTC, whose message names no option (exit 1 after starting).
+    from kpool_cupy.tools import ptx_report
+
+    monkeypatch.setattr(ptx_report, "summarize", lambda *a, **k: pytest.fail("compiled an arch NVRTC does not list"))
+    result = CliRunner().invoke(main, ["ptx", "--arch", "sm_999"])
+    assert result.exit_code == 2 and "Invalid value for '--arch': NVRTC " in result.output, result.output
+    assert "'sm_999' is not among them" in result.output and "sm_90," in result.output

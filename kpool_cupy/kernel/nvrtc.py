@@ -58,6 +58,19 @@ def arch_number(arch: str) -> str:
     return match.group(1)
 
 
+def unknown_arch(arch: str) -> str | None:
+    """Why NVRTC cannot build for ``arch`` (a well-formed one): its number is not among the architectures this
+    NVRTC lists; None where it is, or where NVRTC is missing (compiling says so then)."""
+    try:
+        listed = tuple(_nvrtc().getSupportedArchs())
+    except (RuntimeError, AttributeError):  # no bindings, or an older CuPy without the call
+        return None
+    if int(arch_number(arch).rstrip("af")) in listed:
+        return None
+    major, minor = nvrtc_version()
+    return f"NVRTC {major}.{minor} builds for sm_{', sm_'.join(str(n) for n in listed)}; {arch!r} is not among them"
+
+
 def compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
     """Compile kernel ``name`` of kernels/``source``; return NVRTC's ``output`` ("ptx" or "cubin") and its log."""
     return compile_code(kernel_source(source), source, name, options, output)
