@@ -327,7 +327,7 @@ def test_bench_without_a_gpu_exits_2_with_one_line():
 def test_info_works_without_cuda():
     result = CliRunner().invoke(main, ["info"])
     assert result.exit_code == 0, result.output
-    for fact in ("numpy", "GPU", "NVRTC", "host C++ compiler", "emulator cache"):
+    for fact in ("numpy", "GPU", "NVRTC", "host C++ compiler", "emulator cache", "sm_90a cubin cache"):
         assert fact in result.output
 
 

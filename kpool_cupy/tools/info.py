@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from ..emulator.toolchain import cache_dir, compiler
+from ..kernel.nvrtc import cubin_cache_dir
 from ..kernel.sources import kernels_dir
 
 
@@ -96,5 +97,6 @@ def machine_facts() -> list[tuple[str, str]]:
         ("nvidia-smi", shutil.which("nvidia-smi") or "not on PATH"),
         ("kernel sources", _probe(lambda: str(kernels_dir()))),
         ("emulator cache", str(cache_dir())),
+        ("sm_90a cubin cache", str(cubin_cache_dir())),
         ("CuPy kernel cache", _cupy_cache()),
     ]
