@@ -128,6 +128,12 @@ class _UsageRules(click.Command):
         """Usage rules between options, after each option's own: a ``click.UsageError``."""
 
 
+def _json_error(backend: str | None, op: str | None, said: str) -> dict[str, Any]:
+    """``check --json``'s object for a run that checked nothing: the backend and op asked for (None where the
+    usage error came before they were read), the error, no cases; the same keys whatever went wrong."""
+    return {"backend": backend, "op": op, "ok": False, "error": said, "cases": []}
+
+
 class _JsonUsageErrors(_UsageRules):
     """A command whose ``--json`` holds for a usage error too: one JSON object on stdout, exit status 2."""
 
@@ -138,7 +144,7 @@ class _JsonUsageErrors(_UsageRules):
         except click.UsageError as error:
             if not wants_json:
                 raise
-            click.echo(json.dumps({"ok": False, "error": error.format_message(), "cases": []}))
+            click.echo(json.dumps(_json_error(ctx.params.get("backend"), ctx.params.get("op"), error.format_message())))
             ctx.exit(2)
 
 
@@ -201,9 +207,14 @@ def check(backend: str, dtype: str, head_dim: int, kpool: int, seed: int, op: st
     except (ValueError, TypeError, RuntimeError, ImportError, OSError, MemoryError) as error:  # OSError: the cache
         said = f"out of memory: {error}" if isinstance(error, MemoryError) else str(error)
         if as_json:  # a script reading stdout gets one JSON object whatever happened
-            click.echo(json.dumps({"backend": backend, "op": op, "ok": False, "error": said, "cases": []}))
+            click.echo(json.dumps(_json_error(backend, op, said)))
             sys.exit(1)
         raise click.ClickException(said) from error
+    except KeyboardInterrupt:
+        if not as_json:
+            raise
+        click.echo(json.dumps(_json_error(backend, op, "interrupted (Ctrl-C) before every case ran")))
+        sys.exit(130)  # the shell's status for SIGINT
     unit = OP_CHECKS[op].unit
     # The settings the op takes; the others changed only the random batches.
     settings = {"dtype": dtype_name(element_dtype(dtype)), "head_dim": head_dim, "kpool": kpool}

@@ -149,6 +149,25 @@ def test_a_usage_error_under_json_is_one_json_object(bad):
     result = CliRunner().invoke(main, ["check", "--json", *bad])
     report = json.loads(result.output)
     assert result.exit_code == 2 and report["ok"] is False and "Invalid value for" in report["error"]
+    # Every error object has one shape (helper-60: a usage error's lacked backend and op): what was asked for,
+    # None where the error came before it was read.
+    assert set(report) == {"backend", "op", "ok", "error", "cases"} and report["cases"] == [], report
+
+
+def test_an_error_or_ctrl_c_under_json_is_one_object_of_the_same_shape(monkeypatch):
+    from kpool_cupy import cli
+
+    for raised, status in ((RuntimeError("no device today"), 1), (KeyboardInterrupt(), 130)):
+
+        def stopped(*args, raised=raised, **kwargs):
+            raise raised
+
+        monkeypatch.setattr(cli, "run_check", stopped)
+        result = CliRunner().invoke(main, ["check", "--backend", "reference", "--op", "index_topk", "--json"])
+        report = json.loads(result.output)  # one object and nothing else
+        assert result.exit_code == status and set(report) == {"backend", "op", "ok", "error", "cases"}, report
+        assert report["backend"] == "reference" and report["op"] == "index_topk" and report["ok"] is False
+    assert "interrupted" in report["error"]
 
 
 @pytest.mark.parametrize("op", ["ring_close", "ring_close_fp8"])
