@@ -5,7 +5,7 @@ module's formula): token j of request b sees the request's first
 ``context_lens[b] - next_n + j + 1`` cache entries (or ``context_lens[b, j]``),
 each a key of e4m3fn values times its page's float32 scale; the logit is
 the weighted sum over heads of relu(q . k); every other column up to
-``max_model_len`` is ``-inf``. Shapes: DeepGEMM's test shapes scaled to the
+``max_context_len`` is ``-inf``. Shapes: DeepGEMM's test shapes scaled to the
 CPU (64 heads of 128, 64-entry pages, next_n 1 and 2).
 """
 
@@ -43,13 +43,13 @@ def _paged(rng, context: list[int], spare: int = 2):
     return cache.reshape(pages, BLOCK, 1, HEAD_DIM + 4), table
 
 
-def _model(q, cache, weights, windows, table, max_model_len):
+def _model(q, cache, weights, windows, table, max_context_len):
     """DeepGEMM's definition in float64: ``windows[t]`` keys for token t of request ``t // next_n``."""
     batch, next_n = q.shape[:2]
     pages = cache.reshape(cache.shape[0], -1)
     values = pages[:, : BLOCK * HEAD_DIM].view(E4M3).astype(np.float64).reshape(-1, BLOCK, HEAD_DIM)
     scales = pages[:, BLOCK * HEAD_DIM :].copy().view(np.float32).astype(np.float64)
-    out = np.full((batch * next_n, max_model_len), -np.inf)
+    out = np.full((batch * next_n, max_context_len), -np.inf)
     for t in range(batch * next_n):
         b = t // next_n
         n = np.arange(windows[t])
@@ -63,7 +63,7 @@ def _model(q, cache, weights, windows, table, max_model_len):
 def _call(next_n: int, two_d: bool, seed: int):
     rng = np.random.default_rng(seed)
     context = [130, 67, 200][: 3 if next_n == 1 else 2]
-    batch, max_model_len = len(context), 256
+    batch, max_context_len = len(context), 256
     cache, table = _paged(rng, context)
     q = rng.integers(0, 256, (batch, next_n, HEADS, HEAD_DIM), dtype=np.uint8)
     q = np.where((q & 0x7F) == 0x7F, q ^ 1, q)
@@ -73,7 +73,7 @@ def _call(next_n: int, two_d: bool, seed: int):
     if two_d:  # newer releases: one length a token (here each token sees one key less than the 1-D rule)
         windows = windows - 1
         lens = windows.reshape(batch, next_n).astype(np.int32)
-    return q, cache, weights, lens, table, max_model_len, windows
+    return q, cache, weights, lens, table, max_context_len, windows
 
 
 CUDA = pytest.param(
@@ -87,8 +87,8 @@ CUDA = pytest.param(
 @pytest.mark.parametrize("two_d", [False, True], ids=["context_lens-1d", "context_lens-2d"])
 @pytest.mark.parametrize("tuple_q", [False, True], ids=["q-tensor", "q-tuple"])
 def test_paged_logits_match_deep_gemms_definition(device, next_n, two_d, tuple_q):
-    q, cache, weights, lens, table, max_model_len, windows = _call(next_n, two_d, seed=next_n + 2 * two_d)
-    want = _model(q, cache, weights, windows, table, max_model_len)
+    q, cache, weights, lens, table, max_context_len, windows = _call(next_n, two_d, seed=next_n + 2 * two_d)
+    want = _model(q, cache, weights, windows, table, max_context_len)
     tq = torch.from_numpy(q).view(torch.float8_e4m3fn).to(device)  # as an engine holds it
     lens_t = torch.from_numpy(lens).to(device)
     metadata = deep_gemm.get_paged_mqa_logits_metadata(lens_t, BLOCK, 132)
@@ -96,8 +96,8 @@ def test_paged_logits_match_deep_gemms_definition(device, next_n, two_d, tuple_q
     tensors = (torch.from_numpy(a).to(device) for a in (cache, weights, table))
     tc, tw, tt = tensors
     args = ((tq, None) if tuple_q else tq, tc, tw, lens_t)
-    got = deep_gemm.fp8_paged_mqa_logits(*args, tt, metadata, max_model_len).cpu().numpy()
-    assert got.shape == (q.shape[0] * next_n, max_model_len) and got.dtype == np.float32
+    got = deep_gemm.fp8_paged_mqa_logits(*args, tt, metadata, max_context_len).cpu().numpy()
+    assert got.shape == (q.shape[0] * next_n, max_context_len) and got.dtype == np.float32
     np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))  # DeepGEMM's mask, exactly
     # The package's bound on the same call in its own form (kpool 1: an entry is a pool; each token its own
     # request at position window - 1).
@@ -105,7 +105,7 @@ def test_paged_logits_match_deep_gemms_definition(device, next_n, two_d, tuple_q
     flat = (q.reshape(tokens, HEADS, HEAD_DIM), weights, cache[:, :, 0], np.repeat(table, next_n, axis=0))
     bits = _gpu_bits() if device == "cuda" else 24  # the device's D-sum width on the GPU, float32 on the CPU
     bound = index_logits_bound(
-        *flat, np.arange(tokens + 1), windows - 1, kpool=1, max_pools=max_model_len, accumulation_bits=bits
+        *flat, np.arange(tokens + 1), windows - 1, kpool=1, max_pools=max_context_len, accumulation_bits=bits
     )
     verdict = index_logits_agree(got, want, bound)
     assert verdict["ok"], verdict
@@ -118,28 +118,30 @@ def _gpu_bits() -> int:
 
 
 def test_the_metadata_and_the_logits_call_refuse_bad_arguments_by_name():
-    q, cache, weights, lens, table, max_model_len, _ = _call(2, False, seed=9)
+    q, cache, weights, lens, table, max_context_len, _ = _call(2, False, seed=9)
     tq, tc, tw, tl, tt = (torch.from_numpy(a) for a in (q, cache, weights, lens, table))
     call = deep_gemm.fp8_paged_mqa_logits
     with pytest.raises(ValueError, match=r"^Invalid q: expected a tensor or \(values, None\)"):
-        call((tq, torch.ones(4)), tc, tw, tl, tt, None, max_model_len)
+        call((tq, torch.ones(4)), tc, tw, tl, tt, None, max_context_len)
     with pytest.raises(ValueError, match=r"^Invalid q: expected a 4-D tensor \[B, next_n, H, D\]"):
-        call(tq[0], tc, tw, tl, tt, None, max_model_len)
+        call(tq[0], tc, tw, tl, tt, None, max_context_len)
     with pytest.raises(ValueError, match=r"^Invalid context_lens: expected shape \[2\] or \[2, 2\]"):
-        call(tq, tc, tw, tl[:1], tt, None, max_model_len)
+        call(tq, tc, tw, tl[:1], tt, None, max_context_len)
     with pytest.raises(TypeError, match=r"^Invalid context_lens: expected dtype int32"):
-        call(tq, tc, tw, tl.float(), tt, None, max_model_len)
-    with pytest.raises(ValueError, match=r"^Invalid block_tables: expected shape \[2, max_blocks\]"):
-        call(tq, tc, tw, tl, tt[:1], None, max_model_len)
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected an integer in \[1, 2147483647\], got 0$"):
+        call(tq, tc, tw, tl.float(), tt, None, max_context_len)
+    with pytest.raises(ValueError, match=r"^Invalid block_table: expected shape \[2, max_blocks\]"):
+        call(tq, tc, tw, tl, tt[:1], None, max_context_len)
+    with pytest.raises(ValueError, match=r"^Invalid max_context_len: expected an integer in \[1, 2147483647\], got 0$"):
         call(tq, tc, tw, tl, tt, None, 0)
     # Past int32 pool ids: refused before the result (8 GiB a token here) is allocated (the hostile review).
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected an integer in \[1, 2147483647\], got 2147"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid max_context_len: expected an integer in \[1, 2147483647\], got 2147"
+    ):
         call(tq, tc, tw, tl, tt, None, 2**31)
-    with pytest.raises(TypeError, match=r"^Invalid max_model_len: expected an integer, got float$"):  # a type
+    with pytest.raises(TypeError, match=r"^Invalid max_context_len: expected an integer, got float$"):  # a type
         call(tq, tc, tw, tl, tt, None, 256.0)
     with pytest.raises(TypeError, match=r"^Invalid weights: expected dtype float32"):  # the scorer's own check
-        call(tq, tc, tw.double(), tl, tt, None, max_model_len)
+        call(tq, tc, tw.double(), tl, tt, None, max_context_len)
     with pytest.raises(ValueError, match=r"^Invalid num_sms: expected an integer >= 1"):
         deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 0)
 
@@ -149,12 +151,12 @@ def test_lengths_that_leave_the_table_are_refused_with_validate_and_score_minus_
     q, cache, weights, lens, table, _, windows = _call(1, False, seed=4)
     args = [torch.from_numpy(a) for a in (q, cache, weights, lens + 64, table)]  # one page more than written
     args[0] = args[0].view(torch.float8_e4m3fn)
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: expected at least the 264 pools token 2 sees"):
+    with pytest.raises(ValueError, match=r"^Invalid max_context_len: expected at least the 264 pools token 2 sees"):
         deep_gemm.fp8_paged_mqa_logits(*args, None, 256, validate=True)
-    with pytest.raises(ValueError, match=r"^Invalid block_tables: .*\(kpool_index_logits_fp8's cache_block_table\)$"):
+    with pytest.raises(ValueError, match=r"^Invalid block_table: .*\(kpool_index_logits_fp8's cache_block_table\)$"):
         deep_gemm.fp8_paged_mqa_logits(*args, None, 320, validate=True)
-    max_model_len = 320
-    got = deep_gemm.fp8_paged_mqa_logits(*args, None, max_model_len).numpy()
+    max_context_len = 320
+    got = deep_gemm.fp8_paged_mqa_logits(*args, None, max_context_len).numpy()
     for t, window in enumerate(windows):  # the entries in the missing page score -inf, nothing else changes
         assert np.isneginf(got[t, -(-window // BLOCK) * BLOCK :]).all()
 
@@ -229,7 +231,7 @@ def test_the_flat_call_refuses_bad_arguments_by_deep_gemms_names():
     # A tensor on another device than q is named (torch's meta device stands in for a GPU here): the hostile
     # round found torch's own errors from the copy and the mask instead.
     elsewhere = {
-        "cu_seqlen_ks": lambda: call(tq, (tv, ts), tw, ks.to("meta"), ke),
+        "cu_seq_len_k_start": lambda: call(tq, (tv, ts), tw, ks.to("meta"), ke),
         "kv[0]": lambda: call(tq, (tv.to("meta"), ts), tw, ks, ke),
         "kv[1]": lambda: call(tq, (tv, ts.to("meta")), tw, ks, ke),
     }
@@ -237,9 +239,11 @@ def test_the_flat_call_refuses_bad_arguments_by_deep_gemms_names():
         wanted = rf"^Invalid {re.escape(name)}: expected a tensor on cpu like q, got one on meta$"
         with pytest.raises(ValueError, match=wanted):
             refused()
-    with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ks: expected shape \[48\]"):
+    with pytest.raises(ValueError, match=r"^Invalid cu_seq_len_k_start: expected shape \[48\]"):
         call(tq, (tv, ts), tw, ks[:-1], ke)
-    with pytest.raises(ValueError, match=r"^Invalid cu_seqlen_ke: expected values in \[0, 160\] .*, got 161 at 38$"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid cu_seq_len_k_end: expected values in \[0, 160\] .*, got 161 at 38$"
+    ):
         call(tq, (tv, ts), tw, ks, ke + 10, validate=True)  # a window past the keys, as passed
     got = call(tq, (tv, ts), tw, ks, ke + 10).numpy()  # without validation: cut at the keys, nothing read past
     assert np.isfinite(got[47, 96:]).all()
@@ -249,15 +253,15 @@ def test_adapter_refusals_name_what_the_caller_passed_and_no_call_wraps_or_crash
     # The hostile review's findings: lengths checked as passed (it said "got -1" of a derived value), the
     # scorer's hint about cache_lengths gone, 2-D requests said to be tokens, int64 lengths past 2^32 kept
     # whole, and zero tokens an empty result.
-    q, cache, weights, lens, table, max_model_len, _ = _call(2, False, seed=7)
+    q, cache, weights, lens, table, max_context_len, _ = _call(2, False, seed=7)
     tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
     tc, tw, tt = (torch.from_numpy(a) for a in (cache, weights, table))
     short = torch.tensor([9, 1], dtype=torch.int32)  # request 1 shorter than its step of 2 tokens
     with pytest.raises(ValueError, match=r"^Invalid context_lens: expected values of at least 2 .*, got 1 at 1$"):
-        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, short, tt, None, max_model_len, validate=True)
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, short, tt, None, max_context_len, validate=True)
     with pytest.raises(ValueError) as error:  # one page more than written: the table's refusal, in DeepGEMM's terms
         deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, torch.from_numpy(lens + 64), tt, None, 320, validate=True)
-    assert str(error.value).startswith("Invalid block_tables: ") and "cache_lengths counts" not in str(error.value)
+    assert str(error.value).startswith("Invalid block_table: ") and "cache_lengths counts" not in str(error.value)
     two_d = torch.from_numpy(np.repeat(lens[:, None], 2, axis=1) + 64)
     with pytest.raises(ValueError, match=r"its request r is token \(r // next_n, r % next_n\)"):
         deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, two_d, tt, None, 320, validate=True)
@@ -266,14 +270,14 @@ def test_adapter_refusals_name_what_the_caller_passed_and_no_call_wraps_or_crash
     huge = torch.tensor([2**62 + 2, int(lens[1])], dtype=torch.int64)
     with pytest.raises(ValueError, match=r"^Invalid context_lens: expected values in \[2, 4611686018427387905\] "
                        r".*, got 4611686018427387906 at 0$"):  # fmt: skip
-        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, huge, tt, None, max_model_len, validate=True)
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, huge, tt, None, max_context_len, validate=True)
     huge = torch.tensor([[1, 2], [3, 2**62 + 1]], dtype=torch.int64)
     with pytest.raises(ValueError, match=r"^Invalid context_lens: expected values in \[1, 4611686018427387904\] "
                        r".*, got 4611686018427387905 at \(1, 1\)$"):  # fmt: skip
-        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, huge, tt, None, max_model_len, validate=True)
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, huge, tt, None, max_context_len, validate=True)
     wide = torch.tensor([2**32 + int(lens[0]), int(lens[1])], dtype=torch.int64)  # not the same as lens
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: "):
-        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, wide, tt, None, max_model_len, validate=True)
+    with pytest.raises(ValueError, match=r"^Invalid max_context_len: "):
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, wide, tt, None, max_context_len, validate=True)
     empty = deep_gemm.fp8_paged_mqa_logits(tq[:0], tc, tw[:0], torch.from_numpy(lens[:0]), tt[:0], None, 16,
                                            validate=True)  # fmt: skip
     assert empty.shape == (0, 16)
@@ -286,14 +290,14 @@ def test_the_least_lengths_of_each_dtype_see_nothing_and_degenerate_shapes_and_p
     # wrapped round to a huge length and its token saw every key; next_n 0 with 1-D lengths raised torch's
     # RuntimeError from arange; q's errors named the [B * next_n, H, D] view without saying so; a bad pair
     # said only "got a tuple"; "pools" in a refusal with no word that a pool is a key here.
-    q, cache, weights, lens, table, max_model_len, _ = _call(2, False, seed=11)
+    q, cache, weights, lens, table, max_context_len, _ = _call(2, False, seed=11)
     tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
     tc, tw, tt = (torch.from_numpy(a) for a in (cache, weights, table))
     for least in (torch.tensor([-(2**31), int(lens[1])], dtype=torch.int32),
                   torch.tensor([-(2**63), int(lens[1])], dtype=torch.int64),
                   torch.tensor([[-(2**31), -(2**31) + 1], [5, 6]], dtype=torch.int32),
                   torch.tensor([[-(2**63), -(2**63) + 1], [5, 6]], dtype=torch.int64)):  # fmt: skip
-        got = deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, least, tt, None, max_model_len).numpy()
+        got = deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, least, tt, None, max_context_len).numpy()
         assert np.isneginf(got[:2]).all(), least  # request 0's two tokens
         assert np.isfinite(got[2:, :5]).all(), least  # request 1's see its keys
     values = torch.from_numpy(cache[0, :, 0, :HEAD_DIM].copy()).view(torch.float8_e4m3fn)
@@ -319,7 +323,7 @@ def test_the_least_lengths_of_each_dtype_see_nothing_and_degenerate_shapes_and_p
     with pytest.raises(ValueError, match=r"^Invalid kv: expected a pair .*, got a tuple of 3 items$"):
         deep_gemm.fp8_mqa_logits(flat_q, (values, scales, scales), tw[:2], torch.zeros(2, dtype=torch.int32),
                                  torch.ones(2, dtype=torch.int32))  # fmt: skip
-    with pytest.raises(ValueError, match=r"^Invalid max_model_len: .* \(kpool_index_logits_fp8's max_pools, at kpool "
+    with pytest.raises(ValueError, match=r"^Invalid max_context_len: .* \(kpool_index_logits_fp8's max_pools, at kpool "
                        r"1: a pool is a key; its token t is q\[t // next_n, t % next_n\]\)$"):  # fmt: skip
         deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, torch.from_numpy(lens), tt, None, int(lens.max()) - 1,
                                        validate=True)  # fmt: skip
@@ -364,22 +368,22 @@ def test_newer_releases_names_and_arguments_give_the_same_logits():
     # (which vLLM looks up; logits_dtype float32 or bfloat16, q as (values, None)), indices=None on the paged
     # call and its metadata (a request id a q row, for DeepGEMM's scheduler), clean_logits=False by default on
     # the paged call, and bfloat16/float16 weights.
-    q, cache, weights, lens, table, max_model_len, _ = _call(1, True, seed=12)
+    q, cache, weights, lens, table, max_context_len, _ = _call(1, True, seed=12)
     weights = torch.from_numpy(weights).bfloat16().float()  # exact in bfloat16 and float16 both
     tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
     tc, tl, tt = (torch.from_numpy(a) for a in (cache, lens, table))
-    want = deep_gemm.fp8_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_model_len)
+    want = deep_gemm.fp8_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_context_len)
     ids = torch.arange(3, dtype=torch.int32)
     metadata = deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 8, ids)
     for got in (
-        deep_gemm.fp8_paged_mqa_logits(tq, tc, weights.bfloat16(), tl, tt, metadata, max_model_len, False, ids),
-        deep_gemm.fp8_paged_mqa_logits(tq, tc, weights.half(), tl, tt, metadata, max_model_len, indices=ids),
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, weights.bfloat16(), tl, tt, metadata, max_context_len, False, ids),
+        deep_gemm.fp8_paged_mqa_logits(tq, tc, weights.half(), tl, tt, metadata, max_context_len, indices=ids),
         deep_gemm.fp8_fp4_paged_mqa_logits(
-            (tq, None), tc, weights, tl, tt, metadata, max_model_len, False, torch.float32, ids
+            (tq, None), tc, weights, tl, tt, metadata, max_context_len, False, torch.float32, ids
         ),
     ):
         assert torch.equal(got, want)
-    rounded = deep_gemm.fp8_fp4_paged_mqa_logits((tq, None), tc, weights, tl, tt, None, max_model_len,
+    rounded = deep_gemm.fp8_fp4_paged_mqa_logits((tq, None), tc, weights, tl, tt, None, max_context_len,
                                                  logits_dtype=torch.bfloat16)  # fmt: skip
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, want.bfloat16())
     for bad, wanted in (
@@ -389,14 +393,14 @@ def test_newer_releases_names_and_arguments_give_the_same_logits():
     ):
         for call in (
             lambda bad: deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 8, bad),
-            lambda bad: deep_gemm.fp8_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_model_len, False, bad),
+            lambda bad: deep_gemm.fp8_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_context_len, False, bad),
         ):
             with pytest.raises((ValueError, TypeError)) as refused:
                 call(bad)
             assert re.match(wanted, f"{refused.type.__name__}: {refused.value}"), refused.value
     with pytest.raises(TypeError, match=r"^Invalid logits_dtype: expected torch.float32 or torch.bfloat16, got torch"
                        r".float16$"):  # fmt: skip
-        deep_gemm.fp8_fp4_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_model_len, logits_dtype=torch.float16)
+        deep_gemm.fp8_fp4_paged_mqa_logits(tq, tc, weights, tl, tt, None, max_context_len, logits_dtype=torch.float16)
 
     q, values, scales, flat_weights, starts, ends = _flat_call(13)
     flat = (torch.from_numpy(q).view(torch.float8_e4m3fn),
@@ -408,3 +412,25 @@ def test_newer_releases_names_and_arguments_give_the_same_logits():
     assert rounded.dtype == torch.bfloat16 and torch.equal(rounded, want.bfloat16())
     windows = deep_gemm.fp8_fp4_mqa_logits((flat[0], None), *flat[1:], False, 64)
     assert torch.equal(windows, deep_gemm.fp8_mqa_logits(*flat, False, 64))
+
+
+def test_deep_gemms_keyword_names_are_taken():
+    # DeepGEMM's bindings name their arguments (py::arg): a caller passing them by keyword reaches the same
+    # call. These names were vLLM's wrapper's (block_tables, max_model_len, cu_seqlen_ks, ...) until today.
+    q, cache, weights, lens, table, max_context_len, _ = _call(1, False, seed=14)
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
+    tc, tw, tl, tt = (torch.from_numpy(a) for a in (cache, weights, lens, table))
+    meta = deep_gemm.get_paged_mqa_logits_metadata(context_lens=tl, block_kv=BLOCK, num_sms=4, indices=None)
+    paged = {"q": tq, "kv_cache": tc, "weights": tw, "context_lens": tl, "block_table": tt, "schedule_meta": meta,
+             "max_context_len": max_context_len, "clean_logits": False}  # fmt: skip
+    want = deep_gemm.fp8_paged_mqa_logits(tq, tc, tw, tl, tt, meta, max_context_len)
+    assert torch.equal(deep_gemm.fp8_paged_mqa_logits(**paged, indices=None), want)
+    assert torch.equal(deep_gemm.fp8_fp4_paged_mqa_logits(**paged, logits_dtype=torch.float32, indices=None), want)
+    q, values, scales, weights, starts, ends = _flat_call(15)
+    flat = {"q": torch.from_numpy(q).view(torch.float8_e4m3fn),
+            "kv": (torch.from_numpy(values).view(torch.float8_e4m3fn), torch.from_numpy(scales)),
+            "weights": torch.from_numpy(weights), "cu_seq_len_k_start": torch.from_numpy(starts),
+            "cu_seq_len_k_end": torch.from_numpy(ends), "clean_logits": False, "max_seqlen_k": 0}  # fmt: skip
+    want = deep_gemm.fp8_mqa_logits(*flat.values())
+    assert torch.equal(deep_gemm.fp8_mqa_logits(**flat), want)
+    assert torch.equal(deep_gemm.fp8_fp4_mqa_logits(**flat, logits_dtype=torch.float32, schedule_meta=None), want)

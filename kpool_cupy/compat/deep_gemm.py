@@ -2,8 +2,8 @@
 
     fp8_paged_mqa_logits (decode, a paged cache):
     logits[b * next_n + j, n] = sum over h of weights[b * next_n + j, h] * relu(s[n] * dot(q[b, j, h], k[n]))
-                                for n < L(b, j), the request's cache entries in block_tables' pages
-                              = -inf for L(b, j) <= n < max_model_len
+                                for n < L(b, j), the request's cache entries in block_table's pages
+                              = -inf for L(b, j) <= n < max_context_len
     L(b, j) = context_lens[b] - next_n + j + 1      (context_lens [B], counting the step's tokens)
             = context_lens[b, j]                     (context_lens [B, next_n])
 
@@ -56,16 +56,21 @@ from ..ops.framework.checks import MAX_CACHE_LENGTH, check_bool, check_integer, 
 # The scorer's arguments by DeepGEMM's names: a refusal names what the caller passed.
 _DEEP_GEMM_NAMES = {
     "cache": "kv_cache",
-    "cache_block_table": "block_tables",
+    "cache_block_table": "block_table",
     "cache_lengths": "context_lens",
     "input_row_offsets": "context_lens",
-    "max_pools": "max_model_len",
-    "out": "max_model_len",
+    "max_pools": "max_context_len",
+    "out": "max_context_len",
 }
 
 
-# The same for the flat call: the keys are kv, each token's window end is cu_seqlen_ke.
-_FLAT_NAMES = {"cache": "kv", "cache_lengths": "cu_seqlen_ke", "input_row_offsets": "q", "max_pools": "cu_seqlen_ke"}
+# The same for the flat call: the keys are kv, each token's window end is cu_seq_len_k_end.
+_FLAT_NAMES = {
+    "cache": "kv",
+    "cache_lengths": "cu_seq_len_k_end",
+    "input_row_offsets": "q",
+    "max_pools": "cu_seq_len_k_end",
+}
 
 
 # What a refusal's words mean in a DeepGEMM call: the scorer counts pools, and at kpool 1 a pool is one key.
@@ -168,7 +173,7 @@ def _weights(weights: Any) -> Any:
 def _indices(indices: Any, rows: int, device: torch.device) -> None:
     """DeepGEMM's ``indices`` (newer releases: a request id per q row, which its scheduler uses to let a
     request's rows share key loads): None, or int32 ``[rows]``. Checked, then not read: each row's logits
-    here come from its own ``context_lens`` and ``block_tables`` row."""
+    here come from its own ``context_lens`` and ``block_table`` row."""
     if indices is None:
         return
     _tensor("indices", indices)
@@ -181,7 +186,7 @@ def _indices(indices: Any, rows: int, device: torch.device) -> None:
 
 
 def get_paged_mqa_logits_metadata(
-    context_lens: torch.Tensor, block_size: int, num_sms: int, indices: Any = None
+    context_lens: torch.Tensor, block_kv: int, num_sms: int, indices: Any = None
 ) -> torch.Tensor:
     """DeepGEMM's schedule metadata in DeepGEMM's shape: int32 ``[num_sms + 1, 2]`` on ``context_lens``'
     device, zeros. :func:`fp8_paged_mqa_logits` here plans its launch from shapes and ignores it, and
@@ -191,7 +196,7 @@ def get_paged_mqa_logits_metadata(
         raise dtype_fail("context_lens", "dtype int32 (or int64)", _dtype_name(context_lens))
     if context_lens.ndim not in (1, 2):
         raise fail("context_lens", "shape [B] or [B, next_n]", f"shape {tuple(context_lens.shape)}")
-    _positive("block_size", block_size)
+    _positive("block_kv", block_kv)
     _positive("num_sms", num_sms)
     _indices(indices, context_lens.numel(), context_lens.device)
     return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)
@@ -202,15 +207,15 @@ def fp8_paged_mqa_logits(
     kv_cache: torch.Tensor,
     weights: torch.Tensor,
     context_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    schedule_metadata: Any,
-    max_model_len: int,
+    block_table: torch.Tensor,
+    schedule_meta: Any,
+    max_context_len: int,
     clean_logits: bool = False,
     indices: Any = None,
     *,
     validate: bool = False,
 ) -> torch.Tensor:
-    """DeepGEMM's ``fp8_paged_mqa_logits``: float32 ``[B * next_n, max_model_len]`` (the module's formula).
+    """DeepGEMM's ``fp8_paged_mqa_logits``: float32 ``[B * next_n, max_context_len]`` (the module's formula).
 
     Parameters
     ----------
@@ -228,11 +233,11 @@ def fp8_paged_mqa_logits(
         its request's tokens, where the formula would let its last tokens see keys: pass such lengths in the
         2-D form. A negative length scores ``-inf``. ``validate=True`` refuses both, and a length of 0 too (an
         engine's padding row, ``-inf`` without it): validate padded batches without their padding.
-    block_tables
-        int32 ``[B, max_blocks]``: request b's entry n is at page ``block_tables[b, n // block_size]``.
-    schedule_metadata
+    block_table
+        int32 ``[B, max_blocks]``: request b's entry n is at page ``block_table[b, n // block_size]``.
+    schedule_meta
         Ignored (:func:`get_paged_mqa_logits_metadata`).
-    max_model_len
+    max_context_len
         Columns of the result.
     clean_logits
         Taken for DeepGEMM's signature (its default, False, as DeepGEMM's): entries past a token's window are
@@ -247,11 +252,11 @@ def fp8_paged_mqa_logits(
     batch, next_n, heads, head_dim = q.shape
     lengths = _context_lens(context_lens, batch, next_n)
     _indices(indices, batch * next_n, lengths.device)
-    _tensor("block_tables", block_tables)
-    if block_tables.ndim != 2 or block_tables.shape[0] != batch:
-        raise fail("block_tables", f"shape [{batch}, max_blocks] (q's batch)", f"shape {tuple(block_tables.shape)}")
+    _tensor("block_table", block_table)
+    if block_table.ndim != 2 or block_table.shape[0] != batch:
+        raise fail("block_table", f"shape [{batch}, max_blocks] (q's batch)", f"shape {tuple(block_table.shape)}")
     # In the scorer's range (pool ids are int32) before the result is allocated: past it, 8 GiB a token or more.
-    check_integer("max_model_len", max_model_len, 1, MAX_POOLS)
+    check_integer("max_context_len", max_context_len, 1, MAX_POOLS)
     check_bool("clean_logits", clean_logits)
     check_bool("validate", validate)
     device = q.device
@@ -272,18 +277,18 @@ def fp8_paged_mqa_logits(
             else torch.zeros(batch + 1, dtype=torch.int32, device=device)
         )
         cached = lengths.clamp_min(-1) - next_n
-        table = block_tables
+        table = block_table
         terms = ("token", "; its token t is q[t // next_n, t % next_n]")
     else:  # each token its own request, at position context_lens[b, j] - 1, on its request's pages
         offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
         cached = lengths.reshape(-1).clamp_min(0) - 1
-        table = block_tables.repeat_interleave(next_n, dim=0)
+        table = block_table.repeat_interleave(next_n, dim=0)
         terms = ("request", "; its request r is token (r // next_n, r % next_n) of context_lens [B, next_n]")
-    out = torch.empty((tokens, max_model_len), dtype=torch.float32, device=device)
+    out = torch.empty((tokens, max_context_len), dtype=torch.float32, device=device)
     queries = q.reshape(tokens, heads, head_dim)
     try:
         kt.kpool_index_logits_fp8(
-            queries, _weights(weights), kv_cache, table, offsets, cached, kpool=1, max_pools=max_model_len,
+            queries, _weights(weights), kv_cache, table, offsets, cached, kpool=1, max_pools=max_context_len,
             out=out, validate=validate,
         )  # fmt: skip
     except (ValueError, TypeError) as error:
@@ -304,8 +309,8 @@ def fp8_mqa_logits(
     q: Any,
     kv: Any,
     weights: torch.Tensor,
-    cu_seqlen_ks: torch.Tensor,
-    cu_seqlen_ke: torch.Tensor,
+    cu_seq_len_k_start: torch.Tensor,
+    cu_seq_len_k_end: torch.Tensor,
     clean_logits: bool = True,
     max_seqlen_k: int = 0,
     *,
@@ -323,7 +328,7 @@ def fp8_mqa_logits(
         engine's prefill, the chunk's requests' keys gathered into one array.
     weights
         float32 ``[S, H]`` (bfloat16 or float16, as newer releases take, are widened to float32).
-    cu_seqlen_ks, cu_seqlen_ke
+    cu_seq_len_k_start, cu_seq_len_k_end
         int32 ``[S]``: token t's keys are ``[ks[t], ke[t])`` (vLLM: ks = its request's offset in ``kv``,
         ke = ks + position + 1).
     clean_logits
@@ -356,13 +361,13 @@ def fp8_mqa_logits(
         raise dtype_fail("kv[1]", "dtype float32", _dtype_name(scales))
     if tuple(scales.shape) not in ((keys,), (keys, 1)):
         raise fail("kv[1]", f"shape [{keys}] (a scale a key)", f"shape {tuple(scales.shape)}")
-    starts = _beside("cu_seqlen_ks", _window("cu_seqlen_ks", cu_seqlen_ks, tokens), q)
-    ends = _beside("cu_seqlen_ke", _window("cu_seqlen_ke", cu_seqlen_ke, tokens), q)
+    starts = _beside("cu_seq_len_k_start", _window("cu_seq_len_k_start", cu_seq_len_k_start, tokens), q)
+    ends = _beside("cu_seq_len_k_end", _window("cu_seq_len_k_end", cu_seq_len_k_end, tokens), q)
     check_bool("clean_logits", clean_logits)
     check_integer("max_seqlen_k", max_seqlen_k, 0, MAX_POOLS)  # the result's columns are the scorer's pools
     check_bool("validate", validate)
     if validate:  # the windows as passed; the scorer's own checks would name what this call derives
-        _within("cu_seqlen_ke", ends, 0, keys, "window ends within kv's keys")
+        _within("cu_seq_len_k_end", ends, 0, keys, "window ends within kv's keys")
         if max_seqlen_k:
             host = (ends.to(torch.int64) - starts.to(torch.int64)).cpu().numpy()
             check_nowhere(
