@@ -434,3 +434,40 @@ def test_deep_gemms_keyword_names_are_taken():
     want = deep_gemm.fp8_mqa_logits(*flat.values())
     assert torch.equal(deep_gemm.fp8_mqa_logits(**flat), want)
     assert torch.equal(deep_gemm.fp8_fp4_mqa_logits(**flat, logits_dtype=torch.float32, schedule_meta=None), want)
+
+
+def test_helper_63s_findings_least_ends_empty_inputs_and_indices_at_next_n_2():
+    # (1) max_seqlen_k's widths subtracted int64 ends as given: an end at int64's least value wrapped round to
+    # the largest width and its empty window scored keys; validate=True's width check wrapped the same way.
+    q, values, scales, weights, starts, ends = _flat_call(16)
+    tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
+    kv = (torch.from_numpy(values).view(torch.float8_e4m3fn), torch.from_numpy(scales))
+    tw = torch.from_numpy(weights)
+    ks, ke = torch.from_numpy(starts).long(), torch.from_numpy(ends).long()
+    ks[0], ke[0] = 1, -(2**63)
+    for width in (0, 4):
+        got = deep_gemm.fp8_mqa_logits(tq, kv, tw, ks, ke, False, width)
+        assert torch.isneginf(got[0]).all() and torch.isfinite(got[1, : min(ends[1], width or 160)]).all()
+    ks[0], ke[0] = -(2**63), 5
+    with pytest.raises(ValueError, match=r"^Invalid max_seqlen_k: expected at least every window's width .*, got 96, "
+                       r"below token 0's width 4611686018427387909$"):  # fmt: skip
+        deep_gemm.fp8_mqa_logits(tq, kv, tw, ks, ke, False, 96, validate=True)
+    # (3) No keys, or no tokens with max_seqlen_k: the scorer's checks of q and the weights were skipped.
+    none = (kv[0][:0], kv[1][:0])
+    for call in (lambda w: deep_gemm.fp8_mqa_logits(tq, none, w, ks, ke),
+                 lambda w: deep_gemm.fp8_mqa_logits(tq, none, w, ks, ke, False, 2),
+                 lambda w: deep_gemm.fp8_mqa_logits(tq[:0], kv, w[:0], ks[:0], ke[:0], False, 2)):  # fmt: skip
+        with pytest.raises(TypeError, match=r"^Invalid weights: expected dtype float32"):
+            call(tw.double())
+        assert torch.isneginf(call(tw)).all()
+    # (4) indices at next_n 2: the metadata call wanted [B], the logits call [B * next_n]; DeepGEMM takes a
+    # request id a row at next_n 1 only, and so do both calls now.
+    q, cache, weights, lens, table, max_context_len, _ = _call(2, True, seed=17)
+    tq, tc, tw, tl, tt = (torch.from_numpy(a) for a in (q, cache, weights, lens, table))
+    ids = torch.arange(2, dtype=torch.int32)
+    wanted = r"^Invalid indices: expected None at next_n above 1 .*, got a torch.Tensor at next_n 2$"
+    with pytest.raises(ValueError, match=wanted):
+        deep_gemm.get_paged_mqa_logits_metadata(tl, BLOCK, 8, ids)
+    with pytest.raises(ValueError, match=wanted):
+        deep_gemm.fp8_paged_mqa_logits(tq.view(torch.float8_e4m3fn), tc, tw, tl, tt, None, max_context_len,
+                                       indices=ids)  # fmt: skip

@@ -33,7 +33,8 @@ page (a copy of N * (D + 4) bytes), each token its own request seeing keys
 ``[0, ke)``, then writes ``-inf`` below ``ks`` (a pass over the result). The
 keys below a token's window are scored and then masked: a scorer that
 starts at a window (issue 33's restructure) would skip them. With
-``max_seqlen_k`` each key is a page of one entry (the same copy), and token
+``max_seqlen_k`` each key is a page of one entry (the same copy, each entry
+padded to 16 bytes so the scorer's 16-byte loads take it), and token
 t's table row points its entry c at key ``ks[t] + c`` (a table of S * M
 int32): only the windows are scored, and no ``[S, N]`` result is made.
 """
@@ -170,12 +171,16 @@ def _weights(weights: Any) -> Any:
     return weights
 
 
-def _indices(indices: Any, rows: int, device: torch.device) -> None:
+def _indices(indices: Any, rows: int, device: torch.device, next_n: int | None) -> None:
     """DeepGEMM's ``indices`` (newer releases: a request id per q row, which its scheduler uses to let a
-    request's rows share key loads): None, or int32 ``[rows]``. Checked, then not read: each row's logits
-    here come from its own ``context_lens`` and ``block_table`` row."""
+    request's rows share key loads): None, or int32 ``[rows]``, and only at ``next_n`` 1, as DeepGEMM takes it
+    (None: the metadata call's 1-D lengths, which do not say). Checked, then not read: each row's logits here
+    come from its own ``context_lens`` and ``block_table`` row."""
     if indices is None:
         return
+    if next_n not in (1, None):
+        raise fail("indices", "None at next_n above 1 (DeepGEMM takes a request id a row at next_n 1 only)",
+                   f"a {type_name(indices)} at next_n {next_n}")  # fmt: skip
     _tensor("indices", indices)
     if indices.dtype not in (torch.int32, torch.int64):
         raise dtype_fail("indices", "dtype int32 (or int64)", _dtype_name(indices))
@@ -198,7 +203,8 @@ def get_paged_mqa_logits_metadata(
         raise fail("context_lens", "shape [B] or [B, next_n]", f"shape {tuple(context_lens.shape)}")
     _positive("block_kv", block_kv)
     _positive("num_sms", num_sms)
-    _indices(indices, context_lens.numel(), context_lens.device)
+    next_n = context_lens.shape[1] if context_lens.ndim == 2 else None
+    _indices(indices, context_lens.shape[0], context_lens.device, next_n)
     return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)
 
 
@@ -243,7 +249,7 @@ def fp8_paged_mqa_logits(
         Taken for DeepGEMM's signature (its default, False, as DeepGEMM's): entries past a token's window are
         ``-inf`` either way (DeepGEMM leaves them unspecified with False, and newer releases refuse True).
     indices
-        None, or newer releases' int32 ``[B * next_n]``, a request id a q row (DeepGEMM's scheduler lets a
+        None, or newer releases' int32 ``[B]`` at next_n 1, a request id a q row (DeepGEMM's scheduler lets a
         request's rows share key loads); checked, not read.
     validate
         Read the lengths and the table back and check them (a host sync; not in a CUDA graph).
@@ -251,7 +257,7 @@ def fp8_paged_mqa_logits(
     q = _query(q, 4, "[B, next_n, H, D]")
     batch, next_n, heads, head_dim = q.shape
     lengths = _context_lens(context_lens, batch, next_n)
-    _indices(indices, batch * next_n, lengths.device)
+    _indices(indices, batch, lengths.device, next_n)
     _tensor("block_table", block_table)
     if block_table.ndim != 2 or block_table.shape[0] != batch:
         raise fail("block_table", f"shape [{batch}, max_blocks] (q's batch)", f"shape {tuple(block_table.shape)}")
@@ -369,7 +375,7 @@ def fp8_mqa_logits(
     if validate:  # the windows as passed; the scorer's own checks would name what this call derives
         _within("cu_seq_len_k_end", ends, 0, keys, "window ends within kv's keys")
         if max_seqlen_k:
-            host = (ends.to(torch.int64) - starts.to(torch.int64)).cpu().numpy()
+            host = _width(starts, ends).cpu().numpy()
             check_nowhere(
                 host > max_seqlen_k, "max_seqlen_k", "at least every window's width (ke - ks)",
                 lambda t: f"{max_seqlen_k}, below token {t}'s width {int(host[t])}",
@@ -378,24 +384,38 @@ def fp8_mqa_logits(
         return _windows_first(q, values, scales, _weights(weights), starts, ends, int(max_seqlen_k))
     device = q.device
     out = torch.empty((tokens, keys), dtype=torch.float32, device=device)
-    if keys == 0:
-        return out
     # The keys as one page of N entries: the values' bytes, then the scales' (kernels/kpool_fp8.cuh's layout).
-    page = torch.empty(keys * (head_dim + 4), dtype=torch.uint8, device=device)
+    # No keys: a page of one entry no token sees, so the scorer still checks q and the weights.
+    page = torch.zeros(max(keys, 1) * (head_dim + 4), dtype=torch.uint8, device=device)
     page[: keys * head_dim].copy_(values.reshape(-1).view(torch.uint8))
-    page[keys * head_dim :].copy_(scales.reshape(-1).contiguous().view(torch.uint8))
+    page[max(keys, 1) * head_dim :][: keys * 4].copy_(scales.reshape(-1).contiguous().view(torch.uint8))
     table = torch.zeros((tokens, 1), dtype=torch.int32, device=device)
     offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
+    # A negative end is raised to 0 first, so int64's least value cannot wrap round (helper-55).
+    cached = ends.clamp_min(0) - 1 if keys else torch.full_like(ends, -1)
     try:
         kt.kpool_index_logits_fp8(
-            q, _weights(weights), page.view(1, keys, head_dim + 4), table, offsets, ends.clamp_min(0) - 1, kpool=1,
-            max_pools=keys,
-            out=out, validate=False,
+            q, _weights(weights), page.view(1, max(keys, 1), head_dim + 4), table, offsets, cached, kpool=1,
+            max_pools=keys, out=out, validate=False,
         )  # fmt: skip  # the windows checked above; the table and offsets are this call's own
     except (ValueError, TypeError) as error:
         raise _renamed(error, _FLAT_NAMES, notes=_FLAT_NOTES) from None
     below = torch.arange(keys, device=device)[None, :] < starts[:, None]
     return out.masked_fill_(below, float("-inf"))
+
+
+# Windows' ends raised or lowered to +-2^62 before a subtraction: int64's extremes cannot wrap it round.
+_FAR = 2**62
+
+
+def _width(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """Each window's width ``ke - ks`` in int64, exact wherever it is below 2^62 (helper-63: int64's least end
+    wrapped round to its largest width)."""
+    return ends.to(torch.int64).clamp(-_FAR, _FAR) - starts.to(torch.int64).clamp(-_FAR, _FAR)
+
+
+# A page of one entry padded to 16 bytes (144 for D 128), so the scorer's 16-byte loads take the keys.
+_ENTRY_ALIGN = 16
 
 
 def _windows_first(
@@ -408,26 +428,33 @@ def _windows_first(
     width: int,
 ) -> torch.Tensor:
     """``fp8_mqa_logits`` with ``max_seqlen_k``: each key its own page of one entry (a copy of N * (D + 4)
-    bytes), token t its own request whose entry c is at page ``ks[t] + c`` (a table of S * M int32); entries
-    past the window are past the request's length, pages outside the keys (a window reaching below 0 or past
-    N) outside the cache: both ``-inf``."""
+    bytes, each page padded to 16), token t its own request whose entry c is at page ``ks[t] + c`` (a table of
+    S * M int32, made in place); entries past the window are past the request's length, pages outside the keys
+    (a window reaching below 0 or past N) outside the cache: both ``-inf``. No keys: a zero page nobody sees,
+    so the scorer still checks q and the weights."""
     tokens, _, head_dim = q.shape
     keys, device = values.shape[0], q.device
     out = torch.empty((tokens, width), dtype=torch.float32, device=device)
-    if keys == 0 or tokens == 0:
-        return out.fill_(float("-inf"))
-    entries = torch.empty((keys, 1, head_dim + 4), dtype=torch.uint8, device=device)
-    entries[:, 0, :head_dim].copy_(values.view(torch.uint8))
-    entries[:, 0, head_dim:].copy_(scales.reshape(keys).contiguous().view(torch.uint8).view(keys, 4))
-    first = starts.to(torch.int64)
-    columns = torch.arange(width, dtype=torch.int64, device=device)
-    table = (first[:, None] + columns[None, :]).clamp(-1, keys).to(torch.int32)
-    seen = (ends.to(torch.int64) - first).clamp(0, width)
+    entry = head_dim + 4
+    stride = -(-entry // _ENTRY_ALIGN) * _ENTRY_ALIGN
+    pages = torch.zeros((max(keys, 1), stride), dtype=torch.uint8, device=device)
+    pages[:keys, :head_dim].copy_(values.view(torch.uint8))
+    pages[:keys, head_dim:entry].copy_(scales.reshape(keys).contiguous().view(torch.uint8).view(keys, 4))
+    # Token t's first page, bounded so the table's int32 sums neither wrap nor leave [-1 - width, keys]: a
+    # window starting below -width sees no key, as one starting at -width - 1 does.
+    first = starts.to(torch.int64).clamp(-width - 1, keys)
+    if keys + width <= MAX_POOLS:  # the sums fit int32: the table is the only [S, M] tensor made
+        table = first.to(torch.int32)[:, None] + torch.arange(width, dtype=torch.int32, device=device)[None, :]
+    else:
+        table = (first[:, None] + torch.arange(width, dtype=torch.int64, device=device)[None, :]).clamp_(max=keys)
+        table = table.to(torch.int32)
+    table.clamp_(-1, keys)
+    seen = _width(starts, ends).clamp_(0, width) if keys else torch.zeros_like(first)
     offsets = torch.arange(tokens + 1, dtype=torch.int32, device=device)
     try:
         kt.kpool_index_logits_fp8(
-            q, weights, entries, table, offsets, (seen - 1).to(torch.int32), kpool=1, max_pools=width, out=out,
-            validate=False,
+            q, weights, pages[:, :entry].unsqueeze(1), table, offsets, (seen - 1).to(torch.int32), kpool=1,
+            max_pools=width, out=out, validate=False,
         )  # fmt: skip  # the windows checked by the caller; the table and offsets are this call's own
     except (ValueError, TypeError) as error:
         raise _renamed(error, _WINDOWS_FIRST_NAMES, notes=_FLAT_NOTES) from None
