@@ -86,7 +86,7 @@ def _deep_gemm_refusals(cache: np.ndarray) -> list[tuple[np.ndarray, str]]:
     spaced = np.zeros((blocks, size, 1, 2 * entry), np.uint8)[..., :entry]  # rows 2 entries apart
     shape = rf"expected shape \[num_blocks, block_size >= 1, {entry}\].*got \({blocks}, {size}, 1, {entry + 4}\)$"
     r = 2 * entry  # the row stride
-    strides = rf"contiguous pages \(strides \[page, {entry}, any, 1\]\), got strides \({r * size}, {r}, {r}, 1\)$"
+    strides = rf"contiguous pages \(strides \[page, {entry}, any, 1\]\), got byte strides \({r * size}, {r}, {r}, 1\)$"
     return [(wide, shape), (spaced, "expected " + strides)]
 
 

@@ -172,7 +172,9 @@ def test_workspace_sizes_and_refusals():
     with pytest.raises(TypeError, match=r"^Invalid workspace: expected dtype uint8"):
         emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=100, workspace=np.zeros(needed, np.int8))
     strided = np.zeros(2 * needed, np.uint8)[::2]  # the right length, every other byte: the strides are named
-    with pytest.raises(ValueError, match=r"^Invalid workspace: expected a contiguous 1-D array, got strides \(2,\)$"):
+    with pytest.raises(
+        ValueError, match=r"^Invalid workspace: expected a contiguous 1-D array, got byte strides \(2,\)$"
+    ):
         emulate.kpool_index_topk(logits, offsets, lengths, kpool=1, pool_topk=100, workspace=strided)
     with pytest.raises(ValueError, match=r"^Invalid pools"):
         kpool_cupy.index_topk_workspace_bytes(1, -1, 512)

@@ -73,7 +73,9 @@ def check_grad_pooled(grad: Any, head_dim: int) -> None:
         raise fail("grad_pooled", f"shape [>= total_pools, {head_dim}] (head_dim of k)", f"shape {tuple(grad.shape)}")
     itemsize = np.dtype(grad.dtype).itemsize
     if any(s % itemsize for s in grad.strides):
-        raise fail("grad_pooled", f"strides in whole elements ({itemsize} bytes)", f"strides {tuple(grad.strides)}")
+        raise fail(
+            "grad_pooled", f"strides in whole elements ({itemsize} bytes)", f"byte strides {tuple(grad.strides)}"
+        )
 
 
 def check_gradient_out(name: str, array: Any, like: str, shape: tuple[Any, ...], dtype: np.dtype) -> None:

@@ -60,7 +60,7 @@ def _check_step_tokens(name: str, array: Any, dtypes: tuple[np.dtype, ...]) -> N
             name, f"a contiguous last dim (stride {array.dtype.itemsize} bytes)", f"stride {array.strides[2]} bytes"
         )
     if array.size and any(s % array.dtype.itemsize for s in array.strides[:2]):
-        raise fail(name, f"strides that are multiples of {array.dtype.itemsize} bytes", f"strides {array.strides}")
+        raise fail(name, f"strides that are multiples of {array.dtype.itemsize} bytes", f"byte strides {array.strides}")
 
 
 def _check_out(out: Any, shape: tuple[int, int, int]) -> None:

@@ -126,7 +126,7 @@ def check_cache_layout(
     page = cache.shape[1] * entry
     if cache.size and (cache.strides[-1] != 1 or (cache.shape[1] > 1 and cache.strides[1] != entry)):
         rule = f"strides [page, {entry}, any, 1]" if deep_gemm else f"strides [page, {entry}, 1]"
-        raise fail("cache", f"contiguous pages ({rule})", f"strides {cache.strides}")
+        raise fail("cache", f"contiguous pages ({rule})", f"byte strides {cache.strides}")
     if cache.shape[0] > 1 and (cache.strides[0] < page or cache.strides[0] % 4):
         raise fail("cache", f"a page stride that is a multiple of 4 and at least {page} bytes", cache.strides[0])
     if cache.size and codes.data_pointer(cache) % 4:
@@ -159,7 +159,7 @@ def _check_rows_out(out: Any, out_scale: Any, head_dim: int, leading: tuple[int,
         raise fail("out", f"shape {rule}", f"shape {tuple(out.shape)}")
     if leading is None:
         if out.size and out.shape[1] > 1 and out.strides[1] != 1:
-            raise fail("out", "a contiguous last dim", f"strides {out.strides}")
+            raise fail("out", "a contiguous last dim", f"byte strides {out.strides}")
         if out.shape[0] > 1 and abs(out.strides[0]) < head_dim:
             raise fail("out", f"rows that do not overlap (|row stride| >= {head_dim} bytes)", out.strides[0])
     else:

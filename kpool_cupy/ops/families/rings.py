@@ -30,7 +30,9 @@ def check_no_internal_overlap(name: str, array: Any) -> None:
     for stride, size in sorted((abs(s), n) for n, s in zip(array.shape, array.strides, strict=True) if n > 1):
         if stride < span:
             raise fail(
-                name, "elements that do not overlap (each stride clears the smaller dims)", f"strides {array.strides}"
+                name,
+                "elements that do not overlap (each stride clears the smaller dims)",
+                f"byte strides {array.strides}",
             )
         span += stride * (size - 1)
 
@@ -41,7 +43,7 @@ def _check_layout(name: str, array: Any, rows: int, span: int) -> None:
     if array.size and array.shape[-1] > 1 and array.strides[-1] != itemsize:
         raise fail(name, f"a contiguous last dim (stride {itemsize} bytes)", f"stride {array.strides[-1]} bytes")
     if array.size and any(s % itemsize for s in array.strides):
-        raise fail(name, f"strides that are multiples of {itemsize} bytes", f"strides {array.strides}")
+        raise fail(name, f"strides that are multiples of {itemsize} bytes", f"byte strides {array.strides}")
     # The decode kernel addresses rows within a slot with 32-bit offsets,
     # the ring's whole length (rows * row stride, its wrap) among them.
     if array.size and span >= 2**31:

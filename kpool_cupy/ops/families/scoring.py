@@ -53,9 +53,9 @@ def check_rows_of(name: str, array: Any, dtype: np.dtype, ndim: int, shape_rule:
     if not definitely(array.size != 0):  # an empty array (or, traced, one that may be): no stride is used
         return
     if definitely(array.shape[-1] > 1) and array.strides[-1] != array.dtype.itemsize:
-        raise fail(name, "a contiguous last dim", f"strides {array.strides}")
+        raise fail(name, "a contiguous last dim", f"byte strides {array.strides}")
     if any(definitely(s < 0) or definitely(s % array.dtype.itemsize != 0) for s in array.strides):
-        raise fail(name, "non-negative strides in whole elements", f"strides {array.strides}")
+        raise fail(name, "non-negative strides in whole elements", f"byte strides {array.strides}")
 
 
 def check_scoring_inputs(

@@ -139,7 +139,7 @@ def check_contiguous(name: str, array: Any) -> None:
     expected = array.dtype.itemsize
     for size, stride in zip(reversed(array.shape), reversed(array.strides), strict=True):
         if size > 1 and stride != expected:
-            raise fail(name, "a C-contiguous array", f"strides {tuple(array.strides)}")
+            raise fail(name, "a C-contiguous array", f"byte strides {tuple(array.strides)}")
         expected *= size
 
 
@@ -160,9 +160,9 @@ def check_block_table(block_table: Any, batch: int, name: str = "block_table") -
     if block_table.ndim != 2 or block_table.shape[0] != batch:
         raise fail(name, f"shape [{batch}, max_blocks] (one row per request)", tuple(block_table.shape))
     if block_table.size and block_table.shape[1] > 1 and block_table.strides[1] != 4:
-        raise fail(name, "a contiguous last dim", f"strides {block_table.strides}")
+        raise fail(name, "a contiguous last dim", f"byte strides {block_table.strides}")
     if block_table.size and block_table.strides[0] % 4:
-        raise fail(name, "a row stride in whole entries", f"strides {block_table.strides}")
+        raise fail(name, "a row stride in whole entries", f"byte strides {block_table.strides}")
 
 
 def check_index(name: str, array: Any, length: int | None) -> None:
@@ -367,7 +367,7 @@ def check_workspace(workspace: Any) -> None:
     if workspace.ndim != 1:
         raise fail("workspace", "a contiguous 1-D array", f"shape {tuple(workspace.shape)}")
     if workspace.size > 1 and workspace.strides[0] != 1:
-        raise fail("workspace", "a contiguous 1-D array", f"strides {tuple(workspace.strides)}")
+        raise fail("workspace", "a contiguous 1-D array", f"byte strides {tuple(workspace.strides)}")
     address = data_pointer(workspace)
     if address % 16:  # kernels keep 4-byte words (counters, float32 sums) there: a GPU faults on a misaligned one
         raise fail("workspace", "a 16-byte aligned buffer", f"an address {address % 16} bytes past a multiple of 16")
