@@ -777,7 +777,9 @@ def kpool_index_topk(
         the positions it was given: the selection is not known on the host.
     workspace
         uint8, 1-D, at least :func:`index_topk_workspace_bytes` ``(num_tokens,
-        pools, pool_topk)`` bytes (a ValueError names it otherwise), 16-byte
+        pools, pool_topk)`` bytes (a ValueError names what the call needs
+        otherwise; the sizing covers every batch of at most num_tokens rows
+        and at most ``pools`` logits, so size it for the largest), 16-byte
         aligned, its first 512 bytes (the counters) zero before its first
         use: every call leaves them zero again, so one buffer serves every
         call and a CUDA graph; the rest is scratch. None: the call allocates
@@ -854,7 +856,9 @@ def kpool_index_select_fp8(
         pages; ``cache_block_table``: the pooled cache's).
     workspace
         uint8, 1-D, at least :func:`index_select_workspace_bytes` ``(num_tokens,
-        pool_topk)`` bytes (a ValueError names it otherwise), 16-byte aligned,
+        pool_topk)`` bytes (a ValueError names what the call needs otherwise;
+        the sizing covers every batch of at most num_tokens, so size it for the
+        largest), 16-byte aligned,
         its first 512 bytes (the counters) zero before its first use: every call
         leaves them zero again, so one buffer serves every call, every batch
         size and a CUDA graph; the rest is scratch. None: the call allocates a

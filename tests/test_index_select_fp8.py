@@ -3,6 +3,8 @@ does not grow with the context."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from index_cases import index_case, infinite_scale_case, repaged, rising_case
@@ -20,6 +22,7 @@ from kpool_cupy.kernel.declarations import (
     MMA_F16,
     MMA_WGMMA,
 )
+from kpool_cupy.ops.families import split_selection
 from kpool_cupy.ops.framework.binding import bind
 from kpool_cupy.ops.index_logits_fp8 import SPEC as SCORE
 from kpool_cupy.ops.index_select_fp8 import SPEC as SELECT
@@ -375,11 +378,25 @@ def test_one_workspace_serves_every_batch_size():
 
 
 def test_workspace_sizes_and_refusals():
-    assert kpool_cupy.index_select_workspace_bytes(256, 512) == 0  # a block a token: nothing to merge
     assert kpool_cupy.index_select_workspace_bytes(0, 512) == 0
     # At most 256 lists of 512 keys and ids (1 MiB) and the counters, whatever the tokens (and the context).
     sizes = [kpool_cupy.index_select_workspace_bytes(n, 512) for n in range(1, 300)]
-    assert max(sizes) <= 256 * 512 * 8 + 2 * 16 * 256 and min(sizes) == 0
+    assert max(sizes) <= 256 * 512 * 8 + 2 * 16 * 256
+    # The most any smaller batch needs too (helper-64: the need rises and falls with the tokens, so a buffer
+    # sized for 100 tokens was refused at 64): one buffer sized for the largest batch serves every call.
+    for topk in (64, 100, 512):
+        needs = [split_selection.workspace_bytes(n, select_splits(n, topk), topk) for n in range(0, 300)]
+        assert needs[129:] == [0] * (300 - 129)  # a block a token past 128 tokens: nothing to merge
+        assert any(later < earlier for earlier, later in itertools.pairwise(needs))  # the need is not monotone
+        sized = [kpool_cupy.index_select_workspace_bytes(n, topk) for n in range(0, 300)]
+        assert sized == list(itertools.accumulate(needs, max)), topk
+    largest = np.zeros(kpool_cupy.index_select_workspace_bytes(100, 64), np.uint8)  # sized for 100 tokens
+    step = index_case(np.random.default_rng(0), head_dim=64, heads=2, kpool=2, block_size=16, counts=(64,),
+                      cache_lengths=(1000,))  # fmt: skip
+    got = emulate.kpool_index_select_fp8(*step.args, kpool=2, pool_topk=64, workspace=largest)  # 64 tokens
+    want = reference.kpool_index_select_fp8(*step.args, kpool=2, pool_topk=64)
+    np.testing.assert_array_equal(got, want)
+    assert not largest[: split_selection.COUNTER_BYTES].any()
     rng = np.random.default_rng(5)
     case = index_case(rng, heads=2, kpool=1, block_size=16, counts=(2,), cache_lengths=(700,))
     needed = kpool_cupy.index_select_workspace_bytes(2, 100)

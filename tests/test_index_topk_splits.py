@@ -141,8 +141,7 @@ def test_one_workspace_serves_every_call_and_is_left_zeroed():
     # another's counters would be, were they per row), with and without validation: each equal to the model,
     # the counters zero after each.
     rng = np.random.default_rng(10)
-    size = max(index_topk_workspace_bytes(n, 20000, 64) for n in (1, 4))
-    workspace = np.zeros(size, np.uint8)
+    workspace = np.zeros(index_topk_workspace_bytes(4, 20000, 64), np.uint8)  # covers the smaller batches too
     for tokens, validate in ((1, True), (4, True), (1, False), (4, False)):
         logits, offsets, lengths = _one_request(rng.standard_normal((tokens, 20000)).astype(np.float32))
         call = {"kpool": 1, "pool_topk": 64}
@@ -152,8 +151,18 @@ def test_one_workspace_serves_every_call_and_is_left_zeroed():
 
 
 def test_workspace_sizes_and_refusals():
-    assert index_topk_workspace_bytes(129, 1 << 20, 512) == 0  # more rows than counters: a block a row
+    exact = split_selection.workspace_bytes
+    assert exact(129, topk_splits(129, 1 << 20, 512), 512) == 0  # more rows than counters: a block a row
     assert index_topk_workspace_bytes(4, 4096, 512) == 0  # rows of one split
+    # The sizing is the most any batch up to num_tokens needs (helper-64: the need rises and falls with the rows,
+    # so a buffer sized for the largest batch was refused by a smaller one), and grows with the pools.
+    for pools, topk in ((1 << 20, 512), (70001, 64), (9000, 100)):
+        needs = [exact(n, topk_splits(n, pools, topk), topk) for n in range(200)]
+        sized = [index_topk_workspace_bytes(n, pools, topk) for n in range(200)]
+        assert sized == [max(needs[: n + 1]) for n in range(200)], (pools, topk)
+        assert sized[150] > 0 == needs[150]
+    assert all(index_topk_workspace_bytes(8, p, 64) <= index_topk_workspace_bytes(8, p + 5000, 64)
+               for p in range(0, 200000, 5000))  # fmt: skip
     assert index_topk_workspace_bytes(0, 1 << 17, 512) == 0
     # One 128K-pool row at top 512: 16 splits of 8,192 logits (16 x 512 keys and ids merged, a 16-byte head each).
     assert topk_splits(1, 1 << 17, 512) == 16

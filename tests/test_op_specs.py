@@ -15,18 +15,24 @@ from kpool_cupy.backends import reference as reference_backend
 from kpool_cupy.functions import call_backend, definition
 from kpool_cupy.ops import COMPRESS, OPS
 from kpool_cupy.ops.compress_backward import partials_shape
+from kpool_cupy.ops.families.split_selection import workspace_bytes
 from kpool_cupy.ops.framework.binding import bind, execute
 from kpool_cupy.ops.framework.examples import example_batch, named
 from kpool_cupy.ops.framework.spec import Operand, Option
-from kpool_cupy.ops.index_select_fp8 import index_select_workspace_bytes
-from kpool_cupy.ops.index_topk import index_topk_workspace_bytes
+from kpool_cupy.ops.index_select_fp8 import select_splits
+from kpool_cupy.ops.index_topk import topk_splits
 
 BINDINGS = (gpu_backend.BINDING, emulate_backend.BINDING, reference_backend.BINDING)
 
 # The working memory an op with a scratch operand allocates when the caller gives none.
+# What a call allocates when no workspace is given: its own need (the public sizings cover smaller batches too).
 SCRATCH_BYTES = {
-    "kpool_index_select_fp8": lambda call: index_select_workspace_bytes(call.num_tokens, call.pool_topk),
-    "kpool_index_topk": lambda call: index_topk_workspace_bytes(call.num_tokens, call.logits_width, call.pool_topk),
+    "kpool_index_select_fp8": lambda call: workspace_bytes(
+        call.num_tokens, select_splits(call.num_tokens, call.pool_topk), call.pool_topk
+    ),
+    "kpool_index_topk": lambda call: workspace_bytes(
+        call.num_tokens, topk_splits(call.num_tokens, call.logits_width, call.pool_topk), call.pool_topk
+    ),
 }
 
 

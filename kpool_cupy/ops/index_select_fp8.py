@@ -50,11 +50,13 @@ def select_splits(num_tokens: int, pool_topk: int) -> int:
 
 
 def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
-    """Bytes of ``workspace`` ``kpool_index_select_fp8`` needs for ``num_tokens`` query tokens selecting
-    ``pool_topk`` pools each, whatever the context length: 0 when a token's pools are not split over blocks
-    (more than 128 tokens), else the counters (the first ``COUNTER_BYTES``, whatever num_tokens, so one
-    zeroed buffer serves every batch size) and, per token and split, a head of 16 bytes and pool_topk keys and
-    ids (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
+    """Bytes of ``workspace`` that serve every ``kpool_index_select_fp8`` call of at most ``num_tokens`` query
+    tokens selecting ``pool_topk`` pools each, whatever the context length: the most such a call needs. A call
+    needs 0 when a token's pools are not split over blocks (more than 128 tokens), else the counters (the
+    first ``COUNTER_BYTES``, whatever num_tokens, so one zeroed buffer serves every batch size) and, per token
+    and split, a head of 16 bytes and pool_topk keys and ids (kernels/kpool_select.cuh's
+    ``kp::select_workspace``). The splits a token shrink as tokens grow, so the need rises and falls with
+    num_tokens: this is its most over the smaller batches too."""
     return split_selection.checked_workspace_bytes(num_tokens, pool_topk, select_splits)
 
 
@@ -122,8 +124,8 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     make the workspace, allocate the outputs, launch."""
     workspace = a["workspace"]
     splits = select_splits(call.num_tokens, call.pool_topk)
-    needed = index_select_workspace_bytes(call.num_tokens, call.pool_topk)
-    sizing = f"index_select_workspace_bytes({call.num_tokens}, {call.pool_topk})"
+    needed = split_selection.workspace_bytes(call.num_tokens, splits, call.pool_topk)
+    sizing = f"index_select_workspace_bytes({call.num_tokens}, {call.pool_topk}) covers it"
     check_workspace_size(workspace, needed, sizing)
     if validate:
         table = a["cache_block_table"]

@@ -41,11 +41,13 @@ def topk_splits(num_tokens: int, pools: int, pool_topk: int) -> int:
 
 
 def index_topk_workspace_bytes(num_tokens: int, pools: int, pool_topk: int) -> int:
-    """Bytes of ``workspace`` ``kpool_index_topk`` needs for logits of ``num_tokens`` rows of ``pools`` columns
-    selecting ``pool_topk`` each: 0 when each row is one block's (more than 128 rows, or rows of at most
-    max(4096, 16 pool_topk) logits), else the counters (the first 512 bytes, whatever num_tokens, so one zeroed
-    buffer serves every call) and, per row and split, a head of 16 bytes and pool_topk keys and ids
-    (kernels/kpool_select.cuh's ``kp::select_workspace``)."""
+    """Bytes of ``workspace`` that serve every ``kpool_index_topk`` call on logits of at most ``num_tokens`` rows
+    of ``pools`` columns selecting ``pool_topk`` each: the most such a call needs. A call needs 0 when each row
+    is one block's (more than 128 rows, or rows of at most max(4096, 16 pool_topk) logits), else the counters
+    (the first 512 bytes, whatever num_tokens, so one zeroed buffer serves every call) and, per row and split,
+    a head of 16 bytes and pool_topk keys and ids (kernels/kpool_select.cuh's ``kp::select_workspace``). The
+    splits a row shrink as rows grow, so the need rises and falls with num_tokens: this is its most over the
+    smaller batches too (0 only where none of them splits), and it grows with ``pools``."""
     check_integer("pools", pools, 0)
     return split_selection.checked_workspace_bytes(
         num_tokens, pool_topk, lambda tokens, topk: topk_splits(tokens, int(pools), topk)
@@ -99,7 +101,7 @@ def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: b
     workspace = a["workspace"]
     splits = topk_splits(call.num_tokens, call.logits_width, call.pool_topk)
     needed = split_selection.workspace_bytes(call.num_tokens, splits, call.pool_topk)
-    sizing = f"index_topk_workspace_bytes({call.num_tokens}, {call.logits_width}, {call.pool_topk})"
+    sizing = f"index_topk_workspace_bytes({call.num_tokens}, {call.logits_width}, {call.pool_topk}) covers it"
     check_workspace_size(workspace, needed, sizing)
     if validate:
         counters = split_selection.counters_to_check(workspace, splits)

@@ -52,12 +52,23 @@ def workspace_bytes(num_tokens: int, splits: int, pool_topk: int) -> int:
     return COUNTER_BYTES + HEAD_BYTES * lists + _align16(4 * lists * pool_topk) + 4 * lists * pool_topk
 
 
+# The batches after which most_splits steps down (the largest batch of each TARGET_BLOCKS // num_tokens).
+_STEP_ENDS = tuple(sorted({TARGET_BLOCKS // m for m in range(1, TARGET_BLOCKS + 1)}))
+
+
 def checked_workspace_bytes(num_tokens: Any, pool_topk: Any, splits: Callable[[int, int], int]) -> int:
-    """``workspace_bytes`` for a public sizing call: num_tokens a count (TypeError or ValueError naming it),
-    pool_topk checked as the ops check it, ``splits(num_tokens, pool_topk)`` the op's rule."""
+    """A public sizing call: the most ``workspace_bytes`` any batch of at most ``num_tokens`` tokens needs, so
+    one buffer sized for an engine's largest batch serves every smaller one (helper-64: the need itself rises
+    and falls with the batch, as the splits a token shrink). num_tokens a count (TypeError or ValueError naming
+    it), pool_topk checked as the ops check it, ``splits(num_tokens, pool_topk)`` the op's rule.
+
+    Between two of most_splits' steps the splits are the same and the bytes grow with the batch, so the most
+    is at num_tokens or at the last batch of an earlier step."""
     check_integer("num_tokens", num_tokens, 0)
     check_pool_topk(pool_topk)
-    return workspace_bytes(int(num_tokens), splits(int(num_tokens), int(pool_topk)), int(pool_topk))
+    tokens, topk = int(num_tokens), int(pool_topk)
+    batches = [n for n in _STEP_ENDS if n < tokens] + [tokens]
+    return max(workspace_bytes(n, splits(n, topk), topk) for n in batches)
 
 
 def counters_to_check(workspace: Any, splits: int) -> list[Any]:
