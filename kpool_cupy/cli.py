@@ -81,14 +81,14 @@ _RECORD_SWITCHES = (
     (
         "fp8",
         "Also time kpool_compress_fp8 into a paged cache against the unfused sequence, the FP8 tail update (and "
-        "its host cost) and ring close, and hadamard_quant_fp8 (and both ops' host costs in the decode step).",
+        "its host cost) and ring close, and hadamard_quant_fp8.",
     ),
     ("sweep", "Time kpool_compress over the sweep's shapes (the records above run first either way)."),
     ("index", "Also time kpool_index_logits_fp8 at the engines' decode and prefill shapes against a CuPy composite."),
     (
         "select",
         "Also time kpool_index_select_fp8 against the scorer then kpool_index_topk, and a torch composite; "
-        "and kpool_index_topk alone against torch.topk (and the host costs of both forms in the decode step).",
+        "and kpool_index_topk alone against torch.topk.",
     ),
     ("backward", "Also time kpool_compress_backward against torch autograd through an eager implementation."),
 )

@@ -63,13 +63,13 @@ def test_the_records_compare_the_two_calls_bit_for_bit_and_say_why_torch_is_skip
     body = """
     import cupy
     assert cupy.__version__.endswith("numpy-double"), cupy.__file__
-    import kpool_cupy
     from kpool_cupy.bench import select, topk
+    from kpool_cupy.ops.index_select_fp8 import call_workspace_bytes
     for shape, record in zip(select.select_shapes(quick=True), select.run_select(quick=True, samples=1)):
         ours, two = record["implementations"]["kpool-cupy"], record["implementations"]["kpool-cupy-two-step"]
         assert two["same_as_fused"] is True, record["name"]
         assert ours["time_over_kpool_cupy"] == 1.0 and two["working_bytes"] == shape.tokens * shape.pools * 4
-        assert ours["working_bytes"] == kpool_cupy.index_select_workspace_bytes(shape.tokens, 512)
+        assert ours["working_bytes"] == call_workspace_bytes(shape.tokens, 512)  # the call's own need
         assert record["bytes"] == select.select_bytes(shape) and record["name"].startswith("select")
         torch = record["implementations"]["torch-composite"]
         assert "skipped" in torch and "torch" in torch["skipped"], torch

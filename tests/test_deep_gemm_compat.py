@@ -417,6 +417,13 @@ def test_newer_releases_names_and_arguments_give_the_same_logits():
 def test_deep_gemms_keyword_names_are_taken():
     # DeepGEMM's bindings name their arguments (py::arg): a caller passing them by keyword reaches the same
     # call. These names were vLLM's wrapper's (block_tables, max_model_len, cu_seqlen_ks, ...) until today.
+    import inspect
+
+    defaults = {name: inspect.signature(getattr(deep_gemm, name)).parameters["clean_logits"].default
+                for name in ("fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits", "fp8_mqa_logits",
+                             "fp8_fp4_mqa_logits")}  # fmt: skip
+    assert defaults == {"fp8_paged_mqa_logits": False, "fp8_fp4_paged_mqa_logits": False,
+                        "fp8_mqa_logits": True, "fp8_fp4_mqa_logits": True}  # DeepGEMM's defaults  # fmt: skip
     q, cache, weights, lens, table, max_context_len, _ = _call(1, False, seed=14)
     tq = torch.from_numpy(q).view(torch.float8_e4m3fn)
     tc, tw, tl, tt = (torch.from_numpy(a) for a in (cache, weights, lens, table))

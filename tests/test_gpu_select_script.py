@@ -16,8 +16,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_variants  # noqa: E402
 
-import kpool_cupy  # noqa: E402
 from kpool_cupy.bench import topk  # noqa: E402
+from kpool_cupy.ops.index_topk import call_workspace_bytes  # noqa: E402
 
 # A guard against a hang: the smoke run emulates the quick select and topk records and memcheck's small
 # prefill on the CPU (24 s here, 2026-12-05).
@@ -46,13 +46,14 @@ def test_the_smoke_run_benches_both_selections_and_runs_the_prefill_calls_under_
     names = [record["name"] for record in records]
     assert any(n.startswith("select ") for n in names), names
     # The topk records (kpool_cupy/bench/topk.py), as the bench ran them: the quick shapes in order, each
-    # credited with topk_bytes, its workspace exactly what a split row needs, torch.topk's absence said.
+    # credited with topk_bytes, its workspace exactly what its call needs (0 for a block a row), torch.topk's
+    # absence said.
     topk_records = [record for record in records if record["name"].startswith("topk ")]
     shapes = topk.topk_shapes(quick=True)
     assert [record["name"] for record in topk_records] == [shape.name for shape in shapes]
     for shape, record in zip(shapes, topk_records, strict=True):
         ours = record["implementations"]["kpool-cupy"]
-        needed = kpool_cupy.index_topk_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk)
+        needed = call_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk)
         assert ours["working_bytes"] == needed and (needed > 0) == (record["splits"] > 1), record
         assert record["bytes"] == topk.topk_bytes(shape) and ours["time_over_kpool_cupy"] == 1.0
         assert "torch" in record["implementations"]["torch-topk"]["skipped"]

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..kernel.pages import FP8_PAGES
+from ..ops.index_select_fp8 import call_workspace_bytes
 from .fp8 import CACHE_BLOCK_SIZE
 from .index import HEAD_DIM, KPOOL, IndexShape, _input_sets, index_bytes, index_flops
 from .lifecycle import device_rotation
@@ -98,7 +99,7 @@ def bench_select(shape: IndexShape, samples: int, pool_topk: int = POOL_TOPK) ->
     count = rotated["sets"]
     sets, logits, _ = _input_sets(shape, count)
     table = kv_table(shape.requests, shape.context)
-    workspace = cupy.zeros(kpool_cupy.index_select_workspace_bytes(shape.tokens, pool_topk), cupy.uint8)
+    workspace = cupy.zeros(call_workspace_bytes(shape.tokens, pool_topk), cupy.uint8)  # this call's need
     paged = {"block_table": table, "block_size": KV_BLOCK_SIZE}
 
     def fused(i: int) -> Any:

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..ops.index_topk import topk_splits
+from ..ops.index_topk import call_workspace_bytes, topk_splits
 from .lifecycle import device_rotation
 from .select import KV_BLOCK_SIZE, kv_table
 from .stats import ratios_to
@@ -122,7 +122,7 @@ def bench_topk(shape: TopkShape, samples: int) -> dict[str, Any]:
     offsets = cupy.arange(0, shape.tokens + 1, shape.next_n, dtype=cupy.int32)
     lengths = cupy.full(shape.requests, shape.context - shape.next_n, dtype=cupy.int32)
     paged = {"block_table": kv_table(shape.requests, shape.context), "block_size": KV_BLOCK_SIZE}
-    needed = kpool_cupy.index_topk_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk)
+    needed = call_workspace_bytes(shape.tokens, shape.pools, shape.pool_topk)  # this call's need
     workspace = cupy.zeros(needed, cupy.uint8) if needed else None
 
     def ours(i: int) -> Any:

@@ -34,7 +34,7 @@ page (a copy of N * (D + 4) bytes), each token its own request seeing keys
 keys below a token's window are scored and then masked: a scorer that
 starts at a window (issue 33's restructure) would skip them. With
 ``max_seqlen_k`` each key is a page of one entry (the same copy, each entry
-padded to 16 bytes so the scorer's 16-byte loads take it), and token
+padded to a multiple of 16 bytes so the scorer's 16-byte loads take it), and token
 t's table row points its entry c at key ``ks[t] + c`` (a table of S * M
 int32): only the windows are scored, and no ``[S, N]`` result is made.
 """
@@ -164,8 +164,8 @@ def _context_lens(context_lens: Any, batch: int, next_n: int) -> torch.Tensor:
 
 
 def _weights(weights: Any) -> Any:
-    """float32 weights as given; DeepGEMM's newer releases' bfloat16 or float16 ones widened to float32 (exact:
-    one small copy). Anything else goes to the scorer, whose refusal names it."""
+    """float32 weights as given; bfloat16 or float16 ones widened to float32 (exact: one small copy). Anything
+    else goes to the scorer, whose refusal names it."""
     if isinstance(weights, torch.Tensor) and weights.dtype in (torch.bfloat16, torch.float16):
         return weights.float()
     return weights
@@ -232,7 +232,7 @@ def fp8_paged_mqa_logits(
         uint8 ``[num_blocks, block_size, 1, D + 4]`` (or this package's 3-D form): each page's values, then
         its float32 scales.
     weights
-        float32 ``[B * next_n, H]`` (bfloat16 or float16, as newer releases take, are widened to float32).
+        float32 ``[B * next_n, H]`` (bfloat16 or float16 are widened to float32).
     context_lens
         int32 ``[B]`` or ``[B, next_n]``: the keys each request (or token) sees, the step's tokens included.
         A 1-D length below next_n (DeepGEMM's callers count the step, so never one) scores ``-inf`` for all of
@@ -333,7 +333,7 @@ def fp8_mqa_logits(
         ``(values, scales)``: float8_e4m3fn (or uint8) ``[N, D]`` and float32 ``[N]`` (or ``[N, 1]``). In an
         engine's prefill, the chunk's requests' keys gathered into one array.
     weights
-        float32 ``[S, H]`` (bfloat16 or float16, as newer releases take, are widened to float32).
+        float32 ``[S, H]`` (bfloat16 or float16 are widened to float32).
     cu_seq_len_k_start, cu_seq_len_k_end
         int32 ``[S]``: token t's keys are ``[ks[t], ke[t])`` (vLLM: ks = its request's offset in ``kv``,
         ke = ks + position + 1).
@@ -414,7 +414,7 @@ def _width(starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
     return ends.to(torch.int64).clamp(-_FAR, _FAR) - starts.to(torch.int64).clamp(-_FAR, _FAR)
 
 
-# A page of one entry padded to 16 bytes (144 for D 128), so the scorer's 16-byte loads take the keys.
+# A page of one entry padded to a multiple of 16 bytes (144 for D 128), so the scorer's 16-byte loads take the keys.
 _ENTRY_ALIGN = 16
 
 
@@ -428,10 +428,11 @@ def _windows_first(
     width: int,
 ) -> torch.Tensor:
     """``fp8_mqa_logits`` with ``max_seqlen_k``: each key its own page of one entry (a copy of N * (D + 4)
-    bytes, each page padded to 16), token t its own request whose entry c is at page ``ks[t] + c`` (a table of
-    S * M int32, made in place); entries past the window are past the request's length, pages outside the keys
-    (a window reaching below 0 or past N) outside the cache: both ``-inf``. No keys: a zero page nobody sees,
-    so the scorer still checks q and the weights."""
+    bytes, each page padded to a multiple of 16), token t its own request whose entry c is at page
+    ``ks[t] + c`` (a table of S * M int32, made in place where keys + M < 2^31, else from an int64 one);
+    entries past the window are past the request's length, pages outside the keys (a window reaching below 0
+    or past N) outside the cache: both ``-inf``. No keys: a zero page nobody sees, so the scorer still checks
+    q and the weights."""
     tokens, _, head_dim = q.shape
     keys, device = values.shape[0], q.device
     out = torch.empty((tokens, width), dtype=torch.float32, device=device)

@@ -49,6 +49,12 @@ def select_splits(num_tokens: int, pool_topk: int) -> int:
     return split_selection.most_splits(num_tokens, pool_topk)
 
 
+def call_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
+    """What one call of ``num_tokens`` tokens needs (``index_select_workspace_bytes`` is the most over batches up
+    to it): what a call checks and allocates, and what the bench credits."""
+    return split_selection.workspace_bytes(num_tokens, select_splits(num_tokens, pool_topk), pool_topk)
+
+
 def index_select_workspace_bytes(num_tokens: int, pool_topk: int) -> int:
     """Bytes of ``workspace`` that serve every ``kpool_index_select_fp8`` call of at most ``num_tokens`` query
     tokens selecting ``pool_topk`` pools each, whatever the context length: the most such a call needs. A call
@@ -124,7 +130,7 @@ def run(backend: Backend, call: IndexSelectCall, a: dict[str, Any], *, validate:
     make the workspace, allocate the outputs, launch."""
     workspace = a["workspace"]
     splits = select_splits(call.num_tokens, call.pool_topk)
-    needed = split_selection.workspace_bytes(call.num_tokens, splits, call.pool_topk)
+    needed = call_workspace_bytes(call.num_tokens, call.pool_topk)
     sizing = f"index_select_workspace_bytes({call.num_tokens}, {call.pool_topk}) covers it"
     check_workspace_size(workspace, needed, sizing)
     if validate:

@@ -40,6 +40,12 @@ def topk_splits(num_tokens: int, pools: int, pool_topk: int) -> int:
     return max(1, min(split_selection.most_splits(num_tokens, pool_topk), -(-pools // per_split)))
 
 
+def call_workspace_bytes(num_tokens: int, pools: int, pool_topk: int) -> int:
+    """What one call on ``num_tokens`` rows of ``pools`` logits needs (``index_topk_workspace_bytes`` is the most
+    over batches up to it): what a call checks and allocates, and what the bench credits."""
+    return split_selection.workspace_bytes(num_tokens, topk_splits(num_tokens, pools, pool_topk), pool_topk)
+
+
 def index_topk_workspace_bytes(num_tokens: int, pools: int, pool_topk: int) -> int:
     """Bytes of ``workspace`` that serve every ``kpool_index_topk`` call on logits of at most ``num_tokens`` rows
     of ``pools`` columns selecting ``pool_topk`` each: the most such a call needs. A call needs 0 when each row
@@ -100,7 +106,7 @@ def run(backend: Backend, call: IndexTopkCall, a: dict[str, Any], *, validate: b
     workspace, allocate the outputs, launch."""
     workspace = a["workspace"]
     splits = topk_splits(call.num_tokens, call.logits_width, call.pool_topk)
-    needed = split_selection.workspace_bytes(call.num_tokens, splits, call.pool_topk)
+    needed = call_workspace_bytes(call.num_tokens, call.logits_width, call.pool_topk)
     sizing = f"index_topk_workspace_bytes({call.num_tokens}, {call.logits_width}, {call.pool_topk}) covers it"
     check_workspace_size(workspace, needed, sizing)
     if validate:

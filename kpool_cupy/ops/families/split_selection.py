@@ -63,7 +63,8 @@ def checked_workspace_bytes(num_tokens: Any, pool_topk: Any, splits: Callable[[i
     it), pool_topk checked as the ops check it, ``splits(num_tokens, pool_topk)`` the op's rule.
 
     Between two of most_splits' steps the splits are the same and the bytes grow with the batch, so the most
-    is at num_tokens or at the last batch of an earlier step."""
+    is at num_tokens or at the last batch of an earlier step. This holds for a ``splits`` that changes with the
+    batch only where ``TARGET_BLOCKS // num_tokens`` does (both ops' rules: most_splits, capped by the pools)."""
     check_integer("num_tokens", num_tokens, 0)
     check_pool_topk(pool_topk)
     tokens, topk = int(num_tokens), int(pool_topk)
