@@ -481,7 +481,7 @@ def fp8_fp4_mqa_logits(
     *,
     validate: bool = False,
 ) -> torch.Tensor:
-    """Newer DeepGEMM's name for :func:`fp8_mqa_logits` (which vLLM looks up): q ``(values, None)`` (FP4's
+    """Newer DeepGEMM's name for :func:`fp8_mqa_logits` (newer vLLM calls it): q ``(values, None)`` (FP4's
     scales are refused), the result in ``logits_dtype`` (float32, or bfloat16 rounded once from it), and
     ``schedule_meta`` ignored as :func:`get_paged_mqa_logits_metadata`'s is."""
     _check_logits_dtype(logits_dtype)
@@ -505,7 +505,7 @@ def fp8_fp4_paged_mqa_logits(
     *,
     validate: bool = False,
 ) -> torch.Tensor:
-    """Newer DeepGEMM's name for :func:`fp8_paged_mqa_logits` (which vLLM looks up): q ``(values, None)`` or a
+    """Newer DeepGEMM's name for :func:`fp8_paged_mqa_logits` (newer vLLM calls it): q ``(values, None)`` or a
     tensor (FP4's scales are refused), the result in ``logits_dtype`` (float32, or bfloat16 rounded once)."""
     _check_logits_dtype(logits_dtype)
     out = fp8_paged_mqa_logits(
