@@ -321,6 +321,10 @@ def test_an_arch_nvrtc_does_not_list_is_a_usage_error_naming_the_flag(monkeypatc
     from kpool_cupy.tools import ptx_report
 
     monkeypatch.setattr(ptx_report, "summarize", lambda *a, **k: pytest.fail("compiled an arch NVRTC does not list"))
-    result = CliRunner().invoke(main, ["ptx", "--arch", "sm_999"])
-    assert result.exit_code == 2 and "Invalid value for '--arch': NVRTC " in result.output, result.output
-    assert "'sm_999' is not among them" in result.output and "sm_90," in result.output
+    for arch in ("sm_999", "sm_80a"):  # a number NVRTC does not list; a suffix it has not for that number
+        result = CliRunner().invoke(main, ["ptx", "--arch", arch])
+        assert result.exit_code == 2 and "Invalid value for '--arch': NVRTC " in result.output, result.output
+        assert f"cannot build for '{arch}'" in result.output and "sm_90," in result.output, result.output
+    from kpool_cupy.kernel.nvrtc import unknown_arch
+
+    assert [unknown_arch(arch) for arch in ("sm_90", "sm_90a", "compute_89")] == [None] * 3

@@ -59,16 +59,27 @@ def arch_number(arch: str) -> str:
 
 
 def unknown_arch(arch: str) -> str | None:
-    """Why NVRTC cannot build for ``arch`` (a well-formed one): its number is not among the architectures this
-    NVRTC lists; None where it is, or where NVRTC is missing (compiling says so then)."""
+    """Why NVRTC cannot build for ``arch`` (a well-formed one), found by compiling an empty kernel for
+    ``compute_<number>`` as the PTX reports do (a number NVRTC does not list, or a suffix it has not for that
+    number: sm_80a); None where it builds, or where NVRTC is missing (compiling says so then)."""
     try:
-        listed = tuple(_nvrtc().getSupportedArchs())
-    except (RuntimeError, AttributeError):  # no bindings, or an older CuPy without the call
+        nvrtc = _nvrtc()
+    except RuntimeError:
         return None
-    if int(arch_number(arch).rstrip("af")) in listed:
+    program = nvrtc.createProgram('extern "C" __global__ void kpool_arch_probe() {}', "arch_probe.cu", [], [])
+    try:
+        nvrtc.compileProgram(program, [f"--gpu-architecture=compute_{arch_number(arch)}"])
         return None
+    except nvrtc.NVRTCError:  # an empty kernel fails on its architecture alone
+        said = nvrtc.getProgramLog(program).strip().splitlines()
+    finally:
+        nvrtc.destroyProgram(program)
+    listed = ", sm_".join(str(n) for n in getattr(nvrtc, "getSupportedArchs", tuple)())
     major, minor = nvrtc_version()
-    return f"NVRTC {major}.{minor} builds for sm_{', sm_'.join(str(n) for n in listed)}; {arch!r} is not among them"
+    why = f": {said[0]}" if said else ""
+    return (
+        f"NVRTC {major}.{minor} cannot build for {arch!r}{why} (it lists sm_{listed}; a and f forms where it has them)"
+    )
 
 
 def compile_kernel(source: str, name: str, options: list[str], output: str) -> tuple[bytes, str]:
