@@ -352,3 +352,17 @@ def test_a_cooperating_launch_returns_its_fiber_stacks():
     before = _mappings()
     emulate.hadamard_quant_fp8(x)
     assert _mappings() - before < 16
+
+
+@pytest.mark.parametrize("synced", [False, True], ids=["plain-loop", "fibers"])
+def test_blocks_run_in_ascending_order_or_reversed_for_the_schedule_tests(synced, monkeypatch, fibers):
+    # helper-67: blocks always ran in ascending order, so the split selections' merge was always done by a
+    # row's highest block; -DKP_BLOCKS_REVERSED runs them the other way (tests/test_index_*: both orders).
+    for flag, order in (("", np.arange(7)), ("-DKP_BLOCKS_REVERSED", np.arange(7)[::-1])):
+        flags = os.environ.get(emulate.FLAGS_VARIABLE, "").replace("-DKP_BLOCKS_REVERSED", "")
+        monkeypatch.setenv(emulate.FLAGS_VARIABLE, f"{flags} {flag}".strip())
+        counter, ticket = np.zeros(1, np.uint32), np.full(7, 99, np.uint32)
+        with recording() as launches:
+            launch_code(_code(), "block_order_synced" if synced else "block_order", 7, 64, (counter, ticket))
+        assert [launch.cooperative for launch in launches] == [synced], launches
+        np.testing.assert_array_equal(ticket, order.astype(np.uint32))

@@ -415,7 +415,16 @@ def test_workspace_sizes_and_refusals():
 
 
 @pytest.mark.usefixtures("emulated_scorer_path")
-def test_the_same_under_the_reversed_thread_schedule(monkeypatch):
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "-DKP_FIBERS_REVERSED",
+        # Another block merges a token's lists (helper-67: blocks always ran in ascending order).
+        pytest.param("-DKP_BLOCKS_REVERSED -DKP_FIBERS_REVERSED", marks=pytest.mark.slow),
+    ],
+    ids=["threads-reversed", "blocks-and-threads-reversed"],
+)
+def test_the_same_under_the_reversed_thread_schedule(monkeypatch, schedule):
     # A token a block, its pools split over blocks (3 tokens); then groups of 4 tokens, one split (131 tokens):
     # each token's state handed from offer to offer through shared memory; then two tokens' block walking 6,201
     # pools in one split at pool_topk 1500 (a seed of two chunks, the first kept in the buffer between passes).
@@ -427,7 +436,7 @@ def test_the_same_under_the_reversed_thread_schedule(monkeypatch):
     seeded = index_case(rng, heads=8, kpool=1, block_size=16, counts=(2,), cache_lengths=(6200,))
     calls = [(split, 700), (grouped, 700), (seeded, 1500)]
     wants = [two_step(emulate, case, pool_topk=pool_topk, compact=True) for case, pool_topk in calls]
-    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, schedule)
     for (case, pool_topk), want in zip(calls, wants, strict=True):
         if case is seeded:
             monkeypatch.setattr(index_select_fp8, "select_splits", lambda tokens, pool_topk: 1)

@@ -122,7 +122,16 @@ def test_a_kth_key_shared_by_more_candidates_than_the_buffer_holds(monkeypatch, 
         _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
 
 
-def test_split_rows_are_the_same_under_the_reversed_thread_schedule(monkeypatch):
+@pytest.mark.parametrize(
+    "schedule",
+    [
+        "-DKP_FIBERS_REVERSED",
+        # Another block merges a row's lists (helper-67: blocks always ran in ascending order, so the highest did).
+        pytest.param("-DKP_BLOCKS_REVERSED -DKP_FIBERS_REVERSED", marks=pytest.mark.slow),
+    ],
+    ids=["threads-reversed", "blocks-and-threads-reversed"],
+)
+def test_split_rows_are_the_same_under_the_reversed_thread_schedule(monkeypatch, schedule):
     # The split blocks, the last block's merge and the cuts share the buffer between barriers: both thread
     # orders, one answer. The equal and mostly-NaN rows end their radix selects at a round whose keys are all
     # one key, read after the fill's barrier and rewritten by the next select's first round.
@@ -132,7 +141,7 @@ def test_split_rows_are_the_same_under_the_reversed_thread_schedule(monkeypatch)
     call = {"kpool": 1, "pool_topk": 600, "compact": True}
     want = model(logits, offsets, lengths, **call)
     _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
-    monkeypatch.setenv(emulate.FLAGS_VARIABLE, "-DKP_FIBERS_REVERSED")
+    monkeypatch.setenv(emulate.FLAGS_VARIABLE, schedule)
     _same(emulate.kpool_index_topk(logits, offsets, lengths, **call), want)
 
 

@@ -53,7 +53,7 @@ void kp_emulate_grid(void (*kernel)(Params...), dim3 grid, dim3 block, void** ar
     for (unsigned int bz = 0; bz < grid.z; ++bz)
         for (unsigned int by = 0; by < grid.y; ++by)
             for (unsigned int bx = 0; bx < grid.x; ++bx) {
-                blockIdx = dim3{bx, by, bz};
+                blockIdx = dim3{kp_block_at(bx, grid.x), kp_block_at(by, grid.y), kp_block_at(bz, grid.z)};
                 kp_dynamic_shared_block_start();
                 for (unsigned int tz = 0; tz < block.z; ++tz)
                     for (unsigned int ty = 0; ty < block.y; ++ty)

@@ -764,6 +764,21 @@ constexpr bool kp_schedule_reversed = true;
 constexpr bool kp_schedule_reversed = false;
 #endif
 
+// The order blocks run in: ascending index, or the reverse (-DKP_BLOCKS_REVERSED).
+// A grid's blocks run one after another here, so the last block of a split
+// row to finish (the one that merges the others' lists) is always its
+// highest; a test that runs both orders lets another block merge, and would
+// see a result that depends on which one does, or on a fence or a load of
+// another block's data that only the in-order run gets away without.
+#ifdef KP_BLOCKS_REVERSED
+constexpr bool kp_blocks_reversed = true;
+#else
+constexpr bool kp_blocks_reversed = false;
+#endif
+
+// Index ``i`` of ``n`` blocks along one grid dimension, in the order above.
+inline unsigned int kp_block_at(unsigned int i, unsigned int n) { return kp_blocks_reversed ? n - 1 - i : i; }
+
 // Runs the grid block by block, each block's threads as fibers. args[0] is
 // the kernel, args[1 + i] points at parameter i's value.
 inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args, dim3 grid, dim3 block) {
@@ -783,7 +798,7 @@ inline void kp_emulate_grid_fibers(KpThreadRunner run_thread, void* const* args,
     for (unsigned int bz = 0; bz < grid.z; ++bz)
         for (unsigned int by = 0; by < grid.y; ++by)
             for (unsigned int bx = 0; bx < grid.x; ++bx) {
-                blockIdx = dim3{bx, by, bz};
+                blockIdx = dim3{kp_block_at(bx, grid.x), kp_block_at(by, grid.y), kp_block_at(bz, grid.z)};
                 ++kp_block_serial;
                 kp_dynamic_shared_block_start();
                 for (unsigned int rank = 0; rank < count; ++rank) {

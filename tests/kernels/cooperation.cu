@@ -190,3 +190,15 @@ __global__ void overrun_heap(const float* in, float* out, int past) {
     __syncthreads();
     out[threadIdx.x + past] = v;
 }
+
+// The order the emulator runs blocks in: thread 0 of each block takes the
+// next ticket; block_order_synced's threads cooperate (fibers), block_order
+// runs the plain loop. [blocks] tickets out.
+__global__ void block_order(unsigned int* counter, unsigned int* ticket) {
+    if (threadIdx.x == 0) ticket[blockIdx.x] = atomicAdd(counter, 1u);
+}
+__global__ void block_order_synced(unsigned int* counter, unsigned int* ticket) {
+    KP_THREADS_COOPERATE(true);
+    __syncthreads();
+    if (threadIdx.x == 0) ticket[blockIdx.x] = atomicAdd(counter, 1u);
+}
